@@ -1,0 +1,62 @@
+# spanhead - the two commands of the README:
+#   make demo   set up, build, and run the main job on an embedded default
+#   make test   set up, build, and pass every test (plus one run under ASan + UBSan)
+# Other targets: build, bench, fuzz, python-test, clean.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+PYTHON     ?= python3
+WERROR     ?= $(if $(CI),ON,OFF)
+CMAKE_ARGS ?=
+
+.PHONY: all setup build demo test test-main test-asan python-test bench fuzz clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPH_WERROR=$(WERROR) $(CMAKE_ARGS)
+
+build: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)/spanhead
+
+test: build
+	$(MAKE) --no-print-directory test-main test-asan python-test
+
+test-main:
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The host code once more under AddressSanitizer + UndefinedBehaviorSanitizer (CUDA off:
+# the sanitizers do not cover device code; compute-sanitizer does that on the GPU machine).
+test-asan:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSPH_SANITIZE=ON -DSPH_CUDA=OFF \
+	  -DSPH_BUILD_BENCH=OFF -DSPH_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE 'slow|mpi'
+
+python-test: build
+	@if [ -d python/spanhead ]; then \
+	  SPANHEAD_LIB=$(CURDIR)/$(BUILD)/libspanhead.so PYTHONPATH=$(CURDIR)/python \
+	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead $(PYTHON) -m pytest -q python/tests; \
+	else echo "python-test: python/spanhead not present yet"; fi
+
+bench: build
+	@echo "benchmarks are in $(BUILD)/bench_*; see bench/README.md"
+
+# Bounded libFuzzer runs over the JSON readers and the packers (clang, libFuzzer runtime).
+fuzz: setup
+	CC=clang cmake -S . -B build-fuzz -DSPH_FUZZ=ON -DSPH_CUDA=OFF -DSPH_BUILD_BENCH=OFF \
+	  -DSPH_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug
+	cmake --build build-fuzz -j $(JOBS)
+	@bash scripts/fuzz.sh build-fuzz $${FUZZ_SECONDS:-60}
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

@@ -1,0 +1,507 @@
+/*
+ * spanhead.h - the one public header of spanhead.
+ *
+ * spanhead computes the training signal of a language model's output layer for RL and SFT
+ * post-training: per-token log-probabilities of the target tokens, entropy, log-sum-exp and
+ * mean logit, forward and backward, without materializing the [tokens x vocab] logits and
+ * paying only for the tokens that carry loss (the "active" rows of the loss mask). It also
+ * owns the host metadata those kernels need: alignment, packed segment layouts under
+ * tensor/context parallelism, CP-local rows, active masks and spans, and bin packing.
+ *
+ * Conventions
+ *   - Every function returns sph_status; SPH_OK is 0. On failure sph_last_error() returns this
+ *     thread's message: what failed, which argument, expected vs got. Nothing aborts.
+ *   - The caller owns all memory. Compute calls take a workspace whose size is queried with
+ *     the same arguments (sph_head_workspace_size). Metadata calls that produce
+ *     variable-length output return library-allocated result objects freed by their own
+ *     *_free function (NULL-safe); these are host-side planning calls, never hot paths.
+ *   - Tensors are DLPack-compatible views (sph_tensor matches DLTensor field for field, so a
+ *     DLTensor * passes as is). Strides count elements; NULL strides mean compact row-major.
+ *   - Sizes, indices and offsets are int64_t; token ids are int32 or int64.
+ *   - GPU calls enqueue on the context's stream and return; faults surface at the next sync.
+ *
+ * Example (CPU, one process):
+ *
+ *   sph_ctx_opts o = SPH_CTX_OPTS_INIT;            // CPU, all threads
+ *   sph_ctx_t ctx;  if (sph_ctx_create(&ctx, &o)) { puts(sph_last_error()); return 1; }
+ *   int64_t hs[2] = {N, H}, ws_[2] = {V, H}, ns[1] = {N}, ss[2] = {N, 3};
+ *   sph_tensor hid = {h, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, hs, NULL, 0};
+ *   sph_tensor w   = {w_, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ws_, NULL, 0};
+ *   sph_tensor tgt = {t, {SPH_DEVICE_CPU, 0}, 1, SPH_I64, ns, NULL, 0};
+ *   sph_tensor lp  = {logp, {SPH_DEVICE_CPU, 0}, 1, SPH_F32, ns, NULL, 0};
+ *   sph_tensor st  = {stats, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ss, NULL, 0};
+ *   sph_head_args a = SPH_HEAD_ARGS_INIT;
+ *   a.hidden = &hid; a.weight = &w; a.targets = &tgt; a.logprob = &lp; a.stats = &st;
+ *   size_t bytes; sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
+ *   void *ws = malloc(bytes);
+ *   sph_head_forward(ctx, &a, ws, bytes);            // logp[i] = log p(t_i | h_i)
+ *   ... a.dlogprob = &g; a.dhidden = &dh; a.dweight = &dw;
+ *   sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &bytes); ...
+ *   sph_head_backward(ctx, &a, ws, bytes);
+ *   sph_ctx_destroy(ctx);
+ */
+#ifndef SPANHEAD_H
+#define SPANHEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define SPH_API
+#else
+#define SPH_API __attribute__((visibility("default")))
+#endif
+
+#define SPH_VERSION_MAJOR 0
+#define SPH_VERSION_MINOR 1
+#define SPH_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status and errors                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Codes are only ever appended, never renumbered, reused or removed. */
+typedef enum sph_status {
+    SPH_OK = 0,
+    SPH_ERR_INVALID_ARG = 1,  /* a null pointer, a value out of its domain */
+    SPH_ERR_SHAPE = 2,        /* shapes disagree across arguments, bad ndim or strides */
+    SPH_ERR_DTYPE = 3,        /* unsupported or mismatched dtype */
+    SPH_ERR_DEVICE = 4,       /* wrong device for a tensor, host/device pointer mix-up */
+    SPH_ERR_ALLOC = 5,        /* host or device allocation failed */
+    SPH_ERR_OVERFLOW = 6,     /* an integer size or sum overflows int64 */
+    SPH_ERR_UNSUPPORTED = 7,  /* valid request this build or device cannot serve */
+    SPH_ERR_CUDA = 8,         /* a CUDA runtime, driver or cuBLAS error */
+    SPH_ERR_MPI = 9,          /* an MPI error */
+    SPH_ERR_NCCL = 10,        /* an NCCL error */
+    SPH_ERR_PARSE = 11,       /* malformed JSON or text input */
+    SPH_ERR_INFEASIBLE = 12,  /* a request no solution satisfies (e.g. impossible bin count) */
+    SPH_ERR_IO = 13,          /* a file could not be read or written */
+    SPH_ERR_WORKSPACE = 14,   /* workspace missing, too small or misaligned */
+    SPH_ERR_MISMATCH = 15,    /* ranks of a communicator disagree on the configuration */
+    SPH_ERR_NO_DEVICE = 16,   /* no CUDA device present */
+    SPH_ERR_INTERNAL = 17,    /* a broken invariant inside spanhead (a bug: please report) */
+} sph_status;
+
+/* A static, human name for a status code ("invalid argument"); never NULL. */
+SPH_API const char *sph_status_str(sph_status s);
+/* This thread's message for the last failed call ("" if none). Valid until the next failing
+ * call on this thread. */
+SPH_API const char *sph_last_error(void);
+/* Library version as "major.minor.patch". */
+SPH_API const char *sph_version(void);
+
+/* Optional log sink; silent by default. level: 0 error, 1 warn, 2 info, 3 debug. The
+ * environment variable SPH_LOG=debug|info|warn|error also logs to stderr when no callback
+ * is set. */
+typedef void (*sph_log_fn)(int level, const char *msg, void *user);
+SPH_API void sph_set_log_callback(sph_log_fn fn, void *user);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensors (DLPack vocabulary)                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sph_device_type {
+    SPH_DEVICE_CPU = 1,      /* kDLCPU */
+    SPH_DEVICE_CUDA = 2,     /* kDLCUDA */
+    SPH_DEVICE_CUDA_HOST = 3 /* kDLCUDAHost (pinned host memory; treated as CPU memory) */
+} sph_device_type;
+
+typedef struct sph_device {
+    sph_device_type type;
+    int32_t id;
+} sph_device;
+
+typedef enum sph_dtype_code {
+    SPH_DTYPE_INT = 0,   /* kDLInt */
+    SPH_DTYPE_UINT = 1,  /* kDLUInt */
+    SPH_DTYPE_FLOAT = 2, /* kDLFloat */
+    SPH_DTYPE_BFLOAT = 4,/* kDLBfloat */
+    SPH_DTYPE_BOOL = 6   /* kDLBool */
+} sph_dtype_code;
+
+typedef struct sph_dtype {
+    uint8_t code;  /* sph_dtype_code */
+    uint8_t bits;
+    uint16_t lanes;
+} sph_dtype;
+
+#define SPH_F32 ((sph_dtype){SPH_DTYPE_FLOAT, 32, 1})
+#define SPH_F16 ((sph_dtype){SPH_DTYPE_FLOAT, 16, 1})
+#define SPH_BF16 ((sph_dtype){SPH_DTYPE_BFLOAT, 16, 1})
+#define SPH_F64 ((sph_dtype){SPH_DTYPE_FLOAT, 64, 1})
+#define SPH_I32 ((sph_dtype){SPH_DTYPE_INT, 32, 1})
+#define SPH_I64 ((sph_dtype){SPH_DTYPE_INT, 64, 1})
+#define SPH_U8 ((sph_dtype){SPH_DTYPE_UINT, 8, 1})
+#define SPH_BOOL ((sph_dtype){SPH_DTYPE_BOOL, 8, 1})
+
+/* Field for field a DLTensor. shape/strides point at caller memory of ndim entries. */
+typedef struct sph_tensor {
+    void *data;
+    sph_device device;
+    int32_t ndim;
+    sph_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* elements; NULL = compact row-major */
+    uint64_t byte_offset;
+} sph_tensor;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Context                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct sph_ctx *sph_ctx_t;
+typedef struct sph_comm *sph_comm_t;
+
+typedef struct sph_ctx_opts {
+    size_t struct_size;       /* sizeof(sph_ctx_opts); set by SPH_CTX_OPTS_INIT */
+    sph_device device;        /* CPU or CUDA device to run on */
+    void *stream;             /* cudaStream_t for CUDA contexts; NULL = default stream */
+    int num_threads;          /* CPU threads; 0 = all available (OMP_NUM_THREADS honoured) */
+    const char *force_kernel; /* "ref", "avx2", "avx512", "cuda", ...; NULL = best (env
+                                 SPH_KERNEL overrides when NULL) */
+    int allow_tf32;           /* CUDA fp32 inputs may use TF32 tensor cores */
+    int batch_invariant;      /* CUDA: a row's outputs do not depend on other rows, N, mask */
+    int64_t chunk_rows;       /* rows per chunk of staged logits; 0 = automatic */
+    int64_t chunk_bytes;      /* cap on staged-logit bytes per chunk; 0 = default (1 GiB on
+                                 CUDA, 64 MiB on CPU) */
+    sph_comm_t tp_comm;       /* tensor-parallel group (vocab shards); NULL = none. Not owned */
+    const char *tune_cache;   /* path of the autotuning cache; NULL = default
+                                 ($SPH_TUNE_CACHE, else $XDG_CACHE_HOME/spanhead/tune.json) */
+} sph_ctx_opts;
+
+#define SPH_CTX_OPTS_INIT                                                                     \
+    {                                                                                         \
+        sizeof(sph_ctx_opts), {SPH_DEVICE_CPU, 0}, NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL      \
+    }
+
+/* Creates a context: picks the kernel set (CPU ISA or GPU capability), creates library
+ * handles (cuBLAS) on CUDA. Errors: SPH_ERR_NO_DEVICE, SPH_ERR_UNSUPPORTED (CUDA requested
+ * in a build without it), SPH_ERR_INVALID_ARG. Thread safety: a context is used by one thread
+ * at a time. */
+SPH_API sph_status sph_ctx_create(sph_ctx_t *ctx, const sph_ctx_opts *opts);
+SPH_API void sph_ctx_destroy(sph_ctx_t ctx); /* NULL-safe */
+/* A one-line description of the chosen kernels ("cpu avx512 threads=2 openblas"). */
+SPH_API const char *sph_ctx_describe(sph_ctx_t ctx);
+/* Memory helpers for callers without a framework (CLI, tests); never used on hot paths.
+ * sph_ctx_malloc allocates on the context's device (plain cudaMalloc on CUDA), sph_ctx_memcpy
+ * copies between any host/device pointers (synchronous), sph_ctx_synchronize waits for the
+ * context's stream and returns any pending device error. */
+SPH_API sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr);
+SPH_API void sph_ctx_free(sph_ctx_t ctx, void *ptr);
+SPH_API sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes);
+SPH_API sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes);
+SPH_API sph_status sph_ctx_synchronize(sph_ctx_t ctx);
+/* Number of CUDA devices visible (0 without CUDA or without a device); never fails. */
+SPH_API int sph_cuda_device_count(void);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Host metadata: alignment, packed layouts, CP-local rows (DESIGN.md section 2)             */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sph_fp8 {
+    SPH_FP8_NONE = 0,
+    SPH_FP8_BLOCKWISE = 1,
+    SPH_FP8_MXFP8 = 2
+} sph_fp8;
+
+typedef struct sph_parallel {
+    int64_t tp;    /* tensor-parallel size T >= 1 */
+    int64_t cp;    /* context-parallel size C >= 1 */
+    sph_fp8 fp8;   /* FP8 recipe, changes the token alignment */
+} sph_parallel;
+
+#define SPH_PARALLEL_INIT {1, 1, SPH_FP8_NONE}
+
+/* Alignment: sequence = 2TC if C > 1 else 1; total = 2TC if C > 1 else T, lcm'd with the FP8
+ * token alignment (MXFP8 32TC; blockwise 128TC if T > 1 else 16C); unpacked (C = 1 only) =
+ * T or lcm(T, FP8 alignment). */
+typedef struct sph_alignment {
+    int64_t sequence;
+    int64_t total;
+    int64_t unpacked; /* 0 when C > 1 (unpacked layouts do not exist under CP) */
+} sph_alignment;
+
+SPH_API sph_status sph_alignment_get(const sph_parallel *par, sph_alignment *out);
+
+/* Packed segment layout: each length padded to the sequence alignment, then the final
+ * segment grows so the total is a multiple of the total alignment. padded[n],
+ * cu_seqlens_padded[n + 1] are caller arrays. The single source of truth for every user. */
+SPH_API sph_status sph_layout_packed(const sph_parallel *par, const int64_t *lengths, int64_t n,
+                                     int64_t *padded, int64_t *cu_seqlens_padded);
+
+/* CP-local rows of a padded segment of length P (P % 2C == 0): rank r holds chunk r then
+ * chunk 2C-1-r of P/(2C) rows. Writes P/C global row offsets (relative to the segment
+ * start) into rows[]. */
+SPH_API sph_status sph_cp_local_rows(int64_t P, int64_t cp, int64_t cp_rank, int64_t *rows);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Active masks and spans                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sph_layout_kind {
+    SPH_LAYOUT_UNPACKED = 0, /* B rows of length S, flattened [B*S] */
+    SPH_LAYOUT_PACKED = 1    /* sequences placed at padded offsets, CP-local */
+} sph_layout_kind;
+
+/* Description of one micro-batch's token layout and loss mask (host arrays, row-major).
+ * loss_mask is [B, A] over the last A token positions of each length-S row. Prediction row s
+ * of a sequence predicts its token s+1, so the row predicting token position p carries the
+ * loss-mask column p - (S - A); the final row of every sequence never predicts.
+ *   unpacked: row b occupies flattened rows [b*S, (b+1)*S); rows S-1-A .. S-2 carry the mask.
+ *   packed, sub_seq_lengths: row b's first sum(l) columns hold sub-sequences of lengths
+ *     sub_seq_lengths[...] (sub_seq_counts[b] of them, flattened over b); every sub-sequence
+ *     of every row becomes one segment of the packed segment layout (sph_layout_packed);
+ *     a token at column p, offset q >= 1 inside its sub-sequence, is predicted by segment row
+ *     q - 1. Columns past sum(l) are padding and carry no loss.
+ *   packed, attention_mask [B, S]: one sequence per row made of its attended columns in
+ *     order; the token at attended column p with index q >= 1 is predicted by row q - 1.
+ *   packed with neither: each row is one sequence of length S.
+ * Then the full packed layout is cut into CP-local rows (chunk r, chunk 2C-1-r per segment). */
+typedef struct sph_batch_desc {
+    size_t struct_size;
+    sph_layout_kind layout;
+    int64_t batch;              /* B */
+    int64_t seq_len;            /* S */
+    int64_t num_actions;        /* A, 0 <= A <= S-1 */
+    const uint8_t *loss_mask;   /* [B, A] 0/1 */
+    const uint8_t *attention_mask; /* [B, S] 0/1, optional (packed) */
+    const int64_t *sub_seq_lengths; /* flattened per-row lists, optional (packed) */
+    const int64_t *sub_seq_counts;  /* [B]: how many sub-sequences each row has */
+} sph_batch_desc;
+
+#define SPH_BATCH_DESC_INIT {sizeof(sph_batch_desc), SPH_LAYOUT_UNPACKED, 0, 0, 0, NULL, NULL, NULL, NULL}
+
+typedef struct sph_spans_opts {
+    size_t struct_size;
+    sph_parallel par;
+    int64_t cp_rank;  /* 0 <= cp_rank < par.cp */
+    int64_t gap;      /* coalesce active runs across inactive gaps of at most gap rows; default 128 */
+} sph_spans_opts;
+
+#define SPH_SPANS_OPTS_INIT {sizeof(sph_spans_opts), SPH_PARALLEL_INIT, 0, 128}
+
+/* Result of sph_spans_build; freed by sph_spans_free. */
+typedef struct sph_spans {
+    int64_t global_rows;        /* rows of the full (pre-CP) layout */
+    int64_t active_rows;        /* active rows of the full layout */
+    int64_t local_rows;         /* rows held by this CP rank */
+    int64_t local_active_rows;  /* active rows among them */
+    uint8_t *active_mask;       /* [global_rows] forward mask of the full layout */
+    uint8_t *local_mask;        /* [local_rows] this CP rank's rows */
+    int64_t n_spans;
+    int64_t *spans;             /* [n_spans, 2] ordered [start, end) over local rows */
+    int64_t n_segments;         /* packed: segments in the layout; unpacked: B */
+    int64_t *cu_seqlens_padded; /* [n_segments + 1] (packed); NULL for unpacked */
+} sph_spans;
+
+/* Builds masks and spans from a batch description. Validates: spans cover every active local
+ * row; local active count <= forward count, equal when C = 1. Unpacked spans require an
+ * unpadded C = 1 layout: anything else is SPH_ERR_INVALID_ARG. */
+SPH_API sph_status sph_spans_build(const sph_batch_desc *desc, const sph_spans_opts *opts,
+                                   sph_spans **out);
+SPH_API void sph_spans_free(sph_spans *s);
+
+/* Coalesced ordered spans of the 1 entries of mask[n], merging runs separated by at most gap
+ * zeros. spans must hold 2 * ceil(n/2)+2 entries (at most (n+1)/2 spans); *n_spans receives
+ * the count. */
+SPH_API sph_status sph_spans_from_mask(const uint8_t *mask, int64_t n, int64_t gap,
+                                       int64_t *spans, int64_t *n_spans);
+/* Checks spans are ordered, non-overlapping, inside [0, n) and cover every 1 of mask (mask
+ * may be NULL: then only order and range are checked). */
+SPH_API sph_status sph_spans_validate(const int64_t *spans, int64_t n_spans, int64_t n,
+                                      const uint8_t *mask);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Bin packing                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sph_pack_algo {
+    SPH_PACK_FFD = 0,      /* first-fit decreasing */
+    SPH_PACK_MFFD = 1,     /* modified first-fit decreasing (Johnson & Garey) */
+    SPH_PACK_BALANCED = 2  /* least-loaded, soft capacity */
+} sph_pack_algo;
+
+typedef struct sph_pack_opts {
+    size_t struct_size;
+    int64_t capacity;      /* tokens per bin (> 0) */
+    sph_pack_algo algorithm;
+    sph_parallel par;      /* a sequence costs its padded length under par */
+    int64_t min_bins;      /* at least this many bins (0 = no minimum) */
+    int64_t bin_multiple;  /* bin count a multiple of this (DP size; 0 or 1 = any) */
+} sph_pack_opts;
+
+#define SPH_PACK_OPTS_INIT {sizeof(sph_pack_opts), 0, SPH_PACK_FFD, SPH_PARALLEL_INIT, 0, 1}
+
+typedef struct sph_pack_result {
+    int64_t n_bins;
+    int64_t n_items;
+    int64_t *bin_offsets;   /* [n_bins + 1] into items */
+    int64_t *items;         /* [n_items] sequence indices, bin by bin */
+    int64_t *bin_tokens;    /* [n_bins] padded tokens per bin */
+    double utilization;     /* sum of padded lengths / (n_bins * capacity) */
+} sph_pack_result;
+
+SPH_API sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_opts *opts,
+                            sph_pack_result **out);
+SPH_API void sph_pack_free(sph_pack_result *r);
+
+/* ---------------------------------------------------------------------------------------- */
+/* The LM head (DESIGN.md section 1)                                                          */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * One TP rank holds weight rows [vocab_start, vocab_start + V_loc) of vocab_total.
+ *   u_ij = h_i . w_j;  z_ij = (softcap > 0 ? softcap * tanh(u_ij / softcap) : u_ij) / T
+ *   lse_i = log sum_j exp(z_ij);   p_ij = exp(z_ij - lse_i)
+ *   logprob_i = z_{i,t_i} - lse_i (0 when t_i < 0: ignored)
+ *   mu_i = sum_j p_ij z_ij;  entropy_i = lse_i - mu_i;  logit_mean_i = (1/V) sum_j z_ij
+ * Backward with upstream g (logprob), e (entropy), gl (lse), gm (logit_mean):
+ *   dz_ij = g_i (delta(j,t_i) - p_ij) + e_i p_ij (mu_i - z_ij) + gl_i p_ij + gm_i / V
+ *   du_ij = dz_ij / T * (softcap > 0 ? 1 - tanh^2(u_ij / softcap) : 1)
+ *   dhidden_i = sum_j du_ij w_j  (this shard's partial);  dweight_j = sum_i du_ij h_i
+ * Inactive rows (mask 0 / outside the spans) produce 0 in every per-row output and pass no
+ * gradient whatever the upstream values say.
+ *
+ * Sample support (candidates given, [N, K] global ids, -1 padded): the softmax runs over the
+ * row's candidates only; logprob, entropy and lse are over that set; touches K weight rows
+ * per row. Each rank handles the candidates inside its shard. logit_mean is not defined there.
+ *
+ * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy), stats is fp32 [N, 3]
+ * (row max m, lse, mu) written by the forward (global over the TP group) and read by the
+ * backward. Gradient outputs are [N, H] and [V_loc, H] in the input dtype or fp32.
+ */
+
+typedef enum sph_head_pass {
+    SPH_HEAD_FORWARD = 0,
+    SPH_HEAD_BACKWARD = 1
+} sph_head_pass;
+
+typedef struct sph_head_args {
+    size_t struct_size;               /* sizeof(sph_head_args); set by SPH_HEAD_ARGS_INIT */
+    /* inputs */
+    const sph_tensor *hidden;         /* (N, H) f32|bf16|f16 */
+    const sph_tensor *weight;         /* (V_loc, H) same dtype as hidden */
+    const sph_tensor *targets;        /* (N) i32|i64 global ids; <0 ignored; NULL = none */
+    const sph_tensor *candidates;     /* (N, K) i32|i64 global ids, -1 padded; NULL = full vocab */
+    int64_t vocab_start;              /* first global id of this shard */
+    int64_t vocab_total;              /* V; 0 = V_loc (unsharded) */
+    double temperature;               /* > 0 and finite; 1 by default */
+    double softcap;                   /* >= 0 and finite; 0 = off */
+    const sph_tensor *active_mask;    /* (N) u8|bool on the data's device; NULL = all active */
+    const int64_t *spans;             /* host [n_spans, 2] ordered [start, end); optional */
+    int64_t n_spans;
+    /* per-row outputs, fp32 (N); each optional */
+    const sph_tensor *logprob;
+    const sph_tensor *entropy;
+    const sph_tensor *lse;
+    const sph_tensor *logit_mean;
+    const sph_tensor *stats;          /* fp32 (N, 3): forward writes, backward reads; required */
+    /* upstream gradients, fp32 (N); each optional (absent = 0) */
+    const sph_tensor *dlogprob;
+    const sph_tensor *dentropy;
+    const sph_tensor *dlse;
+    const sph_tensor *dlogit_mean;
+    /* gradient outputs: backward, or forward in one-pass mode; each optional */
+    const sph_tensor *dhidden;        /* (N, H) input dtype or f32 */
+    const sph_tensor *dweight;        /* (V_loc, H) input dtype or f32 */
+    int accumulate_dhidden;           /* 1: dhidden += ..., 0: overwrite */
+    int accumulate_dweight;           /* 1: dweight += ..., 0: overwrite */
+    int allreduce_dhidden;            /* 1: sum dhidden over the TP group (comm required) */
+} sph_head_args;
+
+#define SPH_HEAD_ARGS_INIT                                                                    \
+    {                                                                                         \
+        sizeof(sph_head_args), NULL, NULL, NULL, NULL, 0, 0, 1.0, 0.0, NULL, NULL, 0, NULL,   \
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0               \
+    }
+
+/* Workspace bytes the pass needs for these arguments (the same args later passed to the
+ * pass). Always succeeds for valid args; 0 is a valid answer. */
+SPH_API sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass,
+                                           const sph_head_args *args, size_t *bytes);
+
+/* Forward: writes stats and every requested per-row output. One-pass mode: when dhidden or
+ * dweight is given, the upstream gradients are taken as known and the gradients are
+ * computed in the same sweep (each chunk of logits computed once). Everything is validated
+ * before any output is written. */
+SPH_API sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
+                                    size_t workspace_bytes);
+
+/* Backward: reads stats (from the forward) and the upstream gradients; writes dhidden and/or
+ * dweight. Masked mode (active_mask or spans): skips every chunk/tile without an active row;
+ * dhidden rows outside the spans are written as exact zeros (or left as they are when
+ * accumulating). */
+SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
+                                     size_t workspace_bytes);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Communicator (tensor parallel statistics combine)                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sph_comm_backend {
+    SPH_COMM_NONE = 0,
+    SPH_COMM_MPI = 1,
+    SPH_COMM_NCCL = 2
+} sph_comm_backend;
+
+/* The configuration every rank of a group must agree on. */
+typedef struct sph_comm_config {
+    size_t struct_size;
+    int64_t tp, cp, dp;       /* sizes; tp*cp*dp ranks in the world communicator */
+    int64_t vocab_total;
+    int64_t vocab_start;      /* this rank's shard */
+    int64_t vocab_local;
+    sph_dtype dtype;
+    double temperature;
+} sph_comm_config;
+
+#define SPH_COMM_CONFIG_INIT {sizeof(sph_comm_config), 1, 1, 1, 0, 0, 0, {2, 32, 1}, 1.0}
+
+/* A single-process communicator (tp = 1). */
+SPH_API sph_status sph_comm_create_none(sph_comm_t *comm);
+/* From an existing MPI_Comm (passed as a pointer to it) spanning exactly the TP group.
+ * Collective: every rank checks the others' config; a mismatch is SPH_ERR_MISMATCH on every
+ * rank. Requires a build with MPI (SPH_ERR_UNSUPPORTED otherwise). */
+SPH_API sph_status sph_comm_create_mpi(sph_comm_t *comm, const void *mpi_comm,
+                                       const sph_comm_config *cfg);
+/* Splits MPI_COMM_WORLD by rank = ((dp_rank * cp) + cp_rank) * tp + tp_rank and returns the
+ * TP group of the calling rank; tp/cp/dp_rank are written when non-NULL. */
+SPH_API sph_status sph_comm_create_mpi_world(sph_comm_t *comm, const sph_comm_config *cfg,
+                                             int64_t *tp_rank, int64_t *cp_rank,
+                                             int64_t *dp_rank);
+/* From an existing ncclComm_t (passed as the pointer value) of the TP group; the stream of
+ * the context is used for collectives. */
+SPH_API sph_status sph_comm_create_nccl(sph_comm_t *comm, void *nccl_comm,
+                                        const sph_comm_config *cfg);
+/* Creates an NCCL communicator over an MPI_Comm (unique id broadcast over MPI). */
+SPH_API sph_status sph_comm_create_nccl_mpi(sph_comm_t *comm, const void *mpi_comm,
+                                            const sph_comm_config *cfg);
+SPH_API void sph_comm_destroy(sph_comm_t comm); /* NULL-safe; never frees the caller's comm */
+SPH_API sph_status sph_comm_info(sph_comm_t comm, sph_comm_backend *backend, int64_t *rank,
+                                 int64_t *size);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Autotuning (CUDA)                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct sph_tune_opts {
+    size_t struct_size;
+    sph_dtype dtype;
+    int64_t H, V_loc, N;      /* the shape to tune for (N picks the bucket) */
+    int repeats;              /* timed repetitions per candidate; 0 = default */
+    int verbose;              /* print each candidate's time to stderr */
+} sph_tune_opts;
+
+#define SPH_TUNE_OPTS_INIT {sizeof(sph_tune_opts), {4, 16, 1}, 0, 0, 0, 0, 0}
+
+/* Times candidate configurations for the shape on ctx's GPU and stores the winner in the
+ * context's tune cache file. *result (optional) receives a static description. */
+SPH_API sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPANHEAD_H */

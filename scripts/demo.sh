@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# make demo: the main job on an embedded default. Packs a sample of sequence lengths, shows
+# the packed layout and the active spans of an RL batch, then runs the LM head forward and
+# backward on a packed RL-style batch and checks it against the float64 reference.
+set -euo pipefail
+cli=${1:-build/spanhead}
+here=$(cd "$(dirname "$0")/.." && pwd)
+data=$here/tests/data/demo
+echo "== spanhead pack (embedded sample of 24 sequence lengths, capacity 4096, TP2 CP2) =="
+"$cli" pack --capacity 4096 --algorithm mffd --tp 2 --cp 2 --bin-multiple 2 "$data/lengths.json"
+echo
+echo "== spanhead layout --tp 2 --cp 2 of the first bin's lengths =="
+"$cli" layout --tp 2 --cp 2 1200 873 1801 95
+echo
+echo "== spanhead spans (packed RL batch, CP rank 1 of 2) =="
+"$cli" spans --tp 2 --cp 2 --cp-rank 1 "$data/batch.json"
+echo
+echo "== spanhead run (packed RL batch of prompts and responses, forward + backward, checked) =="
+"$cli" run --check

@@ -1,0 +1,22 @@
+/*
+ * cli.h - the subcommands of the spanhead program. The CLI uses nothing but the public header
+ * (plus cJSON); each subcommand lives in its own file and returns the process exit code
+ * (0 success, 1 runtime failure, 2 usage error), printing a one-line message on failure.
+ */
+#ifndef SPH_CLI_H
+#define SPH_CLI_H
+
+#include "spanhead.h"
+
+int sph_cli_pack(int argc, char **argv);
+int sph_cli_layout(int argc, char **argv);
+int sph_cli_spans(int argc, char **argv);
+int sph_cli_run(int argc, char **argv);
+int sph_cli_bench(int argc, char **argv);
+int sph_cli_tune(int argc, char **argv);
+
+/* "spanhead <cmd>: <message>" on stderr; returns code. */
+int sph_cli_fail(const char *cmd, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,207 @@
+/*
+ * ctx.c - context lifetime, kernel selection and the memory helpers of the public API.
+ * CPU kernels are picked once per process from the CPU's features (SPH_KERNEL or
+ * opts.force_kernel override); CUDA contexts hand their setup to src/cuda.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+#include <omp.h>
+
+#include "core/ctx.h"
+
+const char *sph_cpu_isa_name(sph_cpu_isa isa) {
+    switch (isa) {
+    case SPH_ISA_REF: return "ref";
+    case SPH_ISA_GENERIC: return "generic";
+    case SPH_ISA_AVX2: return "avx2";
+    case SPH_ISA_AVX512: return "avx512";
+    case SPH_ISA_AVX512BF16: return "avx512bf16";
+    }
+    return "?";
+}
+
+static sph_cpu_isa g_isa;
+static once_flag g_isa_once = ONCE_FLAG_INIT;
+
+static void detect_isa(void) {
+    __builtin_cpu_init();
+    g_isa = SPH_ISA_GENERIC;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) g_isa = SPH_ISA_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        g_isa = SPH_ISA_AVX512;
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    if (g_isa == SPH_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) g_isa = SPH_ISA_AVX512BF16;
+#endif
+}
+
+sph_cpu_isa sph_cpu_isa_detect(void) {
+    call_once(&g_isa_once, detect_isa);
+    return g_isa;
+}
+
+static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
+    sph_cpu_isa best = sph_cpu_isa_detect();
+    if (!strcmp(k, "ref")) {
+        ctx->use_ref = 1;
+        ctx->isa = SPH_ISA_REF;
+        return SPH_OK;
+    }
+    static const struct { const char *name; sph_cpu_isa isa; } names[] = {
+        {"generic", SPH_ISA_GENERIC}, {"avx2", SPH_ISA_AVX2}, {"avx512", SPH_ISA_AVX512},
+        {"avx512bf16", SPH_ISA_AVX512BF16}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (!strcmp(k, names[i].name)) {
+            SPH_CHECK(names[i].isa <= best, SPH_ERR_UNSUPPORTED,
+                      "force_kernel: '%s' is not supported by this CPU (best: %s)", k,
+                      sph_cpu_isa_name(best));
+            ctx->isa = names[i].isa;
+            return SPH_OK;
+        }
+    }
+    if (!strcmp(k, "cuda") || !strcmp(k, "best") || !strcmp(k, "")) return SPH_OK;
+    return sph_err(SPH_ERR_INVALID_ARG,
+                   "force_kernel: '%s' is unknown (expected ref, generic, avx2, avx512, "
+                   "avx512bf16, cuda or best)", k);
+}
+
+sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
+    SPH_CHECK(out != NULL, SPH_ERR_INVALID_ARG, "ctx: output pointer is NULL");
+    *out = NULL;
+    sph_ctx_opts def = SPH_CTX_OPTS_INIT;
+    if (!opts) opts = &def;
+    SPH_CHECK(opts->struct_size >= offsetof(sph_ctx_opts, tune_cache) + sizeof(char *),
+              SPH_ERR_INVALID_ARG, "opts.struct_size is %zu, expected %zu (use SPH_CTX_OPTS_INIT)",
+              opts->struct_size, sizeof(sph_ctx_opts));
+    SPH_CHECK(opts->num_threads >= 0, SPH_ERR_INVALID_ARG, "opts.num_threads is %d, expected >= 0",
+              opts->num_threads);
+    SPH_CHECK(opts->chunk_rows >= 0, SPH_ERR_INVALID_ARG, "opts.chunk_rows is %lld, expected >= 0",
+              (long long)opts->chunk_rows);
+    SPH_CHECK(opts->chunk_bytes >= 0, SPH_ERR_INVALID_ARG,
+              "opts.chunk_bytes is %lld, expected >= 0", (long long)opts->chunk_bytes);
+    sph_device_type dt = opts->device.type;
+    SPH_CHECK(dt == SPH_DEVICE_CPU || dt == SPH_DEVICE_CUDA, SPH_ERR_INVALID_ARG,
+              "opts.device.type is %d, expected %d (cpu) or %d (cuda)", (int)dt, SPH_DEVICE_CPU,
+              SPH_DEVICE_CUDA);
+    SPH_CHECK(opts->device.id >= 0, SPH_ERR_INVALID_ARG, "opts.device.id is %d, expected >= 0",
+              (int)opts->device.id);
+
+    sph_ctx_t ctx = calloc(1, sizeof *ctx);
+    SPH_CHECK(ctx != NULL, SPH_ERR_ALLOC, "ctx: out of host memory");
+    memcpy(&ctx->opts, opts, sizeof *opts < opts->struct_size ? sizeof *opts : opts->struct_size);
+    ctx->opts.struct_size = sizeof ctx->opts;
+    ctx->device = opts->device;
+    ctx->stream = opts->stream;
+    ctx->num_threads = opts->num_threads > 0 ? opts->num_threads : omp_get_max_threads();
+    ctx->isa = sph_cpu_isa_detect();
+    ctx->chunk_rows = opts->chunk_rows;
+    ctx->chunk_bytes = opts->chunk_bytes
+                           ? opts->chunk_bytes
+                           : (dt == SPH_DEVICE_CUDA ? (int64_t)1 << 30 : (int64_t)64 << 20);
+    ctx->tp_comm = opts->tp_comm;
+
+    const char *tc = opts->tune_cache ? opts->tune_cache : getenv("SPH_TUNE_CACHE");
+    if (tc) {
+        snprintf(ctx->tune_cache, sizeof ctx->tune_cache, "%s", tc);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg)
+            snprintf(ctx->tune_cache, sizeof ctx->tune_cache, "%s/spanhead/tune.json", xdg);
+        else if (home && *home)
+            snprintf(ctx->tune_cache, sizeof ctx->tune_cache, "%s/.cache/spanhead/tune.json", home);
+    }
+
+    const char *k = opts->force_kernel ? opts->force_kernel : getenv("SPH_KERNEL");
+    sph_status s = SPH_OK;
+    if (k) s = parse_kernel(k, ctx);
+    if (s == SPH_OK && dt == SPH_DEVICE_CUDA) {
+#ifdef SPH_HAVE_CUDA
+        s = sph_cuda_ctx_init(ctx);
+#else
+        s = sph_err(SPH_ERR_UNSUPPORTED, "opts.device: CUDA requested but spanhead was built "
+                                         "without CUDA");
+#endif
+    }
+    if (s != SPH_OK) {
+        free(ctx);
+        return s;
+    }
+    if (dt == SPH_DEVICE_CPU)
+        snprintf(ctx->describe, sizeof ctx->describe, "cpu %s threads=%d openblas",
+                 sph_cpu_isa_name(ctx->isa), ctx->num_threads);
+    sph_log(3, "context: %s", ctx->describe);
+    *out = ctx;
+    return SPH_OK;
+}
+
+void sph_ctx_destroy(sph_ctx_t ctx) {
+    if (!ctx) return;
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) sph_cuda_ctx_fini(ctx);
+#endif
+    free(ctx);
+}
+
+const char *sph_ctx_describe(sph_ctx_t ctx) { return ctx ? ctx->describe : "(null context)"; }
+
+sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
+    SPH_CHECK(ctx && ptr, SPH_ERR_INVALID_ARG, "ctx_malloc: ctx or ptr is NULL");
+    *ptr = NULL;
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_malloc(ctx, bytes, ptr);
+#endif
+    *ptr = malloc(bytes ? bytes : 1);
+    SPH_CHECK(*ptr != NULL, SPH_ERR_ALLOC, "ctx_malloc: %zu bytes of host memory", bytes);
+    return SPH_OK;
+}
+
+void sph_ctx_free(sph_ctx_t ctx, void *ptr) {
+    if (!ctx || !ptr) return;
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) {
+        sph_cuda_free(ctx, ptr);
+        return;
+    }
+#endif
+    free(ptr);
+}
+
+sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memcpy: ctx is NULL");
+    if (bytes == 0) return SPH_OK;
+    SPH_CHECK(dst && src, SPH_ERR_INVALID_ARG, "ctx_memcpy: dst or src is NULL");
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memcpy(ctx, dst, src, bytes);
+#endif
+    memmove(dst, src, bytes);
+    return SPH_OK;
+}
+
+sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
+    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: ctx is NULL");
+    if (bytes == 0) return SPH_OK;
+    SPH_CHECK(dst != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: dst is NULL");
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memset(ctx, dst, value, bytes);
+#endif
+    memset(dst, value, bytes);
+    return SPH_OK;
+}
+
+sph_status sph_ctx_synchronize(sph_ctx_t ctx) {
+    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_synchronize: ctx is NULL");
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_synchronize(ctx);
+#endif
+    return SPH_OK;
+}
+
+int sph_cuda_device_count(void) {
+#ifdef SPH_HAVE_CUDA
+    return sph_cuda_count();
+#else
+    return 0;
+#endif
+}

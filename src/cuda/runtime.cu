@@ -1,0 +1,96 @@
+/*
+ * runtime.cu - CUDA context state and the memory helpers behind sph_ctx_malloc and friends.
+ * The per-context state (device properties, cuBLAS handle) lives here; kernels live in their
+ * own files.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda/common.cuh"
+#include "cuda/state.h"
+
+extern "C" int sph_cuda_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int sph_cuda_pointer_is_device(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? 1 : 0;
+}
+
+extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
+    int n = sph_cuda_count();
+    if (n == 0) return sph_err(SPH_ERR_NO_DEVICE, "opts.device: no CUDA device is present");
+    if (ctx->device.id >= n)
+        return sph_err(SPH_ERR_INVALID_ARG, "opts.device.id is %d, but only %d CUDA device(s)",
+                       (int)ctx->device.id, n);
+    SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
+    sph_cuda_state *st = (sph_cuda_state *)calloc(1, sizeof *st);
+    if (!st) return sph_err(SPH_ERR_ALLOC, "cuda context: out of host memory");
+    cudaError_t e = cudaGetDeviceProperties(&st->prop, ctx->device.id);
+    if (e != cudaSuccess) {
+        free(st);
+        return sph_err(SPH_ERR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+    }
+    cublasStatus_t b = cublasCreate(&st->cublas);
+    if (b != CUBLAS_STATUS_SUCCESS) {
+        free(st);
+        return sph_err(SPH_ERR_CUDA, "cublasCreate failed: status %d", (int)b);
+    }
+    cublasSetStream(st->cublas, (cudaStream_t)ctx->stream);
+    st->cc = st->prop.major * 10 + st->prop.minor;
+    ctx->cuda = st;
+    snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
+             st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");
+    return SPH_OK;
+}
+
+extern "C" void sph_cuda_ctx_fini(sph_ctx_t ctx) {
+    sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
+    if (!st) return;
+    if (st->cublas) cublasDestroy(st->cublas);
+    free(st);
+    ctx->cuda = NULL;
+}
+
+extern "C" sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
+    SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        cudaGetLastError();
+        return sph_err(SPH_ERR_ALLOC, "cudaMalloc of %zu bytes failed: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    return SPH_OK;
+}
+
+extern "C" void sph_cuda_free(sph_ctx_t ctx, void *ptr) {
+    (void)ctx;
+    cudaFree(ptr);
+}
+
+extern "C" sph_status sph_cuda_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+    SPH_CUDA_RET(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)ctx->stream));
+    SPH_CUDA_RET(cudaStreamSynchronize((cudaStream_t)ctx->stream));
+    return SPH_OK;
+}
+
+extern "C" sph_status sph_cuda_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
+    SPH_CUDA_RET(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)ctx->stream));
+    return SPH_OK;
+}
+
+extern "C" sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
+    SPH_CUDA_RET(cudaStreamSynchronize((cudaStream_t)ctx->stream));
+    return SPH_OK;
+}
