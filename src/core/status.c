@@ -61,7 +61,8 @@ sph_status sph_err_prefix(sph_status s, const char *fmt, ...) {
     size_t np = strlen(prefix);
     if (np >= sizeof g_msg) np = sizeof g_msg - 1;
     memcpy(g_msg, prefix, np);
-    size_t rest = strnlen(old, sizeof old - 1);
+    size_t rest = 0;
+    while (rest < sizeof old - 1 && old[rest]) rest++;
     if (rest > sizeof g_msg - 1 - np) rest = sizeof g_msg - 1 - np;
     memcpy(g_msg + np, old, rest);
     g_msg[np + rest] = '\0';
