@@ -326,8 +326,9 @@ SPH_API void sph_spans_free(sph_spans *s);
  * 2 * ((n + 1) / 2) int64 entries (n = 0: may be NULL); *n_spans receives the count. */
 SPH_API sph_status sph_spans_from_mask(const uint8_t *mask, int64_t n, int64_t gap,
                                        int64_t *spans, int64_t *n_spans);
-/* Checks spans are ordered, non-overlapping, inside [0, n) and cover every 1 of mask (mask
- * may be NULL: then only order and range are checked). */
+/* Checks spans are non-empty, ordered, non-overlapping, inside [0, n) and cover every nonzero
+ * entry of mask (mask may be NULL: then only order and range are checked). Errors:
+ * SPH_ERR_INVALID_ARG naming the first offending span or uncovered row. */
 SPH_API sph_status sph_spans_validate(const int64_t *spans, int64_t n_spans, int64_t n,
                                       const uint8_t *mask);
 
@@ -346,8 +347,8 @@ typedef enum sph_pack_algo {
  * capacity rounded down to the total alignment, so every bin's packed layout fits capacity.
  *   FFD: first-fit decreasing. MFFD: Johnson & Garey's modified FFD. BALANCED: by decreasing
  *   cost into the least-loaded bin if it fits there, else a new bin, starting from
- *   max(ceil(sum / capacity), min_bins) bins; a sequence longer than the capacity gets a bin
- *   of its own (the only bin allowed over capacity).
+ *   max(ceil(sum / capacity), min_bins) bins rounded up to bin_multiple; a sequence longer
+ *   than the capacity gets a bin of its own (the only bin allowed over capacity).
  * Then bins are added until there are at least min_bins and a multiple of bin_multiple: each
  * new bin takes the largest sequence of the fullest bin holding two or more. Deterministic
  * (fixed tie-breaks); O(n log n). Bins keep creation order; items inside a bin are listed by
