@@ -15,7 +15,13 @@ echo "== spanhead layout --tp 2 --cp 2 of the first bin's lengths ($first_bin) =
 "$cli" layout --tp 2 --cp 2 $first_bin
 echo
 echo "== spanhead spans (packed RL batch, CP rank 1 of 2) =="
-"$cli" spans --tp 2 --cp 2 --cp-rank 1 "$data/batch.json"
+# The full JSON carries the whole 0/1 mask; show it shortened.
+"$cli" spans --tp 2 --cp 2 --cp-rank 1 "$data/batch.json" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+m = d["active_mask"]
+d["active_mask"] = "[%d entries: %s ...]" % (len(m), "".join(map(str, m[:48])))
+print(json.dumps(d))'
 echo
 echo "== spanhead run (packed RL batch of prompts and responses, forward + backward, checked) =="
 "$cli" run --check
