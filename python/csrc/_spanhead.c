@@ -834,6 +834,10 @@ static int consume(PyObject *obj, const char *name, consumed *c) {
                      name);
         return -1;
     }
+    /* A tensor without elements has no meaningful strides (NumPy exports 0 for them): drop
+     * them, so an empty batch passes the library's row-stride checks. */
+    for (int32_t d = 0; c->t.shape && d < c->t.ndim; d++)
+        if (c->t.shape[d] == 0) c->t.strides = NULL;
     if (override) {
         if (c->t.dtype.lanes != 1 || c->t.dtype.bits != obits) {
             release(c);

@@ -207,25 +207,32 @@ def _rows_shape(x: Any) -> Tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
+def _check_devices(tensors: dict, context: Optional[Context]) -> Tuple[int, int]:
+    """Every given tensor on hidden's device (host memory kinds count as one), and the
+    context's device too; returns hidden's device."""
+    dev = T.device_of(tensors["hidden"], "hidden")
+    for name in _SLOTS:
+        x = tensors.get(name)
+        if x is not None and x is not True and x is not False and name != "hidden":
+            d = T.device_of(x, name)
+            if not T.same_memory_space(d, dev):
+                raise DeviceError(f"{name} is on {T.device_name(d)} but hidden is on "
+                                  f"{T.device_name(dev)}: every tensor must be on one device")
+    if context is not None and not T.same_memory_space(context.device, dev):
+        raise DeviceError(f"hidden is on {T.device_name(dev)} but the context runs on "
+                          f"{T.device_name(context.device)}")
+    return dev
+
+
 def _run(pass_: int, tensors: dict, *, spans, context: Optional[Context], vocab_start: int,
          vocab_total: int, temperature: float, softcap: float, acc_dh: bool, acc_dw: bool,
          allreduce_dh: bool) -> int:
     """Checks devices, exports every tensor through DLPack and calls the C head."""
     hidden = tensors["hidden"]
-    dev = T.device_of(hidden, "hidden")
-    for name in _SLOTS:
-        x = tensors.get(name)
-        if x is not None and name != "hidden":
-            d = T.device_of(x, name)
-            if not T.same_memory_space(d, dev):
-                raise DeviceError(f"{name} is on {T.device_name(d)} but hidden is on "
-                                  f"{T.device_name(dev)}: every tensor must be on one device")
+    dev = _check_devices(tensors, context)
     if context is None:
         stream = _current_stream(hidden, dev) if dev[0] == T.CUDA else 0
         context = default_context(dev, stream)
-    elif not T.same_memory_space(context.device, dev):
-        raise DeviceError(f"hidden is on {T.device_name(dev)} but the context runs on "
-                          f"{T.device_name(context.device)}")
     s = context._dlpack_stream()
     caps = tuple(T.export(tensors.get(n), n, s) for n in _SLOTS)
     sp = _spans_array(spans)
@@ -330,6 +337,7 @@ def _head(pass_: int, kw: dict) -> HeadResult:
     if len(ws) != 2:
         raise ShapeError(f"weight: shape is {ws}, expected (V_loc, H)")
     n = hs[0]
+    _check_devices({k: kw.get(k) for k in _SLOTS}, kw["context"])
     res = HeadResult()
     t = {"hidden": hidden, "weight": weight, "targets": targets,
          "candidates": kw["candidates"], "active_mask": kw["active_mask"]}
