@@ -114,6 +114,8 @@ def export(x: Any, name: str, stream: Optional[int] = None) -> Any:
     override = None
     if isinstance(x, bfloat16):
         override, x = BF16, x.bits
+    if getattr(x, "requires_grad", False) and framework(x) == "torch":
+        x = x.detach()  # torch refuses to export tensors that require grad
     if is_capsule(x):
         cap = x
     else:
