@@ -4,7 +4,7 @@
 #
 # Build here first, then carry the results:
 #   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2   (CUDA on)
-#   (cd python && python3 setup.py build_ext --inplace)   # -> python/spanhead/_spanhead.abi3.so
+#   make python/spanhead/_spanhead.abi3.so                # the extension (stable ABI)
 #   pip install --target python/.pydeps pytest           # only if the GPU machine lacks pytest
 #   run: bash scripts/device/python_gpu.sh
 #   carry: ["build", "python/spanhead/_spanhead.abi3.so", "python/.pydeps"]
