@@ -161,3 +161,35 @@ def test_generic_api_with_torch_tensors():
     r = spanhead.head_forward(h, w, t, entropy=True, context=spanhead.Context(kernel="ref"))
     assert isinstance(r.logprob, torch.Tensor) and r.logprob.dtype == torch.float32
     assert torch.allclose(r.logprob.double(), dense(h.detach(), w, t)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_z_loss_and_label_smoothing(kernel, softcap):
+    """Trainer losses written with the per-row outputs (issue 9): z-loss from lse and
+    label-smoothed cross-entropy from logprob, lse and logit_mean, against the same losses
+    computed densely in float64; values and gradients."""
+    N, H, V, eps, zc = 29, 16, 77, 0.1, 1e-2
+    h, w, t = make(13, N, H, V, torch.float32)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    o = sht.logprobs(h, w, t, lse=True, logit_mean=True, softcap=softcap, temperature=0.9,
+                     **kernel)
+    valid = (t >= 0).float()
+    # mean_j log p_j = logit_mean - lse
+    ls = -((1 - eps) * o.logprob + eps * (o.logit_mean - o.lse) * valid)
+    loss = ls.sum() / valid.sum() + zc * (o.lse ** 2).mean()
+    loss.backward()
+    hd = h.detach().double().requires_grad_(True)
+    wd = w.detach().double().requires_grad_(True)
+    u = hd @ wd.T
+    z = (softcap * torch.tanh(u / softcap) if softcap else u) / 0.9
+    lsm = torch.log_softmax(z, -1)
+    vd = valid.double()
+    nll = -lsm.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * vd
+    ref_ls = (1 - eps) * nll - eps * lsm.mean(-1) * vd
+    ref = ref_ls.sum() / vd.sum() + zc * (torch.logsumexp(z, -1) ** 2).mean()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-5 * max(1.0, abs(ref.item()))
+    for name, got, want in (("dhidden", h.grad, hd.grad), ("dweight", w.grad, wd.grad)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 2e-5 * max(1.0, want.abs().max().item()), f"{name}: max err {err}"

@@ -104,7 +104,9 @@ def test_cuda_graph_capture_forward_backward():
         got = (static.logprob.clone(), h.grad.clone(), w.grad.clone())
         he = h.detach().clone().requires_grad_(True)
         we = w.detach().clone().requires_grad_(True)
-        eager = _step(he, we, t, mask, spans, adv)
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the same stream, so the same spanhead context
+            eager = _step(he, we, t, mask, spans, adv)
         torch.cuda.synchronize()
         assert torch.equal(got[0], eager.logprob), "graph replay differs from eager (logprob)"
         assert torch.equal(got[1], he.grad), "graph replay differs from eager (dhidden)"
