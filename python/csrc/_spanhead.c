@@ -672,6 +672,10 @@ static int comm_cfg(PyObject *t, sph_comm_config *cfg) {
     long long tp, cp, dp, vt, vs, vl;
     int code, bits;
     double temp;
+    if (!PyTuple_Check(t)) {
+        PyErr_SetString(PyExc_TypeError, "comm: the configuration must be a tuple");
+        return -1;
+    }
     if (!PyArg_ParseTuple(t, "LLLLLL(ii)d", &tp, &cp, &dp, &vt, &vs, &vl, &code, &bits, &temp))
         return -1;
     sph_comm_config c = SPH_COMM_CONFIG_INIT;
@@ -704,6 +708,8 @@ static PyObject *py_comm_create(PyObject *self, PyObject *args) {
     PyObject *cfg_obj;
     if (!PyArg_ParseTuple(args, "iKO", &kind, &addr, &cfg_obj)) return NULL;
     NEED(sph_comm_destroy);
+    if (kind < 0 || kind > 4)
+        return raise_fmt(SPH_ERR_INVALID_ARG, "comm: unknown communicator kind %d", kind);
     sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
     if (kind != 0 && comm_cfg(cfg_obj, &cfg) < 0) return NULL;
     sph_comm_t c = NULL;
