@@ -766,6 +766,18 @@ static PyObject *py_comm_create(PyObject *self, PyObject *args) {
     }
 }
 
+/* Destroys the communicator now (the capsule becomes inert); idempotent. */
+static PyObject *py_comm_destroy(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    if (!PyCapsule_IsValid(cap, COMM_NAME)) Py_RETURN_NONE;
+    sph_comm_t c = PyCapsule_GetPointer(cap, COMM_NAME);
+    if (PyCapsule_SetDestructor(cap, NULL) < 0) return NULL;
+    if (PyCapsule_SetName(cap, "spanhead.comm.destroyed") < 0) return NULL;
+    if (c && lib.sph_comm_destroy) lib.sph_comm_destroy(c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_comm_info(PyObject *self, PyObject *args) {
     PyObject *cap;
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
@@ -1082,6 +1094,7 @@ static PyMethodDef methods[] = {
     {"ctx_describe", py_ctx_describe, METH_VARARGS, "Describes a context's kernels."},
     {"ctx_synchronize", py_ctx_synchronize, METH_VARARGS, "Waits for a context's stream."},
     {"comm_create", py_comm_create, METH_VARARGS, "Creates a communicator handle."},
+    {"comm_destroy", py_comm_destroy, METH_VARARGS, "Destroys a communicator handle now."},
     {"comm_info", py_comm_info, METH_VARARGS, "(backend, rank, size) of a communicator."},
     {"head", py_head, METH_VARARGS, "Runs the LM head forward (0) or backward (1)."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},

@@ -21,6 +21,7 @@ The library must be built with MPI / NCCL for those backends (UnsupportedError o
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional, Tuple
 
 from . import _spanhead as _ext
@@ -50,6 +51,14 @@ class Comm:
     def __init__(self, handle: Any, keepalive: Any = None):
         self._handle = handle
         self._keepalive = keepalive  # the mpi4py / torch object whose handle we borrow
+        _live.add(self)
+
+    def close(self) -> None:
+        """Destroys the communicator now (never the borrowed MPI/NCCL communicator); contexts
+        using it must be closed first. Also done when it is garbage collected."""
+        if self._handle is not None:
+            _ext.comm_destroy(self._handle)
+            self._handle = None
 
     @classmethod
     def none(cls) -> "Comm":
@@ -112,6 +121,8 @@ class Comm:
 
     def info(self) -> Tuple[str, int, int]:
         """(backend name, rank, size) of this communicator."""
+        if self._handle is None:
+            raise InvalidArgumentError("comm: used after close()")
         b, r, s = _ext.comm_info(self._handle)
         return _BACKENDS.get(b, str(b)), r, s
 
@@ -121,6 +132,14 @@ class Comm:
             return f"spanhead.Comm({b}, rank={r}, size={s})"
         except Exception:  # noqa: BLE001
             return "spanhead.Comm(?)"
+
+
+_live: "weakref.WeakSet[Comm]" = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for c in list(_live):
+        c.close()
 
 
 __all__ = ["Comm"]

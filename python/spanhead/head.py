@@ -11,7 +11,9 @@ Inactive rows (active_mask 0, or outside spans) get 0 in every per-row output an
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -98,9 +100,12 @@ class Context:
         self.comm = comm
         self._ws = None
         handle = comm._handle if comm is not None else None
+        if comm is not None and handle is None:
+            raise InvalidArgumentError("comm: the communicator was closed")
         self._handle = _ext.ctx_create(self.device[0], self.device[1], self.stream, int(threads),
                                        kernel, int(bool(allow_tf32)), int(bool(batch_invariant)),
                                        int(chunk_rows), int(chunk_bytes), handle, tune_cache)
+        _live.add(self)
 
     def describe(self) -> str:
         """One line naming the chosen kernels ("cpu avx512 threads=2 openblas")."""
@@ -149,6 +154,19 @@ class Context:
 
 
 _local = threading.local()
+
+# Contexts still open at interpreter exit are closed by Python's atexit, which runs before the
+# C runtime's exit handlers (the CUDA runtime tears itself down there): destroying a CUDA
+# context after that would talk to a dead runtime.
+_live: "weakref.WeakSet[Context]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    from . import comm as _comm
+    for ctx in list(_live):
+        ctx.close()
+    _comm._close_all()
 
 
 def _current_stream(ref: Any, dev: Tuple[int, int]) -> int:

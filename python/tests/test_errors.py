@@ -191,3 +191,19 @@ def test_error_message_is_thread_local_and_fresh(c):
     with pytest.raises(spanhead.ShapeError) as e2:
         spanhead.head_forward(h, w, t[:2], context=c)
     assert "targets" in str(e2.value) and "targets" not in str(e1.value)
+
+
+def test_comm_none_and_close():
+    comm = spanhead.Comm.none()
+    assert comm.info() == ("none", 0, 1)
+    ctx = spanhead.Context("cpu", comm=comm, kernel="ref")
+    h, w, t = inputs()
+    ref = spanhead.head_forward(h, w, t, context=spanhead.Context(kernel="ref")).logprob
+    assert np.array_equal(spanhead.head_forward(h, w, t, context=ctx).logprob, ref)
+    ctx.close()
+    comm.close()
+    comm.close()
+    with pytest.raises(spanhead.InvalidArgumentError, match="after close"):
+        comm.info()
+    with pytest.raises(spanhead.InvalidArgumentError, match="closed"):
+        spanhead.Context("cpu", comm=comm)
