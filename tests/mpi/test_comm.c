@@ -316,6 +316,15 @@ static void test_args(void) {
     MPI_Comm null = MPI_COMM_NULL;
     MT_EXPECT(sph_comm_create_mpi(&c, &null, &cfg), SPH_ERR_INVALID_ARG, "MPI_COMM_NULL");
     MT_EXPECT(sph_comm_info(NULL, NULL, NULL, NULL), SPH_ERR_INVALID_ARG, "NULL");
+    if (mt_size >= 2) { /* an intercommunicator (even ranks <-> odd ranks) is refused */
+        MPI_Comm half, inter;
+        MPI_Comm_split(MPI_COMM_WORLD, mt_rank % 2, mt_rank, &half);
+        MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, mt_rank % 2 ? 0 : 1, 99, &inter);
+        MT_EXPECT(sph_comm_create_mpi(&c, &inter, &cfg), SPH_ERR_INVALID_ARG,
+                  "intercommunicator");
+        MPI_Comm_free(&inter);
+        MPI_Comm_free(&half);
+    }
     sph_comm_destroy(NULL);
     /* The SPH_ERR_MPI message: rank, size, the expression and MPI's own error string. */
     char mpimsg[MPI_MAX_ERROR_STRING];

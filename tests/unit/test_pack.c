@@ -4,6 +4,11 @@
 
 #include "testutil.h"
 
+/* Under AddressSanitizer an impossible allocation must return NULL (as glibc does) so the
+ * SPH_ERR_ALLOC path can be tested; ignored without ASan. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 /* Compares r against bins given as a flat list: {n_items_bin0, idx..., n_items_bin1, ...}. */
 static void expect_bins(const sph_pack_result *r, const int64_t *flat, int64_t n_bins,
                         const int64_t *tokens) {
@@ -221,11 +226,24 @@ static void test_pack_errors(void **state) {
     expect_status(sph_pack(edge, 1, &o, &r), SPH_ERR_OVERFLOW, "lengths[0]");
 }
 
+static void test_pack_alloc_failure(void **state) {
+    (void)state;
+    /* the working arrays are allocated before any length is read: 2^57 items cannot fit in
+     * memory, 2^62 cannot even be addressed */
+    const int64_t len[1] = {1};
+    sph_pack_opts o = opts_of(10, SPH_PACK_FFD);
+    sph_pack_result *r;
+    expect_status(sph_pack(len, (int64_t)1 << 57, &o, &r), SPH_ERR_ALLOC, "out of host memory");
+    expect_status(sph_pack(len, (int64_t)1 << 62, &o, &r), SPH_ERR_OVERFLOW,
+                  "overflow the host address space");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ffd),        cmocka_unit_test(test_mffd),
         cmocka_unit_test(test_balanced),   cmocka_unit_test(test_alignment_aware),
         cmocka_unit_test(test_bin_count_adjustment), cmocka_unit_test(test_pack_errors),
+        cmocka_unit_test(test_pack_alloc_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

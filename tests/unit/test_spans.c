@@ -4,6 +4,11 @@
 
 #include "testutil.h"
 
+/* Under AddressSanitizer an impossible allocation must return NULL (as glibc does) so the
+ * SPH_ERR_ALLOC path can be tested; ignored without ASan. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static void expect_spans(const int64_t *got, int64_t n_got, const int64_t *want, int64_t n_want) {
     if (n_got != n_want) {
         print_error("n_spans %lld, expected %lld\n", (long long)n_got, (long long)n_want);
@@ -359,13 +364,25 @@ static void test_build_errors(void **state) {
     expect_status(sph_spans_build(&d, &o, &s), SPH_ERR_OVERFLOW, "overflows int64");
 }
 
+static void test_build_alloc_failure(void **state) {
+    (void)state;
+    /* 2^62 rows: the sizes are representable, the memory is not */
+    sph_batch_desc d = SPH_BATCH_DESC_INIT;
+    d.batch = 1;
+    d.seq_len = (int64_t)1 << 62;
+    sph_spans_opts o = SPH_SPANS_OPTS_INIT;
+    sph_spans *s = (sph_spans *)&d;
+    expect_status(sph_spans_build(&d, &o, &s), SPH_ERR_ALLOC, "out of host memory");
+    assert_null(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_from_mask),     cmocka_unit_test(test_from_mask_errors),
         cmocka_unit_test(test_validate),      cmocka_unit_test(test_unpacked),
         cmocka_unit_test(test_unpacked_rejected), cmocka_unit_test(test_packed_rows),
         cmocka_unit_test(test_packed_subseq), cmocka_unit_test(test_packed_attention),
-        cmocka_unit_test(test_build_errors),
+        cmocka_unit_test(test_build_errors), cmocka_unit_test(test_build_alloc_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
