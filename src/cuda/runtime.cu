@@ -8,6 +8,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/state.h"
+#include "cuda/tune.cuh"
 
 extern "C" int sph_cuda_count(void) {
     int n = 0;
@@ -48,6 +49,7 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     }
     cublasSetStream(st->cublas, (cudaStream_t)ctx->stream);
     st->cc = st->prop.major * 10 + st->prop.minor;
+    sph_cuda_tune_load(ctx, st);
     ctx->cuda = st;
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
              st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");
