@@ -62,6 +62,27 @@ sph_status sph_head_cpu_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_h
 sph_status sph_head_cpu_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes);
 sph_status sph_head_cpu_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes);
 
+/* TP combine (combine.c). local[N][5] holds this rank's partial records (m, s, b, zt, sz) in
+ * float64; gathered is scratch of comm size * N * 5 doubles (host memory); out[N][5] receives
+ * the combined (M, S, B, ZT, SZ), combined in rank order (deterministic). With comm NULL or of
+ * size 1, out = local (gathered unused, may be NULL). local and out may alias. */
+sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
+                                double *out, int64_t N);
+/* Combines the partials of one row across shards or tiles, in the order given:
+ * (m, s, b, zt, sz) += (m', s', b', zt', sz'). Exact up to rounding; handles m = -inf. */
+void sph_head_partial_merge(double acc[5], const double add[5]);
+/* Host-only helper: active[i] = 1 if row i is active (mask, else spans, else all). */
+void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
+
+/* Float64 cores of the reference, for tests (finite differences need float64 end to end).
+ * rows_f64 writes per-row (logprob, entropy, lse, logit_mean, m, lse, mu) as out[N][7];
+ * backward_f64 reads stats64[N][3] (m, lse, mu) and writes dh[N][H], dw[V_loc][H] (either
+ * may be NULL) as this shard's gradients of the active rows (no accumulate, no allreduce).
+ * Both allocate host scratch (the reference is never a hot path). */
+sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out);
+sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats64, double *dh,
+                                     double *dw);
+
 sph_status sph_head_cuda_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                                    size_t *bytes);
 sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes);

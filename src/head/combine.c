@@ -1,0 +1,74 @@
+/*
+ * combine.c - the exact combine of per-row softmax partials (plan.h's record), across vocab
+ * tiles inside a backend and across the ranks of a tensor-parallel group.
+ *
+ * A record over a set J of columns is (m, s, b, zt, sz):
+ *   m = max_J z,  s = sum_J e^(z - m),  b = sum_J e^(z - m) z,  zt = z_target or 0,
+ *   sz = sum_J z.
+ * Two records over disjoint sets merge into the record of the union:
+ *   M = max(m, m'), s e^(m - M) + s' e^(m' - M), likewise b; zt and sz add.
+ * A record over an empty set has m = -inf, s = b = 0; the merge keeps it neutral (the
+ * e^(-inf - M) factor is 0, and -inf - (-inf) never happens because M = -inf only when both
+ * are empty, handled first). Ranks are merged in rank order so every rank computes the same
+ * bits (deterministic, independent of timing).
+ */
+#include <math.h>
+
+#include "comm/comm.h"
+#include "head/plan.h"
+
+void sph_head_partial_merge(double acc[5], const double add[5]) {
+    if (add[0] == -INFINITY && add[1] == 0) { /* empty set: only the sums can carry */
+        acc[3] += add[3];
+        acc[4] += add[4];
+        return;
+    }
+    if (acc[0] == -INFINITY && acc[1] == 0) {
+        double zt = acc[3] + add[3], sz = acc[4] + add[4];
+        acc[0] = add[0];
+        acc[1] = add[1];
+        acc[2] = add[2];
+        acc[3] = zt;
+        acc[4] = sz;
+        return;
+    }
+    /* NaN in either max must reach the sums (a non-finite row stays non-finite). */
+    double M = acc[0] >= add[0] ? acc[0] : add[0];
+    if (isnan(acc[0]) || isnan(add[0])) M = NAN;
+    double fa = exp(acc[0] - M), fb = exp(add[0] - M);
+    if (isinf(M) && M > 0) { /* an +inf logit: the row is not finite; keep it visible */
+        fa = fb = NAN;
+    }
+    acc[1] = acc[1] * fa + add[1] * fb;
+    acc[2] = acc[2] * fa + add[2] * fb;
+    acc[0] = M;
+    acc[3] += add[3];
+    acc[4] += add[4];
+}
+
+sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
+                                double *out, int64_t N) {
+    SPH_CHECK(N >= 0, SPH_ERR_INVALID_ARG, "combine: N = %lld, expected >= 0", (long long)N);
+    const size_t rec = (size_t)SPH_PARTIAL_FIELDS;
+    if (comm == NULL || comm->size <= 1) {
+        if (out != local)
+            for (size_t k = 0; k < (size_t)N * rec; k++) out[k] = local[k];
+        return SPH_OK;
+    }
+    SPH_CHECK(gathered != NULL, SPH_ERR_INTERNAL, "combine: no gather buffer");
+    SPH_CHECK(comm->ops && comm->ops->allgather, SPH_ERR_INVALID_ARG,
+              "tp_comm: communicator has no allgather");
+    size_t bytes;
+    SPH_CHECK(sph_mul_size((size_t)N, rec * sizeof(double), &bytes), SPH_ERR_OVERFLOW,
+              "combine: N = %lld records overflow size_t", (long long)N);
+    if (N == 0) return SPH_OK;
+    sph_status s = comm->ops->allgather(comm, local, gathered, bytes, NULL);
+    if (s != SPH_OK) return sph_err_prefix(s, "head: TP combine (allgather of %zu bytes): ", bytes);
+    for (int64_t i = 0; i < N; i++) {
+        double acc[5] = {-INFINITY, 0, 0, 0, 0};
+        for (int64_t r = 0; r < comm->size; r++)
+            sph_head_partial_merge(acc, gathered + ((size_t)r * (size_t)N + (size_t)i) * rec);
+        for (size_t f = 0; f < rec; f++) out[(size_t)i * rec + f] = acc[f];
+    }
+    return SPH_OK;
+}

@@ -1,0 +1,442 @@
+/*
+ * head.c - the public entry points of the LM head (sph_head_workspace_size, sph_head_forward,
+ * sph_head_backward): validation of sph_head_args into a sph_head_plan, then dispatch to the
+ * reference (ctx->use_ref), the optimized CPU backend, or CUDA.
+ *
+ * Every check runs before any output is written: shapes, dtypes, strides, devices, scalar
+ * domains (temperature, softcap, vocab shard), and, when the data lives in host memory, the
+ * contents of targets (< vocab_total), candidates (no duplicates, target inside the support)
+ * and spans (ordered, non-overlapping, in range, covering every active row of the mask).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "head/plan.h"
+
+// ---- small helpers ---------------------------------------------------------------------
+
+/* Every tensor must live on the context's device: host memory (CPU or pinned) for a CPU
+ * context, the context's GPU for a CUDA context. */
+static sph_status check_device(sph_ctx_t ctx, const sph_view *v, const char *name) {
+    if (ctx->device.type == SPH_DEVICE_CUDA) {
+        SPH_CHECK(v->device.type == SPH_DEVICE_CUDA && v->device.id == ctx->device.id,
+                  SPH_ERR_DEVICE, "%s: device is (type %d, id %d), expected cuda:%d (the context's)",
+                  name, (int)v->device.type, (int)v->device.id, (int)ctx->device.id);
+    } else {
+        SPH_CHECK(sph_device_is_host(v->device), SPH_ERR_DEVICE,
+                  "%s: device is (type %d, id %d), expected host memory (cpu context)", name,
+                  (int)v->device.type, (int)v->device.id);
+    }
+    return SPH_OK;
+}
+
+static sph_status row_vector(sph_ctx_t ctx, const sph_tensor *t, const char *name, int64_t N,
+                             sph_dtype want, float **out) {
+    sph_view v;
+    SPH_TRY(sph_view_of(t, name, 1, &v));
+    SPH_TRY(check_device(ctx, &v, name));
+    SPH_CHECK(sph_dtype_eq(v.dtype, want), SPH_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
+              sph_dtype_name(v.dtype), sph_dtype_name(want));
+    SPH_TRY(sph_view_expect_dim(&v, name, 0, N, "N, rows of hidden"));
+    *out = (float *)v.data;
+    return SPH_OK;
+}
+
+static int64_t id_at(const void *base, int is64, int64_t k) {
+    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Spans: ordered, non-overlapping [start, end) pairs inside [0, N) with start < end, covering
+ * every active row of mask (when mask is given and readable). */
+static sph_status check_spans(const int64_t *spans, int64_t n_spans, int64_t N,
+                              const uint8_t *mask) {
+    SPH_CHECK(n_spans >= 0, SPH_ERR_INVALID_ARG, "n_spans: %lld, expected >= 0",
+              (long long)n_spans);
+    SPH_CHECK(n_spans == 0 || spans != NULL, SPH_ERR_INVALID_ARG,
+              "spans: NULL with n_spans = %lld", (long long)n_spans);
+    int64_t prev_end = 0;
+    for (int64_t k = 0; k < n_spans; k++) {
+        int64_t a = spans[2 * k], b = spans[2 * k + 1];
+        SPH_CHECK(a >= 0 && b <= N && a < b, SPH_ERR_INVALID_ARG,
+                  "spans[%lld]: [%lld, %lld) is empty or outside [0, N = %lld)", (long long)k,
+                  (long long)a, (long long)b, (long long)N);
+        SPH_CHECK(a >= prev_end, SPH_ERR_INVALID_ARG,
+                  "spans[%lld]: starts at %lld, before the previous span's end %lld "
+                  "(spans must be ordered and non-overlapping)",
+                  (long long)k, (long long)a, (long long)prev_end);
+        prev_end = b;
+    }
+    if (mask && n_spans > 0) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < N; i++) {
+            if (!mask[i]) continue;
+            while (k < n_spans && spans[2 * k + 1] <= i) k++;
+            SPH_CHECK(k < n_spans && spans[2 * k] <= i, SPH_ERR_INVALID_ARG,
+                      "spans: active row %lld (active_mask[%lld] = %u) is outside every span",
+                      (long long)i, (long long)i, mask[i]);
+        }
+    } else if (mask && n_spans == 0 && spans != NULL) {
+        for (int64_t i = 0; i < N; i++)
+            SPH_CHECK(!mask[i], SPH_ERR_INVALID_ARG,
+                      "spans: active row %lld is outside every span (n_spans = 0)",
+                      (long long)i);
+    }
+    return SPH_OK;
+}
+
+// ---- validation ------------------------------------------------------------------------
+
+sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
+                              sph_head_plan *p) {
+    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
+    SPH_CHECK(a != NULL, SPH_ERR_INVALID_ARG, "args: NULL");
+    SPH_CHECK(p != NULL, SPH_ERR_INVALID_ARG, "plan: NULL");
+    SPH_CHECK(a->struct_size >= sizeof(sph_head_args), SPH_ERR_INVALID_ARG,
+              "args.struct_size: %zu, expected %zu (use SPH_HEAD_ARGS_INIT)", a->struct_size,
+              sizeof(sph_head_args));
+    SPH_CHECK(pass == SPH_HEAD_FORWARD || pass == SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG,
+              "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
+    memset(p, 0, sizeof *p);
+    p->device = ctx->device;
+    const int host = ctx->device.type != SPH_DEVICE_CUDA;
+
+    // hidden and weight
+    sph_view hv, wv;
+    SPH_TRY(sph_view_of(a->hidden, "hidden", 2, &hv));
+    SPH_TRY(check_device(ctx, &hv, "hidden"));
+    SPH_CHECK(sph_dtype_is_float_input(hv.dtype), SPH_ERR_DTYPE,
+              "hidden: dtype is %s, expected f32, bf16 or f16", sph_dtype_name(hv.dtype));
+    SPH_TRY(sph_view_of(a->weight, "weight", 2, &wv));
+    SPH_TRY(check_device(ctx, &wv, "weight"));
+    SPH_CHECK(sph_dtype_eq(wv.dtype, hv.dtype), SPH_ERR_DTYPE,
+              "weight: dtype is %s, expected %s (hidden's)", sph_dtype_name(wv.dtype),
+              sph_dtype_name(hv.dtype));
+    p->N = hv.shape[0];
+    p->H = hv.shape[1];
+    p->V_loc = wv.shape[0];
+    SPH_TRY(sph_view_expect_dim(&wv, "weight", 1, p->H, "H, columns of hidden"));
+    SPH_CHECK(p->V_loc >= 1, SPH_ERR_SHAPE, "weight: shape[0] (V_loc) is 0, expected >= 1");
+    SPH_CHECK(p->H >= 1, SPH_ERR_SHAPE, "hidden: shape[1] (H) is 0, expected >= 1");
+    p->dtype = hv.dtype;
+    p->hidden = hv.data;
+    p->ld_h = hv.stride[0];
+    p->weight = wv.data;
+    p->ld_w = wv.stride[0];
+    int64_t nh, nv;
+    SPH_CHECK(sph_mul_i64(p->N, p->ld_h, &nh) && sph_mul_i64(p->V_loc, p->ld_w, &nv),
+              SPH_ERR_OVERFLOW, "hidden/weight: element count overflows int64");
+
+    // vocabulary shard
+    p->V = a->vocab_total ? a->vocab_total : p->V_loc;
+    p->v0 = a->vocab_start;
+    SPH_CHECK(p->V > 0, SPH_ERR_INVALID_ARG, "vocab_total: %lld, expected > 0 (or 0 = V_loc)",
+              (long long)a->vocab_total);
+    SPH_CHECK(p->v0 >= 0 && p->v0 <= p->V - p->V_loc, SPH_ERR_INVALID_ARG,
+              "vocab_start: shard [%lld, %lld) lies outside [0, vocab_total = %lld)",
+              (long long)p->v0, (long long)p->v0 + (long long)p->V_loc, (long long)p->V);
+
+    // scalars
+    p->temperature = a->temperature;
+    p->softcap = a->softcap;
+    SPH_CHECK(isfinite(a->temperature) && a->temperature > 0, SPH_ERR_INVALID_ARG,
+              "temperature: %g, expected finite and > 0", a->temperature);
+    SPH_CHECK(isfinite(a->softcap) && a->softcap >= 0, SPH_ERR_INVALID_ARG,
+              "softcap: %g, expected finite and >= 0 (0 = off)", a->softcap);
+
+    // active mask
+    if (a->active_mask) {
+        sph_view mv;
+        SPH_TRY(sph_view_of(a->active_mask, "active_mask", 1, &mv));
+        SPH_TRY(check_device(ctx, &mv, "active_mask"));
+        SPH_CHECK(sph_dtype_eq(mv.dtype, SPH_U8) || sph_dtype_eq(mv.dtype, SPH_BOOL),
+                  SPH_ERR_DTYPE, "active_mask: dtype is %s, expected u8 or bool",
+                  sph_dtype_name(mv.dtype));
+        SPH_TRY(sph_view_expect_dim(&mv, "active_mask", 0, p->N, "N, rows of hidden"));
+        p->mask = (const uint8_t *)mv.data;
+        if (host)
+            for (int64_t i = 0; i < p->N; i++)
+                SPH_CHECK(p->mask[i] <= 1, SPH_ERR_INVALID_ARG,
+                          "active_mask[%lld]: %u, expected 0 or 1", (long long)i, p->mask[i]);
+    }
+    // spans (host memory always)
+    if (a->spans || a->n_spans) {
+        SPH_TRY(check_spans(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
+        p->spans = a->spans;
+        p->n_spans = a->n_spans;
+    }
+
+    // targets
+    if (a->targets) {
+        sph_view tv;
+        SPH_TRY(sph_view_of(a->targets, "targets", 1, &tv));
+        SPH_TRY(check_device(ctx, &tv, "targets"));
+        SPH_CHECK(sph_dtype_eq(tv.dtype, SPH_I32) || sph_dtype_eq(tv.dtype, SPH_I64),
+                  SPH_ERR_DTYPE, "targets: dtype is %s, expected i32 or i64",
+                  sph_dtype_name(tv.dtype));
+        SPH_TRY(sph_view_expect_dim(&tv, "targets", 0, p->N, "N, rows of hidden"));
+        p->targets = tv.data;
+        p->tgt_i64 = tv.dtype.bits == 64;
+        if (host)
+            for (int64_t i = 0; i < p->N; i++) {
+                int64_t t = id_at(p->targets, p->tgt_i64, i);
+                SPH_CHECK(t < p->V, SPH_ERR_INVALID_ARG,
+                          "targets[%lld]: %lld, expected < vocab_total = %lld (negative = "
+                          "ignored)",
+                          (long long)i, (long long)t, (long long)p->V);
+            }
+    }
+
+    // candidates (sample support)
+    if (a->candidates) {
+        sph_view cv;
+        SPH_TRY(sph_view_of(a->candidates, "candidates", 2, &cv));
+        SPH_TRY(check_device(ctx, &cv, "candidates"));
+        SPH_CHECK(sph_dtype_eq(cv.dtype, SPH_I32) || sph_dtype_eq(cv.dtype, SPH_I64),
+                  SPH_ERR_DTYPE, "candidates: dtype is %s, expected i32 or i64",
+                  sph_dtype_name(cv.dtype));
+        SPH_TRY(sph_view_expect_dim(&cv, "candidates", 0, p->N, "N, rows of hidden"));
+        SPH_CHECK(cv.shape[1] >= 1, SPH_ERR_SHAPE, "candidates: shape[1] (K) is 0, expected >= 1");
+        p->K = cv.shape[1];
+        p->cand = cv.data;
+        p->cand_i64 = cv.dtype.bits == 64;
+        p->ld_c = cv.stride[0];
+        if (host && p->N > 0) {
+            int64_t *row = malloc((size_t)p->K * sizeof *row);
+            SPH_CHECK(row != NULL, SPH_ERR_ALLOC, "candidates: out of host memory (K = %lld)",
+                      (long long)p->K);
+            sph_status st = SPH_OK;
+            for (int64_t i = 0; i < p->N && st == SPH_OK; i++) {
+                int64_t n = 0;
+                for (int64_t k = 0; k < p->K && st == SPH_OK; k++) {
+                    int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+                    if (c >= p->V)
+                        st = sph_err(SPH_ERR_INVALID_ARG,
+                                     "candidates[%lld, %lld]: %lld, expected < vocab_total = "
+                                     "%lld (negative = padding)",
+                                     (long long)i, (long long)k, (long long)c, (long long)p->V);
+                    if (c >= 0) row[n++] = c;
+                }
+                if (st != SPH_OK) break;
+                qsort(row, (size_t)n, sizeof *row, cmp_i64);
+                for (int64_t k = 1; k < n && st == SPH_OK; k++)
+                    if (row[k] == row[k - 1])
+                        st = sph_err(SPH_ERR_INVALID_ARG,
+                                     "candidates[%lld, :]: id %lld appears twice", (long long)i,
+                                     (long long)row[k]);
+                if (st == SPH_OK && p->targets) {
+                    int64_t t = id_at(p->targets, p->tgt_i64, i);
+                    if (t >= 0 && !bsearch(&t, row, (size_t)n, sizeof *row, cmp_i64))
+                        st = sph_err(SPH_ERR_INVALID_ARG,
+                                     "targets[%lld]: %lld is not among candidates[%lld, :] (the "
+                                     "target must be in its support)",
+                                     (long long)i, (long long)t, (long long)i);
+                }
+            }
+            free(row);
+            SPH_TRY(st);
+        }
+    }
+
+    // per-row outputs and stats
+    if (a->logprob) SPH_TRY(row_vector(ctx, a->logprob, "logprob", p->N, SPH_F32, &p->logprob));
+    if (a->entropy) SPH_TRY(row_vector(ctx, a->entropy, "entropy", p->N, SPH_F32, &p->entropy));
+    if (a->lse) SPH_TRY(row_vector(ctx, a->lse, "lse", p->N, SPH_F32, &p->lse));
+    if (a->logit_mean)
+        SPH_TRY(row_vector(ctx, a->logit_mean, "logit_mean", p->N, SPH_F32, &p->logit_mean));
+    SPH_CHECK(a->logprob == NULL || a->targets != NULL, SPH_ERR_INVALID_ARG,
+              "logprob: requested without targets");
+    SPH_CHECK(a->logit_mean == NULL || p->K == 0, SPH_ERR_INVALID_ARG,
+              "logit_mean: not defined in sample-support mode (candidates given)");
+    SPH_CHECK(a->stats != NULL, SPH_ERR_INVALID_ARG,
+              "stats: NULL, expected an f32 (N, 3) tensor (forward writes it, backward reads it)");
+    {
+        sph_view sv;
+        SPH_TRY(sph_view_of(a->stats, "stats", 2, &sv));
+        SPH_TRY(check_device(ctx, &sv, "stats"));
+        SPH_CHECK(sph_dtype_eq(sv.dtype, SPH_F32), SPH_ERR_DTYPE, "stats: dtype is %s, expected f32",
+                  sph_dtype_name(sv.dtype));
+        SPH_TRY(sph_view_expect_dim(&sv, "stats", 0, p->N, "N, rows of hidden"));
+        SPH_TRY(sph_view_expect_dim(&sv, "stats", 1, 3, "m, lse, mu"));
+        SPH_CHECK(sv.stride[0] == 3 || p->N <= 1, SPH_ERR_SHAPE,
+                  "stats: row stride is %lld, expected 3 (compact rows)", (long long)sv.stride[0]);
+        p->stats = (float *)sv.data;
+    }
+
+    // gradient outputs
+    if (a->dhidden) {
+        sph_view v;
+        SPH_TRY(sph_view_of(a->dhidden, "dhidden", 2, &v));
+        SPH_TRY(check_device(ctx, &v, "dhidden"));
+        SPH_CHECK(sph_dtype_eq(v.dtype, p->dtype) || sph_dtype_eq(v.dtype, SPH_F32),
+                  SPH_ERR_DTYPE, "dhidden: dtype is %s, expected %s%s",
+                  sph_dtype_name(v.dtype), sph_dtype_name(p->dtype),
+                  sph_dtype_eq(p->dtype, SPH_F32) ? "" : " or f32");
+        SPH_TRY(sph_view_expect_dim(&v, "dhidden", 0, p->N, "N, rows of hidden"));
+        SPH_TRY(sph_view_expect_dim(&v, "dhidden", 1, p->H, "H, columns of hidden"));
+        p->dhidden = v.data;
+        p->ld_dh = v.stride[0];
+        p->dh_dtype = v.dtype;
+    }
+    if (a->dweight) {
+        sph_view v;
+        SPH_TRY(sph_view_of(a->dweight, "dweight", 2, &v));
+        SPH_TRY(check_device(ctx, &v, "dweight"));
+        SPH_CHECK(sph_dtype_eq(v.dtype, p->dtype) || sph_dtype_eq(v.dtype, SPH_F32),
+                  SPH_ERR_DTYPE, "dweight: dtype is %s, expected %s%s",
+                  sph_dtype_name(v.dtype), sph_dtype_name(p->dtype),
+                  sph_dtype_eq(p->dtype, SPH_F32) ? "" : " or f32");
+        SPH_TRY(sph_view_expect_dim(&v, "dweight", 0, p->V_loc, "V_loc, rows of weight"));
+        SPH_TRY(sph_view_expect_dim(&v, "dweight", 1, p->H, "H, columns of weight"));
+        p->dweight = v.data;
+        p->ld_dw = v.stride[0];
+        p->dw_dtype = v.dtype;
+    }
+    p->acc_dh = a->accumulate_dhidden != 0;
+    p->acc_dw = a->accumulate_dweight != 0;
+    p->allreduce_dh = a->allreduce_dhidden != 0;
+    const int grads = a->dhidden || a->dweight;
+    if (pass == SPH_HEAD_BACKWARD)
+        SPH_CHECK(grads, SPH_ERR_INVALID_ARG,
+                  "dhidden, dweight: both NULL, the backward has nothing to compute");
+    p->one_pass = pass == SPH_HEAD_FORWARD && grads;
+
+    // upstream gradients: read by the backward and by a one-pass forward
+    if (pass == SPH_HEAD_BACKWARD || p->one_pass) {
+        if (a->dlogprob) {
+            SPH_TRY(row_vector(ctx, a->dlogprob, "dlogprob", p->N, SPH_F32,
+                               (float **)&p->dlogprob));
+            SPH_CHECK(a->targets != NULL, SPH_ERR_INVALID_ARG,
+                      "dlogprob: given without targets (logprob is not computed)");
+        }
+        if (a->dentropy)
+            SPH_TRY(row_vector(ctx, a->dentropy, "dentropy", p->N, SPH_F32,
+                               (float **)&p->dentropy));
+        if (a->dlse) SPH_TRY(row_vector(ctx, a->dlse, "dlse", p->N, SPH_F32, (float **)&p->dlse));
+        if (a->dlogit_mean) {
+            SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
+                      "dlogit_mean: given in sample-support mode, where logit_mean is not "
+                      "defined");
+            SPH_TRY(row_vector(ctx, a->dlogit_mean, "dlogit_mean", p->N, SPH_F32,
+                               (float **)&p->dlogit_mean));
+        }
+    }
+
+    // communicator
+    p->comm = ctx->tp_comm;
+    if (p->comm) {
+        SPH_CHECK(p->comm->ops != NULL && p->comm->size >= 1 && p->comm->rank >= 0 &&
+                      p->comm->rank < p->comm->size,
+                  SPH_ERR_INVALID_ARG, "tp_comm: not an initialised communicator");
+        if (p->comm->size > 1)
+            SPH_CHECK((p->comm->device_buffers != 0) == !host, SPH_ERR_DEVICE,
+                      "tp_comm: collectives take %s buffers, the context computes on the %s",
+                      p->comm->device_buffers ? "device" : "host", host ? "host" : "device");
+    }
+    if (p->allreduce_dh) {
+        SPH_CHECK(a->dhidden != NULL, SPH_ERR_INVALID_ARG,
+                  "allreduce_dhidden: set without dhidden");
+        SPH_CHECK(p->comm != NULL, SPH_ERR_INVALID_ARG,
+                  "allreduce_dhidden: set but the context has no tp_comm");
+        if (p->comm->size > 1) {
+            SPH_CHECK(sph_dtype_eq(p->dh_dtype, SPH_F32) && p->ld_dh == p->H, SPH_ERR_UNSUPPORTED,
+                      "allreduce_dhidden: needs a compact f32 dhidden (got %s, row stride %lld)",
+                      sph_dtype_name(p->dh_dtype), (long long)p->ld_dh);
+            SPH_CHECK(!p->acc_dh, SPH_ERR_UNSUPPORTED,
+                      "allreduce_dhidden: cannot be combined with accumulate_dhidden over a "
+                      "group of %lld ranks (the accumulated values would be summed too)",
+                      (long long)p->comm->size);
+        }
+    }
+    return SPH_OK;
+}
+
+// ---- host helpers shared by the CPU backends ------------------------------------------
+
+void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
+    if (p->mask) {
+        for (int64_t i = 0; i < p->N; i++) active[i] = p->mask[i] != 0;
+    } else if (p->spans) {
+        memset(active, 0, (size_t)p->N);
+        for (int64_t k = 0; k < p->n_spans; k++)
+            memset(active + p->spans[2 * k], 1, (size_t)(p->spans[2 * k + 1] - p->spans[2 * k]));
+    } else {
+        memset(active, 1, (size_t)p->N);
+    }
+}
+
+// ---- public entry points ---------------------------------------------------------------
+
+#ifdef SPH_HAVE_CUDA
+/* Weak so a CUDA build links (and says "unsupported") until src/cuda provides the head. */
+#pragma weak sph_head_cuda_workspace
+#pragma weak sph_head_cuda_forward
+#pragma weak sph_head_cuda_backward
+#endif
+
+static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                               size_t *bytes) {
+    *bytes = 0;
+    if (p->device.type == SPH_DEVICE_CUDA) {
+#ifdef SPH_HAVE_CUDA
+        SPH_CHECK(sph_head_cuda_workspace != NULL, SPH_ERR_UNSUPPORTED,
+                  "head: this build has no CUDA LM-head kernels");
+        return sph_head_cuda_workspace(ctx, pass, p, bytes);
+#else
+        return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
+#endif
+    }
+    if (ctx->use_ref) return SPH_OK; /* the reference allocates its own scratch */
+    return sph_head_cpu_workspace(ctx, pass, p, bytes);
+}
+
+sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                                   size_t *bytes) {
+    SPH_CHECK(bytes != NULL, SPH_ERR_INVALID_ARG, "bytes: NULL");
+    *bytes = 0;
+    sph_head_plan p;
+    SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
+    return workspace_of(ctx, pass, &p, bytes);
+}
+
+static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                           void *ws, size_t ws_bytes) {
+    sph_head_plan p;
+    SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
+    size_t need = 0;
+    SPH_TRY(workspace_of(ctx, pass, &p, &need));
+    SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
+              "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
+    SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
+              "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
+    if (p.device.type == SPH_DEVICE_CUDA) {
+#ifdef SPH_HAVE_CUDA
+        SPH_CHECK(sph_head_cuda_forward != NULL && sph_head_cuda_backward != NULL,
+                  SPH_ERR_UNSUPPORTED, "head: this build has no CUDA LM-head kernels");
+        return pass == SPH_HEAD_FORWARD ? sph_head_cuda_forward(ctx, &p, ws, ws_bytes)
+                                        : sph_head_cuda_backward(ctx, &p, ws, ws_bytes);
+#else
+        return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
+#endif
+    }
+    if (ctx->use_ref)
+        return pass == SPH_HEAD_FORWARD ? sph_head_ref_forward(&p) : sph_head_ref_backward(&p);
+    return pass == SPH_HEAD_FORWARD ? sph_head_cpu_forward(ctx, &p, ws, ws_bytes)
+                                    : sph_head_cpu_backward(ctx, &p, ws, ws_bytes);
+}
+
+sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
+                            size_t workspace_bytes) {
+    return run_pass(ctx, SPH_HEAD_FORWARD, args, workspace, workspace_bytes);
+}
+
+sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
+                             size_t workspace_bytes) {
+    return run_pass(ctx, SPH_HEAD_BACKWARD, args, workspace, workspace_bytes);
+}

@@ -1,0 +1,280 @@
+/*
+ * head_ref.c - the float64 reference of the LM head: plain loops, no threads, no SIMD. It is
+ * the oracle of every test and the path selected by force_kernel = "ref". Never optimized.
+ *
+ * Per row i and column j of this shard (global id v0 + j), with u_ij = h_i . w_j:
+ *   z_ij  = (c > 0 ? c tanh(u_ij / c) : u_ij) / T
+ *   record (m, s, b, zt, sz) over the shard (combine.c), combined over the TP group:
+ *   lse = M + log S,  mu = B / S,  logprob = ZT - lse (0 for ignored targets),
+ *   entropy = lse - mu,  logit_mean = SZ / V.
+ * Backward, p_ij = exp(z_ij - lse_i):
+ *   dz_ij = g_i (delta(j, t_i) - p_ij) + e_i p_ij (mu_i - z_ij) + gl_i p_ij + gm_i / V
+ *   du_ij = dz_ij / T * (c > 0 ? 1 - tanh^2(u_ij / c) : 1)
+ *   dhidden_i = sum_j du_ij w_j,  dweight_j = sum_i du_ij h_i   (active rows only)
+ * Sample support: j runs over the row's candidates inside this shard; no logit_mean term.
+ * The reference allocates its float64 scratch with malloc: it is never a hot path.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "head/plan.h"
+
+// ---- element access --------------------------------------------------------------------
+
+static double load(const void *base, sph_dtype dt, int64_t k) {
+    if (dt.bits == 32) return ((const float *)base)[k];
+    uint16_t v = ((const uint16_t *)base)[k];
+    return dt.code == SPH_DTYPE_BFLOAT ? sph_bf16_to_f32(v) : sph_f16_to_f32(v);
+}
+
+/* Stores v rounded to dt (f32, bf16 or f16; round to nearest even). */
+static void store(void *base, sph_dtype dt, int64_t k, double v) {
+    if (dt.bits == 32) {
+        ((float *)base)[k] = (float)v;
+        return;
+    }
+    uint16_t *b = base;
+    b[k] = dt.code == SPH_DTYPE_BFLOAT ? sph_f32_to_bf16((float)v) : sph_f32_to_f16((float)v);
+}
+
+static int64_t id_at(const void *base, int is64, int64_t k) {
+    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
+}
+
+/* Raw product u = h_i . w_j (j local). */
+static double dot_hw(const sph_head_plan *p, int64_t i, int64_t j) {
+    double u = 0;
+    for (int64_t k = 0; k < p->H; k++)
+        u += load(p->hidden, p->dtype, i * p->ld_h + k) * load(p->weight, p->dtype, j * p->ld_w + k);
+    return u;
+}
+
+static double z_of_u(const sph_head_plan *p, double u) {
+    double c = p->softcap;
+    return (c > 0 ? c * tanh(u / c) : u) / p->temperature;
+}
+
+/* Local columns of row i: the whole shard, or the row's candidates inside it. Returns the
+ * count and fills cols (capacity V_loc or K). */
+static int64_t row_columns(const sph_head_plan *p, int64_t i, int64_t *cols) {
+    int64_t n = 0;
+    if (p->K == 0) {
+        for (int64_t j = 0; j < p->V_loc; j++) cols[n++] = j;
+        return n;
+    }
+    for (int64_t k = 0; k < p->K; k++) {
+        int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+        if (c >= p->v0 && c < p->v0 + p->V_loc) cols[n++] = c - p->v0;
+    }
+    return n;
+}
+
+static int64_t target_of(const sph_head_plan *p, int64_t i) {
+    return p->targets ? id_at(p->targets, p->tgt_i64, i) : -1;
+}
+
+// ---- forward ---------------------------------------------------------------------------
+
+sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
+    const int64_t N = p->N, ncols = p->K ? p->K : p->V_loc;
+    const int64_t R = SPH_PARTIAL_FIELDS;
+    const int64_t ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
+    uint8_t *active = malloc((size_t)N + 1);
+    int64_t *cols = malloc((size_t)ncols * sizeof *cols);
+    double *rec = malloc(((size_t)N * R + 1) * sizeof *rec);
+    double *gath = ranks > 1 ? malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
+    sph_status st = SPH_OK;
+    if (!active || !cols || !rec || (ranks > 1 && !gath)) {
+        st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
+        goto done;
+    }
+    sph_head_active_rows(p, active);
+    for (int64_t i = 0; i < N; i++) {
+        double *r = rec + i * R;
+        r[0] = -INFINITY;
+        r[1] = r[2] = r[3] = r[4] = 0;
+        if (!active[i]) continue; /* inactive rows take part in the collective as empty */
+        int64_t n = row_columns(p, i, cols), t = target_of(p, i);
+        double m = -INFINITY;
+        int any_nan = 0;
+        for (int64_t c = 0; c < n; c++) {
+            double z = z_of_u(p, dot_hw(p, i, cols[c]));
+            if (isnan(z)) any_nan = 1;
+            if (z > m) m = z;
+        }
+        if (any_nan) m = NAN;
+        for (int64_t c = 0; c < n; c++) {
+            double z = z_of_u(p, dot_hw(p, i, cols[c]));
+            double e = exp(z - m);
+            r[1] += e;
+            r[2] += e * z;
+            r[4] += z;
+            if (cols[c] + p->v0 == t) r[3] = z;
+        }
+        if (n > 0) r[0] = m;
+    }
+    st = sph_head_combine_f64(p->comm, rec, gath, rec, N);
+    if (st != SPH_OK) goto done;
+    for (int64_t i = 0; i < N; i++) {
+        double *o = out + i * 7, *r = rec + i * R;
+        for (int f = 0; f < 7; f++) o[f] = 0;
+        /* inactive rows, and support rows with no candidate at all, output zeros */
+        if (!active[i] || (r[0] == -INFINITY && r[1] == 0)) continue;
+        double lse = r[0] + log(r[1]), mu = r[2] / r[1];
+        o[0] = target_of(p, i) >= 0 ? r[3] - lse : 0;
+        o[1] = lse - mu;
+        o[2] = lse;
+        o[3] = p->K ? 0 : r[4] / (double)p->V;
+        o[4] = r[0];
+        o[5] = lse;
+        o[6] = mu;
+    }
+done:
+    free(active);
+    free(cols);
+    free(rec);
+    free(gath);
+    return st;
+}
+
+// ---- backward --------------------------------------------------------------------------
+
+static double upstream(const float *g, int64_t i) { return g ? (double)g[i] : 0.0; }
+
+sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats64, double *dh,
+                                     double *dw) {
+    const int64_t N = p->N, H = p->H, ncols = p->K ? p->K : p->V_loc;
+    uint8_t *active = malloc((size_t)N + 1);
+    int64_t *cols = malloc((size_t)ncols * sizeof *cols);
+    if (!active || !cols) {
+        free(active);
+        free(cols);
+        return sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
+    }
+    sph_head_active_rows(p, active);
+    if (dh) memset(dh, 0, (size_t)N * (size_t)H * sizeof *dh);
+    if (dw) memset(dw, 0, (size_t)p->V_loc * (size_t)H * sizeof *dw);
+    const double c = p->softcap, T = p->temperature;
+    for (int64_t i = 0; i < N; i++) {
+        if (!active[i]) continue;
+        const double lse = stats64[i * 3 + 1], mu = stats64[i * 3 + 2];
+        const int64_t t = target_of(p, i);
+        const double g = t >= 0 ? upstream(p->dlogprob, i) : 0.0; /* ignored: no gradient */
+        const double e = upstream(p->dentropy, i), gl = upstream(p->dlse, i);
+        const double gm = p->K ? 0.0 : upstream(p->dlogit_mean, i);
+        int64_t n = row_columns(p, i, cols);
+        for (int64_t q = 0; q < n; q++) {
+            int64_t j = cols[q];
+            double u = dot_hw(p, i, j), z = z_of_u(p, u);
+            double pr = exp(z - lse);
+            double dz = g * ((j + p->v0 == t ? 1.0 : 0.0) - pr) + e * pr * (mu - z) + gl * pr +
+                        gm / (double)p->V;
+            double du = dz / T;
+            if (c > 0) {
+                double th = tanh(u / c);
+                du *= 1 - th * th;
+            }
+            for (int64_t k = 0; k < H; k++) {
+                if (dh) dh[i * H + k] += du * load(p->weight, p->dtype, j * p->ld_w + k);
+                if (dw) dw[j * H + k] += du * load(p->hidden, p->dtype, i * p->ld_h + k);
+            }
+        }
+    }
+    free(active);
+    free(cols);
+    return SPH_OK;
+}
+
+/* Writes the float64 gradients into the caller's tensors with the accumulate / inactive-row
+ * rules of the API, then the optional TP all-reduce of dhidden. */
+static sph_status store_grads(const sph_head_plan *p, const double *dh, const double *dw) {
+    const int64_t N = p->N, H = p->H;
+    if (p->dhidden) {
+        uint8_t *active = malloc((size_t)N + 1);
+        SPH_CHECK(active != NULL, SPH_ERR_ALLOC, "head_ref: out of host memory");
+        sph_head_active_rows(p, active);
+        for (int64_t i = 0; i < N; i++) {
+            if (!active[i] && p->acc_dh) continue; /* rows outside the spans stay as they are */
+            for (int64_t k = 0; k < H; k++) {
+                int64_t o = i * p->ld_dh + k;
+                double v = dh[i * H + k];
+                if (p->acc_dh) v += load(p->dhidden, p->dh_dtype, o);
+                store(p->dhidden, p->dh_dtype, o, v);
+            }
+        }
+        free(active);
+        if (p->allreduce_dh && p->comm && p->comm->size > 1 && N > 0) {
+            sph_status s = p->comm->ops->allreduce_sum_f32(p->comm, (float *)p->dhidden,
+                                                           (size_t)(N * H), NULL);
+            if (s != SPH_OK) return sph_err_prefix(s, "head: allreduce of dhidden: ");
+        }
+    }
+    if (p->dweight) {
+        for (int64_t j = 0; j < p->V_loc; j++)
+            for (int64_t k = 0; k < H; k++) {
+                int64_t o = j * p->ld_dw + k;
+                double v = dw[j * H + k];
+                if (p->acc_dw) v += load(p->dweight, p->dw_dtype, o);
+                store(p->dweight, p->dw_dtype, o, v);
+            }
+    }
+    return SPH_OK;
+}
+
+static sph_status backward_from(const sph_head_plan *p, const double *stats64) {
+    size_t nh = p->dhidden ? (size_t)p->N * (size_t)p->H : 0;
+    size_t nw = p->dweight ? (size_t)p->V_loc * (size_t)p->H : 0;
+    double *dh = malloc((nh + 1) * sizeof *dh), *dw = malloc((nw + 1) * sizeof *dw);
+    sph_status st;
+    if (!dh || !dw) {
+        st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory for float64 gradients");
+    } else {
+        st = sph_head_ref_backward_f64(p, stats64, p->dhidden ? dh : NULL,
+                                       p->dweight ? dw : NULL);
+        if (st == SPH_OK) st = store_grads(p, dh, dw);
+    }
+    free(dh);
+    free(dw);
+    return st;
+}
+
+sph_status sph_head_ref_forward(const sph_head_plan *p) {
+    const int64_t N = p->N;
+    double *o = malloc(((size_t)N * 7 + 1) * sizeof *o);
+    double *st64 = malloc(((size_t)N * 3 + 1) * sizeof *st64);
+    sph_status st = SPH_OK;
+    if (!o || !st64) {
+        st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
+        goto done;
+    }
+    st = sph_head_ref_rows_f64(p, o);
+    if (st != SPH_OK) goto done;
+    for (int64_t i = 0; i < N; i++) {
+        const double *r = o + i * 7;
+        if (p->logprob) p->logprob[i] = (float)r[0];
+        if (p->entropy) p->entropy[i] = (float)r[1];
+        if (p->lse) p->lse[i] = (float)r[2];
+        if (p->logit_mean) p->logit_mean[i] = (float)r[3];
+        for (int f = 0; f < 3; f++) {
+            p->stats[i * 3 + f] = (float)r[4 + f];
+            st64[i * 3 + f] = r[4 + f];
+        }
+    }
+    if (p->one_pass) st = backward_from(p, st64);
+done:
+    free(o);
+    free(st64);
+    return st;
+}
+
+sph_status sph_head_ref_backward(const sph_head_plan *p) {
+    double *st64 = malloc(((size_t)p->N * 3 + 1) * sizeof *st64);
+    SPH_CHECK(st64 != NULL, SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)",
+              (long long)p->N);
+    for (int64_t k = 0; k < p->N * 3; k++) st64[k] = p->stats[k];
+    sph_status st = backward_from(p, st64);
+    free(st64);
+    return st;
+}

@@ -1,0 +1,311 @@
+/*
+ * test_head_ref.c - the float64 reference of the LM head against independent computations:
+ * central finite differences of its own forward (both gradients, every upstream, softcap on
+ * and off, sample support), z-loss and label-smoothed cross-entropy written from scratch,
+ * masking rules, and TP sharding through an in-process communicator (each rank a thread).
+ */
+#include "head/plan.h"
+#include "test_head_case.h"
+
+// ---- finite differences -------------------------------------------------------------------
+
+/* L = sum_i g lp + e ent + gl lse + gm lm over the float64 rows of the reference. */
+static double loss_f64(const sph_head_plan *p, const hcase *c) {
+    double *o = hc_alloc((size_t)p->N * 7 * 8), L = 0;
+    expect_ok(sph_head_ref_rows_f64(p, o));
+    for (int64_t i = 0; i < p->N; i++)
+        L += c->g[i] * o[i * 7] + c->e[i] * o[i * 7 + 1] + c->gl[i] * o[i * 7 + 2] +
+             (c->K ? 0 : c->gm[i] * o[i * 7 + 3]);
+    free(o);
+    return L;
+}
+
+static void fd_case(sph_rng *r, int64_t K, double softcap, double temp, int masked) {
+    hcase c;
+    const int64_t N = 4, H = 5, V = 7;
+    hc_init(&c, r, N, H, V, V, 0, K, SPH_F32);
+    c.tgt[1] = -100;
+    if (masked) {
+        hc_mask(&c, r, 1.0);
+        c.mask[2] = 0;
+    }
+    hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_G | HC_E | HC_GL | HC_GM | HC_DH |
+                    HC_DW | HC_MASK);
+    c.a.temperature = temp;
+    c.a.softcap = softcap;
+    sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+    sph_head_plan p;
+    expect_ok(sph_head_plan_make(ctx, SPH_HEAD_BACKWARD, &c.a, &p));
+    double *o = hc_alloc((size_t)N * 7 * 8), *st = hc_alloc((size_t)N * 3 * 8);
+    expect_ok(sph_head_ref_rows_f64(&p, o));
+    for (int64_t i = 0; i < N; i++)
+        for (int f = 0; f < 3; f++) st[i * 3 + f] = o[i * 7 + 4 + f];
+    double *dh = hc_alloc((size_t)(N * H) * 8), *dw = hc_alloc((size_t)(V * H) * 8);
+    expect_ok(sph_head_ref_backward_f64(&p, st, dh, dw));
+    double *fdh = hc_alloc((size_t)(N * H) * 8), *fdw = hc_alloc((size_t)(V * H) * 8);
+    for (int which = 0; which < 2; which++) {
+        float *x = which ? c.w : c.h;
+        double *fd = which ? fdw : fdh;
+        int64_t n = which ? V * H : N * H;
+        for (int64_t k = 0; k < n; k++) {
+            float x0 = x[k];
+            float xp = (float)(x0 + 1e-3), xm = (float)(x0 - 1e-3);
+            x[k] = xp;
+            double Lp = loss_f64(&p, &c);
+            x[k] = xm;
+            double Lm = loss_f64(&p, &c);
+            x[k] = x0;
+            fd[k] = (Lp - Lm) / ((double)xp - (double)xm); /* the step actually taken */
+        }
+    }
+    char cs[160];
+    snprintf(cs, sizeof cs, "head_ref_fd(K=%lld,softcap=%g,T=%g,masked=%d)", (long long)K,
+             softcap, temp, masked);
+    assert_true(hc_close("dhidden vs central differences", cs, dh, SPH_F64, fdh, SPH_F64, N * H,
+                         2e-5));
+    assert_true(hc_close("dweight vs central differences", cs, dw, SPH_F64, fdw, SPH_F64, V * H,
+                         2e-5));
+    if (masked)
+        for (int64_t k = 0; k < H; k++) assert_true(dh[2 * H + k] == 0.0);
+    free(o), free(st), free(dh), free(dw), free(fdh), free(fdw);
+    sph_ctx_destroy(ctx);
+    hc_free(&c);
+}
+
+static void test_fd(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    fd_case(&r, 0, 0.0, 1.0, 0);
+    fd_case(&r, 0, 0.0, 0.7, 1);
+    fd_case(&r, 0, 1.5, 1.3, 0);
+    fd_case(&r, 0, 2.0, 0.8, 1);
+    fd_case(&r, 4, 0.0, 1.0, 0);
+    fd_case(&r, 5, 1.5, 0.9, 1);
+}
+
+// ---- z-loss and label smoothing from the outputs vs direct float64 --------------------------
+
+static void test_zloss_label_smoothing(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 1);
+    const int64_t N = 9, H = 13, V = 31;
+    const double T = 0.9, eps = 0.1, zc = 1e-2;
+    hcase c;
+    hc_init(&c, &r, N, H, V, V, 0, 0, SPH_F32);
+    sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+    hc_wire(&c, HC_LP | HC_LSE | HC_LM);
+    c.a.temperature = T;
+    hc_poison(&c);
+    expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
+    /* losses from the outputs: z-loss zc * lse^2; label-smoothed CE
+     * -(1 - eps) logp_t - eps * mean_j logp_j with mean_j logp_j = logit_mean - lse */
+    double Lz = 0, Ls = 0, Lz_ref = 0, Ls_ref = 0;
+    double *dh_ref = hc_alloc((size_t)(N * H) * 8), *dw_ref = hc_alloc((size_t)(V * H) * 8);
+    memset(dh_ref, 0, (size_t)(N * H) * 8), memset(dw_ref, 0, (size_t)(V * H) * 8);
+    const float *h = c.h, *w = c.w;
+    for (int64_t i = 0; i < N; i++) {
+        int ign = c.tgt[i] < 0;
+        Lz += zc * (double)c.lse[i] * c.lse[i];
+        if (!ign) Ls += -(1 - eps) * c.lp[i] - eps * ((double)c.lm[i] - c.lse[i]);
+        /* direct: logits, log-softmax, both losses and dL/dz for the two losses summed */
+        double z[31], mx = -INFINITY, s = 0;
+        for (int64_t j = 0; j < V; j++) {
+            double u = 0;
+            for (int64_t k = 0; k < H; k++) u += (double)h[i * H + k] * w[j * H + k];
+            z[j] = u / T;
+            mx = fmax(mx, z[j]);
+        }
+        for (int64_t j = 0; j < V; j++) s += exp(z[j] - mx);
+        double lse = mx + log(s);
+        Lz_ref += zc * lse * lse;
+        double meanlogp = 0;
+        for (int64_t j = 0; j < V; j++) meanlogp += (z[j] - lse) / V;
+        if (!ign) Ls_ref += -(1 - eps) * (z[c.tgt[i]] - lse) - eps * meanlogp;
+        for (int64_t j = 0; j < V; j++) {
+            double p = exp(z[j] - lse);
+            double dz = 2 * zc * lse * p; /* z-loss */
+            if (!ign) dz += p - (1 - eps) * (j == c.tgt[i]) - eps / V;
+            double du = dz / T;
+            for (int64_t k = 0; k < H; k++) {
+                dh_ref[i * H + k] += du * w[j * H + k];
+                dw_ref[j * H + k] += du * h[i * H + k];
+            }
+        }
+    }
+    assert_true(fabs(Lz - Lz_ref) <= 1e-5 * fabs(Lz_ref) + 1e-7);
+    assert_true(fabs(Ls - Ls_ref) <= 1e-5 * fabs(Ls_ref) + 1e-7);
+    /* the gradients of both losses through the upstream slots */
+    for (int64_t i = 0; i < N; i++) {
+        int ign = c.tgt[i] < 0;
+        c.gl[i] = (float)(2 * zc * c.lse[i] + (ign ? 0 : eps));
+        c.g[i] = (float)(ign ? 0 : -(1 - eps));
+        c.gm[i] = (float)(ign ? 0 : -eps);
+    }
+    hc_wire(&c, HC_G | HC_GL | HC_GM | HC_DH | HC_DW);
+    c.a.temperature = T;
+    expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &c.a));
+    assert_true(hc_close("dhidden (z-loss + label smoothing)", "head_ref_zloss_ls", c.dh, SPH_F32,
+                         dh_ref, SPH_F64, N * H, 1e-5));
+    assert_true(hc_close("dweight (z-loss + label smoothing)", "head_ref_zloss_ls", c.dw, SPH_F32,
+                         dw_ref, SPH_F64, V * H, 1e-5));
+    free(dh_ref), free(dw_ref);
+    sph_ctx_destroy(ctx);
+    hc_free(&c);
+}
+
+// ---- masking rules and properties ---------------------------------------------------------
+
+static void test_mask_rules(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 2);
+    const int64_t N = 12, H = 7, V = 19;
+    hcase c;
+    hc_init(&c, &r, N, H, V, V, 0, 0, SPH_F32);
+    hc_mask(&c, &r, 1.0);
+    for (int64_t i = 0; i < N; i++) c.mask[i] = (i % 3) != 1;
+    sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+    hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_MASK);
+    hc_poison(&c);
+    expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
+    for (int64_t i = 0; i < N; i++) {
+        if (!c.mask[i]) {
+            assert_true(c.lp[i] == 0 && c.ent[i] == 0 && c.lse[i] == 0 && c.lm[i] == 0);
+            continue;
+        }
+        assert_true(c.ent[i] >= -1e-6 && c.ent[i] <= log((double)V) + 1e-5);
+        assert_true(c.tgt[i] < 0 ? c.lp[i] == 0 : c.lp[i] <= 0);
+    }
+    /* dhidden: inactive rows exact zeros; accumulate leaves them as they were */
+    hc_wire(&c, HC_G | HC_E | HC_DH | HC_DW | HC_MASK);
+    hc_poison(&c);
+    expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a)); /* one-pass */
+    float *dh = c.dh;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t k = 0; k < H; k++)
+            if (!c.mask[i]) assert_true(dh[i * H + k] == 0.0f);
+            else assert_false(isnan(dh[i * H + k]));
+    for (int64_t k = 0; k < N * H; k++) dh[k] = 7.0f;
+    c.a.accumulate_dhidden = 1;
+    expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &c.a));
+    for (int64_t i = 0; i < N; i++)
+        if (!c.mask[i])
+            for (int64_t k = 0; k < H; k++) assert_true(dh[i * H + k] == 7.0f);
+    sph_ctx_destroy(ctx);
+    hc_free(&c);
+}
+
+// ---- tensor parallel: shards through the in-process communicator ----------------------------
+
+typedef struct tp_job {
+    tp_group *g;
+    int64_t rank, ranks;
+    hcase *full; /* unsharded case (inputs only read) */
+    hcase shard;
+    const char *kernel;
+    sph_status st;
+} tp_job;
+
+static void *tp_rank_main(void *arg) {
+    tp_job *j = arg;
+    hcase *f = j->full, *c = &j->shard;
+    struct sph_comm comm = tp_comm_of(j->g, j->rank);
+    int64_t V = f->V, a0 = V * j->rank / j->ranks, a1 = V * (j->rank + 1) / j->ranks;
+    /* the shard view of the full case: same rows, weight rows [a0, a1) */
+    memset(c, 0, sizeof *c);
+    *c = *f;
+    c->V_loc = a1 - a0, c->v0 = a0;
+    c->w = (char *)f->w + (size_t)(a0 * f->H) * hc_esize(f->dt);
+    c->lp = hc_alloc((size_t)f->N * 4), c->ent = hc_alloc((size_t)f->N * 4);
+    c->lse = hc_alloc((size_t)f->N * 4), c->lm = hc_alloc((size_t)f->N * 4);
+    c->stats = hc_alloc((size_t)f->N * 12);
+    c->dh = hc_alloc((size_t)(f->N * f->H) * 4);
+    c->dw = hc_alloc((size_t)(c->V_loc * f->H) * 4);
+    hc_poison(c);
+    sph_ctx_t ctx = NULL;
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.force_kernel = j->kernel;
+    o.num_threads = 1;
+    o.tp_comm = &comm;
+    j->st = sph_ctx_create(&ctx, &o);
+    if (j->st != SPH_OK) return NULL;
+    hc_wire(c, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_MASK);
+    j->st = hc_run(ctx, SPH_HEAD_FORWARD, &c->a);
+    if (j->st == SPH_OK) {
+        hc_wire(c, HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW | HC_MASK);
+        c->a.allreduce_dhidden = 1;
+        j->st = hc_run(ctx, SPH_HEAD_BACKWARD, &c->a);
+    }
+    sph_ctx_destroy(ctx);
+    return NULL;
+}
+
+/* Runs the full case as `ranks` shards in threads; compares per-row outputs and stats with the
+ * unsharded run, the concatenated shard dweight with the unsharded dweight, and the all-reduced
+ * dhidden with the unsharded dhidden. Used by the CPU test too (kernel argument). */
+static void tp_check(sph_rng *r, const char *kernel, int64_t ranks, int64_t K, sph_dtype dt) {
+    hcase f;
+    const int64_t N = 11, H = 9, V = 29;
+    hc_init(&f, r, N, H, V, V, 0, K, dt);
+    hc_mask(&f, r, 0.7);
+    sph_ctx_t ctx = hc_ctx(kernel, 1, NULL);
+    hc_wire(&f, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_MASK);
+    hc_poison(&f);
+    expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &f.a));
+    hc_wire(&f, HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW | HC_MASK);
+    expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &f.a));
+    sph_ctx_destroy(ctx);
+
+    tp_group g;
+    tp_group_init(&g, ranks);
+    tp_job jobs[8];
+    pthread_t th[8];
+    for (int64_t k = 0; k < ranks; k++) {
+        jobs[k] = (tp_job){&g, k, ranks, &f, {0}, kernel, SPH_OK};
+        pthread_create(&th[k], NULL, tp_rank_main, &jobs[k]);
+    }
+    for (int64_t k = 0; k < ranks; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&g.bar);
+    char cs[160];
+    snprintf(cs, sizeof cs, "head_tp(kernel=%s,ranks=%lld,N=%lld,H=%lld,V=%lld,K=%lld,dtype=%s)",
+             kernel, (long long)ranks, (long long)N, (long long)H, (long long)V, (long long)K,
+             sph_dtype_name(dt));
+    double tol = 2e-5;
+    for (int64_t k = 0; k < ranks; k++) {
+        hcase *c = &jobs[k].shard;
+        if (jobs[k].st != SPH_OK) fail_msg("%s rank %lld: %s", cs, (long long)k, sph_last_error());
+        assert_true(hc_close("logprob", cs, c->lp, SPH_F32, f.lp, SPH_F32, N, tol));
+        assert_true(hc_close("entropy", cs, c->ent, SPH_F32, f.ent, SPH_F32, N, tol));
+        assert_true(hc_close("lse", cs, c->lse, SPH_F32, f.lse, SPH_F32, N, tol));
+        if (!K) assert_true(hc_close("logit_mean", cs, c->lm, SPH_F32, f.lm, SPH_F32, N, tol));
+        assert_true(hc_close("stats", cs, c->stats, SPH_F32, f.stats, SPH_F32, 3 * N, tol));
+        assert_true(hc_close("dhidden (all-reduced)", cs, c->dh, SPH_F32, f.dh, SPH_F32, N * H,
+                             tol));
+        assert_true(hc_close("dweight shard", cs, c->dw, SPH_F32,
+                             (float *)f.dw + c->v0 * H, SPH_F32, c->V_loc * H, tol));
+        free(c->lp), free(c->ent), free(c->lse), free(c->lm), free(c->stats), free(c->dh),
+            free(c->dw);
+    }
+    hc_free(&f);
+}
+
+static void test_tp_ref(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 3);
+    tp_check(&r, "ref", 2, 0, SPH_F32);
+    tp_check(&r, "ref", 3, 0, SPH_BF16);
+    tp_check(&r, "ref", 4, 6, SPH_F32);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fd),
+        cmocka_unit_test(test_zloss_label_smoothing),
+        cmocka_unit_test(test_mask_rules),
+        cmocka_unit_test(test_tp_ref),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

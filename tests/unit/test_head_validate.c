@@ -1,0 +1,228 @@
+/*
+ * test_head_validate.c - every bad input of the LM head is rejected with a clear message
+ * before any output is written (outputs poisoned, checked untouched afterwards).
+ */
+#include "../parity/test_head_case.h"
+
+/* ref, then the optimized CPU backend once it exists */
+#define N_KERNELS 1
+static hcase C;
+static sph_ctx_t CTX;
+
+static void setup_case(void) {
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    hc_free(&C);
+    hc_init(&C, &r, 6, 5, 8, 8, 0, 0, SPH_F32);
+    hc_wire(&C, HC_LP | HC_ENT | HC_LSE | HC_LM);
+}
+
+/* Expects status and message for both passes' entry points, and untouched outputs. */
+static void expect_bad(sph_head_pass pass, sph_status s, const char *needle) {
+    size_t bytes = 0;
+    expect_status(sph_head_workspace_size(CTX, pass, &C.a, &bytes), s, needle);
+    poison_bytes(C.lp, (size_t)C.N * 4);
+    poison_bytes(C.dh, (size_t)(C.N * C.H) * 4);
+    static char ws[4096] __attribute__((aligned(64)));
+    if (pass == SPH_HEAD_FORWARD)
+        expect_status(sph_head_forward(CTX, &C.a, ws, sizeof ws), s, needle);
+    else
+        expect_status(sph_head_backward(CTX, &C.a, ws, sizeof ws), s, needle);
+    const uint32_t *lp = (const uint32_t *)C.lp, *dh = (const uint32_t *)C.dh;
+    for (int64_t i = 0; i < C.N; i++) assert_true(lp[i] == 0xffffffffu);
+    for (int64_t i = 0; i < C.N * C.H; i++) assert_true(dh[i] == 0xffffffffu);
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    const char *kernels[] = {"ref", NULL};
+    for (int kk = 0; kk < N_KERNELS; kk++) {
+        sph_ctx_destroy(CTX);
+        CTX = hc_ctx(kernels[kk], 1, NULL);
+        setup_case();
+        size_t bytes;
+        expect_ok(sph_head_workspace_size(CTX, SPH_HEAD_FORWARD, &C.a, &bytes));
+
+        C.a.hidden = NULL;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "hidden: tensor pointer is NULL");
+        setup_case();
+        C.th.data = NULL;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "hidden: data pointer is NULL");
+        setup_case();
+        C.sh_w[1] = 4;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, "weight: shape[1] is 4, expected 5");
+        setup_case();
+        C.tw.dtype = SPH_BF16;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_DTYPE, "weight: dtype is bf16, expected f32");
+        setup_case();
+        C.th.dtype = SPH_F64, C.tw.dtype = SPH_F64;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_DTYPE, "hidden: dtype is f64");
+        setup_case();
+        int64_t strides[2] = {5, 2};
+        C.th.strides = strides;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, "hidden: inner stride is 2");
+        setup_case();
+        C.th.device.type = SPH_DEVICE_CUDA;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_DEVICE, "hidden: device");
+        setup_case();
+        C.tlp.device.type = SPH_DEVICE_CUDA;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_DEVICE, "logprob: device");
+        setup_case();
+        C.a.temperature = 0;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "temperature: 0");
+        C.a.temperature = NAN;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "temperature: nan");
+        C.a.temperature = 1;
+        C.a.softcap = -1;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "softcap: -1");
+        C.a.softcap = INFINITY;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "softcap: inf");
+        setup_case();
+        C.tgt[2] = 8;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "targets[2]: 8, expected < vocab_total");
+        setup_case();
+        C.a.vocab_total = 10, C.a.vocab_start = 3;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "vocab_start: shard [3, 11)");
+        C.a.vocab_start = -1;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "vocab_start");
+        setup_case();
+        C.a.stats = NULL;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "stats: NULL");
+        setup_case();
+        C.sh_s[1] = 2;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, "stats: shape[1] is 2");
+        setup_case();
+        C.sh_n[0] = 5; /* every (N) vector at once: the first one named is logprob? targets */
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, "targets: shape[0] is 5, expected 6");
+        setup_case();
+        C.a.targets = NULL;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "logprob: requested without targets");
+
+        // spans
+        setup_case();
+        int64_t sp[6] = {0, 2, 1, 4, 5, 6};
+        C.a.spans = sp, C.a.n_spans = 3;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "spans[1]: starts at 1");
+        sp[2] = 3, sp[3] = 2;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "spans[1]: [3, 2) is empty");
+        sp[2] = 2, sp[3] = 4, sp[5] = 7;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "spans[2]: [5, 7) is empty or outside");
+        sp[5] = 6;
+        C.mask = hc_alloc(6);
+        memset(C.mask, 1, 6);
+        hc_wire(&C, HC_LP | HC_MASK);
+        C.a.spans = sp, C.a.n_spans = 3;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "active row 4");
+        C.mask[4] = 0;
+        C.a.logprob = NULL;
+        expect_ok(hc_run(CTX, SPH_HEAD_FORWARD, &C.a));
+        C.mask[4] = 2;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "active_mask[4]: 2");
+        free(C.mask), C.mask = NULL;
+
+        // candidates
+        setup_case();
+        int64_t cand[6 * 3];
+        for (int64_t i = 0; i < 6; i++) {
+            cand[i * 3] = C.tgt[i] < 0 ? 0 : C.tgt[i];
+            cand[i * 3 + 1] = (cand[i * 3] + 1) % 8;
+            cand[i * 3 + 2] = -1;
+        }
+        int64_t csh[2] = {6, 3};
+        sph_tensor tc = {cand, {SPH_DEVICE_CPU, 0}, 2, SPH_I64, csh, NULL, 0};
+        hc_wire(&C, HC_LP | HC_ENT);
+        C.a.candidates = &tc;
+        expect_ok(hc_run(CTX, SPH_HEAD_FORWARD, &C.a));
+        cand[4 * 3 + 2] = cand[4 * 3 + 1];
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "candidates[4, :]: id");
+        cand[4 * 3 + 2] = -1;
+        cand[0] = (C.tgt[0] + 2) % 8;
+        if (C.tgt[0] >= 0)
+            expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "is not among candidates[0, :]");
+        cand[0] = 9;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "candidates[0, 0]: 9");
+        cand[0] = C.tgt[0] < 0 ? 0 : C.tgt[0];
+        C.a.logit_mean = &C.tlm;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "logit_mean: not defined");
+        C.a.logit_mean = NULL;
+        C.a.dlogit_mean = &C.tgm, C.a.dhidden = &C.tdh;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG, "dlogit_mean: given in sample-support");
+
+        // backward
+        setup_case();
+        hc_wire(&C, HC_G);
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG, "both NULL");
+        hc_wire(&C, HC_G | HC_DH);
+        C.a.targets = NULL;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG, "dlogprob: given without targets");
+        hc_wire(&C, HC_G | HC_DH);
+        C.tdh.dtype = SPH_F16;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_DTYPE, "dhidden: dtype is f16, expected f32");
+        hc_wire(&C, HC_G | HC_DH | HC_DW);
+        C.sh_dw[0] = 7;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_SHAPE, "dweight: shape[0] is 7, expected 8");
+        hc_wire(&C, HC_GL | HC_DH);
+        C.tgl.dtype = SPH_F64;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_DTYPE, "dlse: dtype is f64");
+        hc_wire(&C, HC_G | HC_DH);
+        C.a.allreduce_dhidden = 1;
+        expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG, "allreduce_dhidden: set but");
+
+        // workspace
+        hc_wire(&C, HC_LP | HC_G | HC_DH | HC_DW);
+        expect_ok(sph_head_workspace_size(CTX, SPH_HEAD_FORWARD, &C.a, &bytes));
+        if (bytes > 0) {
+            expect_status(sph_head_forward(CTX, &C.a, NULL, bytes - 1), SPH_ERR_WORKSPACE,
+                          "workspace_bytes");
+            expect_status(sph_head_forward(CTX, &C.a, NULL, bytes), SPH_ERR_WORKSPACE,
+                          "workspace: NULL");
+        }
+        expect_status(sph_head_workspace_size(CTX, SPH_HEAD_FORWARD, &C.a, NULL),
+                      SPH_ERR_INVALID_ARG, "bytes: NULL");
+        expect_status(sph_head_forward(NULL, &C.a, NULL, 0), SPH_ERR_INVALID_ARG, "ctx: NULL");
+        expect_status(sph_head_forward(CTX, NULL, NULL, 0), SPH_ERR_INVALID_ARG, "args: NULL");
+        sph_head_args old = C.a;
+        C.a.struct_size = 8;
+        expect_status(sph_head_forward(CTX, &C.a, NULL, 0), SPH_ERR_INVALID_ARG,
+                      "args.struct_size");
+        C.a = old;
+    }
+    sph_ctx_destroy(CTX);
+    CTX = NULL;
+    hc_free(&C);
+    memset(&C, 0, sizeof C);
+}
+
+/* Non-finite hidden values give non-finite outputs in their rows only. */
+static void test_nonfinite_rows(void **state) {
+    (void)state;
+    const char *kernels[] = {"ref", NULL};
+    for (int kk = 0; kk < N_KERNELS; kk++) {
+        sph_ctx_t ctx = hc_ctx(kernels[kk], 2, NULL);
+        sph_rng r;
+        rng_seed(&r, test_seed() + 9);
+        hcase c;
+        hc_init(&c, &r, 9, 6, 37, 37, 0, 0, SPH_F32);
+        ((float *)c.h)[2 * 6 + 3] = NAN;
+        ((float *)c.h)[5 * 6 + 1] = INFINITY;
+        c.tgt[2] = 1, c.tgt[5] = 2;
+        hc_wire(&c, HC_LP | HC_ENT | HC_LSE);
+        hc_poison(&c);
+        expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
+        for (int64_t i = 0; i < 9; i++) {
+            int bad = i == 2 || i == 5;
+            assert_true(bad == !isfinite(c.lp[i]));
+            assert_true(bad == !isfinite(c.ent[i]));
+        }
+        sph_ctx_destroy(ctx);
+        hc_free(&c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_nonfinite_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
