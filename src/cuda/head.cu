@@ -126,7 +126,11 @@ __global__ void head_finalize_kernel(const float *__restrict__ recv, int64_t ran
     int64_t t = load_target(tgt, tgt_i64, i);
     /* device-resident targets are not range-checked on the host: >= V shows as NaN */
     float lp = t < 0 ? 0.f : (t >= V ? NAN : zt - lse);
-    if (!active) m = lse = mu = lp = sz = 0.f;
+    /* inactive rows, and support rows with no candidate in any shard, output zeros */
+    if (!active || (m == -INFINITY && s == 0.f)) {
+        active = false;
+        m = lse = mu = lp = sz = 0.f;
+    }
     if (logprob) logprob[i] = lp;
     if (entropy) entropy[i] = active ? lse - mu : 0.f;
     if (lse_out) lse_out[i] = lse;

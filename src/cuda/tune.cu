@@ -350,3 +350,80 @@ extern "C" sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const c
     if (result) *result = desc;
     return SPH_OK;
 }
+
+// ---- dense GEMM rate -----------------------------------------------------------------------
+
+extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                         int64_t K, int repeats, double *tflops) {
+    SPH_CHECK(ctx && tflops, SPH_ERR_INVALID_ARG, "gemm_rate: ctx or tflops is NULL");
+    SPH_CHECK(ctx->device.type == SPH_DEVICE_CUDA && ctx->cuda, SPH_ERR_UNSUPPORTED,
+              "gemm_rate: not a CUDA context");
+    const char *dn = dtype_short(dtype);
+    SPH_CHECK(dtype.lanes == 1 && strcmp(dn, "?"), SPH_ERR_DTYPE,
+              "dtype: %s, expected bf16, f16 or f32", sph_dtype_name(dtype));
+    SPH_CHECK(M > 0 && N > 0 && K > 0 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
+              SPH_ERR_INVALID_ARG, "gemm_rate: M %lld, N %lld, K %lld, expected in [1, 2^31)",
+              (long long)M, (long long)N, (long long)K);
+    if (repeats <= 0) repeats = 5;
+    if (repeats > 64) repeats = 64;
+    sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
+    int kind = !strcmp(dn, "f32") ? 0 : (!strcmp(dn, "bf16") ? 1 : 2);
+    size_t es = kind ? 2 : 4;
+    void *A = NULL, *B = NULL, *C = NULL, *W = NULL;
+    sph_status s = SPH_OK;
+    if (cudaMalloc(&W, SPH_CUBLAS_WS_BYTES) != cudaSuccess ||
+        cudaMalloc(&A, (size_t)M * K * es) != cudaSuccess ||
+        cudaMalloc(&B, (size_t)N * K * es) != cudaSuccess ||
+        cudaMalloc(&C, (size_t)M * N * es) != cudaSuccess) {
+        cudaGetLastError();
+        s = sph_err(SPH_ERR_ALLOC, "gemm_rate: cannot allocate the %lld x %lld x %lld operands",
+                    (long long)M, (long long)N, (long long)K);
+    }
+    if (s == SPH_OK) s = fill(A, kind, M * K, 11, 1.f);
+    if (s == SPH_OK) s = fill(B, kind, N * K, 12, 1.f);
+    if (s == SPH_OK && cudaDeviceSynchronize() != cudaSuccess)
+        s = sph_err(SPH_ERR_CUDA, "gemm_rate: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaStream_t stream = (cudaStream_t)ctx->stream;
+    cudaDataType_t t = kind == 0 ? CUDA_R_32F : (kind == 1 ? CUDA_R_16BF : CUDA_R_16F);
+    cublasComputeType_t ct = kind == 0 && ctx->opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                               : CUBLAS_COMPUTE_32F;
+    float times[64];
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (s == SPH_OK && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
+        s = sph_err(SPH_ERR_CUDA, "gemm_rate: cudaEventCreate failed");
+    if (s == SPH_OK) {
+        cublasSetStream(st->cublas, stream);
+        /* the same workspace size the head gives cuBLAS, so the floor is measured alike */
+        cublasSetWorkspace(st->cublas, W, SPH_CUBLAS_WS_BYTES);
+    }
+    const float one = 1.f, zero = 0.f;
+    for (int r = -1; r < repeats && s == SPH_OK; r++) {
+        cudaEventRecord(e0, stream);
+        cublasStatus_t b = cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M,
+                                        (int)K, &one, B, t, (int)K, A, t, (int)K, &zero, C, t,
+                                        (int)N, ct, CUBLAS_GEMM_DEFAULT);
+        cudaEventRecord(e1, stream);
+        if (b != CUBLAS_STATUS_SUCCESS) {
+            s = sph_err(SPH_ERR_CUDA, "gemm_rate: cublasGemmEx: %s", cublasGetStatusString(b));
+            break;
+        }
+        if (cudaEventSynchronize(e1) != cudaSuccess) {
+            s = sph_err(SPH_ERR_CUDA, "gemm_rate: %s", cudaGetErrorString(cudaGetLastError()));
+            break;
+        }
+        if (r >= 0) cudaEventElapsedTime(&times[r], e0, e1);
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(W);
+    if (s != SPH_OK) return s;
+    for (int i = 1; i < repeats; i++)
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            float x = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = x;
+        }
+    double ms = times[repeats / 2];
+    *tflops = 2.0 * (double)M * (double)N * (double)K / (ms * 1e-3) / 1e12;
+    return SPH_OK;
+}
