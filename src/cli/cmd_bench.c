@@ -440,7 +440,7 @@ int sph_cli_bench(int argc, char **argv) {
             int64_t N = o.Ns[ni];
             double rate = 0;
             if ((rc = gemm_rate(ctx, &o, N, sh->V, sh->H, &rate))) break;
-            printf("| %s | %lld | %lld | %lld | dense GEMM rate %.1f TFLOP/s | | | | | | |\n",
+            printf("| %s | %lld | %lld | %lld | dense GEMM rate %.2f TFLOP/s | | | | | | |\n",
                    sh->name, (long long)sh->H, (long long)sh->V, (long long)N, rate);
             dev_bufs b;
             memset(&b, 0, sizeof b);

@@ -750,9 +750,9 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                 const float *recs;
                 SPH_TRY(sph_cuda_combine(ctx, p, part + r0 * SPH_PARTIAL_FIELDS, recv, rows,
                                          lay.comm_size, &recs));
-                int64_t row0 = lay.comm_size > 1 ? 0 : r0;
+                /* recs starts at the chunk's first row either way */
                 SPH_TRY(sph_cuda_finalize(p, recs, rows * SPH_PARTIAL_FIELDS, lay.comm_size, r0,
-                                          rows, row0, c.stream));
+                                          rows, 0, c.stream));
                 SPH_TRY(grad_chunk(&c, r0, rows, ci, lay.n_splits == 1));
             }
         }
