@@ -16,15 +16,15 @@ commit=$(cat COMMIT 2>/dev/null || echo unknown)
 } 2>&1 | tee "$OUT/machine.txt"
 status=0
 echo "== tests"; t0=$(date +%s)
-timeout 300 ./bin/gpu_test_head_cuda 2>&1 | tee "$OUT/tests.log"; rc=${PIPESTATUS[0]}
+timeout 120 ./bin/gpu_test_head_cuda 2>&1 | tee "$OUT/tests.log"; rc=${PIPESTATUS[0]}
 echo "tests rc=$rc ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/tests.log"; [ $rc -eq 0 ] || status=1
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
   echo "== memcheck"
-  SPH_GPU_TESTS=test_parity_grid,test_errors,test_span_gaps,test_graph_capture timeout 200 \
+  SPH_GPU_TESTS=test_parity_grid,test_errors,test_span_gaps,test_graph_capture timeout 150 \
     compute-sanitizer --tool memcheck --error-exitcode 9 ./bin/gpu_test_head_cuda > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?" | tee -a "$OUT/memcheck.log"; tail -5 "$OUT/memcheck.log"
   echo "== racecheck"
-  SPH_GPU_TESTS=test_determinism timeout 150 \
+  SPH_GPU_TESTS=test_determinism timeout 80 \
     compute-sanitizer --tool racecheck --error-exitcode 9 ./bin/gpu_test_head_cuda > "$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?" | tee -a "$OUT/racecheck.log"; tail -5 "$OUT/racecheck.log"
 fi

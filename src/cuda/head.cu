@@ -271,8 +271,22 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         lay->total = off;
         return SPH_OK;
     }
-    const int64_t budget = ctx->chunk_bytes > 0 ? ctx->chunk_bytes : ((int64_t)1 << 30);
+    /* The budget bounds the whole workspace: what does not scale with the chunk (cuBLAS's
+     * slice, the per-row records, the fp32 dW accumulator) comes off the top, and the rest
+     * holds the staged logits (+ dlogits, + the fp32 dH chunk). When the fixed part alone
+     * exceeds 3/4 of the budget, the chunk keeps a quarter of it and the workspace exceeds
+     * chunk_bytes (reported by sph_head_workspace_size). */
+    const int64_t chunk_bytes = ctx->chunk_bytes > 0 ? ctx->chunk_bytes : ((int64_t)1 << 30);
+    const int half_dw = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32;
+    const int half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
+    int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
+                    (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
+                        (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
+                    (half_dw ? (int64_t)sph_ws_round((size_t)p->V_loc * p->H * 4) : 0);
+    int64_t budget = chunk_bytes - fixed;
+    if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
     const int64_t bpe = 4 + (lay->grads && dk != DT_F32 ? 2 : 0);
+    const int64_t dh_row = half_dh ? p->H * 4 : 0; /* fp32 dH of a chunk row (split vocab) */
     int64_t Vs = p->V_loc, R = 0;
     sph_tune_entry te;
     int tuned = !lay->bi && sph_cuda_tune_lookup(st, p->dtype, p->H, p->V_loc, p->N, &te);
@@ -290,14 +304,14 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         if (Vs > p->V_loc) Vs = p->V_loc;
     }
     if (Vs < 1) Vs = 1;
-    R = budget / (round_up(Vs, 8) * bpe);
+    R = budget / (round_up(Vs, 8) * bpe + dh_row);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
     if (!lay->bi && R < want_rows) {
         /* even a minimal chunk of rows exceeds the budget: split the vocabulary */
-        Vs = budget / (want_rows * bpe) / 8 * 8;
+        Vs = (budget / want_rows - dh_row) / bpe / 8 * 8;
         if (Vs < 8) Vs = 8;
         if (Vs > p->V_loc) Vs = p->V_loc;
-        R = budget / (round_up(Vs, 8) * bpe);
+        R = budget / (round_up(Vs, 8) * bpe + dh_row);
     }
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
