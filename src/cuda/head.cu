@@ -55,10 +55,13 @@ static cudaDataType_t dt_cuda(int k) {
 /* One block per row of the chunk. Each thread owns columns q*4.. (q = tid, tid + 256, ...),
  * then a fixed-order tree over warps: the result depends on the row's logits and w only. */
 __global__ void __launch_bounds__(STATS_THREADS)
-    head_stats_kernel(const float *__restrict__ L, int64_t ldL, int64_t r0, int64_t w,
-                      int64_t col_g0, const void *__restrict__ tgt, int tgt_i64, float inv_t,
-                      float cap, float inv_cap, float *__restrict__ part, int merge) {
-    const int64_t r = blockIdx.x, i = r0 + r;
+    head_stats_kernel(const float *__restrict__ L, int64_t ldL, int64_t r0,
+                      const int64_t *__restrict__ rowmap, int64_t w, int64_t col_g0,
+                      const void *__restrict__ tgt, int tgt_i64, float inv_t, float cap,
+                      float inv_cap, float *__restrict__ recs, int merge) {
+    /* chunk row r is global row rowmap[r] (gathered chunks) or r0 + r; its record is
+     * recs[r] (the chunk's slice of the pass's records) */
+    const int64_t r = blockIdx.x, i = rowmap ? rowmap[r] : r0 + r;
     const float *row = L + r * ldL;
     float m = -INFINITY, s = 0.f, b = 0.f, sz = 0.f;
     const int64_t nv4 = w / 4;
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(STATS_THREADS)
     float zt = 0.f;
     int64_t t = load_target(tgt, tgt_i64, i);
     if (t >= col_g0 && t < col_g0 + w) zt = transform(row[t - col_g0], inv_t, cap, inv_cap);
-    float *rec = part + i * SPH_PARTIAL_FIELDS;
+    float *rec = recs + r * SPH_PARTIAL_FIELDS;
     if (merge) {
         /* earlier splits first: a fixed order */
         float pm = rec[0], ps = rec[1], pb = rec[2];
@@ -106,18 +109,18 @@ __global__ void __launch_bounds__(STATS_THREADS)
 
 /* Combines the ranks' records in rank order and writes the per-row outputs and stats. */
 __global__ void head_finalize_kernel(const float *__restrict__ recv, int64_t rank_stride,
-                                     int comm_size, int64_t r0, int64_t rows, int64_t recv_row0,
-                                     const uint8_t *__restrict__ mask, const void *tgt,
+                                     int comm_size, int64_t r0, const int64_t *rowmap,
+                                     int64_t rows, const uint8_t *__restrict__ mask, const void *tgt,
                                      int tgt_i64, int64_t V, int sample, float *logprob,
                                      float *entropy, float *lse_out, float *logit_mean,
                                      float *stats) {
     int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= rows) return;
-    int64_t i = r0 + k;
+    int64_t i = rowmap ? rowmap[k] : r0 + k;
     bool active = !mask || mask[i];
     float m = -INFINITY, s = 0.f, b = 0.f, zt = 0.f, sz = 0.f;
     for (int r = 0; r < comm_size; r++) {
-        const float *rec = recv + r * rank_stride + (recv_row0 + k) * SPH_PARTIAL_FIELDS;
+        const float *rec = recv + r * rank_stride + k * SPH_PARTIAL_FIELDS;
         merge3(m, s, b, rec[0], rec[1], rec[2]);
         zt += rec[3];
         sz += rec[4];
@@ -157,6 +160,7 @@ __global__ void head_zero_out_kernel(int64_t N, float *logprob, float *entropy, 
 struct dl_args {
     const float *L;
     int64_t ldL, r0, w, col_g0;
+    const int64_t *rowmap; /* gathered chunk: global row of each chunk row */
     const float *stats, *g, *e, *gl, *gm;
     const uint8_t *mask;
     const void *tgt;
@@ -168,7 +172,7 @@ struct dl_args {
  * grid.y = row of the chunk; each thread does 4 consecutive columns. D may alias L (fp32). */
 template <typename OT>
 __global__ void head_dlogits_kernel(dl_args a, OT *D) {
-    const int64_t r = blockIdx.y, i = a.r0 + r;
+    const int64_t r = blockIdx.y, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
     const float *row = a.L + r * a.ldL;
     OT *out = D + r * a.ldL;
     bool active = !a.mask || a.mask[i];
@@ -214,6 +218,59 @@ __global__ void head_convert_kernel(OT *dst, int64_t ld_dst, const float *src, i
     }
 }
 
+/* Gathered chunks: hg (rows, H) = h[rowmap[r]] (16-byte copies when rows allow). */
+__global__ void head_gather_kernel(const char *__restrict__ h, int64_t ld_bytes,
+                                   const int64_t *__restrict__ rowmap, char *__restrict__ hg,
+                                   int64_t row_bytes, int vec16) {
+    const int64_t r = blockIdx.x;
+    const char *src = h + rowmap[r] * ld_bytes;
+    char *dst = hg + r * row_bytes;
+    if (vec16) {
+        for (int64_t k = threadIdx.x; k < row_bytes / 16; k += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[k] = reinterpret_cast<const uint4 *>(src)[k];
+    } else {
+        for (int64_t k = threadIdx.x; k < row_bytes / 2; k += blockDim.x)
+            reinterpret_cast<uint16_t *>(dst)[k] = reinterpret_cast<const uint16_t *>(src)[k];
+    }
+}
+
+/* dH[rowmap[r]] = (acc ? dH : 0) + dhg[r] for the rows of a gathered chunk. */
+template <typename OT>
+__global__ void head_scatter_kernel(OT *dh, int64_t ld_dh, const float *__restrict__ dhg,
+                                    const int64_t *__restrict__ rowmap, int64_t H, int acc) {
+    const int64_t r = blockIdx.x;
+    OT *dst = dh + rowmap[r] * ld_dh;
+    const float *src = dhg + r * H;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
+        float v = src[j];
+        if (acc) v += to_f32(dst[j]);
+        dst[j] = from_f32<OT>(v);
+    }
+}
+
+/* The rows of up to 128 spans, in order, into act_rows[base ...] (the gathered row space). */
+#define ACT_BATCH 128
+struct span_batch {
+    int64_t start[ACT_BATCH];
+    int64_t prefix[ACT_BATCH + 1]; /* rows before each span within the batch */
+    int n;
+    int64_t base;
+};
+
+__global__ void head_act_rows_kernel(span_batch sb, int64_t *act_rows) {
+    const int64_t total = sb.prefix[sb.n];
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        int lo = 0, hi = sb.n - 1; /* last span with prefix <= k */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (sb.prefix[mid] <= k) lo = mid;
+            else hi = mid - 1;
+        }
+        act_rows[sb.base + k] = sb.start[lo] + (k - sb.prefix[lo]);
+    }
+}
+
 // ---- host: layout --------------------------------------------------------------------------
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -254,7 +311,12 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         int64_t a, b;
         spans_get(p, k, &a, &b);
         if (b - a > max_span) max_span = b - a;
+        lay->M += b - a;
     }
+    /* several spans: chunks take rows across span boundaries (gathered into a compact
+     * buffer) so every GEMM gets the full chunk height whatever the mask looks like */
+    lay->gather = p->K == 0 && p->spans && p->n_spans > 1 && !st->no_gather;
+    if (lay->gather) max_span = lay->M;
     size_t off = 0;
     lay->off_cublas = off;
     off += SPH_CUBLAS_WS_BYTES;
@@ -280,13 +342,17 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     const int half_dw = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32;
     const int half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
     int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
+                    (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
                     (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
                         (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
                     (half_dw ? (int64_t)sph_ws_round((size_t)p->V_loc * p->H * 4) : 0);
     int64_t budget = chunk_bytes - fixed;
     if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
     const int64_t bpe = 4 + (lay->grads && dk != DT_F32 ? 2 : 0);
-    const int64_t dh_row = half_dh ? p->H * 4 : 0; /* fp32 dH of a chunk row (split vocab) */
+    /* per chunk row beyond the logits: the fp32 dH row (half dH with split vocabulary, or
+     * any dH when gathered), the gathered h row */
+    const int64_t dh_row = (half_dh || (lay->gather && lay->grads && p->dhidden)) ? p->H * 4 : 0;
+    const int64_t dh_rowx = dh_row + (lay->gather ? p->H * (int64_t)dt_size(dk) : 0);
     int64_t Vs = p->V_loc, R = 0;
     sph_tune_entry te;
     int tuned = !lay->bi && sph_cuda_tune_lookup(st, p->dtype, p->H, p->V_loc, p->N, &te);
@@ -304,14 +370,14 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         if (Vs > p->V_loc) Vs = p->V_loc;
     }
     if (Vs < 1) Vs = 1;
-    R = budget / (round_up(Vs, 8) * bpe + dh_row);
+    R = budget / (round_up(Vs, 8) * bpe + dh_rowx);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
     if (!lay->bi && R < want_rows) {
         /* even a minimal chunk of rows exceeds the budget: split the vocabulary */
-        Vs = (budget / want_rows - dh_row) / bpe / 8 * 8;
+        Vs = (budget / want_rows - dh_rowx) / bpe / 8 * 8;
         if (Vs < 8) Vs = 8;
         if (Vs > p->V_loc) Vs = p->V_loc;
-        R = budget / (round_up(Vs, 8) * bpe + dh_row);
+        R = budget / (round_up(Vs, 8) * bpe + dh_rowx);
     }
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
@@ -323,16 +389,21 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->Vs = Vs;
     lay->ldL = round_up(Vs, 8);
     lay->n_splits = p->V_loc > 0 ? (p->V_loc + Vs - 1) / Vs : 0;
-    for (int64_t k = 0; k < n_spans; k++) {
-        int64_t a, b;
-        spans_get(p, k, &a, &b);
-        lay->n_chunks += (b - a + R - 1) / R;
+    if (lay->gather) {
+        lay->n_chunks = (lay->M + R - 1) / R;
+    } else {
+        for (int64_t k = 0; k < n_spans; k++) {
+            int64_t a, b;
+            spans_get(p, k, &a, &b);
+            lay->n_chunks += (b - a + R - 1) / R;
+        }
     }
     SPH_CHECK(p->H <= INT32_MAX && p->ld_h <= INT32_MAX && p->ld_w <= INT32_MAX &&
                   p->V_loc <= INT32_MAX && lay->ldL <= INT32_MAX,
               SPH_ERR_OVERFLOW, "head: H %lld / V_loc %lld / row strides exceed cuBLAS's int",
               (long long)p->H, (long long)p->V_loc);
-    lay->dh32 = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32 && lay->n_splits > 1;
+    lay->dh32 = !lay->gather && lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32 &&
+                lay->n_splits > 1;
     lay->dw32 = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32 && lay->n_chunks > 1;
 
     lay->off_L = off;
@@ -348,6 +419,12 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     if (lay->dh32) off += sph_ws_round((size_t)R * p->H * 4);
     lay->off_dw32 = off;
     if (lay->dw32) off += sph_ws_round((size_t)p->V_loc * p->H * 4);
+    lay->off_act = off;
+    if (lay->gather) off += sph_ws_round((size_t)lay->M * 8);
+    lay->off_hg = off;
+    if (lay->gather) off += sph_ws_round((size_t)R * p->H * dt_size(dk));
+    lay->off_dhg = off;
+    if (lay->gather && lay->grads && p->dhidden) off += sph_ws_round((size_t)R * p->H * 4);
     lay->total = off;
     return SPH_OK;
 }
@@ -443,6 +520,14 @@ static sph_status check_device_plan(sph_ctx_t ctx, const sph_head_plan *p, void 
 
 // ---- host: pieces of a pass ------------------------------------------------------------------
 
+/* One chunk of rows: global rows [r0, r0 + rows) of one span, or (gathered) the rows
+ * rowmap[0 .. rows) taken across spans. k0 indexes the pass's records: the global row, or
+ * the position in the gathered row space. */
+typedef struct chunk {
+    int64_t r0, k0, rows;
+    const int64_t *rowmap; /* device; NULL when the chunk is a plain row range */
+} chunk;
+
 typedef struct pass_ctx {
     sph_ctx_t ctx;
     const sph_head_plan *p;
@@ -452,7 +537,42 @@ typedef struct pass_ctx {
     char *ws;
     int dk;
     size_t es;
+    int64_t it_k, it_pos;  /* chunk iterator: span index, next row */
+    int64_t gathered_k0;   /* the chunk whose rows hg holds (-1: none) */
 } pass_ctx;
+
+static void chunks_reset(pass_ctx *c) {
+    c->it_k = 0;
+    c->it_pos = 0;
+}
+
+static bool chunk_next(pass_ctx *c, chunk *ch) {
+    const sph_cuda_layout *lay = c->lay;
+    if (lay->gather) {
+        if (c->it_pos >= lay->M) return false;
+        ch->k0 = c->it_pos;
+        ch->rows = lay->M - c->it_pos < lay->R ? lay->M - c->it_pos : lay->R;
+        ch->rowmap = (const int64_t *)(c->ws + lay->off_act) + c->it_pos;
+        ch->r0 = 0;
+        c->it_pos += ch->rows;
+        return true;
+    }
+    const int64_t n_spans = spans_count(c->p);
+    while (c->it_k < n_spans) {
+        int64_t a, b;
+        spans_get(c->p, c->it_k, &a, &b);
+        if (c->it_pos < a) c->it_pos = a;
+        if (c->it_pos < b) {
+            ch->r0 = ch->k0 = c->it_pos;
+            ch->rows = b - c->it_pos < lay->R ? b - c->it_pos : lay->R;
+            ch->rowmap = NULL;
+            c->it_pos += ch->rows;
+            return true;
+        }
+        c->it_k++;
+    }
+    return false;
+}
 
 static sph_status setup_cublas(pass_ctx *c) {
     SPH_CUBLAS_RET(cublasSetStream(c->st->cublas, c->stream));
@@ -467,46 +587,80 @@ static cublasComputeType_t compute_type(const pass_ctx *c) {
     return CUBLAS_COMPUTE_32F;
 }
 
-/* L (rows, w) = h[r0:r0+rows] . W[c0:c0+w]^T, fp32, row stride ldL. */
-static sph_status gemm_logits(pass_ctx *c, int64_t r0, int64_t rows, int64_t c0, int64_t w,
-                              float *L) {
+/* The chunk's hidden rows as a matrix (pointer, row stride): in place for a row range, else
+ * gathered into hg (once per chunk). */
+static sph_status chunk_h(pass_ctx *c, const chunk *ch, const char **hp, int64_t *ld) {
     const sph_head_plan *p = c->p;
-    const char *hp = (const char *)p->hidden + (size_t)r0 * p->ld_h * c->es;
+    if (!ch->rowmap) {
+        *hp = (const char *)p->hidden + (size_t)ch->r0 * p->ld_h * c->es;
+        *ld = p->ld_h;
+        return SPH_OK;
+    }
+    char *hg = c->ws + c->lay->off_hg;
+    if (c->gathered_k0 != ch->k0) {
+        size_t row_bytes = (size_t)p->H * c->es, ld_bytes = (size_t)p->ld_h * c->es;
+        int vec16 = ((uintptr_t)p->hidden % 16 == 0) && (ld_bytes % 16 == 0) &&
+                    (row_bytes % 16 == 0);
+        head_gather_kernel<<<(unsigned)ch->rows, 128, 0, c->stream>>>(
+            (const char *)p->hidden, (int64_t)ld_bytes, ch->rowmap, hg, (int64_t)row_bytes,
+            vec16);
+        SPH_LAUNCH_CHECK("head_gather_kernel", c->stream);
+        c->gathered_k0 = ch->k0;
+    }
+    *hp = hg;
+    *ld = p->H;
+    return SPH_OK;
+}
+
+/* L (rows, w) = hp (rows, H; row stride ld) . W[c0:c0+w]^T, fp32, row stride ldL. */
+static sph_status gemm_logits(pass_ctx *c, const char *hp, int64_t ld, int64_t rows, int64_t c0,
+                              int64_t w, float *L) {
+    const sph_head_plan *p = c->p;
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     if (c->lay->bi)
-        return sph_cuda_logits_fixed(p->dtype, hp, p->ld_h, wp, p->ld_w, L, c->lay->ldL, rows, w,
+        return sph_cuda_logits_fixed(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
                                      p->H, c->stream);
     const float one = 1.f, zero = 0.f;
     cudaDataType_t t = dt_cuda(c->dk);
     SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w, (int)rows,
-                                (int)p->H, &one, wp, t, (int)p->ld_w, hp, t, (int)p->ld_h, &zero,
-                                L, CUDA_R_32F, (int)c->lay->ldL, compute_type(c),
+                                (int)p->H, &one, wp, t, (int)p->ld_w, hp, t, (int)ld, &zero, L,
+                                CUDA_R_32F, (int)c->lay->ldL, compute_type(c),
                                 CUBLAS_GEMM_DEFAULT));
     return SPH_OK;
 }
 
-static sph_status launch_stats(pass_ctx *c, const float *L, int64_t r0, int64_t rows, int64_t c0,
+static sph_status launch_stats(pass_ctx *c, const float *L, const chunk *ch, int64_t c0,
                                int64_t w, int merge) {
     const sph_head_plan *p = c->p;
     float inv_t = (float)(1.0 / p->temperature), cap = (float)p->softcap;
     float inv_cap = cap > 0.f ? (float)(1.0 / p->softcap) : 0.f;
-    head_stats_kernel<<<(unsigned)rows, STATS_THREADS, 0, c->stream>>>(
-        L, c->lay->ldL, r0, w, p->v0 + c0, p->targets, p->tgt_i64, inv_t, cap, inv_cap,
-        (float *)(c->ws + c->lay->off_part), merge);
+    float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
+    head_stats_kernel<<<(unsigned)ch->rows, STATS_THREADS, 0, c->stream>>>(
+        L, c->lay->ldL, ch->r0, ch->rowmap, w, p->v0 + c0, p->targets, p->tgt_i64, inv_t, cap,
+        inv_cap, recs, merge);
     SPH_LAUNCH_CHECK("head_stats_kernel", c->stream);
     return SPH_OK;
 }
 
-sph_status sph_cuda_finalize(const sph_head_plan *p, const float *recv,
-                                        int64_t rank_stride, int64_t comm_size, int64_t r0,
-                                        int64_t rows, int64_t recv_row0, cudaStream_t stream) {
+/* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);
+ * row k is global row rowmap[k] or r0 + k. */
+static sph_status finalize_rows(const sph_head_plan *p, const float *rec0, int64_t rank_stride,
+                                int64_t comm_size, int64_t r0, const int64_t *rowmap,
+                                int64_t rows, cudaStream_t stream) {
     if (rows <= 0) return SPH_OK;
     unsigned blocks = (unsigned)((rows + 255) / 256);
     head_finalize_kernel<<<blocks, 256, 0, stream>>>(
-        recv, rank_stride, (int)comm_size, r0, rows, recv_row0, p->mask, p->targets, p->tgt_i64,
+        rec0, rank_stride, (int)comm_size, r0, rowmap, rows, p->mask, p->targets, p->tgt_i64,
         p->V, p->K > 0, p->logprob, p->entropy, p->lse, p->logit_mean, p->stats);
     SPH_LAUNCH_CHECK("head_finalize_kernel", stream);
     return SPH_OK;
+}
+
+sph_status sph_cuda_finalize(const sph_head_plan *p, const float *recv, int64_t rank_stride,
+                             int64_t comm_size, int64_t r0, int64_t rows, int64_t recv_row0,
+                             cudaStream_t stream) {
+    return finalize_rows(p, recv + recv_row0 * SPH_PARTIAL_FIELDS, rank_stride, comm_size, r0,
+                         NULL, rows, stream);
 }
 
 sph_status sph_cuda_zero_rows_out(const sph_head_plan *p, cudaStream_t stream) {
@@ -519,9 +673,8 @@ sph_status sph_cuda_zero_rows_out(const sph_head_plan *p, cudaStream_t stream) {
 
 /* The TP combine: one allgather of rows records (device buffers, NCCL) in rank order. *out
  * points at the records the finalize kernel reads (part itself when there is no group). */
-sph_status sph_cuda_combine(sph_ctx_t ctx, const sph_head_plan *p, float *part,
-                                       float *recv, int64_t rows, int64_t comm_size,
-                                       const float **out) {
+sph_status sph_cuda_combine(sph_ctx_t ctx, const sph_head_plan *p, float *part, float *recv,
+                            int64_t rows, int64_t comm_size, const float **out) {
     if (comm_size <= 1) {
         *out = part;
         return SPH_OK;
@@ -533,13 +686,14 @@ sph_status sph_cuda_combine(sph_ctx_t ctx, const sph_head_plan *p, float *part,
     return SPH_OK;
 }
 
-static sph_status launch_dlogits(pass_ctx *c, const float *L, void *D, int64_t r0, int64_t rows,
+static sph_status launch_dlogits(pass_ctx *c, const float *L, void *D, const chunk *ch,
                                  int64_t c0, int64_t w) {
     const sph_head_plan *p = c->p;
     dl_args a;
     a.L = L;
     a.ldL = c->lay->ldL;
-    a.r0 = r0;
+    a.r0 = ch->r0;
+    a.rowmap = ch->rowmap;
     a.w = w;
     a.col_g0 = p->v0 + c0;
     a.stats = p->stats;
@@ -557,7 +711,7 @@ static sph_status launch_dlogits(pass_ctx *c, const float *L, void *D, int64_t r
     int64_t n4 = (w + 3) / 4;
     int64_t bx = (n4 + 255) / 256;
     if (bx > 64) bx = 64;
-    dim3 grid((unsigned)bx, (unsigned)rows);
+    dim3 grid((unsigned)bx, (unsigned)ch->rows);
     if (c->dk == DT_F32)
         head_dlogits_kernel<float><<<grid, 256, 0, c->stream>>>(a, (float *)D);
     else if (c->dk == DT_BF16)
@@ -587,36 +741,57 @@ static sph_status launch_convert(int kind, void *dst, int64_t ld_dst, const floa
     return SPH_OK;
 }
 
+static sph_status launch_scatter(pass_ctx *c, const chunk *ch, const float *dhg) {
+    const sph_head_plan *p = c->p;
+    int kind = dt_kind(p->dh_dtype);
+    unsigned rows = (unsigned)ch->rows;
+    if (kind == DT_BF16)
+        head_scatter_kernel<__nv_bfloat16><<<rows, 256, 0, c->stream>>>(
+            (__nv_bfloat16 *)p->dhidden, p->ld_dh, dhg, ch->rowmap, p->H, p->acc_dh);
+    else if (kind == DT_F16)
+        head_scatter_kernel<__half><<<rows, 256, 0, c->stream>>>(
+            (__half *)p->dhidden, p->ld_dh, dhg, ch->rowmap, p->H, p->acc_dh);
+    else
+        head_scatter_kernel<float><<<rows, 256, 0, c->stream>>>(
+            (float *)p->dhidden, p->ld_dh, dhg, ch->rowmap, p->H, p->acc_dh);
+    SPH_LAUNCH_CHECK("head_scatter_kernel", c->stream);
+    return SPH_OK;
+}
+
 /* Gradients of one row chunk from its (recomputed or kept) logits. ci is the chunk's index
  * among the pass's chunks (dW overwrites on the first). reuse_L: L already holds the logits
  * of the only split (one-pass). */
-static sph_status grad_chunk(pass_ctx *c, int64_t r0, int64_t rows, int64_t ci, int reuse_L) {
+static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse_L) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
     float *L = (float *)(c->ws + lay->off_L);
     void *D = c->dk == DT_F32 ? (void *)L : (void *)(c->ws + lay->off_D);
-    float *dh32 = (float *)(c->ws + lay->off_dh32);
+    float *dh32 = (float *)(c->ws + (lay->gather ? lay->off_dhg : lay->off_dh32));
     float *dw32 = (float *)(c->ws + lay->off_dw32);
-    const float one = 1.f, zero = 0.f;
+    const float one = 1.f;
     cudaDataType_t t = dt_cuda(c->dk);
     int dhk = p->dhidden ? dt_kind(p->dh_dtype) : DT_F32;
     int dwk = p->dweight ? dt_kind(p->dw_dtype) : DT_F32;
+    const int dh_via32 = lay->dh32 || lay->gather; /* dH of the chunk staged in fp32 */
+    const char *hp;
+    int64_t ld;
+    SPH_TRY(chunk_h(c, ch, &hp, &ld));
+    const int64_t rows = ch->rows;
     for (int64_t s = 0; s < lay->n_splits; s++) {
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
-        if (!reuse_L) SPH_TRY(gemm_logits(c, r0, rows, c0, w, L));
-        SPH_TRY(launch_dlogits(c, L, D, r0, rows, c0, w));
+        if (!reuse_L) SPH_TRY(gemm_logits(c, hp, ld, rows, c0, w, L));
+        SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
-        const char *hp = (const char *)p->hidden + (size_t)r0 * p->ld_h * c->es;
         if (p->dhidden) {
             /* dH^T (H, rows) = W^T (H, w) . D^T (w, rows) in column-major terms */
             void *C;
             int ldc;
             cudaDataType_t ct;
             float beta;
-            if (lay->dh32) {
+            if (dh_via32) {
                 C = dh32, ldc = (int)p->H, ct = CUDA_R_32F, beta = s > 0 ? 1.f : 0.f;
             } else {
-                C = (char *)p->dhidden + (size_t)r0 * p->ld_dh * dt_size(dhk);
+                C = (char *)p->dhidden + (size_t)ch->r0 * p->ld_dh * dt_size(dhk);
                 ldc = (int)p->ld_dh, ct = dt_cuda(dhk);
                 beta = (s > 0 || p->acc_dh) ? 1.f : 0.f;
             }
@@ -639,20 +814,20 @@ static sph_status grad_chunk(pass_ctx *c, int64_t r0, int64_t rows, int64_t ci, 
                 beta = (ci > 0 || p->acc_dw) ? 1.f : 0.f;
             }
             SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int)p->H,
-                                        (int)w, (int)rows, &one, hp, t, (int)p->ld_h, D, t,
+                                        (int)w, (int)rows, &one, hp, t, (int)ld, D, t,
                                         (int)lay->ldL, &beta, C, ct, ldc, compute_type(c),
                                         CUBLAS_GEMM_DEFAULT));
         }
     }
-    (void)zero;
-    if (p->dhidden && lay->dh32)
-        SPH_TRY(launch_convert(dhk, (char *)p->dhidden + (size_t)r0 * p->ld_dh * dt_size(dhk),
+    if (p->dhidden && lay->gather) SPH_TRY(launch_scatter(c, ch, dh32));
+    else if (p->dhidden && lay->dh32)
+        SPH_TRY(launch_convert(dhk, (char *)p->dhidden + (size_t)ch->r0 * p->ld_dh * dt_size(dhk),
                                p->ld_dh, dh32, p->H, rows, p->H, p->acc_dh, c->stream));
     return SPH_OK;
 }
 
-/* Before a gradient sweep: dH rows outside every chunk to 0 (unless accumulating), the fp32 dW
- * accumulator to 0, and dW itself to 0 when no chunk will overwrite it. */
+/* Before a gradient sweep: dH rows outside every span to 0 (unless accumulating), the fp32
+ * dW accumulator to 0, and dW itself to 0 when no chunk will overwrite it. */
 static sph_status grad_prologue(pass_ctx *c) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
@@ -692,6 +867,33 @@ static sph_status grad_epilogue(pass_ctx *c) {
     return SPH_OK;
 }
 
+/* Gathered mode: the global row of every position of the row space, span by span, with the
+ * span list passed by value (ACT_BATCH spans per launch: no host-to-device copy, so the pass
+ * stays capturable). */
+static sph_status build_act_rows(pass_ctx *c) {
+    const sph_head_plan *p = c->p;
+    int64_t *act = (int64_t *)(c->ws + c->lay->off_act), base = 0;
+    for (int64_t k0 = 0; k0 < p->n_spans; k0 += ACT_BATCH) {
+        span_batch sb;
+        memset(&sb, 0, sizeof sb);
+        sb.base = base;
+        sb.prefix[0] = 0;
+        for (int64_t k = k0; k < p->n_spans && sb.n < ACT_BATCH; k++, sb.n++) {
+            sb.start[sb.n] = p->spans[2 * k];
+            sb.prefix[sb.n + 1] = sb.prefix[sb.n] + (p->spans[2 * k + 1] - p->spans[2 * k]);
+        }
+        int64_t total = sb.prefix[sb.n];
+        if (total > 0) {
+            int64_t blocks = (total + 255) / 256;
+            if (blocks > 1024) blocks = 1024;
+            head_act_rows_kernel<<<(unsigned)blocks, 256, 0, c->stream>>>(sb, act);
+            SPH_LAUNCH_CHECK("head_act_rows_kernel", c->stream);
+        }
+        base += total;
+    }
+    return SPH_OK;
+}
+
 static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass, void *ws,
                              size_t bytes, sph_cuda_layout *lay, pass_ctx *c) {
     SPH_CHECK(ctx && p, SPH_ERR_INVALID_ARG, "head (cuda): ctx or plan is NULL");
@@ -707,8 +909,11 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     c->ws = (char *)ws;
     c->dk = dt_kind(p->dtype);
     c->es = dt_size(c->dk);
+    c->gathered_k0 = -1;
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
-    return setup_cublas(c);
+    SPH_TRY(setup_cublas(c));
+    if (lay->gather && p->N > 0) SPH_TRY(build_act_rows(c));
+    return SPH_OK;
 }
 
 // ---- entry points ----------------------------------------------------------------------------
@@ -745,40 +950,43 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     if (lay.comm_size > 1)
         SPH_CUDA_RET(cudaMemsetAsync(part, 0, (size_t)p->N * SPH_PARTIAL_FIELDS * 4, c.stream));
     if (p->one_pass) SPH_TRY(grad_prologue(&c));
+    chunk ch;
     int64_t ci = 0;
-    const int64_t n_spans = spans_count(p);
+    chunks_reset(&c);
     /* general mode: every chunk's statistics, then one combine and the finalize */
-    for (int64_t k = 0; k < n_spans; k++) {
-        int64_t a, b;
-        spans_get(p, k, &a, &b);
-        for (int64_t r0 = a; r0 < b; r0 += lay.R, ci++) {
-            int64_t rows = b - r0 < lay.R ? b - r0 : lay.R;
-            for (int64_t s = 0; s < lay.n_splits; s++) {
-                int64_t c0 = s * lay.Vs, w = p->V_loc - c0 < lay.Vs ? p->V_loc - c0 : lay.Vs;
-                SPH_TRY(gemm_logits(&c, r0, rows, c0, w, L));
-                SPH_TRY(launch_stats(&c, L, r0, rows, c0, w, s > 0));
-            }
-            if (p->one_pass) {
-                /* per-chunk combine, then gradients from the logits still in L when the
-                 * vocabulary is not split (otherwise recomputed split by split) */
-                const float *recs;
-                SPH_TRY(sph_cuda_combine(ctx, p, part + r0 * SPH_PARTIAL_FIELDS, recv, rows,
-                                         lay.comm_size, &recs));
-                /* recs starts at the chunk's first row either way */
-                SPH_TRY(sph_cuda_finalize(p, recs, rows * SPH_PARTIAL_FIELDS, lay.comm_size, r0,
-                                          rows, 0, c.stream));
-                SPH_TRY(grad_chunk(&c, r0, rows, ci, lay.n_splits == 1));
-            }
+    while (chunk_next(&c, &ch)) {
+        const char *hp;
+        int64_t ld;
+        SPH_TRY(chunk_h(&c, &ch, &hp, &ld));
+        for (int64_t s = 0; s < lay.n_splits; s++) {
+            int64_t c0 = s * lay.Vs, w = p->V_loc - c0 < lay.Vs ? p->V_loc - c0 : lay.Vs;
+            SPH_TRY(gemm_logits(&c, hp, ld, ch.rows, c0, w, L));
+            SPH_TRY(launch_stats(&c, L, &ch, c0, w, s > 0));
         }
+        if (p->one_pass) {
+            /* per-chunk combine, then gradients from the logits still in L when the
+             * vocabulary is not split (otherwise recomputed split by split) */
+            const float *recs;
+            SPH_TRY(sph_cuda_combine(ctx, p, part + ch.k0 * SPH_PARTIAL_FIELDS, recv, ch.rows,
+                                     lay.comm_size, &recs));
+            SPH_TRY(finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size, ch.r0,
+                                  ch.rowmap, ch.rows, c.stream));
+            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1));
+        }
+        ci++;
     }
     if (p->one_pass) return grad_epilogue(&c);
     const float *recs;
     SPH_TRY(sph_cuda_combine(ctx, p, part, recv, p->N, lay.comm_size, &recs));
-    for (int64_t k = 0; k < n_spans; k++) {
+    const int64_t stride = p->N * SPH_PARTIAL_FIELDS;
+    if (lay.gather)
+        return finalize_rows(p, recs, stride, lay.comm_size, 0,
+                             (const int64_t *)(c.ws + lay.off_act), lay.M, c.stream);
+    for (int64_t k = 0; k < spans_count(p); k++) {
         int64_t a, b;
         spans_get(p, k, &a, &b);
-        SPH_TRY(sph_cuda_finalize(p, recs, p->N * SPH_PARTIAL_FIELDS, lay.comm_size, a, b - a, a,
-                                  c.stream));
+        SPH_TRY(finalize_rows(p, recs + a * SPH_PARTIAL_FIELDS, stride, lay.comm_size, a, NULL,
+                              b - a, c.stream));
     }
     return SPH_OK;
 }
@@ -793,15 +1001,9 @@ extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan 
         return sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes);
     }
     SPH_TRY(grad_prologue(&c));
+    chunk ch;
     int64_t ci = 0;
-    const int64_t n_spans = spans_count(p);
-    for (int64_t k = 0; k < n_spans; k++) {
-        int64_t a, b;
-        spans_get(p, k, &a, &b);
-        for (int64_t r0 = a; r0 < b; r0 += lay.R, ci++) {
-            int64_t rows = b - r0 < lay.R ? b - r0 : lay.R;
-            SPH_TRY(grad_chunk(&c, r0, rows, ci, 0));
-        }
-    }
+    chunks_reset(&c);
+    while (chunk_next(&c, &ch)) SPH_TRY(grad_chunk(&c, &ch, ci++, 0));
     return grad_epilogue(&c);
 }
