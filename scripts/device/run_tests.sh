@@ -29,7 +29,7 @@ if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_parity_grid,test_errors,test_span_gaps,test_graph_capture \
     run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 bin/gpu_test_head_cuda
   SPH_GPU_TESTS=test_determinism run racecheck 100 compute-sanitizer --tool racecheck \
-    --error-exitcode 9 --kernel-name regex:head_ bin/gpu_test_head_cuda
+    --error-exitcode 9 --kernel-name kns=head_ bin/gpu_test_head_cuda
 fi
 if [ $# -gt 0 ]; then
   echo "== bench"
