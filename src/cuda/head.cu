@@ -942,9 +942,9 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     if (p->K > 0) {
         SPH_TRY(sph_cuda_sample_forward(ctx, p, c.ws + lay.off_sample, part, recv,
                                         lay.comm_size));
-        if (p->one_pass)
-            SPH_TRY(sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes));
-        return SPH_OK;
+        if (!p->one_pass) return SPH_OK;
+        SPH_TRY(sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes));
+        return grad_epilogue(&c); /* the TP all-reduce of dH */
     }
     float *L = (float *)(c.ws + lay.off_L);
     if (lay.comm_size > 1)
@@ -998,7 +998,8 @@ extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan 
     SPH_TRY(pass_begin(ctx, p, SPH_HEAD_BACKWARD, ws, bytes, &lay, &c));
     if (p->K > 0) {
         if (p->N == 0) return grad_prologue(&c);
-        return sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes);
+        SPH_TRY(sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes));
+        return grad_epilogue(&c);
     }
     SPH_TRY(grad_prologue(&c));
     chunk ch;
