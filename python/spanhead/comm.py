@@ -22,7 +22,7 @@ The library must be built with MPI / NCCL for those backends (UnsupportedError o
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 from . import _spanhead as _ext
 from . import _tensors as T

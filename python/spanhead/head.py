@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 

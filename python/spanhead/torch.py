@@ -22,7 +22,7 @@ Importing :mod:`spanhead` never imports torch; importing :mod:`spanhead.torch` d
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
