@@ -230,8 +230,9 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         spans: host (n, 2) int64 [start, end) runs of active rows (e.g. spanhead.spans()).
         temperature, softcap: z = (softcap * tanh(u / softcap) if softcap else u) / temperature.
         entropy, lse, logit_mean: also return these per-row quantities (all differentiable).
-        tp_group: a torch.distributed NCCL process group over the vocabulary shards; the
-            softmax statistics are combined across it (see spanhead.Comm.from_torch).
+        tp_group: a torch.distributed NCCL process group over the vocabulary shards (see
+            spanhead.Comm.from_torch), or a spanhead.Comm (e.g. Comm.from_mpi4py for CPU
+            tensors); the softmax statistics are combined across it.
         vocab_start, vocab_total: this shard's first id and the full vocabulary (default with
             tp_group: V_loc * group size).
         candidates: (..., K) sample-support ids padded with -1 (softmax over them only).
@@ -298,14 +299,18 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
                                            f"{h2.device}")
             mask_dev = m if m.dtype in (torch.bool, torch.uint8) else (m != 0)
     comm = None
-    if tp_group is not None:
+    if isinstance(tp_group, Comm):
+        comm = tp_group  # e.g. Comm.from_mpi4py: CPU tensor parallelism over MPI
+        if not vocab_total:
+            vocab_total = w2.shape[0] * comm.info()[2]
+    elif tp_group is not None:
         import torch.distributed as dist
         if not vocab_total:
             vocab_total = w2.shape[0] * dist.get_world_size(tp_group)
         comm = _comm_for(tp_group, vocab_total, vocab_start, w2.shape[0], h2.dtype,
                          temperature)
-        if reduce_dhidden is None:
-            reduce_dhidden = True
+    if comm is not None and reduce_dhidden is None:
+        reduce_dhidden = True
     want = (t1 is not None, bool(entropy), bool(lse), bool(logit_mean))
     cfg = _Config(spans=host_spans, vocab_start=int(vocab_start), vocab_total=int(vocab_total),
                   temperature=float(temperature), softcap=float(softcap), want=want, comm=comm,

@@ -11,6 +11,37 @@ import spanhead
 from reference import close, head_ref
 
 
+def torch_check(sc, h, w, t, mask, g, e, v0, v1, V, rank):
+    """spanhead.torch.logprobs with tp_group=<spanhead.Comm>: the shard's autograd gradients
+    against torch's dense float64 computation over the whole vocabulary."""
+    try:
+        import torch
+    except ImportError:
+        return
+    import spanhead.torch as sht
+    ht = torch.from_numpy(h).requires_grad_(True)
+    wl = torch.from_numpy(np.ascontiguousarray(w[v0:v1])).requires_grad_(True)
+    tt = torch.from_numpy(t)
+    mt = torch.from_numpy(mask.astype(bool))
+    o = sht.logprobs(ht, wl, tt, loss_mask=mt, temperature=0.8, entropy=True, tp_group=sc,
+                     vocab_start=v0, vocab_total=V, threads=1)
+    gt, et = torch.from_numpy(g), torch.from_numpy(e)
+    ((o.logprob * gt).sum() + (o.entropy * et).sum()).backward()
+    hd = torch.from_numpy(h).double().requires_grad_(True)
+    wd = torch.from_numpy(w).double().requires_grad_(True)
+    lsm = torch.log_softmax(hd @ wd.T / 0.8, -1)
+    m = mt.double() * (tt >= 0).double()
+    lp = lsm.gather(-1, tt.clamp(min=0).unsqueeze(-1)).squeeze(-1) * m
+    ent = -(lsm.exp() * lsm).sum(-1) * mt.double()
+    ((lp * gt.double()).sum() + (ent * et.double()).sum()).backward()
+    tol = 2e-5
+    close(f"rank {rank} torch logprob", o.logprob.detach().numpy(), lp.detach().numpy(), tol * 20)
+    close(f"rank {rank} torch dhidden", ht.grad.numpy(), hd.grad.numpy(),
+          tol * max(1, hd.grad.abs().max().item()))
+    close(f"rank {rank} torch dweight", wl.grad.numpy(), wd.grad[v0:v1].numpy(),
+          tol * max(1, wd.grad.abs().max().item()))
+
+
 def main():
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -45,6 +76,7 @@ def main():
     close(f"rank {rank} dhidden (all-reduced)", b.dhidden, ref["dhidden"], tol * s)
     close(f"rank {rank} dweight (shard)", b.dweight, ref["dweight"][v0:v1],
           tol * max(1, np.abs(ref["dweight"]).max()))
+    torch_check(sc, h, w, t, mask, g, e, v0, v1, V, rank)
     # a rank disagreeing on the configuration: every rank gets MismatchError
     try:
         spanhead.Comm.from_mpi4py(comm, vocab_total=V + (rank == 0), vocab_start=v0,
