@@ -134,10 +134,9 @@ def main(argv=None):
             dev = torch.device(args.device)
             h = torch.from_numpy(hidden).to(dev)
             t = torch.from_numpy(targets).to(dev)
+            # a host mask: spanhead copies it to the device; the spans stay on the host
             lp = sht.logprobs(h, Wt, t, loss_mask=torch.from_numpy(mask.astype(bool)),
-                              spans=spans, kernel=args.kernel) if dev.type == "cpu" else \
-                sht.logprobs(h, Wt, t, loss_mask=torch.from_numpy(mask.astype(bool)),
-                             spans=spans)
+                              spans=spans, kernel=args.kernel)
             loss = (torch.from_numpy(g).to(dev) * lp).sum()
             opt.zero_grad()
             loss.backward()
