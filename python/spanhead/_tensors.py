@@ -180,9 +180,13 @@ def empty(ref: Any, shape: Tuple[int, ...], dt: Tuple[int, int], name: str) -> A
             raise DTypeError(f"{name}: cupy has no bfloat16; pass the output tensor explicitly")
         with cupy.cuda.Device(ref.device.id):
             return cupy.empty(shape, dtype=_np_dtype(dt))
+    if device_of(ref, name)[0] in (CPU, CUDA_HOST):  # host memory: NumPy serves any producer
+        if dt == BF16:
+            return bfloat16(np.empty(shape, dtype=np.uint16))
+        return np.empty(shape, dtype=_np_dtype(dt))
     raise InvalidArgumentError(
-        f"{name}: cannot allocate an output for inputs of type {type(ref).__name__} "
-        f"(numpy, torch and cupy are supported); pass the output tensor explicitly")
+        f"{name}: cannot allocate a GPU output for inputs of type {type(ref).__name__} "
+        f"(torch and cupy are supported); pass the output tensor explicitly")
 
 
 def _np_dtype(dt: Tuple[int, int]):

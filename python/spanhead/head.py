@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _spanhead as _ext
 from . import _tensors as T
-from ._errors import DeviceError, InvalidArgumentError, ShapeError
+from ._errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError
 
 DeviceLike = Union[str, int, Tuple[str, int], None]
 
@@ -221,8 +221,12 @@ def _spans_array(spans: Any) -> Optional[np.ndarray]:
     return np.ascontiguousarray(a)
 
 
-def _rows_shape(x: Any) -> Tuple[int, ...]:
-    return tuple(int(d) for d in x.shape)
+def _rows_shape(x: Any, name: str) -> Tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise DTypeError(f"{name}: expected a tensor with a shape (numpy, torch, cupy, jax), got "
+                         f"{type(x).__name__}")
+    return tuple(int(d) for d in shape)
 
 
 def _check_devices(tensors: dict, context: Optional[Context]) -> Tuple[int, int]:
@@ -231,7 +235,9 @@ def _check_devices(tensors: dict, context: Optional[Context]) -> Tuple[int, int]
     dev = T.device_of(tensors["hidden"], "hidden")
     for name in _SLOTS:
         x = tensors.get(name)
-        if x is not None and x is not True and x is not False and name != "hidden":
+        # a bare capsule carries no device here: the library checks it against the context
+        if (x is not None and x is not True and x is not False and name != "hidden"
+                and not T.is_capsule(x)):
             d = T.device_of(x, name)
             if not T.same_memory_space(d, dev):
                 raise DeviceError(f"{name} is on {T.device_name(d)} but hidden is on "
@@ -349,7 +355,7 @@ def _head(pass_: int, kw: dict) -> HeadResult:
         raise InvalidArgumentError("hidden and weight are required")
     T.device_of(hidden, "hidden")
     T.device_of(weight, "weight")
-    hs, ws = _rows_shape(hidden), _rows_shape(weight)
+    hs, ws = _rows_shape(hidden, "hidden"), _rows_shape(weight, "weight")
     if len(hs) != 2:
         raise ShapeError(f"hidden: shape is {hs}, expected (N, H)")
     if len(ws) != 2:

@@ -104,3 +104,32 @@ def test_garbage_arguments():
     ext.ctx_destroy(c._handle)  # idempotent
     with pytest.raises(TypeError):
         ext.ctx_describe(c._handle)
+
+
+class Legacy:
+    """A producer of the pre-1.0 protocol: no max_version, legacy capsules only."""
+
+    def __init__(self, a):
+        self.a, self.shape = a, a.shape
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_legacy_producer_and_capsules():
+    c = spanhead.Context(kernel="ref")
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((6, 3)).astype(np.float32)
+    t = np.array([0, 5, -1, 2])
+    ref = spanhead.head_forward(h, w, t, context=c).logprob
+    got = spanhead.head_forward(Legacy(h), Legacy(w), Legacy(t), context=c).logprob
+    assert np.array_equal(got, ref)
+    # a bare capsule is a fine input for shapeless slots, but hidden needs its shape
+    got = spanhead.head_forward(h, w, t.__dlpack__(), context=c).logprob
+    assert np.array_equal(got, ref)
+    with pytest.raises(spanhead.DTypeError, match="hidden: expected a tensor with a shape"):
+        spanhead.head_forward(h.__dlpack__(), w, t, context=c)
