@@ -133,3 +133,57 @@ def test_legacy_producer_and_capsules():
     assert np.array_equal(got, ref)
     with pytest.raises(spanhead.DTypeError, match="hidden: expected a tensor"):
         spanhead.head_forward(h.__dlpack__(), w, t, context=c)
+
+
+def test_threads_share_nothing():
+    """Calls from several threads at once (the GIL is released during the compute): default
+    contexts are per thread, and each thread reads its own error message."""
+    import threading
+
+    rng = np.random.default_rng(4)
+    N, H, V = 64, 16, 300
+    h = rng.standard_normal((N, H)).astype(np.float32)
+    w = rng.standard_normal((V, H)).astype(np.float32)
+    t = rng.integers(0, V, N)
+    ref = spanhead.head_forward(h, w, t).logprob
+    failures = []
+
+    def work(k):
+        try:
+            for i in range(20):
+                if (i + k) % 3 == 0:
+                    bad = t.copy()
+                    bad[k] = V + k
+                    try:
+                        spanhead.head_forward(h, w, bad)
+                    except spanhead.InvalidArgumentError as e:
+                        if f"targets[{k}]" not in str(e):
+                            failures.append(f"thread {k}: foreign message {e}")
+                    else:
+                        failures.append(f"thread {k}: bad target accepted")
+                elif not np.array_equal(spanhead.head_forward(h, w, t).logprob, ref):
+                    failures.append(f"thread {k}: result differs")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"thread {k}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not failures, failures
+
+
+def test_clean_interpreter_exit():
+    """Contexts and communicators left open are closed at exit without a crash."""
+    import os
+    import subprocess
+
+    code = ("import numpy as np, spanhead\n"
+            "c = spanhead.Context(comm=spanhead.Comm.none())\n"
+            "spanhead.head_forward(np.ones((2, 2), np.float32), np.ones((3, 2), np.float32),\n"
+            "                      np.zeros(2, np.int64), context=c)\n"
+            "keep = (c, spanhead.Context(kernel='ref'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
