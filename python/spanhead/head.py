@@ -382,6 +382,10 @@ def _head(pass_: int, kw: dict) -> HeadResult:
         if kw["stats"] is None:
             raise InvalidArgumentError("stats: the backward needs the forward's stats (N, 3)")
         t["stats"] = kw["stats"]
+    for k in ("dhidden", "dweight"):
+        if kw[f"accumulate_{k}"] and (kw[k] is True or kw[k] is None or kw[k] is False):
+            raise InvalidArgumentError(f"accumulate_{k}: needs a {k} tensor to add into "
+                                       f"(pass {k}=<tensor>)")
     gdt = None
     if any(kw[k] is True for k in ("dhidden", "dweight")):
         gdt = _grad_dtype(kw["grad_dtype"], hidden)

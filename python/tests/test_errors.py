@@ -207,3 +207,11 @@ def test_comm_none_and_close():
         comm.info()
     with pytest.raises(spanhead.InvalidArgumentError, match="closed"):
         spanhead.Context("cpu", comm=comm)
+
+
+def test_accumulate_needs_a_tensor(c):
+    h, w, t = inputs()
+    st = spanhead.head_forward(h, w, t, context=c).stats
+    with pytest.raises(spanhead.InvalidArgumentError, match="accumulate_dweight"):
+        spanhead.head_backward(h, w, t, stats=st, dlogprob=np.ones(6, np.float32),
+                               accumulate_dweight=True, context=c)
