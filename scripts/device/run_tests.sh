@@ -26,10 +26,11 @@ run() { # name timeout cmd...
 for t in bin/gpu_test_*; do run "$(basename $t)" 150 "$t"; done
 for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
 if [ -n "${SANITIZE:-}" ]; then
-  SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_parity_grid,test_errors,test_span_gaps,test_graph_capture \
-    run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 bin/gpu_test_head_cuda
-  SPH_GPU_TESTS=test_determinism run racecheck 100 compute-sanitizer --tool racecheck \
-    --error-exitcode 9 --kernel-name kns=head_ bin/gpu_test_head_cuda
+  SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    bin/gpu_test_head_cuda
+  run memcheck_tp 100 compute-sanitizer --tool memcheck --error-exitcode 9 bin/gpu_test_head_cuda_tp
+  SPH_GPU_TESTS=test_determinism,test_span_gaps run racecheck 150 compute-sanitizer \
+    --tool racecheck --error-exitcode 9 bin/gpu_test_head_cuda
 fi
 if [ $# -gt 0 ]; then
   echo "== bench"
@@ -39,4 +40,5 @@ if [ -n "${BENCH2:-}" ]; then
   echo "== bench, SPH_CUDA_GATHER=0"
   SPH_CUDA_GATHER=0 SPH_COMMIT=$commit timeout 150 ./bin/spanhead bench $BENCH2 --json "$OUT/bench_nogather.jsonl" 2>&1 | tee "$OUT/bench_nogather.md"
 fi
+tar czf "$OUT/logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls *.log) 2>/dev/null && (cd "$OUT" && rm -f *.log)
 exit $status

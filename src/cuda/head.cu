@@ -300,6 +300,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                                            sph_head_pass pass, sph_cuda_layout *lay) {
     memset(lay, 0, sizeof *lay);
     sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
+    /* spans are read here on the host: device memory would fault */
+    SPH_CHECK(!p->spans || sph_cuda_pointer_is_device(p->spans) != 1, SPH_ERR_DEVICE,
+              "spans: pointer %p is CUDA device memory, expected host memory", (void *)p->spans);
     int dk = dt_kind(p->dtype);
     SPH_CHECK(dk != DT_OTHER, SPH_ERR_DTYPE, "hidden: dtype %s, expected f32, bf16 or f16",
               sph_dtype_name(p->dtype));

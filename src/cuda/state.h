@@ -20,7 +20,7 @@ typedef struct sph_tune_entry {
 } sph_tune_entry;
 
 typedef struct sph_cuda_state {
-    cudaDeviceProp prop;
+    struct cudaDeviceProp prop;
     int cc;                 /* compute capability, e.g. 90 */
     cublasHandle_t cublas;
     int n_tune;
