@@ -85,7 +85,10 @@ typedef struct {
     X(sph_comm_create_nccl_mpi, sph_status,                                                   \
       (sph_comm_t *, const void *, const sph_comm_config *))                                  \
     X(sph_comm_destroy, void, (sph_comm_t))                                                   \
-    X(sph_comm_info, sph_status, (sph_comm_t, sph_comm_backend *, int64_t *, int64_t *))
+    X(sph_comm_info, sph_status, (sph_comm_t, sph_comm_backend *, int64_t *, int64_t *))     \
+    X(sph_tune, sph_status, (sph_ctx_t, const sph_tune_opts *, const char **))               \
+    X(sph_tune_gemm_rate, sph_status,                                                         \
+      (sph_ctx_t, sph_dtype, int64_t, int64_t, int64_t, int, double *))
 
 #define X_FIELD(name, ret, args) ret(*name) args;
 static struct {
@@ -793,6 +796,60 @@ static PyObject *py_comm_info(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iLL)", (int)b, (long long)rank, (long long)size);
 }
 
+/* tune(ctx, code, bits, H, V_loc, N, repeats, verbose) -> description of the winner */
+static PyObject *py_tune(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int code, bits, repeats, verbose;
+    long long H, V_loc, N;
+    if (!PyArg_ParseTuple(args, "OiiLLLii", &cap, &code, &bits, &H, &V_loc, &N, &repeats,
+                          &verbose))
+        return NULL;
+    NEED(sph_tune);
+    sph_ctx_t c = ctx_of(cap);
+    if (!c) return NULL;
+    sph_tune_opts o = SPH_TUNE_OPTS_INIT;
+    o.dtype.code = (uint8_t)code;
+    o.dtype.bits = (uint8_t)bits;
+    o.dtype.lanes = 1;
+    o.H = (int64_t)H;
+    o.V_loc = (int64_t)V_loc;
+    o.N = (int64_t)N;
+    o.repeats = repeats;
+    o.verbose = verbose;
+    const char *result = NULL;
+    sph_status s;
+    {
+        PyThreadState *ts_ = PyEval_SaveThread();
+        s = lib.sph_tune(c, &o, &result);
+        PyEval_RestoreThread(ts_);
+    }
+    if (s) return raise_lib(s);
+    return PyUnicode_FromString(result ? result : "");
+}
+
+/* gemm_rate(ctx, code, bits, M, N, K, repeats) -> TFLOP/s of the dense product */
+static PyObject *py_gemm_rate(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int code, bits, repeats;
+    long long M, N, K;
+    if (!PyArg_ParseTuple(args, "OiiLLLi", &cap, &code, &bits, &M, &N, &K, &repeats))
+        return NULL;
+    NEED(sph_tune_gemm_rate);
+    sph_ctx_t c = ctx_of(cap);
+    if (!c) return NULL;
+    sph_dtype dt = {(uint8_t)code, (uint8_t)bits, 1};
+    double tflops = 0.0;
+    sph_status s;
+    {
+        PyThreadState *ts_ = PyEval_SaveThread();
+        s = lib.sph_tune_gemm_rate(c, dt, (int64_t)M, (int64_t)N, (int64_t)K, repeats,
+                                   &tflops);
+        PyEval_RestoreThread(ts_);
+    }
+    if (s) return raise_lib(s);
+    return PyFloat_FromDouble(tflops);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* DLPack consumption                                                                         */
 /* ---------------------------------------------------------------------------------------- */
@@ -1096,6 +1153,8 @@ static PyMethodDef methods[] = {
     {"comm_create", py_comm_create, METH_VARARGS, "Creates a communicator handle."},
     {"comm_destroy", py_comm_destroy, METH_VARARGS, "Destroys a communicator handle now."},
     {"comm_info", py_comm_info, METH_VARARGS, "(backend, rank, size) of a communicator."},
+    {"tune", py_tune, METH_VARARGS, "Autotunes the CUDA head for a shape."},
+    {"gemm_rate", py_gemm_rate, METH_VARARGS, "Dense GEMM rate of the context's GPU."},
     {"head", py_head, METH_VARARGS, "Runs the LM head forward (0) or backward (1)."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},
     {NULL, NULL, 0, NULL}};

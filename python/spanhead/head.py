@@ -115,6 +115,21 @@ class Context:
         """Waits for the context's stream; raises any pending device error."""
         _ext.ctx_synchronize(self._live())
 
+    def tune(self, dtype: Any = "bfloat16", *, H: int, V_loc: int, N: int, repeats: int = 0,
+             verbose: bool = False) -> str:
+        """Autotunes the CUDA head for a shape and stores the winner in the context's tune
+        cache (sph_tune); returns a description of the winner. CUDA contexts only."""
+        code, bits = _dtype_pair(dtype)
+        return _ext.tune(self._live(), code, bits, int(H), int(V_loc), int(N), int(repeats),
+                         int(bool(verbose)))
+
+    def gemm_rate(self, dtype: Any = "bfloat16", *, M: int, N: int, K: int,
+                  repeats: int = 0) -> float:
+        """TFLOP/s of a dense (M, K) x (N, K)^T product on the context's GPU through cuBLAS
+        (sph_tune_gemm_rate: the denominator of the active floor). CUDA contexts only."""
+        code, bits = _dtype_pair(dtype)
+        return _ext.gemm_rate(self._live(), code, bits, int(M), int(N), int(K), int(repeats))
+
     def close(self) -> None:
         """Destroys the context now (also done when it is garbage collected)."""
         if self._handle is not None:
@@ -273,6 +288,15 @@ def _out(spec: Any, ref: Any, shape: Tuple[int, ...], dt: Tuple[int, int], name:
     if spec is True:
         return T.empty(ref, shape, dt, name)
     return spec
+
+
+def _dtype_pair(dtype: Any) -> Tuple[int, int]:
+    names = {"float32": T.F32, "f32": T.F32, "float16": T.F16, "f16": T.F16,
+             "bfloat16": T.BF16, "bf16": T.BF16}
+    key = str(dtype).replace("torch.", "")
+    if key not in names:
+        raise InvalidArgumentError(f"dtype: {dtype!r} is not float32, float16 or bfloat16")
+    return names[key]
 
 
 def _grad_dtype(grad_dtype: Any, ref: Any) -> Tuple[int, int]:

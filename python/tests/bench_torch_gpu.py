@@ -39,6 +39,11 @@ def main():
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, python "
           f"{sys.version.split()[0]}, spanhead {spanhead.library_version()} "
           f"({spanhead.LIBRARY_PATH})")
+    try:
+        rate = spanhead.Context("cuda:0").gemm_rate("bfloat16", M=8192, N=8192, K=4096)
+        print(f"# dense bf16 GEMM rate (sph_tune_gemm_rate): {rate:.0f} TFLOP/s")
+    except spanhead.Error as e:
+        print(f"# dense GEMM rate unavailable: {e}")
     print("| N | H | V | active | path | ms fwd+bwd | peak extra MiB | TFLOP/s (active) |")
     print("|---|---|---|---|---|---|---|---|")
     for N, H, V, frac in ((8192, 4096, 32000, 1.0), (8192, 4096, 32000, 0.3),

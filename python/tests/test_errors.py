@@ -215,3 +215,12 @@ def test_accumulate_needs_a_tensor(c):
     with pytest.raises(spanhead.InvalidArgumentError, match="accumulate_dweight"):
         spanhead.head_backward(h, w, t, stats=st, dlogprob=np.ones(6, np.float32),
                                accumulate_dweight=True, context=c)
+
+
+def test_tune_needs_cuda(c):
+    with pytest.raises(spanhead.UnsupportedError):
+        c.tune("bfloat16", H=64, V_loc=128, N=32)
+    with pytest.raises(spanhead.UnsupportedError):
+        c.gemm_rate("bfloat16", M=64, N=64, K=64)
+    with pytest.raises(spanhead.InvalidArgumentError, match="dtype"):
+        c.tune("int8", H=64, V_loc=128, N=32)
