@@ -11,6 +11,8 @@ b() { echo "### $*"; timeout 150 ./bin/spanhead bench "$@" --json "$J" --repeats
 {
   echo "## shape D (V_loc 151936)"
   b --shape D --N 16K --active 1,0.5,0.25 --mode general
+  echo "## fragmented mask, exact spans"
+  b --shape A,B --N 64K --active 0.25 --mask fragmented --mode general
   echo "## A/B: SPH_CUDA_SQUARE=0 (backward chunks of whole-shard rows)"
   SPH_CUDA_SQUARE=0 b --shape A --N 64K --active 1 --mode general
   SPH_CUDA_SQUARE=0 b --shape D --N 16K --active 1 --mode general

@@ -30,8 +30,8 @@ if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
     bin/gpu_test_head_cuda
   run memcheck_tp 100 compute-sanitizer --tool memcheck --error-exitcode 9 bin/gpu_test_head_cuda_tp
-  SPH_GPU_TESTS=test_determinism,test_span_gaps run racecheck 150 compute-sanitizer \
-    --tool racecheck --error-exitcode 9 bin/gpu_test_head_cuda
+  [ -n "${RACECHECK:-}" ] && SPH_GPU_TESTS=test_bi_parity,test_span_gaps run racecheck 150 \
+    compute-sanitizer --tool racecheck --error-exitcode 9 bin/gpu_test_head_cuda
 fi
 if [ $# -gt 0 ]; then
   echo "== bench"
