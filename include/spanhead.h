@@ -226,16 +226,21 @@ typedef struct sph_alignment {
 } sph_alignment;
 
 SPH_API sph_status sph_alignment_get(const sph_parallel *par, sph_alignment *out);
+/* Errors (all metadata calls): SPH_ERR_INVALID_ARG for tp < 1, cp < 1, an unknown fp8 recipe or
+ * a NULL pointer; SPH_ERR_OVERFLOW when an alignment does not fit in int64. */
 
 /* Packed segment layout: each length padded to the sequence alignment, then the final
  * segment grows so the total is a multiple of the total alignment. padded[n],
- * cu_seqlens_padded[n + 1] are caller arrays. The single source of truth for every user. */
+ * cu_seqlens_padded[n + 1] are caller arrays. The single source of truth for every user.
+ * Lengths must be >= 1 (SPH_ERR_INVALID_ARG); a padded sum beyond int64 is SPH_ERR_OVERFLOW.
+ * n = 0 writes cu_seqlens_padded[0] = 0 only. Nothing is written on failure. */
 SPH_API sph_status sph_layout_packed(const sph_parallel *par, const int64_t *lengths, int64_t n,
                                      int64_t *padded, int64_t *cu_seqlens_padded);
 
 /* CP-local rows of a padded segment of length P (P % 2C == 0): rank r holds chunk r then
  * chunk 2C-1-r of P/(2C) rows. Writes P/C global row offsets (relative to the segment
- * start) into rows[]. */
+ * start) into rows[]. With cp = 1 the rank holds the whole segment in order (any P >= 0).
+ * Errors: SPH_ERR_INVALID_ARG for P not divisible by 2C, cp_rank outside [0, cp), P < 0. */
 SPH_API sph_status sph_cp_local_rows(int64_t P, int64_t cp, int64_t cp_rank, int64_t *rows);
 
 /* ---------------------------------------------------------------------------------------- */
@@ -259,8 +264,14 @@ typedef enum sph_layout_kind {
  *     q - 1. Columns past sum(l) are padding and carry no loss.
  *   packed, attention_mask [B, S]: one sequence per row made of its attended columns in
  *     order; the token at attended column p with index q >= 1 is predicted by row q - 1.
+ *     A row without attended columns contributes no segment.
  *   packed with neither: each row is one sequence of length S.
- * Then the full packed layout is cut into CP-local rows (chunk r, chunk 2C-1-r per segment). */
+ * Then the full packed layout is cut into CP-local rows (chunk r, chunk 2C-1-r per segment).
+ * Segments are numbered row by row, sub-sequence by sub-sequence. attention_mask and
+ * sub_seq_lengths are exclusive; unpacked layouts ignore attention_mask (positions do not
+ * depend on it) and refuse sub_seq_lengths. A loss_mask 1 on a token that no row predicts
+ * (padding, an unattended column, the first token of a sequence) is SPH_ERR_INVALID_ARG:
+ * dropping it silently would zero a real gradient. See docs/metadata.md. */
 typedef struct sph_batch_desc {
     size_t struct_size;
     sph_layout_kind layout;
@@ -299,19 +310,25 @@ typedef struct sph_spans {
 } sph_spans;
 
 /* Builds masks and spans from a batch description. Validates: spans cover every active local
- * row; local active count <= forward count, equal when C = 1. Unpacked spans require an
- * unpadded C = 1 layout: anything else is SPH_ERR_INVALID_ARG. */
+ * row; local active count <= forward count, equal when C = 1 (a failure there is
+ * SPH_ERR_INTERNAL, never wrong output). Unpacked spans require an unpadded C = 1 layout (S a
+ * multiple of the unpacked alignment): anything else is SPH_ERR_INVALID_ARG. Other errors:
+ * SPH_ERR_INVALID_ARG (bad sizes, mask values other than 0/1, cp_rank, gap < 0, struct_size),
+ * SPH_ERR_SHAPE (a row's sub-sequences longer than S), SPH_ERR_OVERFLOW (B*S or the padded
+ * layout beyond int64), SPH_ERR_ALLOC. *out is NULL on failure. Thread-safe (no shared state
+ * besides the thread-local error message). */
 SPH_API sph_status sph_spans_build(const sph_batch_desc *desc, const sph_spans_opts *opts,
                                    sph_spans **out);
 SPH_API void sph_spans_free(sph_spans *s);
 
-/* Coalesced ordered spans of the 1 entries of mask[n], merging runs separated by at most gap
- * zeros. spans must hold 2 * ceil(n/2)+2 entries (at most (n+1)/2 spans); *n_spans receives
- * the count. */
+/* Coalesced ordered spans of the nonzero entries of mask[n], merging runs separated by at
+ * most gap (>= 0) zeros. There are at most (n + 1) / 2 spans, so spans must have room for
+ * 2 * ((n + 1) / 2) int64 entries (n = 0: may be NULL); *n_spans receives the count. */
 SPH_API sph_status sph_spans_from_mask(const uint8_t *mask, int64_t n, int64_t gap,
                                        int64_t *spans, int64_t *n_spans);
-/* Checks spans are ordered, non-overlapping, inside [0, n) and cover every 1 of mask (mask
- * may be NULL: then only order and range are checked). */
+/* Checks spans are non-empty, ordered, non-overlapping, inside [0, n) and cover every nonzero
+ * entry of mask (mask may be NULL: then only order and range are checked). Errors:
+ * SPH_ERR_INVALID_ARG naming the first offending span or uncovered row. */
 SPH_API sph_status sph_spans_validate(const int64_t *spans, int64_t n_spans, int64_t n,
                                       const uint8_t *mask);
 
@@ -325,6 +342,17 @@ typedef enum sph_pack_algo {
     SPH_PACK_BALANCED = 2  /* least-loaded, soft capacity */
 } sph_pack_algo;
 
+/* Bin packing (DESIGN.md section 2; details and the balanced soft cap in docs/metadata.md).
+ * A sequence costs its length padded to the sequence alignment of par; bins hold at most
+ * capacity rounded down to the total alignment, so every bin's packed layout fits capacity.
+ *   FFD: first-fit decreasing. MFFD: Johnson & Garey's modified FFD. BALANCED: by decreasing
+ *   cost into the least-loaded bin if it fits there, else a new bin, starting from
+ *   max(ceil(sum / capacity), min_bins) bins rounded up to bin_multiple; a sequence longer
+ *   than the capacity gets a bin of its own (the only bin allowed over capacity).
+ * Then bins are added until there are at least min_bins and a multiple of bin_multiple: each
+ * new bin takes the largest sequence of the fullest bin holding two or more. Deterministic
+ * (fixed tie-breaks); O(n log n). Bins keep creation order; items inside a bin are listed by
+ * increasing index. */
 typedef struct sph_pack_opts {
     size_t struct_size;
     int64_t capacity;      /* tokens per bin (> 0) */
@@ -341,10 +369,15 @@ typedef struct sph_pack_result {
     int64_t n_items;
     int64_t *bin_offsets;   /* [n_bins + 1] into items */
     int64_t *items;         /* [n_items] sequence indices, bin by bin */
-    int64_t *bin_tokens;    /* [n_bins] padded tokens per bin */
-    double utilization;     /* sum of padded lengths / (n_bins * capacity) */
+    int64_t *bin_tokens;    /* [n_bins] sum of the bin's padded lengths (before the final
+                               segment's growth to the total alignment) */
+    double utilization;     /* sum of padded lengths / (n_bins * capacity); 0 without bins */
 } sph_pack_result;
 
+/* Errors: SPH_ERR_INVALID_ARG (lengths < 1, capacity < 1 or below the total alignment, a
+ * sequence longer than the capacity under FFD/MFFD, bad options), SPH_ERR_INFEASIBLE (the bin
+ * count target exceeds the number of sequences: bins are never empty), SPH_ERR_OVERFLOW (padded
+ * sums or the bin target beyond int64), SPH_ERR_ALLOC. *out is NULL on failure. */
 SPH_API sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_opts *opts,
                             sph_pack_result **out);
 SPH_API void sph_pack_free(sph_pack_result *r);
@@ -372,6 +405,17 @@ SPH_API void sph_pack_free(sph_pack_result *r);
  * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy), stats is fp32 [N, 3]
  * (row max m, lse, mu) written by the forward (global over the TP group) and read by the
  * backward. Gradient outputs are [N, H] and [V_loc, H] in the input dtype or fp32.
+ *
+ * Rules (docs/head.md has the rest):
+ *   - A row is active when active_mask says so, else when it lies inside a span, else always.
+ *     Inactive rows get 0 in every per-row output and in stats.
+ *   - A negative target is ignored: logprob 0, no gradient through dlogprob.
+ *   - Without a TP communicator (tp_comm NULL or of size 1) a sharded call (vocab_total >
+ *     V_loc) uses the statistics of its shard alone.
+ *   - dlogprob needs targets; dlogit_mean is rejected in sample-support mode; a backward needs
+ *     dhidden or dweight. A forward without gradient outputs ignores upstream gradients.
+ *   - The CPU reference (force_kernel "ref") needs no workspace and allocates host scratch.
+ *   - Deterministic: the same inputs and thread count give bitwise-identical outputs.
  */
 
 typedef enum sph_head_pass {

@@ -1,14 +1,758 @@
-/* head_cpu.c - optimized CPU backend (not yet built: every call reports unsupported). */
+/*
+ * head_cpu.c - the optimized CPU backend of the LM head: row chunks x vocab tiles, tile
+ * products through OpenBLAS sgemm, the softmax and gradient epilogues fused on the tiles
+ * while they are in cache, OpenMP threads over vocab tiles (no atomics), ISA-dispatched
+ * epilogue loops (cpu_kernels.h). Same math as head_ref.c (see there and spanhead.h).
+ *
+ * Rows. Only active rows are ever computed: their indices are gathered into a list, and a
+ * chunk is R consecutive entries of that list, its hidden rows packed into Hc (R, H) f32
+ * (bf16/f16 converted once per chunk). Masked cost is therefore proportional to the active
+ * rows, whatever their pattern.
+ *
+ * Forward (per chunk): every thread owns whole vocab tiles of width vt; it forms the tile
+ *   L = Hc W_tile^T (sgemm; a bf16/f16 weight tile is converted once per tile per chunk),
+ *   scales it to z and reduces each row to a partial record (m, s, b, zt, sz) of that tile.
+ *   Records merge per row in tile order (deterministic, independent of the thread count),
+ *   then across the TP group in rank order (combine.c, one allgather per forward).
+ * Backward (per chunk): D (R, V_loc) is the chunk buffer. Per tile: recompute L into D's
+ *   columns, turn it into dlogits in place, dW_tile += D_tile^T Hc (the thread owning the
+ *   tile owns those dW rows). Then dHc = D W, split over H columns among threads.
+ * One-pass (forward with dhidden/dweight): each chunk's logits are computed once into D,
+ *   reduced to records, combined (one allgather per chunk: ranks agree on the chunking
+ *   because R depends only on N_active, V and the context options), and turned into
+ *   dlogits in place: 6 N_active H V flops instead of 8.
+ * Sample support (candidates): per row gather the K candidate weight rows of this shard,
+ *   K dots, softmax over the set. dH per row; dW scatter-added by per-thread ownership of
+ *   vocab ranges, each range visiting rows in order (deterministic for any thread count).
+ *
+ * Workspace (exact, queried): the active-row list (N), per-row records (N x 5 doubles, and
+ *   x TP size for the gather), Hc and dHc (R x H), D (R x V_loc, backward / one-pass),
+ *   per thread one logits tile (R x vt) and one converted weight tile (vt x H), and, when
+ *   dweight is bf16/f16, an f32 accumulator of dweight's shape (rounded once at the end).
+ *   Never O(N x V).
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "head/cpu_kernels.h"
 #include "head/plan.h"
+
+#define VT_DEFAULT 256
+#define R_DEFAULT 512
+#define COL_BLOCK 64
+
+typedef struct coef {
+    float lse, A, e, mu, C, g; /* A = gl - g */
+    int64_t t; /* target as a local column, or -1 when ignored / in another shard */
+} coef;
+
+typedef struct layout {
+    int64_t n_act, R, vt, n_vt, T, ranks;
+    int half, need_D, dw_buf;
+    size_t o_rows, o_rec, o_crec, o_gath, o_hc, o_dhc, o_d, o_tile, o_wt, o_part, o_coef, o_du, o_dw;
+    size_t tile_floats, wt_floats; /* per thread */
+    size_t total;
+} layout;
+
+static int64_t count_active(const sph_head_plan *p) {
+    if (p->mask) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < p->N; i++) n += p->mask[i] != 0;
+        return n;
+    }
+    if (p->spans) {
+        int64_t n = 0;
+        for (int64_t k = 0; k < p->n_spans; k++) n += p->spans[2 * k + 1] - p->spans[2 * k];
+        return n;
+    }
+    return p->N;
+}
+
+/* Bytes per thread of the tile area: the logits tile, then (64-byte aligned) the converted
+ * weight tile. */
+static size_t thread_stride(const layout *L) {
+    size_t tile = ((L->tile_floats * sizeof(float)) + 63) & ~(size_t)63;
+    return (tile + L->wt_floats * sizeof(float) + 63) & ~(size_t)63;
+}
+
+static size_t take(size_t *off, size_t bytes) {
+    size_t o = *off;
+    *off += (bytes + 63) & ~(size_t)63;
+    return o;
+}
+
+static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                              layout *L) {
+    memset(L, 0, sizeof *L);
+    /* cblas takes int sizes and leading dimensions */
+    SPH_CHECK(p->H <= INT32_MAX && p->V_loc <= INT32_MAX && p->ld_h <= INT32_MAX &&
+                  p->ld_w <= INT32_MAX && p->ld_dw <= INT32_MAX,
+              SPH_ERR_UNSUPPORTED,
+              "head: H = %lld, V_loc = %lld or a row stride exceeds the int range of BLAS",
+              (long long)p->H, (long long)p->V_loc);
+    const int grads = pass == SPH_HEAD_BACKWARD || p->one_pass;
+    L->n_act = count_active(p);
+    L->T = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    L->ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
+    L->half = p->dtype.bits == 16;
+    L->vt = p->V_loc < VT_DEFAULT ? p->V_loc : VT_DEFAULT;
+    L->n_vt = (p->V_loc + L->vt - 1) / L->vt;
+    L->need_D = grads && p->K == 0;
+    L->dw_buf = grads && p->dweight && !sph_dtype_eq(p->dw_dtype, SPH_F32);
+    /* chunk rows: the caller's choice, else R_DEFAULT; the chunk buffer D stays within
+     * chunk_bytes. Vref makes every rank of a TP group pick the same R. */
+    int64_t R = ctx->chunk_rows > 0 ? ctx->chunk_rows : R_DEFAULT;
+    int64_t Vref = L->ranks > 1 ? (p->V + L->ranks - 1) / L->ranks : p->V_loc;
+    if (L->need_D) {
+        int64_t cap = ctx->chunk_bytes / (4 * (Vref > 0 ? Vref : 1));
+        if (R > cap) R = cap;
+    }
+    if (p->K) R = L->n_act; /* support mode works on whole rows, no chunks */
+    if (R > L->n_act) R = L->n_act;
+    if (R < 1) R = 1;
+    L->R = R;
+    size_t off = 64, t, n;
+    bool ok = true;
+    const size_t f4 = sizeof(float), d8 = sizeof(double);
+    size_t Nz = (size_t)p->N, H = (size_t)p->H, Rz = (size_t)R, Vl = (size_t)p->V_loc;
+    L->o_rows = take(&off, Nz * sizeof(int64_t));
+    L->o_rec = take(&off, (Nz > 8 ? Nz : 8) * 5 * d8);
+    L->o_crec = take(&off, Rz * 5 * d8);
+    ok &= sph_mul_size(Nz > Rz ? Nz : Rz, 5 * d8 * (size_t)L->ranks, &n);
+    L->o_gath = take(&off, L->ranks > 1 ? n : 0);
+    L->o_coef = take(&off, Rz * sizeof(coef));
+    if (p->K == 0) {
+        ok &= sph_mul_size(Rz, H * f4, &n);
+        L->o_hc = take(&off, n);
+        L->o_dhc = take(&off, grads && p->dhidden ? n : 0);
+        ok &= sph_mul_size(Rz, Vl * f4, &n);
+        L->o_d = take(&off, L->need_D ? n : 0);
+        L->tile_floats = pass == SPH_HEAD_FORWARD && !p->one_pass ? Rz * (size_t)L->vt : 0;
+        L->wt_floats = L->half ? (size_t)L->vt * H : 0;
+        ok &= sph_mul_size(Rz * (size_t)L->n_vt, 5 * f4, &n);
+        L->o_part = take(&off, pass == SPH_HEAD_FORWARD ? n : 0);
+    } else {
+        L->tile_floats = 3 * (size_t)p->K + 1; /* z of the candidates + their int64 columns */
+        L->wt_floats = 2 * H;          /* converted hidden row + weight row */
+        ok &= sph_mul_size(Nz, (size_t)p->K * f4, &n);
+        L->o_du = take(&off, grads ? n : 0);
+    }
+    ok &= sph_mul_size((size_t)L->T, thread_stride(L), &t);
+    L->o_tile = take(&off, t);
+    ok &= sph_mul_size(Vl, H * f4, &n);
+    L->o_dw = take(&off, L->dw_buf ? n : 0);
+    SPH_CHECK(ok, SPH_ERR_OVERFLOW, "head: workspace size overflows size_t (N = %lld, V_loc = %lld)",
+              (long long)p->N, (long long)p->V_loc);
+    L->total = off;
+    return SPH_OK;
+}
 
 sph_status sph_head_cpu_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                                   size_t *bytes) {
-    *bytes = 0;
+    layout L;
+    SPH_TRY(make_layout(ctx, pass, p, &L));
+    *bytes = L.total;
     return SPH_OK;
 }
-sph_status sph_head_cpu_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
-    return sph_err(SPH_ERR_UNSUPPORTED, "head: optimized CPU backend not built yet (use ref)");
+
+// ---- shared pieces -----------------------------------------------------------------------
+
+typedef struct run {
+    const sph_head_plan *p;
+    layout L;
+    sph_head_kern k;
+    char *ws; /* 64-byte aligned base */
+    int64_t *rows;
+    float inv_t, cap;
+} run;
+
+/* Layout offsets start at 64 (the slack that absorbs aligning the caller's pointer). */
+static void *at(const run *r, size_t off) { return r->ws + (off - 64); }
+
+static float *thread_tile(const run *r, int tid) {
+    return (float *)((char *)at(r, r->L.o_tile) + (size_t)tid * thread_stride(&r->L));
 }
+
+static float *thread_wt(const run *r, int tid) {
+    return thread_tile(r, tid) + ((r->L.tile_floats + 15) & ~(size_t)15); /* 64-byte step */
+}
+
+static int64_t id_at(const void *base, int is64, int64_t k) {
+    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
+}
+
+static int64_t target_of(const sph_head_plan *p, int64_t i) {
+    return p->targets ? id_at(p->targets, p->tgt_i64, i) : -1;
+}
+
+static void load_row(const run *r, const void *base, int64_t off, int64_t n, float *dst) {
+    if (!r->L.half) {
+        memcpy(dst, (const float *)base + off, (size_t)n * sizeof(float));
+    } else {
+        r->k.cvt((const uint16_t *)base + off, dst, n, r->p->dtype.code == SPH_DTYPE_BFLOAT);
+    }
+}
+
+static void store_val(void *base, sph_dtype dt, int64_t k, float v, int acc) {
+    if (dt.bits == 32) {
+        float *f = base;
+        f[k] = acc ? f[k] + v : v;
+        return;
+    }
+    uint16_t *b = base;
+    int bf = dt.code == SPH_DTYPE_BFLOAT;
+    if (acc) v += bf ? sph_bf16_to_f32(b[k]) : sph_f16_to_f32(b[k]);
+    b[k] = bf ? sph_f32_to_bf16(v) : sph_f32_to_f16(v);
+}
+
+/* The softcapped transform and its derivative factor, scalar (softcap is the rare case). */
+static void softcap_rows(float *x, int64_t n, float cap, float inv_t) {
+    for (int64_t j = 0; j < n; j++) x[j] = cap * tanhf(x[j] / cap) * inv_t;
+}
+
+static float cap_factor(const run *r, float z) {
+    if (r->cap <= 0) return 1.0f;
+    float th = z / (r->inv_t * r->cap); /* z = cap tanh(u / cap) / T */
+    return 1.0f - th * th;
+}
+
+/* z in x (transform already applied) -> du in place, without the target term. */
+static void grad_row(const run *r, float *x, int64_t n, const coef *c) {
+    if (r->cap <= 0) {
+        r->k.tile_grad(x, n, c->lse, c->A, c->e, c->mu, c->C, r->inv_t);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        float z = x[j], p = expf(z - c->lse);
+        x[j] = (p * (c->A + c->e * (c->mu - z)) + c->C) * r->inv_t * cap_factor(r, z);
+    }
+}
+
+/* Row stats of a tile row: transform in place, then (m, s, b, sz). */
+static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
+    if (r->cap <= 0) {
+        r->k.tile_stats(x, n, r->inv_t, out);
+        return;
+    }
+    softcap_rows(x, n, r->cap, r->inv_t);
+    sph_head_tile_stats_generic(x, n, 1.0f, out);
+}
+
+/* Final per-row outputs from a combined record (same rules as the reference). */
+static void finalize_row(const run *r, int64_t i, const double *rec, int active) {
+    const sph_head_plan *p = r->p;
+    double lp = 0, ent = 0, lse = 0, lm = 0, m = 0, mu = 0;
+    if (active && !(rec[0] == -INFINITY && rec[1] == 0)) {
+        lse = rec[0] + log(rec[1]);
+        mu = rec[2] / rec[1];
+        lp = target_of(p, i) >= 0 ? rec[3] - lse : 0;
+        ent = lse - mu;
+        lm = p->K ? 0 : rec[4] / (double)p->V;
+        m = rec[0];
+    }
+    if (p->logprob) p->logprob[i] = (float)lp;
+    if (p->entropy) p->entropy[i] = (float)ent;
+    if (p->lse) p->lse[i] = (float)lse;
+    if (p->logit_mean) p->logit_mean[i] = (float)lm;
+    p->stats[i * 3] = (float)m;
+    p->stats[i * 3 + 1] = (float)lse;
+    p->stats[i * 3 + 2] = (float)mu;
+}
+
+static void make_coef(const run *r, int64_t i, float lse, float mu, coef *c) {
+    const sph_head_plan *p = r->p;
+    int64_t t = target_of(p, i);
+    float g = t >= 0 && p->dlogprob ? p->dlogprob[i] : 0.0f;
+    float e = p->dentropy ? p->dentropy[i] : 0.0f, gl = p->dlse ? p->dlse[i] : 0.0f;
+    float gm = p->K == 0 && p->dlogit_mean ? p->dlogit_mean[i] : 0.0f;
+    c->lse = lse;
+    c->A = gl - g;
+    c->mu = mu;
+    c->e = e;
+    c->C = (float)(gm / (double)p->V);
+    c->g = g;
+    c->t = t >= p->v0 && t < p->v0 + p->V_loc ? t - p->v0 : -1;
+}
+
+static void clear_outputs(const run *r) {
+    const sph_head_plan *p = r->p;
+    for (int64_t i = 0; i < p->N; i++) {
+        static const double empty[5] = {-INFINITY, 0, 0, 0, 0};
+        finalize_row(r, i, empty, 0);
+    }
+}
+
+/* dhidden rows of inactive rows: zero (overwrite mode) or untouched (accumulate). Active
+ * rows are written by the chunks. */
+static void clear_dhidden(const run *r) {
+    const sph_head_plan *p = r->p;
+    if (!p->dhidden || p->acc_dh) return;
+    size_t es = sph_dtype_size(p->dh_dtype);
+    for (int64_t i = 0; i < p->N; i++)
+        memset((char *)p->dhidden + (size_t)(i * p->ld_dh) * es, 0, (size_t)p->H * es);
+}
+
+/* The f32 dW target: dweight itself (f32) or the accumulator, zeroed or preloaded. */
+static float *dw_begin(const run *r, int64_t *ld) {
+    const sph_head_plan *p = r->p;
+    if (!p->dweight) return NULL;
+    if (!r->L.dw_buf) {
+        *ld = p->ld_dw;
+        if (!p->acc_dw)
+            for (int64_t j = 0; j < p->V_loc; j++)
+                memset((float *)p->dweight + j * p->ld_dw, 0, (size_t)p->H * sizeof(float));
+        return p->dweight;
+    }
+    float *acc = at(r, r->L.o_dw);
+    *ld = p->H;
+    int bf = p->dw_dtype.code == SPH_DTYPE_BFLOAT;
+    for (int64_t j = 0; j < p->V_loc; j++) {
+        if (p->acc_dw)
+            r->k.cvt((const uint16_t *)p->dweight + j * p->ld_dw, acc + j * p->H, p->H, bf);
+        else
+            memset(acc + j * p->H, 0, (size_t)p->H * sizeof(float));
+    }
+    return acc;
+}
+
+static void dw_end(const run *r) {
+    const sph_head_plan *p = r->p;
+    if (!p->dweight || !r->L.dw_buf) return;
+    const float *acc = at(r, r->L.o_dw);
+    for (int64_t j = 0; j < p->V_loc; j++)
+        for (int64_t k = 0; k < p->H; k++)
+            store_val(p->dweight, p->dw_dtype, j * p->ld_dw + k, acc[j * p->H + k], 0);
+}
+
+static sph_status allreduce_dh(const run *r) {
+    const sph_head_plan *p = r->p;
+    if (!p->allreduce_dh || !p->comm || p->comm->size <= 1 || p->N == 0) return SPH_OK;
+    sph_status s = p->comm->ops->allreduce_sum_f32(p->comm, (float *)p->dhidden,
+                                                   (size_t)(p->N * p->H), NULL);
+    if (s != SPH_OK) return sph_err_prefix(s, "head: allreduce of dhidden: ");
+    return SPH_OK;
+}
+
+static sph_status setup(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, void *ws,
+                        size_t bytes, run *r) {
+    memset(r, 0, sizeof *r);
+    r->p = p;
+    SPH_TRY(make_layout(ctx, pass, p, &r->L));
+    SPH_CHECK(bytes >= r->L.total && ws != NULL, SPH_ERR_WORKSPACE,
+              "workspace: %zu bytes, expected >= %zu", bytes, r->L.total);
+    r->ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    r->rows = at(r, r->L.o_rows);
+    uint8_t *act = (uint8_t *)at(r, r->L.o_rec); /* scratch before the records are used */
+    sph_head_active_rows(p, act);
+    int64_t n = 0;
+    for (int64_t i = 0; i < p->N; i++)
+        if (act[i]) r->rows[n++] = i;
+    SPH_CHECK(n == r->L.n_act, SPH_ERR_INTERNAL, "head: %lld active rows, counted %lld",
+              (long long)n, (long long)r->L.n_act);
+    switch (ctx->isa) {
+    case SPH_ISA_AVX512:
+    case SPH_ISA_AVX512BF16:
+        r->k = (sph_head_kern){sph_head_tile_stats_avx512, sph_head_tile_grad_avx512,
+                               sph_head_cvt_avx512};
+        break;
+    case SPH_ISA_AVX2:
+        r->k = (sph_head_kern){sph_head_tile_stats_avx2, sph_head_tile_grad_avx2,
+                               sph_head_cvt_avx2};
+        break;
+    default:
+        r->k = (sph_head_kern){sph_head_tile_stats_generic, sph_head_tile_grad_generic,
+                               sph_head_cvt_generic};
+    }
+    r->inv_t = (float)(1.0 / p->temperature);
+    r->cap = (float)p->softcap;
+    return SPH_OK;
+}
+
+// ---- full vocabulary ---------------------------------------------------------------------
+
+/* Hc <- the chunk's hidden rows in f32. */
+static void gather_chunk(const run *r, int64_t c0, int64_t nr) {
+    const sph_head_plan *p = r->p;
+    float *hc = at(r, r->L.o_hc);
+#pragma omp parallel for num_threads(r->L.T) schedule(static)
+    for (int64_t q = 0; q < nr; q++)
+        load_row(r, p->hidden, r->rows[c0 + q] * p->ld_h, p->H, hc + q * p->H);
+}
+
+/* The weight tile [v, v + w) as an f32 matrix: in place for f32, converted otherwise. */
+static const float *weight_tile(const run *r, int tid, int64_t v, int64_t w, int64_t *ld) {
+    const sph_head_plan *p = r->p;
+    if (!r->L.half) {
+        *ld = p->ld_w;
+        return (const float *)p->weight + v * p->ld_w;
+    }
+    float *wt = thread_wt(r, tid);
+    for (int64_t j = 0; j < w; j++) load_row(r, p->weight, (v + j) * p->ld_w, p->H, wt + j * p->H);
+    *ld = p->H;
+    return wt;
+}
+
+/* Forward over one chunk: partial records per (row, tile), merged per row into rec[q]. The
+ * logits go to D (one-pass) or to the thread's tile buffer. */
+static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
+    const sph_head_plan *p = r->p;
+    const layout *L = &r->L;
+    const float *hc = at(r, L->o_hc);
+    float *D = L->need_D ? (float *)at(r, L->o_d) : NULL;
+    float *part = at(r, L->o_part);
+#pragma omp parallel num_threads(L->T)
+    {
+        int tid = omp_get_thread_num();
+#pragma omp for schedule(static)
+        for (int64_t tv = 0; tv < L->n_vt; tv++) {
+            int64_t v = tv * L->vt, w = p->V_loc - v < L->vt ? p->V_loc - v : L->vt, ldw, ldl;
+            const float *wt = weight_tile(r, tid, v, w, &ldw);
+            float *lt = D ? D + v : thread_tile(r, tid);
+            ldl = D ? p->V_loc : w;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, (int)w, (int)p->H,
+                        1.0f, hc, (int)p->H, wt, (int)ldw, 0.0f, lt, (int)ldl);
+            for (int64_t q = 0; q < nr; q++) {
+                float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * 5;
+                stats_row(r, x, w, o);
+                int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
+                o[4] = t >= 0 && t < w ? x[t] : 0.0f;
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < nr; q++) {
+            double acc[5] = {-INFINITY, 0, 0, 0, 0};
+            for (int64_t tv = 0; tv < L->n_vt; tv++) {
+                const float *o = part + (q * L->n_vt + tv) * 5;
+                /* (m, s, b, zt, sz); b = d + m s in float64 (cpu_kernels.h) */
+                double add[5] = {o[0], o[1], (double)o[2] + (double)o[0] * o[1], o[4], o[3]};
+                sph_head_partial_merge(acc, add);
+            }
+            memcpy(rec + q * 5, acc, sizeof acc);
+        }
+    }
+}
+
+/* Backward over one chunk given its coefficients: dlogits in D (recomputing the logits
+ * unless have_z), dW += D^T Hc per tile, dHc = D W and its scatter into dhidden. */
+static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, float *dw,
+                           int64_t ld_dw) {
+    const sph_head_plan *p = r->p;
+    const layout *L = &r->L;
+    const float *hc = at(r, L->o_hc);
+    float *D = at(r, L->o_d);
+    const coef *cf = at(r, L->o_coef);
+#pragma omp parallel num_threads(L->T)
+    {
+        int tid = omp_get_thread_num();
+#pragma omp for schedule(static)
+        for (int64_t tv = 0; tv < L->n_vt; tv++) {
+            int64_t v = tv * L->vt, w = p->V_loc - v < L->vt ? p->V_loc - v : L->vt;
+            if (!have_z) {
+                int64_t ldw;
+                const float *wt = weight_tile(r, tid, v, w, &ldw);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, (int)w, (int)p->H,
+                            1.0f, hc, (int)p->H, wt, (int)ldw, 0.0f, D + v, (int)p->V_loc);
+            }
+            for (int64_t q = 0; q < nr; q++) {
+                float *x = D + q * p->V_loc + v;
+                if (!have_z) {
+                    if (r->cap > 0) softcap_rows(x, w, r->cap, r->inv_t);
+                    else
+                        for (int64_t j = 0; j < w; j++) x[j] *= r->inv_t;
+                }
+                int64_t t = cf[q].t - v;
+                float zt = t >= 0 && t < w ? x[t] : 0.0f;
+                grad_row(r, x, w, &cf[q]);
+                if (t >= 0 && t < w) x[t] += cf[q].g * r->inv_t * cap_factor(r, zt);
+            }
+            if (dw)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)w, (int)p->H, (int)nr,
+                            1.0f, D + v, (int)p->V_loc, hc, (int)p->H, 1.0f, dw + v * ld_dw,
+                            (int)ld_dw);
+        }
+    }
+    if (!p->dhidden) return;
+    float *dhc = at(r, L->o_dhc);
+    const int64_t nb = (p->H + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel num_threads(L->T)
+    {
+        int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t b0 = nb * tid / nt, b1 = nb * (tid + 1) / nt;
+        int64_t k0 = b0 * COL_BLOCK, k1 = b1 * COL_BLOCK < p->H ? b1 * COL_BLOCK : p->H;
+        if (k1 > k0) {
+            int64_t cw = k1 - k0;
+            if (!L->half) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)cw,
+                            (int)p->V_loc, 1.0f, D, (int)p->V_loc,
+                            (const float *)p->weight + k0, (int)p->ld_w, 0.0f, dhc + k0,
+                            (int)p->H);
+            } else {
+                float *wt = thread_wt(r, tid);
+                for (int64_t v = 0; v < p->V_loc; v += L->vt) {
+                    int64_t w = p->V_loc - v < L->vt ? p->V_loc - v : L->vt;
+                    for (int64_t j = 0; j < w; j++)
+                        load_row(r, p->weight, (v + j) * p->ld_w + k0, cw, wt + j * cw);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nr, (int)cw,
+                                (int)w, 1.0f, D + v, (int)p->V_loc, wt, (int)cw,
+                                v == 0 ? 0.0f : 1.0f, dhc + k0, (int)p->H);
+                }
+            }
+        }
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < nr; q++) {
+            int64_t i = r->rows[c0 + q];
+            for (int64_t k = 0; k < p->H; k++)
+                store_val(p->dhidden, p->dh_dtype, i * p->ld_dh + k, dhc[q * p->H + k],
+                          p->acc_dh);
+        }
+    }
+}
+
+static void chunk_coefs(const run *r, int64_t c0, int64_t nr, const double *crec) {
+    const sph_head_plan *p = r->p;
+    coef *cf = at(r, r->L.o_coef);
+    for (int64_t q = 0; q < nr; q++) {
+        int64_t i = r->rows[c0 + q];
+        float lse, mu;
+        if (crec) {
+            const double *o = crec + q * 5;
+            int empty = o[0] == -INFINITY && o[1] == 0;
+            lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
+            mu = empty ? 0.0f : (float)(o[2] / o[1]);
+        } else {
+            lse = p->stats[i * 3 + 1];
+            mu = p->stats[i * 3 + 2];
+        }
+        make_coef(r, i, lse, mu, &cf[q]);
+    }
+}
+
+static sph_status full_forward(const run *r) {
+    const sph_head_plan *p = r->p;
+    const layout *L = &r->L;
+    double *rec = at(r, L->o_rec), *crec = at(r, L->o_crec), *gath = at(r, L->o_gath);
+    clear_outputs(r);
+    if (!p->one_pass) {
+        /* records of every row (inactive rows: empty), one combine for the whole forward */
+        for (int64_t i = 0; i < p->N; i++) {
+            double *o = rec + i * 5;
+            o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
+        }
+        for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
+            int64_t nr = L->n_act - c0 < L->R ? L->n_act - c0 : L->R;
+            gather_chunk(r, c0, nr);
+            chunk_forward(r, c0, nr, crec);
+            for (int64_t q = 0; q < nr; q++)
+                memcpy(rec + r->rows[c0 + q] * 5, crec + q * 5, 5 * sizeof(double));
+        }
+        SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+        for (int64_t q = 0; q < L->n_act; q++)
+            finalize_row(r, r->rows[q], rec + r->rows[q] * 5, 1);
+        return SPH_OK;
+    }
+    /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place */
+    int64_t ld_dw = 0;
+    float *dw = dw_begin(r, &ld_dw);
+    clear_dhidden(r);
+    for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
+        int64_t nr = L->n_act - c0 < L->R ? L->n_act - c0 : L->R;
+        gather_chunk(r, c0, nr);
+        chunk_forward(r, c0, nr, crec);
+        SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
+        for (int64_t q = 0; q < nr; q++) finalize_row(r, r->rows[c0 + q], crec + q * 5, 1);
+        chunk_coefs(r, c0, nr, crec);
+        chunk_backward(r, c0, nr, 1, dw, ld_dw);
+    }
+    dw_end(r);
+    return allreduce_dh(r);
+}
+
+static sph_status full_backward(const run *r) {
+    const layout *L = &r->L;
+    int64_t ld_dw = 0;
+    float *dw = dw_begin(r, &ld_dw);
+    clear_dhidden(r);
+    for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
+        int64_t nr = L->n_act - c0 < L->R ? L->n_act - c0 : L->R;
+        gather_chunk(r, c0, nr);
+        chunk_coefs(r, c0, nr, NULL);
+        chunk_backward(r, c0, nr, 0, dw, ld_dw);
+    }
+    dw_end(r);
+    return allreduce_dh(r);
+}
+
+// ---- sample support ----------------------------------------------------------------------
+
+static float dotf(const float *a, const float *b, int64_t n) {
+    return cblas_sdot((int)n, a, 1, b, 1);
+}
+
+/* z of row i's candidates inside this shard into z[k] (NAN-free marker: cols[k] = -1 for
+ * padding or other shards). h is the converted hidden row, wbuf scratch of H floats. */
+static void support_logits(const run *r, int64_t i, const float *h, float *wbuf, float *z,
+                           int64_t *cols) {
+    const sph_head_plan *p = r->p;
+    for (int64_t k = 0; k < p->K; k++) {
+        int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+        cols[k] = c >= p->v0 && c < p->v0 + p->V_loc ? c - p->v0 : -1;
+        if (cols[k] < 0) continue;
+        const float *w;
+        if (!r->L.half) {
+            w = (const float *)p->weight + cols[k] * p->ld_w;
+        } else {
+            load_row(r, p->weight, cols[k] * p->ld_w, p->H, wbuf);
+            w = wbuf;
+        }
+        float u = dotf(h, w, p->H);
+        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u * r->inv_t;
+    }
+}
+
+static sph_status support_forward_rows(const run *r) {
+    const sph_head_plan *p = r->p;
+    const layout *L = &r->L;
+    double *rec = at(r, L->o_rec), *gath = at(r, L->o_gath);
+    for (int64_t i = 0; i < p->N; i++) {
+        double *o = rec + i * 5;
+        o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
+    }
+#pragma omp parallel num_threads(L->T)
+    {
+        int tid = omp_get_thread_num();
+        float *z = thread_tile(r, tid), *h = thread_wt(r, tid), *wb = h + p->H;
+        int64_t *cols = (int64_t *)(void *)(z + ((p->K + 1) & ~(int64_t)1));
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < L->n_act; q++) {
+            int64_t i = r->rows[q], t = target_of(p, i);
+            load_row(r, p->hidden, i * p->ld_h, p->H, h);
+            support_logits(r, i, h, wb, z, cols);
+            double m = -INFINITY, s = 0, b = 0, zt = 0;
+            int n = 0, nan = 0;
+            for (int64_t k = 0; k < p->K; k++)
+                if (cols[k] >= 0) {
+                    n++;
+                    if (isnan(z[k])) nan = 1;
+                    if (z[k] > m) m = z[k];
+                }
+            if (nan) m = NAN;
+            for (int64_t k = 0; k < p->K; k++)
+                if (cols[k] >= 0) {
+                    double e = exp((double)z[k] - m);
+                    s += e;
+                    b += e * z[k];
+                    if (cols[k] + p->v0 == t) zt = z[k];
+                }
+            double *o = rec + i * 5;
+            if (n) o[0] = m, o[1] = s, o[2] = b, o[3] = zt;
+        }
+    }
+    SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+    return SPH_OK;
+}
+
+static sph_status support_backward(const run *r, int from_rec) {
+    const sph_head_plan *p = r->p;
+    const layout *L = &r->L;
+    const double *rec = at(r, L->o_rec);
+    float *du = at(r, L->o_du);
+    int64_t ld_dw = 0;
+    float *dw = dw_begin(r, &ld_dw);
+    clear_dhidden(r);
+#pragma omp parallel num_threads(L->T)
+    {
+        int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        float *z = thread_tile(r, tid), *h = thread_wt(r, tid), *wb = h + p->H;
+        int64_t *cols = (int64_t *)(void *)(z + ((p->K + 1) & ~(int64_t)1));
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < L->n_act; q++) {
+            int64_t i = r->rows[q];
+            float lse, mu;
+            if (from_rec) {
+                const double *o = rec + i * 5;
+                int empty = o[0] == -INFINITY && o[1] == 0;
+                lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
+                mu = empty ? 0.0f : (float)(o[2] / o[1]);
+            } else {
+                lse = p->stats[i * 3 + 1], mu = p->stats[i * 3 + 2];
+            }
+            coef c;
+            make_coef(r, i, lse, mu, &c);
+            load_row(r, p->hidden, i * p->ld_h, p->H, h);
+            support_logits(r, i, h, wb, z, cols);
+            float *d = du + q * p->K;
+            for (int64_t k = 0; k < p->K; k++) {
+                if (cols[k] < 0) {
+                    d[k] = 0;
+                    continue;
+                }
+                float pr = expf(z[k] - c.lse);
+                float dz = pr * (c.A + c.e * (c.mu - z[k])) + (cols[k] == c.t ? c.g : 0.0f);
+                d[k] = dz * r->inv_t * cap_factor(r, z[k]);
+            }
+            if (p->dhidden) {
+                float *acc = h; /* the hidden row is no longer needed: reuse as dH_i */
+                memset(acc, 0, (size_t)p->H * sizeof(float));
+                for (int64_t k = 0; k < p->K; k++) {
+                    if (cols[k] < 0) continue;
+                    const float *w;
+                    if (!L->half) {
+                        w = (const float *)p->weight + cols[k] * p->ld_w;
+                    } else {
+                        load_row(r, p->weight, cols[k] * p->ld_w, p->H, wb);
+                        w = wb;
+                    }
+                    for (int64_t x = 0; x < p->H; x++) acc[x] += d[k] * w[x];
+                }
+                for (int64_t x = 0; x < p->H; x++)
+                    store_val(p->dhidden, p->dh_dtype, i * p->ld_dh + x, acc[x], p->acc_dh);
+            }
+        }
+        /* dW: thread tid owns local vocab rows [j0, j1) and visits rows in order */
+        if (dw) {
+            int64_t j0 = p->V_loc * tid / nt, j1 = p->V_loc * (tid + 1) / nt;
+            for (int64_t q = 0; q < L->n_act; q++) {
+                int64_t i = r->rows[q];
+                int loaded = 0;
+                for (int64_t k = 0; k < p->K; k++) {
+                    int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k) - p->v0;
+                    float dk = du[q * p->K + k];
+                    if (c < j0 || c >= j1 || dk == 0.0f) continue;
+                    if (!loaded) load_row(r, p->hidden, i * p->ld_h, p->H, h), loaded = 1;
+                    float *dst = dw + c * ld_dw;
+                    for (int64_t x = 0; x < p->H; x++) dst[x] += dk * h[x];
+                }
+            }
+        }
+    }
+    dw_end(r);
+    return allreduce_dh(r);
+}
+
+static sph_status support_forward(const run *r) {
+    const sph_head_plan *p = r->p;
+    clear_outputs(r);
+    SPH_TRY(support_forward_rows(r));
+    const double *rec = at(r, r->L.o_rec);
+    for (int64_t q = 0; q < r->L.n_act; q++) finalize_row(r, r->rows[q], rec + r->rows[q] * 5, 1);
+    if (!p->one_pass) return SPH_OK;
+    return support_backward(r, 1);
+}
+
+// ---- entry points ------------------------------------------------------------------------
+
+sph_status sph_head_cpu_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
+    run r;
+    SPH_TRY(setup(ctx, SPH_HEAD_FORWARD, p, ws, bytes, &r));
+    return p->K ? support_forward(&r) : full_forward(&r);
+}
+
 sph_status sph_head_cpu_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
-    return sph_err(SPH_ERR_UNSUPPORTED, "head: optimized CPU backend not built yet (use ref)");
+    run r;
+    SPH_TRY(setup(ctx, SPH_HEAD_BACKWARD, p, ws, bytes, &r));
+    return p->K ? support_backward(&r, 0) : full_backward(&r);
 }

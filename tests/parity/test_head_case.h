@@ -207,7 +207,9 @@ static inline sph_status hc_run(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
     return s;
 }
 
-/* Normwise check: |got - ref| <= tol * (max|ref| + |ref|) elementwise, NaN fails. */
+/* Normwise check: |got - ref| <= tol * (max|ref| + 0.05 + |ref|) elementwise, NaN fails.
+ * The 0.05 floor covers results that are 0 in exact arithmetic (V_loc = 1), where float32
+ * statistics leave ~1e-7 |upstream| of noise. */
 static inline int hc_close(const char *what, const char *cs, const void *got, sph_dtype gd,
                            const void *ref, sph_dtype rd, int64_t n, double tol) {
     double mx = 0;
@@ -217,7 +219,7 @@ static inline int hc_close(const char *what, const char *cs, const void *got, sp
     }
     double *g = hc_alloc((size_t)n * 8), *rf = hc_alloc((size_t)n * 8);
     for (int64_t k = 0; k < n; k++) g[k] = hc_get(got, gd, k), rf[k] = hc_get(ref, rd, k);
-    int ok = check_close_f64(what, cs, g, rf, (size_t)n, tol * mx + 1e-30, tol);
+    int ok = check_close_f64(what, cs, g, rf, (size_t)n, tol * (mx + 5e-2), tol);
     free(g), free(rf);
     return ok;
 }
@@ -279,6 +281,100 @@ static inline struct sph_comm tp_comm_of(tp_group *g, int64_t rank) {
     c.ops = &tp_ops;
     c.impl = g;
     return c;
+}
+
+// ---- TP runs: shards in threads vs the unsharded run --------------------------------------
+
+typedef struct tp_job {
+    tp_group *g;
+    int64_t rank, ranks;
+    hcase *full; /* unsharded case (inputs only read) */
+    hcase shard;
+    const char *kernel;
+    sph_status st;
+} tp_job;
+
+static inline void *tp_rank_main(void *arg) {
+    tp_job *j = arg;
+    hcase *f = j->full, *c = &j->shard;
+    struct sph_comm comm = tp_comm_of(j->g, j->rank);
+    int64_t V = f->V, a0 = V * j->rank / j->ranks, a1 = V * (j->rank + 1) / j->ranks;
+    /* the shard view of the full case: same rows, weight rows [a0, a1) */
+    memset(c, 0, sizeof *c);
+    *c = *f;
+    c->V_loc = a1 - a0, c->v0 = a0;
+    c->w = (char *)f->w + (size_t)(a0 * f->H) * hc_esize(f->dt);
+    c->lp = hc_alloc((size_t)f->N * 4), c->ent = hc_alloc((size_t)f->N * 4);
+    c->lse = hc_alloc((size_t)f->N * 4), c->lm = hc_alloc((size_t)f->N * 4);
+    c->stats = hc_alloc((size_t)f->N * 12);
+    c->dh = hc_alloc((size_t)(f->N * f->H) * 4);
+    c->dw = hc_alloc((size_t)(c->V_loc * f->H) * 4);
+    hc_poison(c);
+    sph_ctx_t ctx = NULL;
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.force_kernel = j->kernel;
+    o.num_threads = 1;
+    o.tp_comm = &comm;
+    j->st = sph_ctx_create(&ctx, &o);
+    if (j->st != SPH_OK) return NULL;
+    hc_wire(c, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_MASK);
+    j->st = hc_run(ctx, SPH_HEAD_FORWARD, &c->a);
+    if (j->st == SPH_OK) {
+        hc_wire(c, HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW | HC_MASK);
+        c->a.allreduce_dhidden = 1;
+        j->st = hc_run(ctx, SPH_HEAD_BACKWARD, &c->a);
+    }
+    sph_ctx_destroy(ctx);
+    return NULL;
+}
+
+/* Runs the full case as `ranks` shards in threads; compares per-row outputs and stats with the
+ * unsharded run, the concatenated shard dweight with the unsharded dweight, and the all-reduced
+ * dhidden with the unsharded dhidden. Used by the CPU test too (kernel argument). */
+static inline void tp_check(sph_rng *r, const char *kernel, int64_t ranks, int64_t K, sph_dtype dt) {
+    hcase f;
+    const int64_t N = 11, H = 9, V = 29;
+    hc_init(&f, r, N, H, V, V, 0, K, dt);
+    hc_mask(&f, r, 0.7);
+    sph_ctx_t ctx = hc_ctx(kernel, 1, NULL);
+    hc_wire(&f, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_MASK);
+    hc_poison(&f);
+    expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &f.a));
+    hc_wire(&f, HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW | HC_MASK);
+    expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &f.a));
+    sph_ctx_destroy(ctx);
+
+    tp_group g;
+    tp_group_init(&g, ranks);
+    tp_job jobs[8];
+    pthread_t th[8];
+    for (int64_t k = 0; k < ranks; k++) {
+        jobs[k] = (tp_job){&g, k, ranks, &f, {0}, kernel, SPH_OK};
+        pthread_create(&th[k], NULL, tp_rank_main, &jobs[k]);
+    }
+    for (int64_t k = 0; k < ranks; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&g.bar);
+    char cs[160];
+    snprintf(cs, sizeof cs, "head_tp(kernel=%s,ranks=%lld,N=%lld,H=%lld,V=%lld,K=%lld,dtype=%s)",
+             kernel ? kernel : "best", (long long)ranks, (long long)N, (long long)H, (long long)V, (long long)K,
+             sph_dtype_name(dt));
+    double tol = 2e-5;
+    for (int64_t k = 0; k < ranks; k++) {
+        hcase *c = &jobs[k].shard;
+        if (jobs[k].st != SPH_OK) fail_msg("%s rank %lld: %s", cs, (long long)k, sph_last_error());
+        assert_true(hc_close("logprob", cs, c->lp, SPH_F32, f.lp, SPH_F32, N, tol));
+        assert_true(hc_close("entropy", cs, c->ent, SPH_F32, f.ent, SPH_F32, N, tol));
+        assert_true(hc_close("lse", cs, c->lse, SPH_F32, f.lse, SPH_F32, N, tol));
+        if (!K) assert_true(hc_close("logit_mean", cs, c->lm, SPH_F32, f.lm, SPH_F32, N, tol));
+        assert_true(hc_close("stats", cs, c->stats, SPH_F32, f.stats, SPH_F32, 3 * N, tol));
+        assert_true(hc_close("dhidden (all-reduced)", cs, c->dh, SPH_F32, f.dh, SPH_F32, N * H,
+                             tol));
+        assert_true(hc_close("dweight shard", cs, c->dw, SPH_F32,
+                             (float *)f.dw + c->v0 * H, SPH_F32, c->V_loc * H, tol));
+        free(c->lp), free(c->ent), free(c->lse), free(c->lm), free(c->stats), free(c->dh),
+            free(c->dw);
+    }
+    hc_free(&f);
 }
 
 #endif

@@ -5,7 +5,7 @@
 #include "../parity/test_head_case.h"
 
 /* ref, then the optimized CPU backend once it exists */
-#define N_KERNELS 1
+#define N_KERNELS 2
 static hcase C;
 static sph_ctx_t CTX;
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target of a fuzz build for a bounded time.
+# usage: scripts/fuzz.sh BUILD_DIR SECONDS_PER_TARGET   (make fuzz: build-fuzz, $FUZZ_SECONDS or 60)
+# Corpora live in BUILD_DIR/fuzz-corpus/<target> (seeded from tests/data and small built-in
+# examples); findings are written to BUILD_DIR/fuzz-findings/<target>/ and fail the run.
+set -euo pipefail
+build=${1:-build-fuzz}
+secs=${2:-60}
+here=$(cd "$(dirname "$0")/.." && pwd)
+shopt -s nullglob
+targets=("$build"/tests/fuzz_*)
+if ((${#targets[@]} == 0)); then
+    echo "fuzz.sh: no fuzz targets in $build/tests (configure with -DSPH_FUZZ=ON and clang)" >&2
+    exit 1
+fi
+status=0
+for t in "${targets[@]}"; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    corpus=$build/fuzz-corpus/$name
+    findings=$build/fuzz-findings/$name
+    mkdir -p "$corpus" "$findings"
+    # seeds: 4 (spans) or 8 (pack) option bytes followed by a real input
+    case $name in
+    fuzz_spans_json)
+        printf '\x01\x01\x00\x00' | cat - "$here/tests/data/demo/batch.json" >"$corpus/seed-demo"
+        printf '\x01\x01\x01\x03{"layout":"packed","sequence_length":10,"num_actions":6,"loss_mask":[[0,1,1,1,1,0]],"sub_seq_lengths":[[4,5]]}' >"$corpus/seed-subseq"
+        printf '\x00\x00\x00\x00{"layout":"unpacked","sequence_length":6,"num_actions":3,"loss_mask":[[1,0,1],[0,1,1]]}' >"$corpus/seed-unpacked"
+        printf '\x00\x00\x00\x00{"layout":"packed","sequence_length":8,"num_actions":4,"loss_mask":[[1,1,0,0]],"attention_mask":[[0,0,1,1,1,1,1,0]]}' >"$corpus/seed-attention"
+        ;;
+    fuzz_pack)
+        printf '\x10\x10\x00\x05\x02\x02\x00\x00' | cat - "$here/tests/data/demo/lengths.json" >"$corpus/seed-demo"
+        printf '\x1a\x00\x01\x00\x03\x00\x00\x00[6,5,4,3,2]' >"$corpus/seed-small"
+        printf '\x1a\x00\x02\x00\x00\x00\x00\x006\n5\n4\n30\n' >"$corpus/seed-lines"
+        ;;
+    esac
+    echo "== $name: ${secs}s =="
+    if ! ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+        "$t" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+        -artifact_prefix="$findings/" -print_final_stats=1 "$corpus" 2>"$build/fuzz-$name.log"; then
+        echo "fuzz.sh: $name found a problem; see $build/fuzz-$name.log and $findings/" >&2
+        tail -40 "$build/fuzz-$name.log" >&2
+        status=1
+    fi
+    grep -E '^stat::(number_of_executed_units|peak_rss_mb)|^#[0-9]+ +DONE' "$build/fuzz-$name.log" || true
+    echo "corpus: $(ls "$corpus" | wc -l) inputs"
+done
+exit $status

@@ -1,0 +1,385 @@
+/*
+ * json_util.c - see json_util.h. JSON numbers arrive as doubles (cJSON); an integer field must
+ * be integral and strictly within +-2^53, where doubles still count every integer exactly; any
+ * integer text at or beyond 2^53 parses to a double at or beyond it and is refused, so no value
+ * is silently rounded.
+ */
+#include "json_util.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_EXACT 9007199254740992.0 /* 2^53: larger texts round onto or past it */
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+int sph_cli_read_file(const char *path, char **text, size_t *len, char *err, size_t errlen) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - 1 - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = f != stdin ? ferror(f) : ferror(stdin);
+    if (f != stdin) fclose(f);
+    if (!buf) return fail(err, errlen, "%s: out of memory while reading", path);
+    if (bad) {
+        free(buf);
+        return fail(err, errlen, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
+// ---- JSON values ------------------------------------------------------------------------------
+
+/* An integral JSON number within +-2^53. */
+static int json_i64(const cJSON *v, int64_t *out) {
+    if (!cJSON_IsNumber(v)) return 1;
+    const double d = v->valuedouble;
+    if (!(d > -MAX_EXACT && d < MAX_EXACT) || d != floor(d)) return 1;
+    *out = (int64_t)d;
+    return 0;
+}
+
+static const char *kind(const cJSON *v) {
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsNull(v)) return "null";
+    return "invalid";
+}
+
+/* A 0/1 mask entry: 0, 1, false or true. */
+static int json_bit(const cJSON *v, uint8_t *out) {
+    if (cJSON_IsBool(v)) {
+        *out = cJSON_IsTrue(v) ? 1 : 0;
+        return 0;
+    }
+    int64_t x;
+    if (json_i64(v, &x) || (x != 0 && x != 1)) return 1;
+    *out = (uint8_t)x;
+    return 0;
+}
+
+/* A rows x cols matrix of bits. Row sizes are checked before anything is allocated, so the
+ * allocation never exceeds the number of values actually present in the input. */
+static int parse_bits(const cJSON *m, const char *key, int64_t rows, int64_t cols, uint8_t **out,
+                      char *err, size_t errlen) {
+    if (!cJSON_IsArray(m)) return fail(err, errlen, "%s: is %s, expected an array of rows", key, kind(m));
+    if (cJSON_GetArraySize(m) != rows)
+        return fail(err, errlen, "%s: %d rows, expected %lld (the rows of loss_mask)", key,
+                    cJSON_GetArraySize(m), (long long)rows);
+    int64_t b = 0;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, m) {
+        if (!cJSON_IsArray(row))
+            return fail(err, errlen, "%s[%lld]: is %s, expected an array", key, (long long)b, kind(row));
+        if (cJSON_GetArraySize(row) != cols)
+            return fail(err, errlen, "%s[%lld]: %d entries, expected %lld", key, (long long)b,
+                        cJSON_GetArraySize(row), (long long)cols);
+        b++;
+    }
+    uint8_t *buf = malloc((size_t)(rows * cols) + 1);
+    if (!buf) return fail(err, errlen, "%s: out of memory for %lld x %lld", key, (long long)rows, (long long)cols);
+    b = 0;
+    cJSON_ArrayForEach(row, m) {
+        int64_t c = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, row) {
+            if (json_bit(v, &buf[b * cols + c])) {
+                free(buf);
+                return fail(err, errlen, "%s[%lld][%lld]: is %s, expected 0 or 1", key, (long long)b,
+                            (long long)c, kind(v));
+            }
+            c++;
+        }
+        b++;
+    }
+    *out = buf;
+    return 0;
+}
+
+void sph_cli_batch_free(sph_cli_batch *b) {
+    if (!b) return;
+    free(b->loss_mask);
+    free(b->attention_mask);
+    free(b->sub_seq_lengths);
+    free(b->sub_seq_counts);
+    b->loss_mask = b->attention_mask = NULL;
+    b->sub_seq_lengths = b->sub_seq_counts = NULL;
+}
+
+static int batch_from(const cJSON *root, sph_cli_batch *bt, char *err, size_t errlen) {
+    if (!cJSON_IsObject(root)) return fail(err, errlen, "top level: is %s, expected an object", kind(root));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        static const char *known[] = {"layout", "sequence_length", "num_actions", "loss_mask",
+                                      "attention_mask", "sub_seq_lengths"};
+        int ok = 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(it->string, known[k]);
+        if (!ok) return fail(err, errlen, "unknown key \"%.64s\"", it->string);
+    }
+    sph_batch_desc d = SPH_BATCH_DESC_INIT;
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(root, "layout");
+    if (!cJSON_IsString(lay))
+        return fail(err, errlen, "layout: %s, expected \"packed\" or \"unpacked\"",
+                    lay ? kind(lay) : "missing");
+    if (!strcmp(lay->valuestring, "packed")) d.layout = SPH_LAYOUT_PACKED;
+    else if (!strcmp(lay->valuestring, "unpacked")) d.layout = SPH_LAYOUT_UNPACKED;
+    else return fail(err, errlen, "layout: \"%.64s\", expected \"packed\" or \"unpacked\"", lay->valuestring);
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "sequence_length");
+    if (!sv || json_i64(sv, &d.seq_len) || d.seq_len < 1)
+        return fail(err, errlen, "sequence_length: %s, expected an integer >= 1",
+                    sv ? (cJSON_IsNumber(sv) ? "out of range" : kind(sv)) : "missing");
+    const cJSON *av = cJSON_GetObjectItemCaseSensitive(root, "num_actions");
+    if (!av || json_i64(av, &d.num_actions) || d.num_actions < 0)
+        return fail(err, errlen, "num_actions: %s, expected an integer >= 0",
+                    av ? (cJSON_IsNumber(av) ? "out of range" : kind(av)) : "missing");
+    if (d.num_actions > d.seq_len - 1)
+        return fail(err, errlen, "num_actions: %lld, expected <= sequence_length - 1 = %lld",
+                    (long long)d.num_actions, (long long)(d.seq_len - 1));
+    const cJSON *lm = cJSON_GetObjectItemCaseSensitive(root, "loss_mask");
+    if (!cJSON_IsArray(lm))
+        return fail(err, errlen, "loss_mask: %s, expected an array of rows", lm ? kind(lm) : "missing");
+    d.batch = cJSON_GetArraySize(lm);
+    if (parse_bits(lm, "loss_mask", d.batch, d.num_actions, &bt->loss_mask, err, errlen)) return 1;
+    d.loss_mask = bt->loss_mask;
+    const cJSON *am = cJSON_GetObjectItemCaseSensitive(root, "attention_mask");
+    if (am && !cJSON_IsNull(am)) {
+        if (parse_bits(am, "attention_mask", d.batch, d.seq_len, &bt->attention_mask, err, errlen))
+            return 1;
+        d.attention_mask = bt->attention_mask;
+    }
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(root, "sub_seq_lengths");
+    if (ss && !cJSON_IsNull(ss)) {
+        if (!cJSON_IsArray(ss)) return fail(err, errlen, "sub_seq_lengths: is %s, expected an array of rows", kind(ss));
+        if (cJSON_GetArraySize(ss) != d.batch)
+            return fail(err, errlen, "sub_seq_lengths: %d rows, expected %lld (the rows of loss_mask)",
+                        cJSON_GetArraySize(ss), (long long)d.batch);
+        int64_t total = 0;
+        const cJSON *row;
+        cJSON_ArrayForEach(row, ss) {
+            if (!cJSON_IsArray(row)) return fail(err, errlen, "sub_seq_lengths[]: is %s, expected an array", kind(row));
+            total += cJSON_GetArraySize(row);
+        }
+        bt->sub_seq_counts = malloc(sizeof(int64_t) * (size_t)(d.batch + 1));
+        bt->sub_seq_lengths = malloc(sizeof(int64_t) * (size_t)(total + 1));
+        if (!bt->sub_seq_counts || !bt->sub_seq_lengths) return fail(err, errlen, "sub_seq_lengths: out of memory");
+        int64_t b = 0, k = 0;
+        cJSON_ArrayForEach(row, ss) {
+            bt->sub_seq_counts[b] = cJSON_GetArraySize(row);
+            int64_t j = 0;
+            const cJSON *v;
+            cJSON_ArrayForEach(v, row) {
+                if (json_i64(v, &bt->sub_seq_lengths[k]))
+                    return fail(err, errlen, "sub_seq_lengths[%lld][%lld]: is %s, expected an integer",
+                                (long long)b, (long long)j, kind(v));
+                k++;
+                j++;
+            }
+            b++;
+        }
+        d.sub_seq_lengths = bt->sub_seq_lengths;
+        d.sub_seq_counts = bt->sub_seq_counts;
+    }
+    bt->desc = d;
+    return 0;
+}
+
+int sph_cli_batch_parse(const char *text, size_t len, sph_cli_batch *out, char *err,
+                        size_t errlen) {
+    memset(out, 0, sizeof *out);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        const size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        return fail(err, errlen, "malformed JSON near byte %zu", at);
+    }
+    int rc = batch_from(root, out, err, errlen);
+    cJSON_Delete(root);
+    if (rc) sph_cli_batch_free(out);
+    return rc;
+}
+
+// ---- lengths ----------------------------------------------------------------------------------
+
+int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64_t *n, char *err,
+                          size_t errlen) {
+    *lengths = NULL;
+    *n = 0;
+    size_t i = 0;
+    while (i < len && isspace((unsigned char)text[i])) i++;
+    if (i < len && text[i] == '[') {
+        const char *end = NULL;
+        cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+        if (!root) {
+            const size_t at = end && end >= text ? (size_t)(end - text) : 0;
+            return fail(err, errlen, "malformed JSON near byte %zu", at);
+        }
+        if (!cJSON_IsArray(root)) {
+            cJSON_Delete(root);
+            return fail(err, errlen, "expected a JSON array of lengths");
+        }
+        const int64_t m = cJSON_GetArraySize(root);
+        int64_t *v = malloc(sizeof(int64_t) * (size_t)(m + 1));
+        if (!v) {
+            cJSON_Delete(root);
+            return fail(err, errlen, "out of memory for %lld lengths", (long long)m);
+        }
+        int64_t k = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, root) {
+            if (json_i64(e, &v[k])) {
+                int rc = fail(err, errlen, "lengths[%lld]: is %s, expected an integer", (long long)k,
+                              cJSON_IsNumber(e) ? "not an integer within +-(2^53-1)" : kind(e));
+                free(v);
+                cJSON_Delete(root);
+                return rc;
+            }
+            k++;
+        }
+        cJSON_Delete(root);
+        *lengths = v;
+        *n = m;
+        return 0;
+    }
+    /* one integer per line */
+    int64_t cap = 1024, m = 0, line = 1;
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)cap);
+    if (!v) return fail(err, errlen, "out of memory");
+    size_t p = 0;
+    while (p < len) {
+        size_t e = p;
+        while (e < len && text[e] != '\n') e++;
+        size_t a = p, b = e;
+        while (a < b && isspace((unsigned char)text[a])) a++;
+        while (b > a && isspace((unsigned char)text[b - 1])) b--;
+        if (b > a) {
+            char tok[32];
+            int64_t x;
+            if (b - a >= sizeof tok) {
+                free(v);
+                return fail(err, errlen, "line %lld: '%.20s...' is not an integer", (long long)line, text + a);
+            }
+            memcpy(tok, text + a, b - a);
+            tok[b - a] = '\0';
+            if (sph_cli_parse_i64(tok, INT64_MIN, INT64_MAX, &x)) {
+                free(v);
+                return fail(err, errlen, "line %lld: '%s' is not an integer", (long long)line, tok);
+            }
+            if (m == cap) {
+                int64_t *nv = realloc(v, sizeof(int64_t) * (size_t)(cap * 2));
+                if (!nv) {
+                    free(v);
+                    return fail(err, errlen, "out of memory");
+                }
+                v = nv;
+                cap *= 2;
+            }
+            v[m++] = x;
+        }
+        p = e + 1;
+        line++;
+    }
+    *lengths = v;
+    *n = m;
+    return 0;
+}
+
+// ---- options and output -----------------------------------------------------------------------
+
+int sph_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
+    if (!s || !*s || isspace((unsigned char)*s)) return 1;
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end || v < min || v > max) return 1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+int sph_cli_parse_fp8(const char *s, sph_fp8 *out) {
+    if (!s) return 1;
+    if (!strcmp(s, "none")) *out = SPH_FP8_NONE;
+    else if (!strcmp(s, "blockwise")) *out = SPH_FP8_BLOCKWISE;
+    else if (!strcmp(s, "mxfp8")) *out = SPH_FP8_MXFP8;
+    else return 1;
+    return 0;
+}
+
+void sph_cli_write_i64_array(FILE *f, const int64_t *v, int64_t n) {
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) fprintf(f, i ? ",%lld" : "%lld", (long long)v[i]);
+    fputc(']', f);
+}
+
+void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n) {
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        fputc(v[i] ? '1' : '0', f);
+    }
+    fputc(']', f);
+}
+
+int sph_cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
+    const char *a = argv[*i];
+    const size_t n = strlen(name);
+    if (strncmp(a, name, n)) return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n]) return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+int sph_cli_par_opt(int argc, char **argv, int *i, sph_parallel *par, int *matched, char *err,
+                    size_t errlen) {
+    const char *v = NULL;
+    *matched = 1;
+    if (sph_cli_opt(argc, argv, i, "--tp", &v)) {
+        if (sph_cli_parse_i64(v, 1, INT64_MAX, &par->tp))
+            return fail(err, errlen, "--tp: '%s' is not an integer >= 1", v ? v : "");
+    } else if (sph_cli_opt(argc, argv, i, "--cp", &v)) {
+        if (sph_cli_parse_i64(v, 1, INT64_MAX, &par->cp))
+            return fail(err, errlen, "--cp: '%s' is not an integer >= 1", v ? v : "");
+    } else if (sph_cli_opt(argc, argv, i, "--fp8", &v)) {
+        if (sph_cli_parse_fp8(v, &par->fp8))
+            return fail(err, errlen, "--fp8: '%s', expected none, blockwise or mxfp8", v ? v : "");
+    } else {
+        *matched = 0;
+    }
+    return 0;
+}

@@ -1,0 +1,62 @@
+/*
+ * json_util.h - input readers and output writers shared by the CLI's metadata subcommands
+ * (pack, layout, spans) and by the fuzz targets: whole-file reading, the batch-description and
+ * length-list parsers (cJSON), strict option-value parsing and compact JSON writers. Uses only
+ * the public header. Every reader returns 0 on success or fills err with a one-line message
+ * naming the offending key, index or value and returns non-zero; nothing here exits.
+ */
+#ifndef SPH_CLI_JSON_UTIL_H
+#define SPH_CLI_JSON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "spanhead.h"
+
+/* Reads the file at path ("-" = stdin) into a NUL-terminated malloc'd buffer. */
+int sph_cli_read_file(const char *path, char **text, size_t *len, char *err, size_t errlen);
+
+/* A batch description parsed from JSON, owning its arrays. */
+typedef struct sph_cli_batch {
+    sph_batch_desc desc;
+    uint8_t *loss_mask;       /* [B, A] */
+    uint8_t *attention_mask;  /* [B, S] or NULL */
+    int64_t *sub_seq_lengths; /* flattened, or NULL */
+    int64_t *sub_seq_counts;  /* [B], or NULL */
+} sph_cli_batch;
+
+/* Parses {"layout":"packed"|"unpacked","sequence_length":S,"num_actions":A,
+ * "loss_mask":[[..A..] x B],"attention_mask":[[..S..] x B] (optional),
+ * "sub_seq_lengths":[[..] x B] (optional)}. Mask entries are 0/1 or false/true. Unknown keys
+ * are refused (they are usually typos). Range checks that need the parallel configuration are
+ * left to sph_spans_build. On failure *out holds nothing to free. */
+int sph_cli_batch_parse(const char *text, size_t len, sph_cli_batch *out, char *err,
+                        size_t errlen);
+void sph_cli_batch_free(sph_cli_batch *b); /* NULL-safe, idempotent */
+
+/* Sequence lengths from a JSON array of integers, or from text with one integer per line
+ * (blank lines ignored). Values are not range-checked here (sph_pack does it). *lengths is
+ * malloc'd (possibly with *n = 0). */
+int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64_t *n, char *err,
+                          size_t errlen);
+
+/* Strict integer option value: the whole string is a decimal integer in [min, max]. */
+int sph_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out);
+/* "none" | "blockwise" | "mxfp8" */
+int sph_cli_parse_fp8(const char *s, sph_fp8 *out);
+
+/* Matches argv[*i] against option name ("--tp") as "--tp V" or "--tp=V": returns 1 and sets
+ * *val (NULL when the value is missing; *i then advanced past a separate value), else 0. */
+int sph_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+
+/* Consumes --tp T, --cp C or --fp8 R at argv[*i] into par: *matched = 1 when it was one of
+ * them; returns non-zero with err filled when its value is bad. */
+int sph_cli_par_opt(int argc, char **argv, int *i, sph_parallel *par, int *matched, char *err,
+                    size_t errlen);
+
+/* Compact JSON writers. */
+void sph_cli_write_i64_array(FILE *f, const int64_t *v, int64_t n);
+void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n);
+
+#endif
