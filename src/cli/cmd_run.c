@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cmd_run_dist.h"
 #include "npy.h"
 #include "synth.h"
 
@@ -505,6 +506,7 @@ static void prefer_passive_wait(int argc, char **argv) {
 }
 
 int sph_cli_run(int argc, char **argv) {
+    if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
     prefer_passive_wait(argc, argv);
     opts o = {.device = "cpu", .dtype = "f32", .mask = NULL, .N = 0, .H = 0, .V = 0,
               .repeats = 3, .gap = 128, .active = 0.5, .temperature = 1.0, .seed = 1};

@@ -1,0 +1,1397 @@
+/*
+ * cmd_run_dist.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
+ * split the way a trainer splits it, checked against one process.
+ *
+ * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank (sph_comm_create_mpi_world's layout).
+ *
+ *   1. Rank 0 builds a global batch (or reads it with --inputs DIR): ragged sequences of
+ *      lengths L_k concatenated into R rows, hidden (R, H), weight (V, H), targets (R) (row s
+ *      of a sequence predicts its token s+1; -100 = ignored), a loss mask (R), upstream
+ *      gradients dlogprob, dentropy (R) and, for sample-support runs, candidates (R, K). The
+ *      batch is broadcast to every rank.
+ *   2. Every rank packs the sequence lengths into bins the same way (sph_pack with the
+ *      alignment of (T, C) and bin_multiple = D); DP rank d takes the d-th contiguous block of
+ *      n_bins / D bins, each bin one micro-batch.
+ *   3. A bin is laid out with the packed segment layout (sph_layout_packed): each sequence
+ *      padded to the sequence alignment, the last grown to the total alignment; padding rows
+ *      are inactive (target -1, zero hidden, zero upstream gradient).
+ *   4. CP rank r keeps, of every segment of padded length P, chunk r and chunk 2C-1-r of
+ *      P/(2C) rows (sph_cp_local_rows); its loss mask gives its spans (sph_spans_from_mask).
+ *   5. TP rank t holds weight rows [v0, v0 + V_loc) of an even split of V, and runs forward
+ *      (logprob, entropy, stats; one allgather per forward combines the softmax partials) and
+ *      backward (dhidden all-reduced over the TP group, dweight accumulated over the bins)
+ *      through the public head API with the TP communicator (MPI on the CPU, NCCL with
+ *      --device cuda: one GPU per rank, local rank mod the device count).
+ *   6. Results are gathered to rank 0: per-row outputs by global row (and every TP rank's
+ *      copy must equal TP rank 0's bit for bit: the combine runs in rank order), dhidden
+ *      (summed over TP), dweight (concatenated over TP, summed over CP and DP in float64).
+ *   7. Rank 0 runs the single-process reference (force_kernel "ref", no communicator) on the
+ *      global batch and prints max errors and PASS/FAIL; --outputs DIR writes the gathered
+ *      global outputs as logprob.npy, entropy.npy (R), dhidden.npy (R, H), dweight.npy (V, H).
+ *
+ * Every phase ends with an agreement (an all-reduce of "did it work") so that a failure on one
+ * rank ends every rank with the same exit code instead of a hang.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "cmd_run_dist.h"
+
+int sph_cli_run_wants_dist(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strncmp(a, "--tp", 4) || !strncmp(a, "--cp", 4) || !strncmp(a, "--dp", 4))
+            if (a[4] == '\0' || a[4] == '=') return 1;
+    }
+    return 0;
+}
+
+#ifndef SPH_HAVE_MPI
+
+int sph_cli_run_dist(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    return sph_cli_fail("run", 1, "--tp/--cp/--dp need MPI, and this spanhead was built "
+                                  "without it (install Open MPI and reconfigure)");
+}
+
+#else
+#include <mpi.h>
+
+static const char *USAGE =
+    "usage: mpirun -np T*C*D spanhead run --tp T --cp C --dp D [options]\n"
+    "\n"
+    "Splits a global batch the way a trainer does (DP-aligned bins, packed segment layout,\n"
+    "CP-local rows, TP vocab shards), runs forward + backward on every rank and compares the\n"
+    "gathered results with the single-process float64 reference on rank 0.\n"
+    "\n"
+    "  --tp T, --cp C, --dp D   parallel sizes (default 1); T*C*D must equal the world size\n"
+    "  --device cpu|cuda        cuda: one GPU per rank, NCCL communicator (default cpu)\n"
+    "  --inputs DIR             rank 0 reads DIR/{hidden,weight,targets}.npy and optionally\n"
+    "                           mask, lengths, dlogprob, dentropy, candidates .npy\n"
+    "  --outputs DIR            rank 0 writes logprob, entropy, dhidden, dweight .npy\n"
+    "  synthetic batch (without --inputs):\n"
+    "  --seqs N --min-len A --max-len B   ragged sequence lengths (8, 3, 40)\n"
+    "  --hidden H --vocab V      (24, 203)\n"
+    "  --mask rl|dense           rl: prompt rows and holes masked out (default); dense: all\n"
+    "  --support K               sample-support run with K candidates per row (0 = full vocab)\n"
+    "  --seed S                  (default 1)\n"
+    "  --dtype f32|bf16          input dtype (default f32)\n"
+    "  --temperature t           (default 1)\n"
+    "  --capacity N              tokens per bin (default: about two bins per DP rank)\n"
+    "  --pack ffd|mffd|balanced  bin packing algorithm (default ffd)\n"
+    "  --gap G                   span coalescing gap (default 4)\n"
+    "  --kernel NAME             force the per-rank kernel (ref, generic, avx2, ...)\n"
+    "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)\n"
+    "  --no-check                skip the reference (timing or output only)\n";
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+typedef struct dopts {
+    int64_t tp, cp, dp;
+    int cuda;
+    const char *inputs, *outputs, *kernel;
+    int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
+    int masked, bf16, check;
+    double temperature, atol, rtol;
+    uint64_t seed;
+    sph_pack_algo algo;
+} dopts;
+
+static int parse_i64(const char *s, int64_t lo, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end || end == s || v < lo) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_f64(const char *s, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !end || *end || end == s || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
+static int parse_opts(int argc, char **argv, dopts *o, int rank) {
+    *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
+                 1, 0, 1, 1.0, -1, -1, 1, SPH_PACK_FFD};
+    for (int i = 1; i < argc; i++) {
+        char *a = argv[i], *val = NULL;
+        char name[64];
+        if (strncmp(a, "--", 2)) goto bad_arg;
+        const char *eq = strchr(a, '=');
+        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
+        if (nl >= sizeof name) goto bad_arg;
+        memcpy(name, a, nl);
+        name[nl] = '\0';
+        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+            if (rank == 0) fputs(USAGE, stdout);
+            return -1;
+        }
+        if (!strcmp(name, "--no-check")) {
+            o->check = 0;
+            continue;
+        }
+        if (eq) {
+            val = (char *)eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                if (rank == 0) sph_cli_fail("run", 2, "%s: missing value", name);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        int ok = 1;
+        if (!strcmp(name, "--tp")) ok = parse_i64(val, 1, &o->tp);
+        else if (!strcmp(name, "--cp")) ok = parse_i64(val, 1, &o->cp);
+        else if (!strcmp(name, "--dp")) ok = parse_i64(val, 1, &o->dp);
+        else if (!strcmp(name, "--seqs")) ok = parse_i64(val, 1, &o->seqs);
+        else if (!strcmp(name, "--min-len")) ok = parse_i64(val, 1, &o->min_len);
+        else if (!strcmp(name, "--max-len")) ok = parse_i64(val, 1, &o->max_len);
+        else if (!strcmp(name, "--hidden")) ok = parse_i64(val, 1, &o->H);
+        else if (!strcmp(name, "--vocab")) ok = parse_i64(val, 1, &o->V);
+        else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
+        else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
+        else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
+        else if (!strcmp(name, "--seed")) {
+            int64_t s = 0;
+            ok = parse_i64(val, 0, &s);
+            o->seed = (uint64_t)s;
+        } else if (!strcmp(name, "--temperature")) ok = parse_f64(val, &o->temperature) &&
+                                                          o->temperature > 0;
+        else if (!strcmp(name, "--atol")) ok = parse_f64(val, &o->atol) && o->atol >= 0;
+        else if (!strcmp(name, "--rtol")) ok = parse_f64(val, &o->rtol) && o->rtol >= 0;
+        else if (!strcmp(name, "--inputs")) o->inputs = val;
+        else if (!strcmp(name, "--outputs")) o->outputs = val;
+        else if (!strcmp(name, "--kernel")) o->kernel = val;
+        else if (!strcmp(name, "--device")) {
+            ok = !strcmp(val, "cpu") || !strcmp(val, "cuda");
+            o->cuda = !strcmp(val, "cuda");
+        } else if (!strcmp(name, "--dtype")) {
+            ok = !strcmp(val, "f32") || !strcmp(val, "bf16");
+            o->bf16 = !strcmp(val, "bf16");
+        } else if (!strcmp(name, "--mask")) {
+            ok = !strcmp(val, "rl") || !strcmp(val, "dense");
+            o->masked = !strcmp(val, "rl");
+        } else if (!strcmp(name, "--pack")) {
+            if (!strcmp(val, "ffd")) o->algo = SPH_PACK_FFD;
+            else if (!strcmp(val, "mffd")) o->algo = SPH_PACK_MFFD;
+            else if (!strcmp(val, "balanced")) o->algo = SPH_PACK_BALANCED;
+            else ok = 0;
+        } else {
+            goto bad_arg;
+        }
+        if (!ok) {
+            if (rank == 0) sph_cli_fail("run", 2, "%s: bad value '%s'", name, val);
+            return 2;
+        }
+        continue;
+    bad_arg:
+        if (rank == 0) sph_cli_fail("run", 2, "unknown argument '%s' (see --help)", a);
+        return 2;
+    }
+    if (o->max_len < o->min_len) {
+        if (rank == 0) sph_cli_fail("run", 2, "--max-len %lld < --min-len %lld",
+                                    (long long)o->max_len, (long long)o->min_len);
+        return 2;
+    }
+    if (o->atol < 0) o->atol = o->bf16 ? 2e-2 : 1e-4;
+    if (o->rtol < 0) o->rtol = o->bf16 ? 2e-2 : 1e-4;
+    return 0;
+}
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static int g_rank, g_size;
+
+/* A failure on this rank: printed with the rank, the phase fails everywhere at agree(). */
+static int rfail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int rfail(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "spanhead run [rank %d]: ", g_rank);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 0;
+}
+
+/* 1 when every rank's ok is 1. */
+static int agree(int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+}
+
+static void *xcalloc(size_t n, size_t sz) {
+    if (n == 0 || sz == 0) return calloc(1, 1);
+    if (n > SIZE_MAX / sz) return NULL;
+    return calloc(n, sz);
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) { return (double)(splitmix(s) >> 11) * 0x1.0p-53; }
+static int64_t irange(uint64_t *s, int64_t lo, int64_t hi) {
+    return lo + (int64_t)(splitmix(s) % (uint64_t)(hi - lo + 1));
+}
+static double normal(uint64_t *s) {
+    double u = unif(s), v = unif(s);
+    if (u < 1e-300) u = 1e-300;
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* bf16 round to nearest even (the library's internal converter is not public). */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- .npy ----------------------------------------------------------------------------------- */
+
+typedef struct npy {
+    char kind;    /* 'f', 'i', 'u', 'b' */
+    int size;     /* bytes per element */
+    int ndim;
+    int64_t shape[4];
+    void *data;
+} npy;
+
+/* Reads a little-endian C-order .npy (v1-v3). */
+static int npy_read(const char *path, npy *a) {
+    memset(a, 0, sizeof *a);
+    FILE *f = fopen(path, "rb");
+    if (!f) return rfail("%s: %s", path, strerror(errno));
+    unsigned char pre[10];
+    int ok = 0;
+    char *hdr = NULL;
+    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6)) {
+        rfail("%s: not a .npy file", path);
+        goto done;
+    }
+    size_t hl = (size_t)pre[8] | (size_t)pre[9] << 8;
+    if (pre[6] >= 2) {
+        unsigned char b2[2];
+        if (fread(b2, 1, 2, f) != 2) goto trunc;
+        hl |= (size_t)b2[0] << 16 | (size_t)b2[1] << 24;
+    }
+    hdr = calloc(hl + 1, 1);
+    if (!hdr || fread(hdr, 1, hl, f) != hl) goto trunc;
+    const char *d = strstr(hdr, "'descr'"), *fo = strstr(hdr, "'fortran_order'"),
+               *sh = strstr(hdr, "'shape'");
+    if (!d || !fo || !sh) {
+        rfail("%s: malformed header", path);
+        goto done;
+    }
+    d = strchr(d + 7, '\'');
+    if (!d || (d[1] != '<' && d[1] != '|' && d[1] != '=') || !strchr("fiub", d[2])) {
+        rfail("%s: unsupported dtype (need little-endian f/i/u/b)", path);
+        goto done;
+    }
+    a->kind = d[2];
+    a->size = atoi(d + 3);
+    if (strstr(fo, "True")) {
+        rfail("%s: Fortran order is not supported", path);
+        goto done;
+    }
+    sh = strchr(sh, '(');
+    if (!sh) goto malformed;
+    sh++;
+    while (*sh && *sh != ')') {
+        while (*sh == ' ' || *sh == ',') sh++;
+        if (*sh == ')') break;
+        char *end;
+        long long v = strtoll(sh, &end, 10);
+        if (end == sh || v < 0 || a->ndim >= 4) goto malformed;
+        a->shape[a->ndim++] = v;
+        sh = end;
+    }
+    size_t n = 1;
+    for (int k = 0; k < a->ndim; k++) n *= (size_t)a->shape[k];
+    a->data = xcalloc(n, (size_t)a->size);
+    if (!a->data || fread(a->data, (size_t)a->size, n, f) != n) goto trunc;
+    ok = 1;
+    goto done;
+malformed:
+    rfail("%s: malformed shape", path);
+    goto done;
+trunc:
+    rfail("%s: truncated or out of memory", path);
+done:
+    free(hdr);
+    fclose(f);
+    if (!ok) {
+        free(a->data);
+        a->data = NULL;
+    }
+    return ok;
+}
+
+static int npy_write(const char *dir, const char *name, const char *descr, const void *data,
+                     size_t elem, int ndim, const int64_t *shape) {
+    char path[4096], hdr[256], shp[128] = "";
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    size_t n = 1, off = 0;
+    for (int k = 0; k < ndim; k++) {
+        n *= (size_t)shape[k];
+        off += (size_t)snprintf(shp + off, sizeof shp - off, "%lld,%s", (long long)shape[k],
+                                k + 1 < ndim ? " " : "");
+    }
+    if (ndim > 1) shp[off - 1] = '\0'; /* (a, b) not (a, b,) */
+    int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
+                      descr, shp);
+    int pad = 64 - (10 + hl + 1) % 64;
+    if (pad == 64) pad = 0;
+    FILE *f = fopen(path, "wb");
+    if (!f) return rfail("%s: %s", path, strerror(errno));
+    uint16_t total = (uint16_t)(hl + pad + 1);
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(total & 0xff),
+                             (unsigned char)(total >> 8)};
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, (size_t)hl, f) == (size_t)hl;
+    for (int k = 0; ok && k < pad; k++) ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF && fwrite(data, elem, n, f) == n;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) rfail("%s: write failed", path);
+    return ok;
+}
+
+/* Converts a 1-D or 2-D numeric .npy to float, int64 or u8 arrays. */
+static double npy_get(const npy *a, size_t i) {
+    const char *p = (const char *)a->data + i * (size_t)a->size;
+    switch (a->kind) {
+    case 'f':
+        if (a->size == 4) { float v; memcpy(&v, p, 4); return v; }
+        if (a->size == 8) { double v; memcpy(&v, p, 8); return v; }
+        break;
+    case 'i':
+        if (a->size == 4) { int32_t v; memcpy(&v, p, 4); return v; }
+        if (a->size == 8) { int64_t v; memcpy(&v, p, 8); return (double)v; }
+        break;
+    case 'u': case 'b':
+        if (a->size == 1) return (unsigned char)*p;
+        break;
+    }
+    return NAN;
+}
+
+static int64_t npy_count(const npy *a) {
+    int64_t n = 1;
+    for (int k = 0; k < a->ndim; k++) n *= a->shape[k];
+    return n;
+}
+
+/* ---- the global batch ------------------------------------------------------------------------ */
+
+typedef struct batch {
+    int64_t n_seqs, R, H, V, K;
+    int masked, bf16;
+    double temperature;
+    int64_t *lengths;  /* (n_seqs) */
+    float *hidden;     /* (R, H), values already rounded to the input dtype */
+    float *weight;     /* (V, H) */
+    int64_t *targets;  /* (R) */
+    int64_t *cand;     /* (R, K) or NULL */
+    uint8_t *mask;     /* (R); all ones when dense */
+    float *dlogprob;   /* (R) */
+    float *dentropy;   /* (R) */
+} batch;
+
+static void batch_free(batch *b) {
+    free(b->lengths);
+    free(b->hidden);
+    free(b->weight);
+    free(b->targets);
+    free(b->cand);
+    free(b->mask);
+    free(b->dlogprob);
+    free(b->dentropy);
+    memset(b, 0, sizeof *b);
+}
+
+static int batch_alloc(batch *b) {
+    size_t R = (size_t)b->R, H = (size_t)b->H, V = (size_t)b->V;
+    b->lengths = xcalloc((size_t)b->n_seqs, sizeof(int64_t));
+    b->hidden = xcalloc(R * H, sizeof(float));
+    b->weight = xcalloc(V * H, sizeof(float));
+    b->targets = xcalloc(R, sizeof(int64_t));
+    b->cand = b->K ? xcalloc(R * (size_t)b->K, sizeof(int64_t)) : NULL;
+    b->mask = xcalloc(R, 1);
+    b->dlogprob = xcalloc(R, sizeof(float));
+    b->dentropy = xcalloc(R, sizeof(float));
+    if (!b->lengths || !b->hidden || !b->weight || !b->targets || (b->K && !b->cand) ||
+        !b->mask || !b->dlogprob || !b->dentropy)
+        return rfail("out of host memory for the global batch (R=%lld H=%lld V=%lld)",
+                     (long long)b->R, (long long)b->H, (long long)b->V);
+    return 1;
+}
+
+static float round_in(const batch *b, double v) {
+    return b->bf16 ? from_bf16(to_bf16((float)v)) : (float)v;
+}
+
+static int synth(const dopts *o, batch *b) {
+    uint64_t s = o->seed * 0x2545F4914F6CDD1Dull + 17;
+    b->n_seqs = o->seqs;
+    b->H = o->H;
+    b->V = o->V;
+    b->K = o->K;
+    b->masked = o->masked;
+    b->bf16 = o->bf16;
+    b->temperature = o->temperature;
+    if (o->K > o->V) return rfail("--support %lld exceeds --vocab %lld", (long long)o->K,
+                                  (long long)o->V);
+    int64_t *len = xcalloc((size_t)o->seqs, sizeof *len);
+    if (!len) return rfail("out of host memory");
+    b->R = 0;
+    for (int64_t k = 0; k < o->seqs; k++) {
+        len[k] = irange(&s, o->min_len, o->max_len);
+        b->R += len[k];
+    }
+    if (!batch_alloc(b)) {
+        free(len);
+        return 0;
+    }
+    memcpy(b->lengths, len, (size_t)o->seqs * sizeof *len);
+    free(len);
+    const double ws = 1.5 / sqrt((double)b->H);
+    for (int64_t i = 0; i < b->R * b->H; i++) b->hidden[i] = round_in(b, normal(&s));
+    for (int64_t i = 0; i < b->V * b->H; i++) b->weight[i] = round_in(b, normal(&s) * ws);
+    int64_t row = 0;
+    for (int64_t k = 0; k < b->n_seqs; k++) {
+        int64_t L = b->lengths[k];
+        /* tokens of the sequence; row q predicts token q+1 */
+        int64_t prompt = L > 1 ? irange(&s, 1, L - 1) : 1;
+        for (int64_t q = 0; q < L; q++, row++) {
+            int64_t next = irange(&s, 0, b->V - 1);
+            int last = q == L - 1;
+            int active;
+            if (b->masked)
+                active = !last && q + 1 >= prompt && unif(&s) < 0.8; /* response rows, holes */
+            else
+                active = 1;
+            b->mask[row] = (uint8_t)active;
+            b->targets[row] = (b->masked && last) ? -100 : next;
+            if (active && unif(&s) < 0.05) b->targets[row] = -100; /* an ignored target */
+            b->dlogprob[row] = active ? (float)normal(&s) : 0.0f;
+            b->dentropy[row] = active ? (float)(0.5 * normal(&s)) : 0.0f;
+            if (b->K) {
+                int64_t *c = b->cand + row * b->K;
+                int64_t n_c = irange(&s, 1, b->K); /* the rest stays -1 padding */
+                int64_t have = 0;
+                if (b->targets[row] >= 0) c[have++] = b->targets[row];
+                while (have < n_c) {
+                    int64_t id = irange(&s, 0, b->V - 1), dup = 0;
+                    for (int64_t j = 0; j < have; j++) dup |= c[j] == id;
+                    if (!dup) c[have++] = id;
+                }
+                for (int64_t j = have; j < b->K; j++) c[j] = -1;
+                /* shuffle the real candidates so the target is not always first */
+                for (int64_t j = have - 1; j > 0; j--) {
+                    int64_t r = irange(&s, 0, j), t = c[j];
+                    c[j] = c[r];
+                    c[r] = t;
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int read_inputs(const dopts *o, batch *b) {
+    char path[4096];
+    npy h = {0}, w = {0}, t = {0}, m = {0}, l = {0}, g = {0}, e = {0}, c = {0};
+    int ok = 0, have_m, have_l, have_g, have_e, have_c;
+#define NPY_PATH(name) (snprintf(path, sizeof path, "%s/%s.npy", o->inputs, name), path)
+#define NPY_HAS(name) (exists(NPY_PATH(name)))
+    if (!npy_read(NPY_PATH("hidden"), &h) || !npy_read(NPY_PATH("weight"), &w) ||
+        !npy_read(NPY_PATH("targets"), &t))
+        goto done;
+    have_m = NPY_HAS("mask") && npy_read(path, &m);
+    have_l = NPY_HAS("lengths") && npy_read(path, &l);
+    have_g = NPY_HAS("dlogprob") && npy_read(path, &g);
+    have_e = NPY_HAS("dentropy") && npy_read(path, &e);
+    have_c = NPY_HAS("candidates") && npy_read(path, &c);
+    if (h.ndim != 2 || w.ndim != 2 || h.shape[1] != w.shape[1] || t.ndim != 1 ||
+        t.shape[0] != h.shape[0] || h.kind != 'f' || w.kind != 'f') {
+        rfail("%s: need hidden (R, H) and weight (V, H) float arrays and targets (R)", o->inputs);
+        goto done;
+    }
+    b->R = h.shape[0];
+    b->H = h.shape[1];
+    b->V = w.shape[0];
+    b->K = have_c ? (c.ndim == 2 ? c.shape[1] : -1) : 0;
+    b->masked = have_m;
+    b->bf16 = o->bf16;
+    b->temperature = o->temperature;
+    if (b->K < 0 || (have_c && c.shape[0] != b->R)) {
+        rfail("candidates.npy: shape must be (R, K) with R = %lld", (long long)b->R);
+        goto done;
+    }
+    if ((have_m && npy_count(&m) != b->R) || (have_g && npy_count(&g) != b->R) ||
+        (have_e && npy_count(&e) != b->R)) {
+        rfail("mask/dlogprob/dentropy .npy must hold R = %lld values", (long long)b->R);
+        goto done;
+    }
+    b->n_seqs = have_l ? npy_count(&l) : 1;
+    if (b->R < 1 || b->V < 1 || b->H < 1 || b->n_seqs < 1) {
+        rfail("%s: empty inputs (R=%lld H=%lld V=%lld)", o->inputs, (long long)b->R,
+              (long long)b->H, (long long)b->V);
+        goto done;
+    }
+    if (!batch_alloc(b)) goto done;
+    int64_t sum = 0;
+    for (int64_t k = 0; k < b->n_seqs; k++) {
+        b->lengths[k] = have_l ? (int64_t)npy_get(&l, (size_t)k) : b->R;
+        if (b->lengths[k] < 1) {
+            rfail("lengths.npy[%lld] = %lld, expected >= 1", (long long)k,
+                  (long long)b->lengths[k]);
+            goto done;
+        }
+        sum += b->lengths[k];
+    }
+    if (sum != b->R) {
+        rfail("lengths.npy sums to %lld, but hidden has R = %lld rows", (long long)sum,
+              (long long)b->R);
+        goto done;
+    }
+    for (int64_t i = 0; i < b->R * b->H; i++) b->hidden[i] = round_in(b, npy_get(&h, (size_t)i));
+    for (int64_t i = 0; i < b->V * b->H; i++) b->weight[i] = round_in(b, npy_get(&w, (size_t)i));
+    for (int64_t i = 0; i < b->R; i++) {
+        b->targets[i] = (int64_t)npy_get(&t, (size_t)i);
+        b->mask[i] = have_m ? npy_get(&m, (size_t)i) != 0 : 1;
+        /* Without upstream gradients: the loss is sum of active logprobs plus 0.1 entropy. */
+        b->dlogprob[i] = have_g ? (float)npy_get(&g, (size_t)i) : 1.0f;
+        b->dentropy[i] = have_e ? (float)npy_get(&e, (size_t)i) : 0.1f;
+    }
+    for (int64_t i = 0; b->K && i < b->R * b->K; i++) b->cand[i] = (int64_t)npy_get(&c, (size_t)i);
+    ok = 1;
+#undef NPY_PATH
+#undef NPY_HAS
+done:
+    free(h.data);
+    free(w.data);
+    free(t.data);
+    free(m.data);
+    free(l.data);
+    free(g.data);
+    free(e.data);
+    free(c.data);
+    return ok;
+}
+
+static int bcast(void *p, size_t bytes) {
+    char *c = p;
+    while (bytes) {
+        int k = bytes > ((size_t)1 << 30) ? 1 << 30 : (int)bytes;
+        if (MPI_Bcast(c, k, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
+        c += k;
+        bytes -= (size_t)k;
+    }
+    return 1;
+}
+
+/* Rank 0's batch to everyone (rank 0 has built it; ok says whether it could). */
+static int share_batch(batch *b, int ok0) {
+    int64_t hdr[8] = {ok0, b->n_seqs, b->R, b->H, b->V, b->K, b->masked, b->bf16};
+    double temp = b->temperature;
+    if (!bcast(hdr, sizeof hdr) || !bcast(&temp, sizeof temp)) return 0;
+    if (!hdr[0]) return 0; /* rank 0 reported why */
+    if (g_rank != 0) {
+        b->n_seqs = hdr[1];
+        b->R = hdr[2];
+        b->H = hdr[3];
+        b->V = hdr[4];
+        b->K = hdr[5];
+        b->masked = (int)hdr[6];
+        b->bf16 = (int)hdr[7];
+        b->temperature = temp;
+    }
+    int mine = g_rank == 0 || batch_alloc(b);
+    if (!agree(mine)) return 0;
+    size_t R = (size_t)b->R, H = (size_t)b->H;
+    return bcast(b->lengths, (size_t)b->n_seqs * sizeof(int64_t)) &&
+           bcast(b->hidden, R * H * sizeof(float)) &&
+           bcast(b->weight, (size_t)b->V * H * sizeof(float)) &&
+           bcast(b->targets, R * sizeof(int64_t)) &&
+           (!b->K || bcast(b->cand, R * (size_t)b->K * sizeof(int64_t))) &&
+           bcast(b->mask, R) && bcast(b->dlogprob, R * sizeof(float)) &&
+           bcast(b->dentropy, R * sizeof(float));
+}
+
+/* ---- device buffers ----------------------------------------------------------------------- */
+
+typedef struct dev {
+    sph_ctx_t io; /* memory helpers on the rank's device (no communicator) */
+    int cuda;
+} dev;
+
+/* A device copy of host data (CPU: a host copy, so both paths free the same way). */
+static int dput(const dev *d, const void *host, size_t bytes, void **out) {
+    *out = NULL;
+    sph_status s = sph_ctx_malloc(d->io, bytes ? bytes : 1, out);
+    if (s) return rfail("allocating %zu bytes: %s", bytes, sph_last_error());
+    if (host && bytes) {
+        s = sph_ctx_memcpy(d->io, *out, host, bytes);
+        if (s) return rfail("copying %zu bytes: %s", bytes, sph_last_error());
+    } else if (bytes) {
+        s = sph_ctx_memset(d->io, *out, 0, bytes);
+        if (s) return rfail("clearing %zu bytes: %s", bytes, sph_last_error());
+    }
+    return 1;
+}
+
+static int dget(const dev *d, void *host, const void *src, size_t bytes) {
+    if (!bytes) return 1;
+    sph_status s = sph_ctx_memcpy(d->io, host, src, bytes);
+    if (s) return rfail("copying back %zu bytes: %s", bytes, sph_last_error());
+    return 1;
+}
+
+/* ---- one rank's share ---------------------------------------------------------------------- */
+
+typedef struct share {
+    int64_t n;          /* local rows over all bins of this rank */
+    int64_t n_bins;     /* bins (micro-batches) of this rank */
+    int64_t *bin_off;   /* (n_bins + 1) into the local rows */
+    int64_t *grow;      /* (n) global row of each local row, -1 = padding */
+} share;
+
+static void share_free(share *s) {
+    free(s->bin_off);
+    free(s->grow);
+    memset(s, 0, sizeof *s);
+}
+
+/* Packs, lays out and cuts the batch for (cp_rank, dp_rank); *total_bins for the report. */
+static int make_share(const dopts *o, const batch *b, int64_t cp_rank, int64_t dp_rank,
+                      share *sh, int64_t *total_bins, int64_t *padded_rows) {
+    memset(sh, 0, sizeof *sh);
+    int ok = 0;
+    sph_pack_result *pr = NULL;
+    int64_t *seq_off = xcalloc((size_t)b->n_seqs + 1, sizeof(int64_t));
+    int64_t *lens = xcalloc((size_t)b->n_seqs, sizeof(int64_t));
+    int64_t *padded = xcalloc((size_t)b->n_seqs, sizeof(int64_t));
+    int64_t *cu = xcalloc((size_t)b->n_seqs + 1, sizeof(int64_t));
+    int64_t *rows = NULL, rows_cap = 0;
+    if (!seq_off || !lens || !padded || !cu) {
+        rfail("out of host memory");
+        goto done;
+    }
+    for (int64_t k = 0; k < b->n_seqs; k++) seq_off[k + 1] = seq_off[k] + b->lengths[k];
+
+    sph_parallel par = SPH_PARALLEL_INIT;
+    par.tp = o->tp;
+    par.cp = o->cp;
+    sph_alignment al;
+    if (sph_alignment_get(&par, &al)) {
+        rfail("alignment: %s", sph_last_error());
+        goto done;
+    }
+    /* Default capacity: about two bins per DP rank, never below the longest padded sequence. */
+    int64_t cap = o->capacity, maxp = 0, sum = 0;
+    for (int64_t k = 0; k < b->n_seqs; k++) {
+        int64_t p = (b->lengths[k] + al.sequence - 1) / al.sequence * al.sequence;
+        maxp = p > maxp ? p : maxp;
+        sum += p;
+    }
+    if (cap == 0) {
+        cap = sum / (2 * o->dp) + 1;
+        if (cap < maxp) cap = maxp;
+        cap = (cap + al.total - 1) / al.total * al.total;
+    }
+    sph_pack_opts po = SPH_PACK_OPTS_INIT;
+    po.capacity = cap;
+    po.algorithm = o->algo;
+    po.par = par;
+    po.bin_multiple = o->dp;
+    if (sph_pack(b->lengths, b->n_seqs, &po, &pr)) {
+        rfail("sph_pack (capacity %lld, dp %lld): %s", (long long)cap, (long long)o->dp,
+              sph_last_error());
+        goto done;
+    }
+    if (pr->n_bins % o->dp) {
+        rfail("sph_pack returned %lld bins, not a multiple of dp %lld", (long long)pr->n_bins,
+              (long long)o->dp);
+        goto done;
+    }
+    *total_bins = pr->n_bins;
+    const int64_t per = pr->n_bins / o->dp, b0 = dp_rank * per;
+    sh->n_bins = per;
+    sh->bin_off = xcalloc((size_t)per + 1, sizeof(int64_t));
+    if (!sh->bin_off) {
+        rfail("out of host memory");
+        goto done;
+    }
+    /* Two passes over this rank's bins: count, then fill. */
+    *padded_rows = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = 0;
+        for (int64_t bi = 0; bi < per; bi++) {
+            const int64_t *it = pr->items + pr->bin_offsets[b0 + bi];
+            int64_t ni = pr->bin_offsets[b0 + bi + 1] - pr->bin_offsets[b0 + bi];
+            for (int64_t k = 0; k < ni; k++) lens[k] = b->lengths[it[k]];
+            if (sph_layout_packed(&par, lens, ni, padded, cu)) {
+                rfail("sph_layout_packed (bin %lld): %s", (long long)(b0 + bi), sph_last_error());
+                goto done;
+            }
+            if (pass == 0) *padded_rows += cu[ni];
+            for (int64_t k = 0; k < ni; k++) {
+                int64_t P = padded[k], nl = P / o->cp;
+                if (pass == 1) {
+                    if (P > rows_cap) {
+                        free(rows);
+                        rows_cap = P;
+                        rows = xcalloc((size_t)P, sizeof(int64_t));
+                        if (!rows) {
+                            rfail("out of host memory for a segment of %lld rows", (long long)P);
+                            goto done;
+                        }
+                    }
+                    if (sph_cp_local_rows(P, o->cp, cp_rank, rows)) {
+                        rfail("sph_cp_local_rows (P=%lld): %s", (long long)P, sph_last_error());
+                        goto done;
+                    }
+                    for (int64_t q = 0; q < nl; q++)
+                        sh->grow[n + q] = rows[q] < lens[k] ? seq_off[it[k]] + rows[q] : -1;
+                }
+                n += nl;
+            }
+            if (pass == 1) sh->bin_off[bi + 1] = n;
+        }
+        if (pass == 0) {
+            sh->n = n;
+            sh->grow = xcalloc((size_t)n, sizeof(int64_t));
+            if (!sh->grow) {
+                rfail("out of host memory for %lld local rows", (long long)n);
+                goto done;
+            }
+        }
+    }
+    ok = 1;
+done:
+    sph_pack_free(pr);
+    free(seq_off);
+    free(lens);
+    free(padded);
+    free(cu);
+    free(rows);
+    if (!ok) share_free(sh);
+    return ok;
+}
+
+/* ---- forward + backward of one rank ------------------------------------------------------ */
+
+typedef struct result {
+    float *logprob, *entropy; /* (n) */
+    float *dhidden;           /* (n, H), summed over the TP group */
+    float *dweight;           /* (V_loc, H), this rank's bins */
+} result;
+
+static void result_free(result *r) {
+    free(r->logprob);
+    free(r->entropy);
+    free(r->dhidden);
+    free(r->dweight);
+    memset(r, 0, sizeof *r);
+}
+
+static sph_tensor tens(void *data, sph_dtype dt, int32_t ndim, int64_t *shape, int cuda) {
+    sph_tensor t = {data, {cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU, 0}, ndim, dt, shape, NULL, 0};
+    return t;
+}
+
+/* Runs forward + backward over rows [grow] of the batch with weight rows [v0, v0 + V_loc),
+ * one call pair per bin. ctx carries the TP communicator (or none for the reference). */
+static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *grow,
+                    const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc,
+                    int64_t gap, int allreduce, result *out) {
+    const int64_t H = b->H, K = b->K;
+    const int cuda = d->cuda;
+    const size_t esz = b->bf16 ? 2 : 4;
+    const sph_dtype in_dt = b->bf16 ? SPH_BF16 : SPH_F32;
+    const int64_t n_all = bin_off[n_bins];
+    int ok = 0;
+    memset(out, 0, sizeof *out);
+    void *w_d = NULL, *dw_d = NULL, *ws = NULL;
+    size_t ws_bytes = 0;
+    /* host staging of one bin */
+    void *h_h = NULL;
+    int64_t *t_h = NULL, *c_h = NULL, *spans = NULL;
+    uint8_t *m_h = NULL;
+    float *g_h = NULL, *e_h = NULL;
+    void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *g_d = NULL, *e_d = NULL;
+    void *lp_d = NULL, *en_d = NULL, *st_d = NULL, *dh_d = NULL;
+
+    out->logprob = xcalloc((size_t)n_all, sizeof(float));
+    out->entropy = xcalloc((size_t)n_all, sizeof(float));
+    out->dhidden = xcalloc((size_t)n_all * (size_t)H, sizeof(float));
+    out->dweight = xcalloc((size_t)V_loc * (size_t)H, sizeof(float));
+    void *w_h = xcalloc((size_t)V_loc * (size_t)H, esz);
+    if (!out->logprob || !out->entropy || !out->dhidden || !out->dweight || !w_h) {
+        rfail("out of host memory for %lld rows", (long long)n_all);
+        goto done;
+    }
+    for (int64_t i = 0; i < V_loc * H; i++) {
+        float v = b->weight[(size_t)v0 * (size_t)H + (size_t)i];
+        if (b->bf16) ((uint16_t *)w_h)[i] = to_bf16(v);
+        else ((float *)w_h)[i] = v;
+    }
+    if (!dput(d, w_h, (size_t)(V_loc * H) * esz, &w_d) ||
+        !dput(d, NULL, (size_t)(V_loc * H) * sizeof(float), &dw_d))
+        goto done;
+
+    for (int64_t bi = 0; bi < n_bins; bi++) {
+        const int64_t r0 = bin_off[bi], n = bin_off[bi + 1] - r0;
+        const int64_t *gr = grow + r0;
+        h_h = xcalloc((size_t)(n * H), esz);
+        t_h = xcalloc((size_t)n, sizeof(int64_t));
+        c_h = K ? xcalloc((size_t)(n * K), sizeof(int64_t)) : NULL;
+        m_h = xcalloc((size_t)n, 1);
+        g_h = xcalloc((size_t)n, sizeof(float));
+        e_h = xcalloc((size_t)n, sizeof(float));
+        spans = xcalloc((size_t)(2 * ((n + 1) / 2) + 2), sizeof(int64_t));
+        if (!h_h || !t_h || (K && !c_h) || !m_h || !g_h || !e_h || !spans) {
+            rfail("out of host memory for a bin of %lld rows", (long long)n);
+            goto done;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t g = gr[i];
+            for (int64_t j = 0; j < H; j++) {
+                float v = g >= 0 ? b->hidden[(size_t)g * (size_t)H + (size_t)j] : 0.0f;
+                if (b->bf16) ((uint16_t *)h_h)[i * H + j] = to_bf16(v);
+                else ((float *)h_h)[i * H + j] = v;
+            }
+            t_h[i] = g >= 0 ? b->targets[g] : -1;
+            for (int64_t j = 0; j < K; j++) c_h[i * K + j] = g >= 0 ? b->cand[g * K + j] : -1;
+            m_h[i] = g >= 0 ? b->mask[g] : 0;
+            g_h[i] = g >= 0 ? b->dlogprob[g] : 0.0f;
+            e_h[i] = g >= 0 ? b->dentropy[g] : 0.0f;
+        }
+        int64_t n_spans = 0;
+        if (b->masked && sph_spans_from_mask(m_h, n, gap, spans, &n_spans)) {
+            rfail("sph_spans_from_mask: %s", sph_last_error());
+            goto done;
+        }
+        if (!dput(d, h_h, (size_t)(n * H) * esz, &h_d) ||
+            !dput(d, t_h, (size_t)n * sizeof(int64_t), &t_d) ||
+            (K && !dput(d, c_h, (size_t)(n * K) * sizeof(int64_t), &c_d)) ||
+            !dput(d, m_h, (size_t)n, &m_d) || !dput(d, g_h, (size_t)n * sizeof(float), &g_d) ||
+            !dput(d, e_h, (size_t)n * sizeof(float), &e_d) ||
+            !dput(d, NULL, (size_t)n * sizeof(float), &lp_d) ||
+            !dput(d, NULL, (size_t)n * sizeof(float), &en_d) ||
+            !dput(d, NULL, (size_t)n * 3 * sizeof(float), &st_d) ||
+            !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d))
+            goto done;
+
+        int64_t s_h[2] = {n, H}, s_w[2] = {V_loc, H}, s_n[1] = {n}, s_c[2] = {n, K},
+                s_st[2] = {n, 3}, s_dw[2] = {V_loc, H};
+        sph_tensor th = tens(h_d, in_dt, 2, s_h, cuda), tw = tens(w_d, in_dt, 2, s_w, cuda),
+                   tt = tens(t_d, SPH_I64, 1, s_n, cuda), tc = tens(c_d, SPH_I64, 2, s_c, cuda),
+                   tm = tens(m_d, SPH_U8, 1, s_n, cuda), tg = tens(g_d, SPH_F32, 1, s_n, cuda),
+                   te = tens(e_d, SPH_F32, 1, s_n, cuda), tlp = tens(lp_d, SPH_F32, 1, s_n, cuda),
+                   ten = tens(en_d, SPH_F32, 1, s_n, cuda),
+                   tst = tens(st_d, SPH_F32, 2, s_st, cuda),
+                   tdh = tens(dh_d, SPH_F32, 2, s_h, cuda),
+                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda);
+        sph_head_args a = SPH_HEAD_ARGS_INIT;
+        a.hidden = &th;
+        a.weight = &tw;
+        a.targets = &tt;
+        a.candidates = K ? &tc : NULL;
+        a.vocab_start = v0;
+        a.vocab_total = b->V;
+        a.temperature = b->temperature;
+        if (b->masked) {
+            a.active_mask = &tm;
+            a.spans = spans;
+            a.n_spans = n_spans;
+        }
+        a.logprob = &tlp;
+        a.entropy = &ten;
+        a.stats = &tst;
+        size_t need = 0, need_b = 0;
+        sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need);
+        if (s) {
+            rfail("workspace size (forward): %s", sph_last_error());
+            goto done;
+        }
+        a.dlogprob = &tg;
+        a.dentropy = &te;
+        a.dhidden = &tdh;
+        a.dweight = &tdw;
+        a.accumulate_dweight = bi > 0;
+        a.allreduce_dhidden = allreduce;
+        s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &need_b);
+        if (s) {
+            rfail("workspace size (backward): %s", sph_last_error());
+            goto done;
+        }
+        if (need_b > need) need = need_b;
+        if (need > ws_bytes) {
+            sph_ctx_free(d->io, ws);
+            ws = NULL;
+            ws_bytes = 0;
+            if (!dput(d, NULL, need, &ws)) goto done;
+            ws_bytes = need;
+        }
+        /* Forward first: with dhidden/dweight absent it is the general (two-pass) mode. */
+        const sph_tensor *keep_dh = a.dhidden, *keep_dw = a.dweight;
+        a.dhidden = NULL;
+        a.dweight = NULL;
+        a.allreduce_dhidden = 0;
+        a.accumulate_dweight = 0;
+        s = sph_head_forward(ctx, &a, ws, ws_bytes);
+        if (s) {
+            rfail("sph_head_forward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
+                  sph_last_error());
+            goto done;
+        }
+        a.dhidden = keep_dh;
+        a.dweight = keep_dw;
+        a.allreduce_dhidden = allreduce;
+        a.accumulate_dweight = bi > 0;
+        s = sph_head_backward(ctx, &a, ws, ws_bytes);
+        if (s == SPH_OK) s = sph_ctx_synchronize(ctx);
+        if (s) {
+            rfail("sph_head_backward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
+                  sph_last_error());
+            goto done;
+        }
+        if (!dget(d, out->logprob + r0, lp_d, (size_t)n * sizeof(float)) ||
+            !dget(d, out->entropy + r0, en_d, (size_t)n * sizeof(float)) ||
+            !dget(d, out->dhidden + (size_t)r0 * (size_t)H, dh_d, (size_t)(n * H) * sizeof(float)))
+            goto done;
+        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &g_d, &e_d, &lp_d, &en_d, &st_d, &dh_d};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
+            sph_ctx_free(d->io, *bufs[k]);
+            *bufs[k] = NULL;
+        }
+        free(h_h); free(t_h); free(c_h); free(m_h); free(g_h); free(e_h); free(spans);
+        h_h = NULL; t_h = NULL; c_h = NULL; m_h = NULL; g_h = NULL; e_h = NULL; spans = NULL;
+    }
+    if (!dget(d, out->dweight, dw_d, (size_t)(V_loc * H) * sizeof(float))) goto done;
+    ok = 1;
+done:
+    {
+        void *bufs[] = {h_d, t_d, c_d, m_d, g_d, e_d, lp_d, en_d, st_d, dh_d, w_d, dw_d, ws};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
+    }
+    free(w_h);
+    free(h_h); free(t_h); free(c_h); free(m_h); free(g_h); free(e_h); free(spans);
+    if (!ok) result_free(out);
+    return ok;
+}
+
+/* ---- gather and compare ------------------------------------------------------------------- */
+
+/* Gathers `bytes` from every rank into rank 0's *out (allocated there); counts in bytes. */
+static int gatherv(const void *send, size_t bytes, void **out, size_t **counts_out) {
+    int ok = 1;
+    if (bytes > INT32_MAX) ok = rfail("%zu bytes to gather exceed MPI's int count", bytes);
+    if (!agree(ok)) return 0;
+    int mine = (int)bytes, *counts = NULL, *displs = NULL;
+    if (g_rank == 0) {
+        counts = xcalloc((size_t)g_size, sizeof(int));
+        displs = xcalloc((size_t)g_size, sizeof(int));
+    }
+    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    size_t total = 0;
+    if (g_rank == 0) {
+        for (int r = 0; r < g_size; r++) {
+            displs[r] = (int)total;
+            total += (size_t)counts[r];
+        }
+        if (total > INT32_MAX) ok = rfail("%zu gathered bytes exceed MPI's int count", total);
+        *out = ok ? xcalloc(total, 1) : NULL;
+        if (ok && !*out) ok = rfail("out of host memory for %zu gathered bytes", total);
+        *counts_out = xcalloc((size_t)g_size, sizeof(size_t));
+        for (int r = 0; *counts_out && r < g_size; r++) (*counts_out)[r] = (size_t)counts[r];
+    }
+    if (!agree(ok)) {
+        free(counts);
+        free(displs);
+        return 0;
+    }
+    int e = MPI_Gatherv(send, mine, MPI_BYTE, g_rank == 0 ? *out : NULL, counts, displs, MPI_BYTE,
+                        0, MPI_COMM_WORLD);
+    free(counts);
+    free(displs);
+    return e == MPI_SUCCESS;
+}
+
+typedef struct errstat {
+    double max_abs, max_rel, worst_ratio;
+    int64_t worst;
+} errstat;
+
+static errstat compare(const float *got, const float *ref, int64_t n, double atol, double rtol) {
+    errstat e = {0, 0, 0, -1};
+    for (int64_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i], ae = fabs(g - r);
+        if (isnan(g) != isnan(r) || (isnan(g) && isnan(r))) ae = INFINITY;
+        double re = ae / (fabs(r) > 1e-30 ? fabs(r) : 1e-30);
+        double ratio = ae / (atol + rtol * fabs(r));
+        if (ae > e.max_abs) e.max_abs = ae;
+        if (ae > 0 && re > e.max_rel) e.max_rel = re;
+        if (ratio > e.worst_ratio || e.worst < 0) {
+            e.worst_ratio = ratio;
+            e.worst = i;
+        }
+    }
+    return e;
+}
+
+/* ---- the command -------------------------------------------------------------------------- */
+
+int sph_cli_run_dist(int argc, char **argv) {
+    int inited = 0, we_init = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init(&argc, &argv) != MPI_SUCCESS)
+            return sph_cli_fail("run", 1, "MPI_Init failed");
+        we_init = 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    int rc = 1;
+    dopts o;
+    batch b;
+    share sh;
+    result res, ref;
+    memset(&b, 0, sizeof b);
+    memset(&sh, 0, sizeof sh);
+    memset(&res, 0, sizeof res);
+    memset(&ref, 0, sizeof ref);
+    sph_comm_t comm = NULL;
+    sph_ctx_t ctx = NULL, ref_ctx = NULL;
+    dev d = {NULL, 0};
+    MPI_Comm tpc = MPI_COMM_NULL, shard_comm = MPI_COMM_NULL;
+    void *g_rows = NULL, *g_vals = NULL, *g_dh = NULL, *g_dw = NULL;
+    size_t *c_rows = NULL, *c_vals = NULL, *c_dh = NULL, *c_dw = NULL;
+    double *dw64 = NULL, *dw64_sum = NULL;
+    float *G_lp = NULL, *G_en = NULL, *G_dh = NULL, *G_dw = NULL;
+    int8_t *seen = NULL;
+
+    int p = parse_opts(argc, argv, &o, g_rank);
+    if (p) {
+        rc = p < 0 ? 0 : 2;
+        goto out;
+    }
+    if (o.tp * o.cp * o.dp != g_size) {
+        if (g_rank == 0)
+            sph_cli_fail("run", 2, "--tp %lld --cp %lld --dp %lld needs %lld ranks, but "
+                                   "mpirun started %d (mpirun -np %lld ...)",
+                         (long long)o.tp, (long long)o.cp, (long long)o.dp,
+                         (long long)(o.tp * o.cp * o.dp), g_size,
+                         (long long)(o.tp * o.cp * o.dp));
+        rc = 2;
+        goto out;
+    }
+    const int64_t tp_rank = g_rank % o.tp, cp_rank = (g_rank / o.tp) % o.cp,
+                  dp_rank = g_rank / (o.tp * o.cp);
+
+    /* 1. the global batch */
+    int ok0 = 1;
+    if (g_rank == 0) ok0 = o.inputs ? read_inputs(&o, &b) : synth(&o, &b);
+    if (!share_batch(&b, ok0)) goto out;
+    if (o.tp > b.V) { /* every rank has b.V now: the same verdict everywhere */
+        if (g_rank == 0) rfail("--tp %lld exceeds the vocabulary %lld", (long long)o.tp,
+                               (long long)b.V);
+        goto out;
+    }
+
+    /* 2-4. bins, layout, CP-local rows */
+    int64_t total_bins = 0, padded_rows = 0;
+    if (!agree(make_share(&o, &b, cp_rank, dp_rank, &sh, &total_bins, &padded_rows))) goto out;
+
+    /* 5. device, communicator, context */
+    const int64_t v_base = b.V / o.tp, v0 = tp_rank * v_base,
+                  V_loc = tp_rank == o.tp - 1 ? b.V - v0 : v_base;
+    int ok = 1;
+    sph_ctx_opts io = SPH_CTX_OPTS_INIT;
+    if (o.cuda) {
+        MPI_Comm node;
+        int local = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_free(&node);
+        int n_dev = sph_cuda_device_count();
+        if (n_dev < 1) ok = rfail("--device cuda: no CUDA device visible to this rank");
+        io.device.type = SPH_DEVICE_CUDA;
+        io.device.id = n_dev > 0 ? local % n_dev : 0;
+    }
+    if (ok && sph_ctx_create(&d.io, &io)) ok = rfail("context: %s", sph_last_error());
+    d.cuda = o.cuda;
+    if (!agree(ok)) goto out;
+    sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+    cfg.tp = o.tp;
+    cfg.cp = o.cp;
+    cfg.dp = o.dp;
+    cfg.vocab_total = b.V;
+    cfg.vocab_start = v0;
+    cfg.vocab_local = V_loc;
+    cfg.dtype = b.bf16 ? SPH_BF16 : SPH_F32;
+    cfg.temperature = b.temperature;
+    sph_status cs;
+    if (o.cuda) {
+        /* The TP group's MPI communicator carries the NCCL unique id. */
+        MPI_Comm_split(MPI_COMM_WORLD, (int)(g_rank / o.tp), (int)tp_rank, &tpc);
+        cs = sph_comm_create_nccl_mpi(&comm, &tpc, &cfg);
+    } else {
+        int64_t t = -1, c = -1, dd = -1;
+        cs = sph_comm_create_mpi_world(&comm, &cfg, &t, &c, &dd);
+        if (cs == SPH_OK && (t != tp_rank || c != cp_rank || dd != dp_rank))
+            ok = rfail("communicator coordinates (%lld, %lld, %lld) differ from the runner's "
+                       "(%lld, %lld, %lld)", (long long)t, (long long)c, (long long)dd,
+                       (long long)tp_rank, (long long)cp_rank, (long long)dp_rank);
+    }
+    if (cs) ok = rfail("communicator: %s", sph_last_error());
+    if (!agree(ok)) goto out;
+    sph_ctx_opts co = io;
+    co.tp_comm = comm;
+    co.force_kernel = o.kernel;
+    if (sph_ctx_create(&ctx, &co)) ok = rfail("context: %s", sph_last_error());
+    if (!agree(ok)) goto out;
+
+    if (g_rank == 0) {
+        int64_t active = 0;
+        for (int64_t i = 0; i < b.R; i++) active += b.mask[i];
+        printf("run: tp=%lld cp=%lld dp=%lld device=%s (%s)\n", (long long)o.tp, (long long)o.cp,
+               (long long)o.dp, o.cuda ? "cuda" : "cpu", sph_ctx_describe(ctx));
+        printf("batch: %lld sequences, R=%lld rows (%lld active, %s), H=%lld V=%lld, dtype=%s, "
+               "temperature=%g\n",
+               (long long)b.n_seqs, (long long)b.R, (long long)active,
+               b.masked ? "masked" : "dense", (long long)b.H, (long long)b.V,
+               b.bf16 ? "bf16" : "f32", b.temperature);
+        if (b.K) printf("support: K=%lld candidates per row\n", (long long)b.K);
+        printf("layout: %lld bins (%lld per DP rank), rank 0 holds %lld local rows, %lld padded "
+               "rows in its bins\n",
+               (long long)total_bins, (long long)sh.n_bins, (long long)sh.n,
+               (long long)padded_rows);
+        fflush(stdout);
+    }
+
+    /* 5b. forward + backward of every rank */
+    double t0 = MPI_Wtime();
+    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap, 1, &res);
+    if (!agree(ok)) goto out;
+    double t_run = MPI_Wtime() - t0, t_max = 0;
+    MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+
+    /* 6. gather: row ids, (logprob, entropy), dhidden; dweight reduced over CP x DP */
+    const size_t H = (size_t)b.H, n = (size_t)sh.n;
+    float *vals = xcalloc(2 * n, sizeof(float));
+    ok = vals != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        vals[2 * i] = res.logprob[i];
+        vals[2 * i + 1] = res.entropy[i];
+    }
+    if (!agree(ok)) {
+        free(vals);
+        goto out;
+    }
+    ok = gatherv(sh.grow, n * sizeof(int64_t), &g_rows, &c_rows) &&
+         gatherv(vals, n * 2 * sizeof(float), &g_vals, &c_vals) &&
+         gatherv(res.dhidden, n * H * sizeof(float), &g_dh, &c_dh);
+    free(vals);
+    if (!agree(ok)) goto out;
+
+    dw64 = xcalloc((size_t)V_loc * H, sizeof(double));
+    dw64_sum = xcalloc((size_t)V_loc * H, sizeof(double));
+    ok = dw64 && dw64_sum;
+    for (size_t i = 0; ok && i < (size_t)V_loc * H; i++) dw64[i] = res.dweight[i];
+    if (!agree(ok)) goto out;
+    MPI_Comm_split(MPI_COMM_WORLD, (int)tp_rank, g_rank, &shard_comm);
+    /* Float64 sum over the CP x DP replicas of this shard, to the replica with cp = dp = 0
+     * (world rank tp_rank); chunked for MPI's int count. */
+    for (size_t off = 0; off < (size_t)V_loc * H; off += (size_t)1 << 28) {
+        size_t cnt = (size_t)V_loc * H - off;
+        if (cnt > (size_t)1 << 28) cnt = (size_t)1 << 28;
+        MPI_Reduce(dw64 + off, dw64_sum + off, (int)cnt, MPI_DOUBLE, MPI_SUM, 0, shard_comm);
+    }
+    float *dw_send = xcalloc((size_t)V_loc * H, sizeof(float));
+    ok = dw_send != NULL;
+    for (size_t i = 0; ok && i < (size_t)V_loc * H; i++) dw_send[i] = (float)dw64_sum[i];
+    if (!agree(ok)) {
+        free(dw_send);
+        goto out;
+    }
+    ok = gatherv(dw_send, g_rank < o.tp ? (size_t)V_loc * H * sizeof(float) : 0, &g_dw, &c_dw);
+    free(dw_send);
+    if (!agree(ok)) goto out;
+
+    /* 7. rank 0: assemble, check, write */
+    int pass = 1;
+    if (g_rank == 0) {
+        const size_t R = (size_t)b.R, V = (size_t)b.V;
+        G_lp = xcalloc(R, sizeof(float));
+        G_en = xcalloc(R, sizeof(float));
+        G_dh = xcalloc(R * H, sizeof(float));
+        G_dw = (float *)g_dw; /* shards in TP order are the concatenation */
+        seen = xcalloc(R, 1);
+        if (!G_lp || !G_en || !G_dh || !seen) {
+            rfail("out of host memory assembling the outputs");
+            pass = 0;
+        }
+        size_t off_r = 0, off_v = 0, off_h = 0;
+        int64_t tp_mismatch = 0, pad_nonzero = 0, dup = 0;
+        /* Ranks with tp_rank 0 place values; the others must match them bit for bit. */
+        for (int pass_tp = 0; pass && pass_tp < 2; pass_tp++) {
+            off_r = off_v = off_h = 0;
+            for (int r = 0; r < g_size; r++) {
+                size_t nr = c_rows[r] / sizeof(int64_t);
+                const int64_t *rows = (const int64_t *)((char *)g_rows + off_r);
+                const float *v = (const float *)((char *)g_vals + off_v);
+                const float *dh = (const float *)((char *)g_dh + off_h);
+                int is_t0 = r % o.tp == 0;
+                for (size_t i = 0; i < nr; i++) {
+                    int64_t gr = rows[i];
+                    if (gr < 0) {
+                        /* padding rows are inactive when masked: exact zeros */
+                        if (pass_tp == 0 && b.masked) {
+                            int nz = v[2 * i] != 0 || v[2 * i + 1] != 0;
+                            for (size_t j = 0; j < H; j++) nz |= dh[i * H + j] != 0;
+                            pad_nonzero += nz;
+                        }
+                        continue;
+                    }
+                    if (pass_tp == 0 && is_t0) {
+                        dup += seen[gr]++ > 0;
+                        G_lp[gr] = v[2 * i];
+                        G_en[gr] = v[2 * i + 1];
+                        memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
+                    } else if (pass_tp == 1 && !is_t0) {
+                        tp_mismatch += memcmp(&G_lp[gr], &v[2 * i], sizeof(float)) != 0 ||
+                                       memcmp(&G_en[gr], &v[2 * i + 1], sizeof(float)) != 0;
+                    }
+                }
+                off_r += c_rows[r];
+                off_v += c_vals[r];
+                off_h += c_dh[r];
+            }
+        }
+        int64_t missing = 0;
+        for (size_t i = 0; i < R; i++) missing += seen && !seen[i];
+        size_t dw_total = 0;
+        for (int r = 0; r < g_size; r++) dw_total += c_dw[r];
+        if (dw_total != V * H * sizeof(float)) {
+            printf("dweight: gathered %zu bytes, expected %zu\n", dw_total, V * H * sizeof(float));
+            pass = 0;
+        }
+        printf("coverage: %lld rows missing, %lld computed twice; TP copies differing: %lld; "
+               "nonzero padding rows: %lld\n",
+               (long long)missing, (long long)dup, (long long)tp_mismatch,
+               (long long)pad_nonzero);
+        if (missing || dup || tp_mismatch || pad_nonzero) pass = 0;
+        printf("time: forward + backward %.3f ms (slowest rank)\n", t_max * 1e3);
+
+        if (pass && o.check) {
+            sph_ctx_opts ro = SPH_CTX_OPTS_INIT;
+            ro.force_kernel = "ref";
+            dev hd = {NULL, 0};
+            int64_t *all = xcalloc(R, sizeof(int64_t));
+            int64_t bo[2] = {0, (int64_t)R};
+            int rok = all != NULL;
+            for (size_t i = 0; rok && i < R; i++) all[i] = (int64_t)i;
+            if (rok && sph_ctx_create(&ref_ctx, &ro)) rok = rfail("ref context: %s", sph_last_error());
+            hd.io = ref_ctx;
+            /* One bin of all R rows; spans from the global mask with the same gap. */
+            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, &ref);
+            free(all);
+            if (!rok) {
+                pass = 0;
+            } else {
+                struct { const char *name; const float *got, *want; size_t n; } cmp[] = {
+                    {"logprob", G_lp, ref.logprob, R},
+                    {"entropy", G_en, ref.entropy, R},
+                    {"dhidden", G_dh, ref.dhidden, R * H},
+                    {"dweight", G_dw, ref.dweight, V * H}};
+                printf("check against the single-process reference (atol %g, rtol %g):\n", o.atol,
+                       o.rtol);
+                for (size_t k = 0; k < 4; k++) {
+                    errstat e = compare(cmp[k].got, cmp[k].want, (int64_t)cmp[k].n, o.atol, o.rtol);
+                    int good = e.worst_ratio <= 1.0;
+                    printf("  %-8s max abs err %.3e  max rel err %.3e  worst [%lld] got %.9g ref "
+                           "%.9g  %s\n",
+                           cmp[k].name, e.max_abs, e.max_rel, (long long)e.worst,
+                           e.worst >= 0 ? cmp[k].got[e.worst] : 0.0,
+                           e.worst >= 0 ? cmp[k].want[e.worst] : 0.0, good ? "ok" : "FAIL");
+                    pass &= good;
+                }
+            }
+        }
+        if (o.outputs) {
+            mkdir(o.outputs, 0777);
+            int64_t sr[1] = {b.R}, srh[2] = {b.R, b.H}, svh[2] = {b.V, b.H};
+            int wok = npy_write(o.outputs, "logprob", "<f4", G_lp, 4, 1, sr) &&
+                      npy_write(o.outputs, "entropy", "<f4", G_en, 4, 1, sr) &&
+                      npy_write(o.outputs, "dhidden", "<f4", G_dh, 4, 2, srh) &&
+                      npy_write(o.outputs, "dweight", "<f4", G_dw, 4, 2, svh);
+            if (wok) printf("outputs: written to %s\n", o.outputs);
+            else pass = 0;
+        }
+        printf("%s\n", !o.check ? (pass ? "DONE (not checked)" : "FAIL") : pass ? "PASS" : "FAIL");
+        fflush(stdout);
+    }
+    MPI_Bcast(&pass, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    rc = pass ? 0 : 1;
+
+out:
+    result_free(&res);
+    result_free(&ref);
+    share_free(&sh);
+    batch_free(&b);
+    free(g_rows);
+    free(g_vals);
+    free(g_dh);
+    free(g_dw);
+    free(c_rows);
+    free(c_vals);
+    free(c_dh);
+    free(c_dw);
+    free(dw64);
+    free(dw64_sum);
+    free(G_lp);
+    free(G_en);
+    free(G_dh);
+    free(seen);
+    sph_ctx_destroy(ref_ctx);
+    sph_ctx_destroy(ctx);
+    sph_comm_destroy(comm);
+    sph_ctx_destroy(d.io);
+    if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
+    if (shard_comm != MPI_COMM_NULL) MPI_Comm_free(&shard_comm);
+    if (we_init) MPI_Finalize();
+    return rc;
+}
+
+#endif /* SPH_HAVE_MPI */
