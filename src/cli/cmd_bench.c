@@ -24,8 +24,6 @@
 
 #include "cli.h"
 
-/* Present in CUDA builds only; a weak reference keeps CPU-only builds linking. */
-#pragma weak sph_tune_gemm_rate
 
 /* OpenBLAS is linked through libspanhead; declared here so the CLI needs no BLAS header. */
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -147,8 +145,6 @@ static int64_t build_spans(const uint8_t *mask, int64_t N, int64_t gap, int64_t 
 static int gemm_rate(sph_ctx_t ctx, const bopts *o, int64_t M, int64_t N, int64_t K,
                      double *tf) {
     if (o->dev == SPH_DEVICE_CUDA) {
-        if (!sph_tune_gemm_rate)
-            return sph_cli_fail("bench", 1, "this build of spanhead has no CUDA GEMM timer");
         if (sph_tune_gemm_rate(ctx, o->dt, M, N, K, o->repeats, tf) != SPH_OK)
             return sph_cli_fail("bench", 1, "gemm rate: %s", sph_last_error());
         return 0;

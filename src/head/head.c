@@ -373,20 +373,11 @@ void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
 
 // ---- public entry points ---------------------------------------------------------------
 
-#ifdef SPH_HAVE_CUDA
-/* Weak so a CUDA build links (and says "unsupported") until src/cuda provides the head. */
-#pragma weak sph_head_cuda_workspace
-#pragma weak sph_head_cuda_forward
-#pragma weak sph_head_cuda_backward
-#endif
-
 static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                                size_t *bytes) {
     *bytes = 0;
     if (p->device.type == SPH_DEVICE_CUDA) {
 #ifdef SPH_HAVE_CUDA
-        SPH_CHECK(sph_head_cuda_workspace != NULL, SPH_ERR_UNSUPPORTED,
-                  "head: this build has no CUDA LM-head kernels");
         return sph_head_cuda_workspace(ctx, pass, p, bytes);
 #else
         return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
@@ -417,8 +408,6 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
               "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (p.device.type == SPH_DEVICE_CUDA) {
 #ifdef SPH_HAVE_CUDA
-        SPH_CHECK(sph_head_cuda_forward != NULL && sph_head_cuda_backward != NULL,
-                  SPH_ERR_UNSUPPORTED, "head: this build has no CUDA LM-head kernels");
         return pass == SPH_HEAD_FORWARD ? sph_head_cuda_forward(ctx, &p, ws, ws_bytes)
                                         : sph_head_cuda_backward(ctx, &p, ws, ws_bytes);
 #else
