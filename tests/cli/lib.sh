@@ -34,3 +34,4 @@ expect_fail() {
         fails=$((fails + 1))
     fi
     if [ -s "$tmp/out" ]; then echo "FAIL $name: wrote to stdout on error"; fails=$((fails + 1)); fi
+}
