@@ -222,10 +222,11 @@ def version_of(dist):
 
 
 def load_spanhead():
-    try:
-        import spanhead  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("spanhead") is None:
         sys.path.insert(0, str(REPO / "python"))
+        if not list((REPO / "python" / "spanhead").glob("_spanhead*.so")):
+            raise ImportError("python/spanhead/_spanhead.abi3.so is not built (make "
+                              "python/spanhead/_spanhead.abi3.so here, then carry it)")
     if "SPANHEAD_LIB" not in os.environ and "SPANHEAD_BUILD_DIR" not in os.environ:
         for c in ("build/libspanhead.so", "build-peers/libspanhead.so"):
             if (REPO / c).exists():
