@@ -774,6 +774,8 @@ def main(argv=None):
         log("# no CUDA device: use --device cpu for a harness test")
         return 2
     if cuda:
+        if dev.index is None:        # set_device and the memory stats want an index
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
         props = torch.cuda.get_device_properties(dev)
         gpu = f"cuda {props.name} sm_{props.major}{props.minor} SMs={props.multi_processor_count}"
