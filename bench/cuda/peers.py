@@ -695,6 +695,7 @@ def write_plot(path, records):
     for k, (shape, N) in enumerate(shapes):
         ax = axes[k // cols][k % cols]
         rs = [r for r in records if r["shape"] == shape and r["N"] == N and r.get("ms")]
+        labelled = False
         for mask, ls, mk in (("response", "-", "o"), ("fragmented", ":", "s")):
             m = [r for r in rs if r["mask"] == mask or (r["mask"] == "response")
                  and mask == "fragmented" and r["active"] >= 1.0]
@@ -704,12 +705,13 @@ def write_plot(path, records):
                 pts = sorted((r["active"], r["ms"]) for r in m if r["impl"] == impl)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker=mk,
-                            color=cmap(j), label=impl if mask == "response" else None)
+                            color=cmap(j), label=None if labelled else impl)
             fl = sorted({(r["active"], r["floor_ms"]) for r in m
                          if r["impl"] == "spanhead" and r.get("floor_ms")})
             if fl:
                 ax.plot([p[0] for p in fl], [p[1] for p in fl], ls, color="black", lw=2,
-                        label="active floor" if mask == "response" else None)
+                        label=None if labelled else "active floor")
+            labelled = True
         ax.set_title(f"{shape}: H {rs[0]['H'] if rs else '?'}, V {rs[0]['V_local'] if rs else '?'}"
                      f", N {N} (solid: response, dotted: fragmented)", fontsize=9)
         ax.set_xlabel("active fraction")
