@@ -52,7 +52,8 @@ rc=${PIPESTATUS[0]}
 if [ "$have_mpi" = ON ]; then
     say "## 2. spanhead run --device cuda, one rank, NCCL communicator"
     for args in "" "--mask dense" "--dtype bf16 --temperature 0.7" "--support 9" \
-                "--seqs 12 --min-len 50 --max-len 150 --hidden 128 --vocab 4099 --dtype bf16"; do
+                "--seqs 12 --min-len 50 --max-len 150 --hidden 128 --vocab 4099 --dtype bf16" \
+                "--no-check --bench 10 --seqs 32 --min-len 256 --max-len 2048 --hidden 2048 --vocab 32000 --dtype bf16"; do
         say "### run --device cuda $args"
         mpirun -np 1 "$build/spanhead" run --tp 1 --device cuda $args 2>&1 | tee -a "$log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))

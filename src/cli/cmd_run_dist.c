@@ -90,7 +90,9 @@ static const char *USAGE =
     "  --gap G                   span coalescing gap (default 4)\n"
     "  --kernel NAME             force the per-rank kernel (ref, generic, avx2, ...)\n"
     "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)\n"
-    "  --no-check                skip the reference (timing or output only)\n";
+    "  --no-check                skip the reference (timing or output only)\n"
+    "  --bench R                 time forward and backward of each rank's first bin R times,\n"
+    "                            with and without the TP collectives (their share)\n";
 
 /* ---- options ------------------------------------------------------------------------------ */
 
@@ -99,7 +101,7 @@ typedef struct dopts {
     int cuda;
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
-    int masked, bf16, check;
+    int masked, bf16, check, bench;
     double temperature, atol, rtol;
     uint64_t seed;
     sph_pack_algo algo;
@@ -126,7 +128,7 @@ static int parse_f64(const char *s, double *out) {
 /* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
 static int parse_opts(int argc, char **argv, dopts *o, int rank) {
     *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
-                 1, 0, 1, 1.0, -1, -1, 1, SPH_PACK_FFD};
+                 1, 0, 1, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *val = NULL;
         char name[64];
@@ -165,6 +167,11 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
         else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
         else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
         else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
+        else if (!strcmp(name, "--bench")) {
+            int64_t r = 0;
+            ok = parse_i64(val, 1, &r) && r <= 100000;
+            o->bench = (int)r;
+        }
         else if (!strcmp(name, "--seed")) {
             int64_t s = 0;
             ok = parse_i64(val, 0, &s);
@@ -814,6 +821,8 @@ typedef struct result {
     float *logprob, *entropy; /* (n) */
     float *dhidden;           /* (n, H), summed over the TP group */
     float *dweight;           /* (V_loc, H), this rank's bins */
+    double bench_ms[4];       /* --bench: medians (slowest rank) of forward and backward with
+                                 the TP communicator, then without it; rank 0 only */
 } result;
 
 static void result_free(result *r) {
@@ -831,9 +840,69 @@ static sph_tensor tens(void *data, sph_dtype dt, int32_t ndim, int64_t *shape, i
 
 /* Runs forward + backward over rows [grow] of the batch with weight rows [v0, v0 + V_loc),
  * one call pair per bin. ctx carries the TP communicator (or none for the reference). */
+static int cmp_dbl(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* --bench: times forward and backward of the bin already on the device, reps times, with the
+ * TP context and with a context without communicator (the same per-rank work, no combine),
+ * into out->bench_ms (medians of the slowest rank). Every rank calls it at bin 0. dw_d is a
+ * scratch dweight so that the accumulated gradient is not disturbed. */
+static int bench_bin(sph_ctx_t ctx, sph_ctx_t local, const sph_head_args *a0, int allreduce,
+                     void *ws, size_t ws_bytes, int reps, result *out) {
+    double *t = calloc((size_t)reps * 4, sizeof(double));
+    int ok = t != NULL;
+    if (!agree(ok)) {
+        free(t);
+        return rfail("out of host memory for %d timings", reps);
+    }
+    for (int mode = 0; mode < 2 && ok; mode++) {
+        sph_ctx_t c = mode == 0 ? ctx : local;
+        sph_head_args fa = *a0, ba = *a0;
+        fa.dhidden = NULL;
+        fa.dweight = NULL;
+        fa.allreduce_dhidden = 0;
+        fa.accumulate_dweight = 0;
+        ba.accumulate_dweight = 0;
+        ba.allreduce_dhidden = mode == 0 ? allreduce : 0;
+        for (int r = -1; r < reps && ok; r++) { /* r = -1: warm-up */
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            sph_status s = sph_head_forward(c, &fa, ws, ws_bytes);
+            if (!s) s = sph_ctx_synchronize(c);
+            double t1 = MPI_Wtime();
+            if (!s) s = sph_head_backward(c, &ba, ws, ws_bytes);
+            if (!s) s = sph_ctx_synchronize(c);
+            double t2 = MPI_Wtime();
+            if (s) ok = rfail("--bench: %s", sph_last_error());
+            if (r >= 0) {
+                t[(size_t)(2 * mode) * (size_t)reps + (size_t)r] = t1 - t0;
+                t[(size_t)(2 * mode + 1) * (size_t)reps + (size_t)r] = t2 - t1;
+            }
+        }
+    }
+    if (!agree(ok)) {
+        free(t);
+        return 0;
+    }
+    double *mx = calloc((size_t)reps * 4, sizeof(double));
+    if (g_rank == 0 && !mx) ok = rfail("out of host memory");
+    MPI_Reduce(t, mx, reps * 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (g_rank == 0 && mx)
+        for (int k = 0; k < 4; k++) {
+            qsort(mx + (size_t)k * (size_t)reps, (size_t)reps, sizeof(double), cmp_dbl);
+            out->bench_ms[k] = mx[(size_t)k * (size_t)reps + (size_t)reps / 2] * 1e3;
+        }
+    free(t);
+    free(mx);
+    return ok;
+}
+
 static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *grow,
                     const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc,
-                    int64_t gap, int allreduce, result *out) {
+                    int64_t gap, int allreduce, sph_ctx_t bench_ctx, int bench_reps,
+                    result *out) {
     const int64_t H = b->H, K = b->K;
     const int cuda = d->cuda;
     const size_t esz = b->bf16 ? 2 : 4;
@@ -990,6 +1059,19 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
             !dget(d, out->entropy + r0, en_d, (size_t)n * sizeof(float)) ||
             !dget(d, out->dhidden + (size_t)r0 * (size_t)H, dh_d, (size_t)(n * H) * sizeof(float)))
             goto done;
+        if (bench_reps > 0 && bi == 0) {
+            void *dwt = NULL;
+            if (!agree(dput(d, NULL, (size_t)(V_loc * H) * sizeof(float), &dwt))) {
+                sph_ctx_free(d->io, dwt);
+                goto done;
+            }
+            sph_tensor tdwt = tens(dwt, SPH_F32, 2, s_dw, cuda);
+            sph_head_args ab = a;
+            ab.dweight = &tdwt;
+            int bok = bench_bin(ctx, bench_ctx, &ab, allreduce, ws, ws_bytes, bench_reps, out);
+            sph_ctx_free(d->io, dwt);
+            if (!bok) goto done;
+        }
         void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &g_d, &e_d, &lp_d, &en_d, &st_d, &dh_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
             sph_ctx_free(d->io, *bufs[k]);
@@ -1092,7 +1174,7 @@ int sph_cli_run_dist(int argc, char **argv) {
     memset(&res, 0, sizeof res);
     memset(&ref, 0, sizeof ref);
     sph_comm_t comm = NULL;
-    sph_ctx_t ctx = NULL, ref_ctx = NULL;
+    sph_ctx_t ctx = NULL, ref_ctx = NULL, local_ctx = NULL;
     dev d = {NULL, 0};
     MPI_Comm tpc = MPI_COMM_NULL, shard_comm = MPI_COMM_NULL;
     void *g_rows = NULL, *g_vals = NULL, *g_dh = NULL, *g_dw = NULL;
@@ -1180,6 +1262,9 @@ int sph_cli_run_dist(int argc, char **argv) {
     co.tp_comm = comm;
     co.force_kernel = o.kernel;
     if (sph_ctx_create(&ctx, &co)) ok = rfail("context: %s", sph_last_error());
+    co.tp_comm = NULL;
+    if (ok && o.bench && sph_ctx_create(&local_ctx, &co))
+        ok = rfail("context: %s", sph_last_error());
     if (!agree(ok)) goto out;
 
     if (g_rank == 0) {
@@ -1202,7 +1287,8 @@ int sph_cli_run_dist(int argc, char **argv) {
 
     /* 5b. forward + backward of every rank */
     double t0 = MPI_Wtime();
-    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap, 1, &res);
+    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap, 1, local_ctx,
+                  o.bench, &res);
     if (!agree(ok)) goto out;
     double t_run = MPI_Wtime() - t0, t_max = 0;
     MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
@@ -1312,7 +1398,20 @@ int sph_cli_run_dist(int argc, char **argv) {
                (long long)missing, (long long)dup, (long long)tp_mismatch,
                (long long)pad_nonzero);
         if (missing || dup || tp_mismatch || pad_nonzero) pass = 0;
-        printf("time: forward + backward %.3f ms (slowest rank)\n", t_max * 1e3);
+        printf("time: forward + backward %.3f ms (slowest rank, all bins, host copies included)\n",
+               t_max * 1e3);
+        if (o.bench) {
+            const double *m = res.bench_ms;
+            printf("bench: bin 0 of every rank (rank 0: %lld rows), %d reps, median of the "
+                   "slowest rank:\n"
+                   "  forward  %.3f ms with the TP combine, %.3f ms without (combine share "
+                   "%.1f%%)\n"
+                   "  backward %.3f ms with the dhidden all-reduce, %.3f ms without (share "
+                   "%.1f%%)\n",
+                   (long long)(sh.bin_off[1] - sh.bin_off[0]), o.bench, m[0], m[2],
+                   m[0] > 0 ? (m[0] - m[2]) / m[0] * 100 : 0.0, m[1], m[3],
+                   m[1] > 0 ? (m[1] - m[3]) / m[1] * 100 : 0.0);
+        }
 
         if (pass && o.check) {
             sph_ctx_opts ro = SPH_CTX_OPTS_INIT;
@@ -1325,7 +1424,7 @@ int sph_cli_run_dist(int argc, char **argv) {
             if (rok && sph_ctx_create(&ref_ctx, &ro)) rok = rfail("ref context: %s", sph_last_error());
             hd.io = ref_ctx;
             /* One bin of all R rows; spans from the global mask with the same gap. */
-            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, &ref);
+            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, NULL, 0, &ref);
             free(all);
             if (!rok) {
                 pass = 0;
@@ -1385,6 +1484,7 @@ out:
     free(G_dh);
     free(seen);
     sph_ctx_destroy(ref_ctx);
+    sph_ctx_destroy(local_ctx);
     sph_ctx_destroy(ctx);
     sph_comm_destroy(comm);
     sph_ctx_destroy(d.io);
