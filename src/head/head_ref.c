@@ -83,10 +83,11 @@ sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
     const int64_t ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
     uint8_t *active = malloc((size_t)N + 1);
     int64_t *cols = malloc((size_t)ncols * sizeof *cols);
+    double *zrow = malloc((size_t)ncols * sizeof *zrow); /* z of the row's columns */
     double *rec = malloc(((size_t)N * R + 1) * sizeof *rec);
     double *gath = ranks > 1 ? malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
     sph_status st = SPH_OK;
-    if (!active || !cols || !rec || (ranks > 1 && !gath)) {
+    if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
         goto done;
     }
@@ -101,13 +102,13 @@ sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
         int any_nan = 0;
         for (int64_t c = 0; c < n; c++) {
             double z = z_of_u(p, dot_hw(p, i, cols[c]));
+            zrow[c] = z;
             if (isnan(z)) any_nan = 1;
             if (z > m) m = z;
         }
         if (any_nan) m = NAN;
         for (int64_t c = 0; c < n; c++) {
-            double z = z_of_u(p, dot_hw(p, i, cols[c]));
-            double e = exp(z - m);
+            double z = zrow[c], e = exp(z - m);
             r[1] += e;
             r[2] += e * z;
             r[4] += z;
@@ -134,6 +135,7 @@ sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
 done:
     free(active);
     free(cols);
+    free(zrow);
     free(rec);
     free(gath);
     return st;

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# test_run.sh - `spanhead run`: the default batch and synthetic variants pass --check, .npy
+# inputs/outputs round-trip and match a NumPy float64 computation, and bad input fails with
+# a clear message and the documented exit code (2 usage, 1 runtime).
+set -uo pipefail
+cli=${1:?usage: test_run.sh path/to/spanhead}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+
+# expect_rc CODE NEEDLE -- command...: exit code and a substring of stdout+stderr
+expect_rc() {
+    local want=$1 needle=$2
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc -ne $want ]]; then
+        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
+    fi
+    if [[ -n $needle && $out != *"$needle"* ]]; then
+        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
+    fi
+    ok "$* (exit $rc)"
+}
+
+# ---- synthetic runs, each checked against the float64 reference -------------------------
+expect_rc 0 "check passed" -- "$cli" run --check
+expect_rc 0 "check passed" -- "$cli" run --check --N 67 --H 45 --V 301 --mask random --active 0.3 \
+    --entropy --softcap 5 --temperature 0.8 --seed 7
+expect_rc 0 "check passed" -- "$cli" run --check --N 80 --H 64 --V 500 --one-pass --entropy \
+    --mask fragmented --active 0.4 --dtype bf16
+expect_rc 0 "check passed" -- "$cli" run --check --N 50 --H 33 --V 257 --dtype f16 --kernel generic
+expect_rc 0 "check passed" -- "$cli" run --check --N 40 --H 32 --V 200 --support 8 --entropy
+expect_rc 0 "check passed" -- "$cli" run --check --N 30 --H 16 --V 100 --vocab-total 350 \
+    --vocab-start 120 --mask none
+expect_rc 0 "rows" -- "$cli" run --N 16 --H 8 --V 32 --threads 1 --repeats 1
+
+# ---- errors --------------------------------------------------------------------------------
+expect_rc 2 "unknown option '--bogus'" -- "$cli" run --bogus
+expect_rc 2 "--dtype: 'f8'" -- "$cli" run --dtype f8
+expect_rc 2 "--N: '0' is not an integer >= 1" -- "$cli" run --N 0 --H 4 --V 4
+expect_rc 2 "--N, --H and --V go together" -- "$cli" run --N 4
+expect_rc 2 "--mask: 'stripes'" -- "$cli" run --N 4 --H 4 --V 4 --mask stripes
+expect_rc 2 "--device: 'tpu'" -- "$cli" run --device tpu
+expect_rc 1 "temperature: -1" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
+expect_rc 1 "vocab_start" -- "$cli" run --N 4 --H 4 --V 8 --vocab-total 10 --vocab-start 5
+expect_rc 1 "hidden.npy, weight.npy and targets.npy are required" -- "$cli" run --inputs "$tmp/none"
+
+# ---- .npy round trip against NumPy ----------------------------------------------------------
+if ! python3 -c 'import numpy' 2>/dev/null; then
+    echo "skip .npy round trip: numpy is not installed"
+    [[ $fails -eq 0 ]] && exit 0 || exit 1
+fi
+mkdir -p "$tmp/in" "$tmp/in16"
+python3 - "$tmp" <<'PY'
+import numpy as np, sys
+d = sys.argv[1]
+r = np.random.default_rng(5)
+N, H, V = 37, 24, 151
+h = r.standard_normal((N, H)).astype(np.float32)
+w = (r.standard_normal((V, H)) * 0.5).astype(np.float32)
+t = r.integers(0, V, N).astype(np.int64); t[4] = -100
+m = (r.random(N) < 0.6).astype(np.uint8)
+g = r.standard_normal(N).astype(np.float32)
+e = (r.standard_normal(N) * 0.1).astype(np.float32)
+gl = (r.standard_normal(N) * 0.01).astype(np.float32)
+for k, v in dict(hidden=h, weight=w, targets=t, mask=m, dlogprob=g, dentropy=e, dlse=gl).items():
+    np.save(f"{d}/in/{k}.npy", v)
+# bf16 as raw uint16 (round to nearest even), targets as int32
+def bf16(x):
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7fff + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+np.save(f"{d}/in16/hidden.npy", bf16(h)); np.save(f"{d}/in16/weight.npy", bf16(w))
+np.save(f"{d}/in16/targets.npy", t.astype(np.int32)); np.save(f"{d}/in16/dlogprob.npy", g)
+np.save(f"{d}/in16/hidden_bad.npy", h)
+PY
+expect_rc 0 "check passed" -- "$cli" run --inputs "$tmp/in" --outputs "$tmp/out" --check --entropy
+expect_rc 0 "check passed" -- "$cli" run --inputs "$tmp/in16" --dtype bf16 --outputs "$tmp/out16" --check
+expect_rc 2 "--dtype bf16|f16" -- "$cli" run --inputs "$tmp/in16"
+expect_rc 2 "drop --N" -- "$cli" run --inputs "$tmp/in" --N 3
+python3 - "$tmp" <<'PY' && ok "outputs match NumPy float64" || bad "outputs differ from NumPy"
+import numpy as np, sys
+d = sys.argv[1]
+L = lambda p, k: np.load(f"{d}/{p}/{k}.npy")
+h, w, t, m = (L("in", k).astype(np.float64) for k in ("hidden", "weight", "targets", "mask"))
+t = t.astype(np.int64); m = m.astype(bool)
+g, e, gl = (L("in", k).astype(np.float64) for k in ("dlogprob", "dentropy", "dlse"))
+z = h @ w.T
+mx = z.max(1, keepdims=True); lse = (mx + np.log(np.exp(z - mx).sum(1, keepdims=True)))[:, 0]
+p = np.exp(z - lse[:, None]); mu = (p * z).sum(1)
+ign = t < 0; tt = np.where(ign, 0, t)
+lp = np.where(ign, 0, z[np.arange(len(t)), tt] - lse); ent = lse - mu
+g = np.where(ign, 0, g)
+dz = -g[:, None] * p + e[:, None] * p * (mu[:, None] - z) + gl[:, None] * p
+dz[np.arange(len(t)), tt] += g
+dz[~m] = 0
+dh = dz @ w; dw = dz.T @ h
+def close(name, got, ref, tol=1e-4):
+    err = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
+    if not err <= tol:
+        print(f"{name}: normwise error {err:.2e}"); sys.exit(1)
+close("logprob", L("out", "logprob"), np.where(m, lp, 0))
+close("entropy", L("out", "entropy"), np.where(m, ent, 0))
+close("lse", L("out", "lse"), np.where(m, lse, 0))
+close("logit_mean", L("out", "logit_mean"), np.where(m, z.mean(1), 0))
+close("dhidden", L("out", "dhidden"), dh)
+close("dweight", L("out", "dweight"), dw)
+assert L("out", "dhidden").shape == h.shape and L("out", "dweight").shape == w.shape
+assert L("out16", "logprob").shape == (len(t),)
+PY
+
+[[ $fails -eq 0 ]] && echo "all run tests passed" && exit 0
+echo "$fails run test(s) failed"
+exit 1
