@@ -96,6 +96,9 @@ static const char *USAGE =
     "  --gap G                   span coalescing gap (default 4)\n"
     "  --kernel NAME             force the per-rank kernel (ref, generic, avx2, ...)\n"
     "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)\n"
+    "  --dhidden allreduce|partial  allreduce: the head sums dhidden over the TP group\n"
+    "                            (allreduce_dhidden, default); partial: each rank keeps its\n"
+    "                            shard's partial and rank 0 sums the gathered partials\n"
     "  --no-check                skip the reference (timing or output only)\n"
     "  --bench R                 time forward and backward of each rank's first bin R times,\n"
     "                            with and without the TP collectives (their share)\n";
@@ -107,7 +110,7 @@ typedef struct dopts {
     int cuda;
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
-    int masked, bf16, check, bench;
+    int masked, bf16, check, bench, dh_partial;
     double temperature, atol, rtol;
     uint64_t seed;
     sph_pack_algo algo;
@@ -134,7 +137,7 @@ static int parse_f64(const char *s, double *out) {
 /* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
 static int parse_opts(int argc, char **argv, dopts *o, int rank) {
     *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
-                 1, 0, 1, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
+                 1, 0, 1, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *val = NULL;
         char name[64];
@@ -173,7 +176,10 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
         else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
         else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
         else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
-        else if (!strcmp(name, "--bench")) {
+        else if (!strcmp(name, "--dhidden")) {
+            ok = !strcmp(val, "allreduce") || !strcmp(val, "partial");
+            o->dh_partial = !strcmp(val, "partial");
+        } else if (!strcmp(name, "--bench")) {
             int64_t r = 0;
             ok = parse_i64(val, 1, &r) && r <= 100000;
             o->bench = (int)r;
@@ -1129,6 +1135,7 @@ int sph_cli_run_dist(int argc, char **argv) {
     double *dw64 = NULL, *dw64_sum = NULL;
     float *G_row[NF] = {NULL}, *G_dh = NULL, *G_dw = NULL;
     int8_t *seen = NULL;
+    double *dh64 = NULL;
 
     int p = parse_opts(argc, argv, &o, g_rank);
     if (p) {
@@ -1234,7 +1241,8 @@ int sph_cli_run_dist(int argc, char **argv) {
 
     /* 5b. forward + backward of every rank */
     double t0 = MPI_Wtime();
-    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap, 1, local_ctx,
+    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap,
+                  !o.dh_partial, local_ctx,
                   o.bench, &res);
     if (!agree(ok)) goto out;
     double t_run = MPI_Wtime() - t0, t_max = 0;
@@ -1289,7 +1297,8 @@ int sph_cli_run_dist(int argc, char **argv) {
         G_dh = xcalloc(R * H, sizeof(float));
         G_dw = (float *)g_dw; /* shards in TP order are the concatenation */
         seen = xcalloc(R, 1);
-        if (!all_rows || !G_dh || !seen) {
+        if (o.dh_partial) dh64 = xcalloc(R * H, sizeof(double));
+        if (!all_rows || !G_dh || !seen || (o.dh_partial && !dh64)) {
             rfail("out of host memory assembling the outputs");
             pass = 0;
         }
@@ -1316,10 +1325,12 @@ int sph_cli_run_dist(int argc, char **argv) {
                         }
                         continue;
                     }
+                    if (pass_tp == 0 && dh64) /* partials: the TP sum in float64 */
+                        for (size_t j = 0; j < H; j++) dh64[(size_t)gr * H + j] += dh[i * H + j];
                     if (pass_tp == 0 && is_t0) {
                         dup += seen[gr]++ > 0;
                         for (int f = 0; f < NF; f++) G_row[f][gr] = v[NF * i + (size_t)f];
-                        memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
+                        if (!dh64) memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
                     } else if (pass_tp == 1 && !is_t0) {
                         int differ = 0;
                         for (int f = 0; f < NF; f++)
@@ -1332,6 +1343,7 @@ int sph_cli_run_dist(int argc, char **argv) {
                 off_h += c_dh[r];
             }
         }
+        for (size_t k = 0; dh64 && pass && k < R * H; k++) G_dh[k] = (float)dh64[k];
         int64_t missing = 0;
         for (size_t i = 0; i < R; i++) missing += seen && !seen[i];
         size_t dw_total = 0;
@@ -1434,6 +1446,7 @@ out:
     for (int f = 0; f < NF; f++) free(G_row[f]);
     free(G_dh);
     free(seen);
+    free(dh64);
     sph_ctx_destroy(ref_ctx);
     sph_ctx_destroy(local_ctx);
     sph_ctx_destroy(ctx);
