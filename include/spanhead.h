@@ -405,6 +405,17 @@ SPH_API void sph_pack_free(sph_pack_result *r);
  * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy), stats is fp32 [N, 3]
  * (row max m, lse, mu) written by the forward (global over the TP group) and read by the
  * backward. Gradient outputs are [N, H] and [V_loc, H] in the input dtype or fp32.
+ *
+ * Rules (docs/head.md has the rest):
+ *   - A row is active when active_mask says so, else when it lies inside a span, else always.
+ *     Inactive rows get 0 in every per-row output and in stats.
+ *   - A negative target is ignored: logprob 0, no gradient through dlogprob.
+ *   - Without a TP communicator (tp_comm NULL or of size 1) a sharded call (vocab_total >
+ *     V_loc) uses the statistics of its shard alone.
+ *   - dlogprob needs targets; dlogit_mean is rejected in sample-support mode; a backward needs
+ *     dhidden or dweight. A forward without gradient outputs ignores upstream gradients.
+ *   - The CPU reference (force_kernel "ref") needs no workspace and allocates host scratch.
+ *   - Deterministic: the same inputs and thread count give bitwise-identical outputs.
  */
 
 typedef enum sph_head_pass {

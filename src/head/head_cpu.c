@@ -87,6 +87,12 @@ static size_t take(size_t *off, size_t bytes) {
 static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                               layout *L) {
     memset(L, 0, sizeof *L);
+    /* cblas takes int sizes and leading dimensions */
+    SPH_CHECK(p->H <= INT32_MAX && p->V_loc <= INT32_MAX && p->ld_h <= INT32_MAX &&
+                  p->ld_w <= INT32_MAX && p->ld_dw <= INT32_MAX,
+              SPH_ERR_UNSUPPORTED,
+              "head: H = %lld, V_loc = %lld or a row stride exceeds the int range of BLAS",
+              (long long)p->H, (long long)p->V_loc);
     const int grads = pass == SPH_HEAD_BACKWARD || p->one_pass;
     L->n_act = count_active(p);
     L->T = ctx->num_threads > 0 ? ctx->num_threads : 1;
