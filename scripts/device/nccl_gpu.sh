@@ -96,7 +96,7 @@ step "1. gpu_nccl_single (sph_comm_create_nccl on one GPU)" "$bin"
 if command -v mpirun >/dev/null 2>&1 && [ -x "$cli" ] && ldd "$cli" | grep -q libmpi; then
     for args in "" "--mask dense" "--dtype bf16 --temperature 0.7" "--support 9" \
                 "--seqs 12 --min-len 50 --max-len 150 --hidden 128 --vocab 4099 --dtype bf16" \
-                "--no-check --bench 10 --seqs 32 --min-len 256 --max-len 2048 --hidden 2048 --vocab 32000 --dtype bf16"; do
+                "--reference device --bench 10 --seqs 32 --min-len 256 --max-len 2048 --hidden 2048 --vocab 32000 --dtype bf16"; do
         step "2. spanhead run --device cuda --tp 1 $args" mpirun -np 1 "$cli" run --tp 1 \
             --device cuda $args
     done

@@ -99,6 +99,9 @@ static const char *USAGE =
     "  --dhidden allreduce|partial  allreduce: the head sums dhidden over the TP group\n"
     "                            (allreduce_dhidden, default); partial: each rank keeps its\n"
     "                            shard's partial and rank 0 sums the gathered partials\n"
+    "  --reference ref|device    what rank 0 compares with: the float64 reference kernels on\n"
+    "                            the CPU (default), or one process on the ranks' device and\n"
+    "                            kernels without a communicator (the single-GPU result)\n"
     "  --no-check                skip the reference (timing or output only)\n"
     "  --bench R                 time forward and backward of each rank's first bin R times,\n"
     "                            with and without the TP collectives (their share)\n";
@@ -110,7 +113,7 @@ typedef struct dopts {
     int cuda;
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
-    int masked, bf16, check, bench, dh_partial;
+    int masked, bf16, check, bench, dh_partial, ref_device;
     double temperature, atol, rtol;
     uint64_t seed;
     sph_pack_algo algo;
@@ -137,7 +140,7 @@ static int parse_f64(const char *s, double *out) {
 /* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
 static int parse_opts(int argc, char **argv, dopts *o, int rank) {
     *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
-                 1, 0, 1, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
+                 1, 0, 1, 0, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *val = NULL;
         char name[64];
@@ -176,7 +179,10 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
         else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
         else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
         else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
-        else if (!strcmp(name, "--dhidden")) {
+        else if (!strcmp(name, "--reference")) {
+            ok = !strcmp(val, "ref") || !strcmp(val, "device");
+            o->ref_device = !strcmp(val, "device");
+        } else if (!strcmp(name, "--dhidden")) {
             ok = !strcmp(val, "allreduce") || !strcmp(val, "partial");
             o->dh_partial = !strcmp(val, "partial");
         } else if (!strcmp(name, "--bench")) {
@@ -1373,9 +1379,18 @@ int sph_cli_run_dist(int argc, char **argv) {
         }
 
         if (pass && o.check) {
+            /* --reference ref: the float64 reference kernels on the CPU; device: the ranks'
+             * device and kernels in one process, without a communicator (the single-GPU
+             * result, for shapes the reference is too slow for). */
             sph_ctx_opts ro = SPH_CTX_OPTS_INIT;
-            ro.force_kernel = "ref";
             dev hd = {NULL, 0};
+            if (o.ref_device) {
+                ro = io;
+                ro.force_kernel = o.kernel;
+                hd.cuda = o.cuda;
+            } else {
+                ro.force_kernel = "ref";
+            }
             int64_t *all = xcalloc(R, sizeof(int64_t));
             int64_t bo[2] = {0, (int64_t)R};
             int rok = all != NULL;
@@ -1396,8 +1411,9 @@ int sph_cli_run_dist(int argc, char **argv) {
                         cmp[nc++] = (cmp_t){F_NAME[f], G_row[f], ref.row[f], R};
                 cmp[nc++] = (cmp_t){"dhidden", G_dh, ref.dhidden, R * H};
                 cmp[nc++] = (cmp_t){"dweight", G_dw, ref.dweight, V * H};
-                printf("check against the single-process reference (atol %g, rtol %g):\n", o.atol,
-                       o.rtol);
+                printf("check against the single-process %s (atol %g, rtol %g):\n",
+                       o.ref_device ? "run on the same device and kernels" : "reference",
+                       o.atol, o.rtol);
                 for (size_t k = 0; k < nc; k++) {
                     errstat e = compare(cmp[k].got, cmp[k].want, (int64_t)cmp[k].n, o.atol, o.rtol);
                     int good = e.worst_ratio <= 1.0;
