@@ -223,8 +223,10 @@ int main(int argc, char **argv) {
     x.lp = malloc(sizeof(float) * (size_t)N);
     x.en = malloc(sizeof(float) * (size_t)N);
     x.st = malloc(sizeof(float) * (size_t)(N * 3));
-    float *lp_full = malloc(sizeof(float) * (size_t)N), *en_full = malloc(sizeof(float) * (size_t)N);
-    if (!x.h || !x.w || !x.t || !x.lp || !x.en || !x.st || !lp_full || !en_full) DIE("out of memory");
+    float *lp_full = malloc(sizeof(float) * (size_t)N);
+    float *en_full = malloc(sizeof(float) * (size_t)N);
+    if (!x.h || !x.w || !x.t || !x.lp || !x.en || !x.st || !lp_full || !en_full)
+        DIE("out of memory");
     for (int64_t i = 0; i < N * H; i++) x.h[i] = frand();
     for (int64_t i = 0; i < V * H; i++) x.w[i] = frand() * 0.2f;
     for (int64_t i = 0; i < N; i++) x.t[i] = (int64_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
@@ -254,7 +256,8 @@ int main(int argc, char **argv) {
         if (!(worst <= 1)) DIE("TP forward does not match the one-process forward");
     }
 
-    double *t_tp = malloc(sizeof(double) * (size_t)reps), *t_loc = malloc(sizeof(double) * (size_t)reps);
+    double *t_tp = malloc(sizeof(double) * (size_t)reps);
+    double *t_loc = malloc(sizeof(double) * (size_t)reps);
     if (!t_tp || !t_loc) DIE("out of memory");
     time_forward(local, &x, &ws, &ws_bytes); /* warm-up of the shard-only path */
     for (int r = 0; r < reps; r++) {

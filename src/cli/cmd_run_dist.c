@@ -158,6 +158,15 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
             o->check = 0;
             continue;
         }
+        static const char *const valued[] = {
+            "--tp", "--cp", "--dp", "--seqs", "--min-len", "--max-len", "--hidden", "--vocab",
+            "--support", "--capacity", "--gap", "--seed", "--temperature", "--atol", "--rtol",
+            "--inputs", "--outputs", "--kernel", "--device", "--dtype", "--mask", "--pack",
+            "--reference", "--dhidden", "--bench"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(name, valued[k]);
+        if (!known) goto bad_arg;
         if (eq) {
             val = (char *)eq + 1;
         } else {
@@ -1395,7 +1404,8 @@ int sph_cli_run_dist(int argc, char **argv) {
             int64_t bo[2] = {0, (int64_t)R};
             int rok = all != NULL;
             for (size_t i = 0; rok && i < R; i++) all[i] = (int64_t)i;
-            if (rok && sph_ctx_create(&ref_ctx, &ro)) rok = rfail("ref context: %s", sph_last_error());
+            if (rok && sph_ctx_create(&ref_ctx, &ro))
+                rok = rfail("ref context: %s", sph_last_error());
             hd.io = ref_ctx;
             /* One bin of all R rows; spans from the global mask with the same gap. */
             rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, NULL, 0, &ref);
@@ -1432,7 +1442,8 @@ int sph_cli_run_dist(int argc, char **argv) {
             int wok = mkdir(o.outputs, 0777) == 0 || errno == EEXIST;
             if (!wok) rfail("--outputs %s: %s", o.outputs, strerror(errno));
             for (int f = 0; wok && f < NF; f++)
-                if (f != F_LOGIT_MEAN || !b.K) wok = write_f32(o.outputs, F_NAME[f], G_row[f], 1, sr);
+                if (f != F_LOGIT_MEAN || !b.K)
+                    wok = write_f32(o.outputs, F_NAME[f], G_row[f], 1, sr);
             wok = wok && write_f32(o.outputs, "dhidden", G_dh, 2, srh) &&
                   write_f32(o.outputs, "dweight", G_dw, 2, svh);
             if (wok) printf("outputs: written to %s\n", o.outputs);

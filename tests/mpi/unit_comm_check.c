@@ -177,11 +177,13 @@ static void test_world_layout(void **state) {
     /* 2 x 2 x 2: world size, replicas that shard differently */
     sph_comm_rec *r = world(2, 2, 2, 301);
     expect_verdict(r, 8, 1, SPH_OK, NULL);
-    expect_verdict(r, 7, 1, SPH_ERR_MISMATCH, "world has 7 ranks, but cfg.tp * cp * dp = 2 * 2 * 2 = 8");
+    expect_verdict(r, 7, 1, SPH_ERR_MISMATCH,
+                   "world has 7 ranks, but cfg.tp * cp * dp = 2 * 2 * 2 = 8");
     r[6].w[SPH_REC_VOCAB_LOCAL] += 10; /* world rank 6 = tp_rank 0 of (cp 1, dp 1) */
     r[7].w[SPH_REC_VOCAB_START] += 10;
     r[7].w[SPH_REC_VOCAB_LOCAL] -= 10;
-    expect_verdict(r, 8, 1, SPH_ERR_MISMATCH, "rank 6: shard [0, 160) differs from rank 0's [0, 150)");
+    expect_verdict(r, 8, 1, SPH_ERR_MISMATCH,
+                   "rank 6: shard [0, 160) differs from rank 0's [0, 150)");
     /* the verdict is a pure function: the same message twice */
     sph_comm_check_records(r, 8, 1);
     char first[512];
