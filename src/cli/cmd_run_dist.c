@@ -102,6 +102,9 @@ static const char *USAGE =
     "  --reference ref|device    what rank 0 compares with: the float64 reference kernels on\n"
     "                            the CPU (default), or one process on the ranks' device and\n"
     "                            kernels without a communicator (the single-GPU result)\n"
+    "  --one-pass                gradients in the forward sweep (one combine per chunk of\n"
+    "                            rows) instead of a separate backward\n"
+    "  --chunk-rows N            rows per chunk on the ranks (0 = automatic)\n"
     "  --no-check                skip the reference (timing or output only)\n"
     "  --bench R                 time forward and backward of each rank's first bin R times,\n"
     "                            with and without the TP collectives (their share)\n";
@@ -113,7 +116,8 @@ typedef struct dopts {
     int cuda;
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
-    int masked, bf16, check, bench, dh_partial, ref_device;
+    int masked, bf16, check, bench, dh_partial, ref_device, one_pass;
+    int64_t chunk_rows;
     double temperature, atol, rtol;
     uint64_t seed;
     sph_pack_algo algo;
@@ -140,7 +144,7 @@ static int parse_f64(const char *s, double *out) {
 /* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
 static int parse_opts(int argc, char **argv, dopts *o, int rank) {
     *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
-                 1, 0, 1, 0, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
+                 1, 0, 1, 0, 0, 0, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *val = NULL;
         char name[64];
@@ -158,11 +162,15 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
             o->check = 0;
             continue;
         }
+        if (!strcmp(name, "--one-pass")) {
+            o->one_pass = 1;
+            continue;
+        }
         static const char *const valued[] = {
             "--tp", "--cp", "--dp", "--seqs", "--min-len", "--max-len", "--hidden", "--vocab",
             "--support", "--capacity", "--gap", "--seed", "--temperature", "--atol", "--rtol",
             "--inputs", "--outputs", "--kernel", "--device", "--dtype", "--mask", "--pack",
-            "--reference", "--dhidden", "--bench"};
+            "--reference", "--dhidden", "--bench", "--chunk-rows"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -188,6 +196,7 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
         else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
         else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
         else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
+        else if (!strcmp(name, "--chunk-rows")) ok = parse_i64(val, 1, &o->chunk_rows);
         else if (!strcmp(name, "--reference")) {
             ok = !strcmp(val, "ref") || !strcmp(val, "device");
             o->ref_device = !strcmp(val, "device");
@@ -862,8 +871,8 @@ static int bench_bin(sph_ctx_t ctx, sph_ctx_t local, const sph_head_args *a0, in
 
 static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *grow,
                     const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc,
-                    int64_t gap, int allreduce, sph_ctx_t bench_ctx, int bench_reps,
-                    result *out) {
+                    int64_t gap, int allreduce, int one_pass, sph_ctx_t bench_ctx,
+                    int bench_reps, result *out) {
     const int64_t H = b->H, K = b->K;
     const int cuda = d->cuda, nf = K ? NF - 1 : NF; /* logit_mean is undefined with support */
     const size_t esz = b->bf16 ? 2 : 4;
@@ -975,7 +984,6 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
         a.stats = &tst;
         /* Forward first, in the general (two-pass) mode: no gradient outputs, no upstream. */
         size_t need = 0, need_b = 0;
-        sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need);
         sph_head_args ab = a;
         ab.dlogprob = &tup[F_LOGPROB];
         ab.dentropy = &tup[F_ENTROPY];
@@ -985,7 +993,9 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
         ab.dweight = &tdw;
         ab.accumulate_dweight = bi > 0;
         ab.allreduce_dhidden = allreduce;
-        if (!s) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &ab, &need_b);
+        /* one-pass: the forward takes the upstream gradients and writes the gradients too */
+        sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, one_pass ? &ab : &a, &need);
+        if (!s && !one_pass) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &ab, &need_b);
         if (s) {
             rfail("workspace size: %s", sph_last_error());
             goto done;
@@ -998,13 +1008,13 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
             if (!dput(d, NULL, need, &ws)) goto done;
             ws_bytes = need;
         }
-        s = sph_head_forward(ctx, &a, ws, ws_bytes);
+        s = sph_head_forward(ctx, one_pass ? &ab : &a, ws, ws_bytes);
         if (s) {
             rfail("sph_head_forward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
                   sph_last_error());
             goto done;
         }
-        s = sph_head_backward(ctx, &ab, ws, ws_bytes);
+        if (!one_pass) s = sph_head_backward(ctx, &ab, ws, ws_bytes);
         if (s == SPH_OK) s = sph_ctx_synchronize(ctx);
         if (s) {
             rfail("sph_head_backward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
@@ -1230,6 +1240,7 @@ int sph_cli_run_dist(int argc, char **argv) {
     sph_ctx_opts co = io;
     co.tp_comm = comm;
     co.force_kernel = o.kernel;
+    co.chunk_rows = o.chunk_rows;
     if (sph_ctx_create(&ctx, &co)) ok = rfail("context: %s", sph_last_error());
     co.tp_comm = NULL;
     if (ok && o.bench && sph_ctx_create(&local_ctx, &co))
@@ -1257,7 +1268,7 @@ int sph_cli_run_dist(int argc, char **argv) {
     /* 5b. forward + backward of every rank */
     double t0 = MPI_Wtime();
     ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap,
-                  !o.dh_partial, local_ctx,
+                  !o.dh_partial, o.one_pass, local_ctx,
                   o.bench, &res);
     if (!agree(ok)) goto out;
     double t_run = MPI_Wtime() - t0, t_max = 0;
@@ -1408,7 +1419,8 @@ int sph_cli_run_dist(int argc, char **argv) {
                 rok = rfail("ref context: %s", sph_last_error());
             hd.io = ref_ctx;
             /* One bin of all R rows; spans from the global mask with the same gap. */
-            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, NULL, 0, &ref);
+            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, 0, NULL, 0,
+                                  &ref);
             free(all);
             if (!rok) {
                 pass = 0;
