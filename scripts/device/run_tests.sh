@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_tests.sh - on the device machine, inside the carried bundle: machine record, the GPU
-# tests (twice: gathered chunks on, then SPH_CUDA_GATHER=0), compute-sanitizer memcheck and
+# tests (gathered chunks on, then SPH_CUDA_GATHER=0, then SPH_CUDA_SQUARE=0), compute-sanitizer memcheck and
 # racecheck on subsets (SANITIZE=1), then `spanhead bench` with the given arguments, and a
 # second bench with $BENCH2 arguments under SPH_CUDA_GATHER=0 (same-run A/B) when set.
 #   usage: run_tests.sh [bench-args...]   (logs under $OUT)
@@ -25,12 +25,13 @@ run() { # name timeout cmd...
 }
 for t in bin/gpu_test_*; do run "$(basename $t)" 150 "$t"; done
 for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
+SPH_CUDA_SQUARE=0 run gpu_test_head_cuda_nosquare 100 bin/gpu_test_head_cuda
 if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
     bin/gpu_test_head_cuda
   run memcheck_tp 100 compute-sanitizer --tool memcheck --error-exitcode 9 bin/gpu_test_head_cuda_tp
-  SPH_GPU_TESTS=test_determinism,test_span_gaps run racecheck 150 compute-sanitizer \
-    --tool racecheck --error-exitcode 9 bin/gpu_test_head_cuda
+  [ -n "${RACECHECK:-}" ] && SPH_GPU_TESTS=test_bi_parity,test_span_gaps run racecheck 150 \
+    compute-sanitizer --tool racecheck --error-exitcode 9 bin/gpu_test_head_cuda
 fi
 if [ $# -gt 0 ]; then
   echo "== bench"

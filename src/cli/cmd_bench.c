@@ -13,7 +13,7 @@
  *             head takes beyond inputs, outputs and stats)
  * plus the dense path (every row, no mask) of the same shape and mode. Masks: "response"
  * (the last active*2048 rows of each 2048-row sequence), "fragmented" (runs of 16 active rows
- * spread evenly), with spans coalesced across gaps of at most 128 rows.
+ * spread evenly); spans are the exact active runs unless --gap coalesces them.
  * Output: a markdown table on stdout, JSON lines (issue 6's fields) with --json FILE.
  */
 #include <math.h>
@@ -24,8 +24,6 @@
 
 #include "cli.h"
 
-/* Present in CUDA builds only; a weak reference keeps CPU-only builds linking. */
-#pragma weak sph_tune_gemm_rate
 
 /* OpenBLAS is linked through libspanhead; declared here so the CLI needs no BLAS header. */
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -54,6 +52,7 @@ typedef struct bopts {
     int modes; /* 1 general, 2 one-pass, 3 both */
     int repeats, warmup;
     int64_t chunk_bytes;
+    int64_t gap; /* span coalescing gap */
     const char *json;
     const char *commit;
 } bopts;
@@ -146,8 +145,6 @@ static int64_t build_spans(const uint8_t *mask, int64_t N, int64_t gap, int64_t 
 static int gemm_rate(sph_ctx_t ctx, const bopts *o, int64_t M, int64_t N, int64_t K,
                      double *tf) {
     if (o->dev == SPH_DEVICE_CUDA) {
-        if (!sph_tune_gemm_rate)
-            return sph_cli_fail("bench", 1, "this build of spanhead has no CUDA GEMM timer");
         if (sph_tune_gemm_rate(ctx, o->dt, M, N, K, o->repeats, tf) != SPH_OK)
             return sph_cli_fail("bench", 1, "gemm rate: %s", sph_last_error());
         return 0;
@@ -275,10 +272,11 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
     fprintf(js,
             "{\"gpu\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"shape\":\"%s\",\"H\":%lld,"
             "\"V_local\":%lld,\"N\":%lld,\"active\":%.4f,\"mask\":\"%s\",\"mode\":\"%s\","
-            "\"impl\":\"spanhead\",\"dtype\":\"%s\",\"ms\":%.4f,\"floor_ms\":%.4f,"
-            "\"ratio\":%.4f,\"peak_extra_bytes\":%zu}\n",
+            "\"impl\":\"spanhead\",\"dtype\":\"%s\",\"span_gap\":%lld,\"n_active\":%lld,"
+            "\"ms\":%.4f,\"floor_ms\":%.4f,\"ratio\":%.4f,\"peak_extra_bytes\":%zu}\n",
             gpu, date, o->commit, sh->name, (long long)sh->H, (long long)sh->V, (long long)N,
-            p->act, p->mask, mode, o->dt_name, p->ms, p->floor_ms, p->ratio, p->peak);
+            p->act, p->mask, mode, o->dt_name, (long long)o->gap, (long long)p->n_active, p->ms,
+            p->floor_ms, p->ratio, p->peak);
     fflush(js);
 }
 
@@ -322,7 +320,10 @@ static void usage(FILE *f) {
             "  --mask response,fragmented  mask patterns (default response)\n"
             "  --mode general|one-pass|both  (default both)\n"
             "  --repeats N --warmup N  (default 5 and 2)\n"
-            "  --chunk-bytes N         staged-logit budget (default the context's)\n"
+            "  --chunk-bytes N         workspace budget (default the context's: 1 GiB on CUDA)\n"
+            "  --gap N                 coalesce active runs across gaps of <= N rows into one\n"
+            "                          span (default 0: exact spans; the CUDA backend gathers\n"
+            "                          rows across spans, so coalescing only adds work)\n"
             "  --json FILE             JSON lines, one object per point\n"
             "  --commit SHA            recorded in the JSON (default $SPH_COMMIT or unknown)\n");
 }
@@ -384,6 +385,9 @@ int sph_cli_bench(int argc, char **argv) {
             o.warmup = atoi(v);
         } else if (!strcmp(a, "--chunk-bytes")) {
             o.chunk_bytes = atoll(v);
+        } else if (!strcmp(a, "--gap")) {
+            o.gap = atoll(v);
+            if (o.gap < 0) return sph_cli_fail("bench", 2, "--gap %s: expected >= 0", v);
         } else if (!strcmp(a, "--json")) {
             o.json = v;
         } else if (!strcmp(a, "--commit")) {
@@ -477,7 +481,7 @@ int sph_cli_bench(int argc, char **argv) {
                     for (int ai = 0; ai < o.n_act && !rc; ai++) {
                         point q = {o.masks[mi], o.act[ai], mode, 0, 0, 0, 0, 0};
                         q.n_active = build_mask(hm, N, o.act[ai], o.masks[mi]);
-                        int64_t ns = build_spans(hm, N, 128, spans);
+                        int64_t ns = build_spans(hm, N, o.gap, spans);
                         if (sph_ctx_memcpy(ctx, b.mask, hm, (size_t)N) != SPH_OK) {
                             rc = sph_cli_fail("bench", 1, "mask: %s", sph_last_error());
                             break;

@@ -10,8 +10,6 @@
 
 #include "cli.h"
 
-/* Present in CUDA builds only; a weak reference keeps CPU-only builds linking. */
-#pragma weak sph_tune
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -66,7 +64,6 @@ int sph_cli_tune(int argc, char **argv) {
         }
     }
     if (to.H <= 0 || to.V_loc <= 0) return sph_cli_fail("tune", 2, "--H and --V are required");
-    if (!sph_tune) return sph_cli_fail("tune", 1, "this build of spanhead has no CUDA backend");
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
     o.device.type = SPH_DEVICE_CUDA;
     o.device.id = dev_id;

@@ -371,6 +371,20 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     } else if (tuned && te.split > 0 && te.split < p->V_loc) {
         Vs = round_up(te.split, 8);
         if (Vs > p->V_loc) Vs = p->V_loc;
+    } else if (lay->grads && !p->one_pass && !st->no_square) {
+        /* Two-pass backward. Its fp32 accumulations move (N / R) V_loc H 8 bytes (dW, read
+         * and written once per row chunk) plus (V_loc / Vs) N H 8 bytes (dH, staged per chunk
+         * over the splits); with R * Vs fixed by the budget the sum is smallest for square
+         * chunks. (The forward keeps whole-shard rows: splitting it buys nothing; one-pass
+         * keeps them too, since a split forces its logits to be recomputed.) */
+        double S = sqrt((double)budget / (double)bpe);
+        if ((double)p->V_loc > S) {
+            int64_t vs = (double)max_span <= S
+                             ? (budget / (max_span > 0 ? max_span : 1) - dh_rowx) / bpe
+                             : (int64_t)S;
+            vs = vs >= 1024 ? vs / 256 * 256 : vs / 8 * 8;
+            if (vs >= 8 && vs < p->V_loc) Vs = vs;
+        }
     }
     if (Vs < 1) Vs = 1;
     R = budget / (round_up(Vs, 8) * bpe + dh_rowx);

@@ -162,6 +162,7 @@ typedef struct gcfg {
     int use_spans, acc, one_pass, entropy;
     double temp, cap;
     int64_t chunk_bytes;
+    int bi; /* batch-invariant context (fixed-tile mma logits) */
 } gcfg;
 
 static int run_cfg(const gcfg *f) {
@@ -178,11 +179,11 @@ static int run_cfg(const gcfg *f) {
     char cs[256];
     snprintf(cs, sizeof cs,
              "head_cuda(N=%lld,H=%lld,V_loc=%lld,V=%lld,v0=%lld,K=%lld,dtype=%s,grad=%s,mask=%.2f,"
-             "spans=%d,acc=%d,one_pass=%d,ent=%d,T=%.2f,cap=%.1f,chunk=%lld)",
+             "spans=%d,acc=%d,one_pass=%d,ent=%d,T=%.2f,cap=%.1f,chunk=%lld,bi=%d)",
              (long long)f->N, (long long)f->H, (long long)f->V_loc, (long long)f->V,
              (long long)f->v0, (long long)f->K, sph_dtype_name(f->dt), sph_dtype_name(f->gdt),
              f->mask_frac, f->use_spans, f->acc, f->one_pass, f->entropy, f->temp, f->cap,
-             (long long)f->chunk_bytes);
+             (long long)f->chunk_bytes, f->bi);
     hc_wire(&c, what);
     c.a.temperature = f->temp;
     c.a.softcap = f->cap;
@@ -198,7 +199,7 @@ static int run_cfg(const gcfg *f) {
     for (size_t k = 0; k < dhn; k++) dh0[k] = f->acc ? hc_get(c.dh, c.gdt, (int64_t)k) : 0;
     for (size_t k = 0; k < dwn; k++) dw0[k] = f->acc ? hc_get(c.dw, c.gdt, (int64_t)k) : 0;
 
-    sph_ctx_t g = gpu_ctx(f->chunk_bytes, 0, NULL);
+    sph_ctx_t g = gpu_ctx(f->chunk_bytes, f->bi, NULL);
     int half = f->dt.bits == 16;
     double ftol = half ? 2e-4 : 5e-5;
     double gtol = (half || f->gdt.bits == 16) ? 2.5e-2 : 1e-3;
@@ -264,6 +265,26 @@ static gcfg base(sph_dtype dt, int64_t N, int64_t H, int64_t V) {
     f.dt = dt, f.gdt = SPH_F32, f.N = N, f.H = H, f.V_loc = V, f.V = V;
     f.mask_frac = -1, f.entropy = 1, f.temp = 1.0;
     return f;
+}
+
+/* The batch-invariant path (head_mma.cu logits) against the reference: aligned and
+ * unaligned rows (H % 8 != 0), tiny and tile-straddling shapes, splits, one-pass. */
+static void test_bi_parity(void **state) {
+    (void)state;
+    const sph_dtype dts[3] = {SPH_BF16, SPH_F16, SPH_F32};
+    int ok = 1;
+    for (int d = 0; d < 3; d++) {
+        gcfg f = base(dts[d], 3, 7, 13);
+        f.bi = 1;
+        ok &= run_cfg(&f);
+        f = base(dts[d], 131, 72, 300); /* rows straddle 128-row tiles, H % 32 != 0 */
+        f.bi = 1, f.temp = 0.8, f.cap = 4.0, f.mask_frac = 0.7, f.use_spans = 1;
+        ok &= run_cfg(&f);
+        f = base(dts[d], 70, 37, 17000); /* H odd: unaligned loads; V_loc > the split */
+        f.bi = 1, f.one_pass = 1, f.gdt = dts[d];
+        ok &= run_cfg(&f);
+    }
+    assert_true(ok);
 }
 
 static void test_parity_grid(void **state) {
@@ -651,7 +672,8 @@ int main(void) {
     }
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_grid),   cmocka_unit_test(test_span_gaps),
+        cmocka_unit_test(test_parity_grid),   cmocka_unit_test(test_bi_parity),
+        cmocka_unit_test(test_span_gaps),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
