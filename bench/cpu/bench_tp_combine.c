@@ -86,6 +86,28 @@ static float frand(void) {
     return (float)((double)(g_s >> 11) * 0x1.0p-53 * 2 - 1);
 }
 
+/* The combine's collective alone: allgather of n records per rank, slowest rank per rep. */
+static stats time_allgather(sph_comm_t comm, int64_t n, int reps, double *t) {
+    const int64_t T = comm->size;
+    size_t bytes = (size_t)n * SPH_PARTIAL_FIELDS * sizeof(double);
+    double *send = malloc(bytes), *recv = malloc(bytes * (size_t)T);
+    if (!send || !recv) DIE("out of memory");
+    for (size_t i = 0; i < bytes / sizeof(double); i++) send[i] = g_rank + (double)i;
+    TRY(comm->ops->allgather(comm, send, recv, bytes, NULL)); /* warm-up, validated */
+    for (size_t i = 0; i < bytes / sizeof(double); i++)
+        if (recv[(size_t)(T - 1) * bytes / sizeof(double) + i] != (double)(T - 1) + (double)i)
+            DIE("allgather returned wrong data");
+    for (int r = 0; r < reps; r++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        TRY(comm->ops->allgather(comm, send, recv, bytes, NULL));
+        t[r] = slowest(MPI_Wtime() - t0);
+    }
+    free(send);
+    free(recv);
+    return summarize(t, reps);
+}
+
 typedef struct head_in {
     int64_t N, H, V_loc, v0, V;
     float *h, *w;
@@ -183,29 +205,14 @@ int main(int argc, char **argv) {
                SPH_PARTIAL_FIELDS);
     int64_t sweep[] = {1024, 4096, 16384, 65536, 262144};
     double *t = malloc(sizeof(double) * (size_t)reps);
+    if (!t) DIE("out of memory");
     for (size_t k = 0; k < sizeof sweep / sizeof sweep[0]; k++) {
-        int64_t n = sweep[k];
-        size_t bytes = (size_t)n * SPH_PARTIAL_FIELDS * sizeof(double);
-        double *send = malloc(bytes), *recv = malloc(bytes * (size_t)T);
-        if (!send || !recv || !t) DIE("out of memory");
-        for (size_t i = 0; i < bytes / sizeof(double); i++) send[i] = g_rank + (double)i;
-        TRY(comm->ops->allgather(comm, send, recv, bytes, NULL)); /* warm-up */
-        for (size_t i = 0; i < bytes / sizeof(double); i++) /* validate the warm-up */
-            if (recv[(size_t)(T - 1) * bytes / sizeof(double) + i] != (double)(T - 1) + (double)i)
-                DIE("allgather returned wrong data");
-        for (int r = 0; r < reps; r++) {
-            MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime();
-            TRY(comm->ops->allgather(comm, send, recv, bytes, NULL));
-            t[r] = slowest(MPI_Wtime() - t0);
-        }
-        stats s = summarize(t, reps);
+        stats s = time_allgather(comm, sweep[k], reps, t);
+        size_t bytes = (size_t)sweep[k] * SPH_PARTIAL_FIELDS * sizeof(double);
         if (g_rank == 0)
             printf("| %lld | %lld | %zu | %zu | %.3f | %.3f | %.3f | %.2f |\n", (long long)T,
-                   (long long)n, bytes, bytes * (size_t)T, s.med * 1e3, s.p10 * 1e3, s.p90 * 1e3,
-                   (double)bytes * (double)T / s.med / 1e9);
-        free(send);
-        free(recv);
+                   (long long)sweep[k], bytes, bytes * (size_t)T, s.med * 1e3, s.p10 * 1e3,
+                   s.p90 * 1e3, (double)bytes * (double)T / s.med / 1e9);
     }
 
     /* ---- 2. forward with and without the combine ---------------------------------------- */
@@ -216,8 +223,10 @@ int main(int argc, char **argv) {
     x.lp = malloc(sizeof(float) * (size_t)N);
     x.en = malloc(sizeof(float) * (size_t)N);
     x.st = malloc(sizeof(float) * (size_t)(N * 3));
-    float *lp_full = malloc(sizeof(float) * (size_t)N), *en_full = malloc(sizeof(float) * (size_t)N);
-    if (!x.h || !x.w || !x.t || !x.lp || !x.en || !x.st || !lp_full || !en_full) DIE("out of memory");
+    float *lp_full = malloc(sizeof(float) * (size_t)N);
+    float *en_full = malloc(sizeof(float) * (size_t)N);
+    if (!x.h || !x.w || !x.t || !x.lp || !x.en || !x.st || !lp_full || !en_full)
+        DIE("out of memory");
     for (int64_t i = 0; i < N * H; i++) x.h[i] = frand();
     for (int64_t i = 0; i < V * H; i++) x.w[i] = frand() * 0.2f;
     for (int64_t i = 0; i < N; i++) x.t[i] = (int64_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
@@ -247,7 +256,8 @@ int main(int argc, char **argv) {
         if (!(worst <= 1)) DIE("TP forward does not match the one-process forward");
     }
 
-    double *t_tp = malloc(sizeof(double) * (size_t)reps), *t_loc = malloc(sizeof(double) * (size_t)reps);
+    double *t_tp = malloc(sizeof(double) * (size_t)reps);
+    double *t_loc = malloc(sizeof(double) * (size_t)reps);
     if (!t_tp || !t_loc) DIE("out of memory");
     time_forward(local, &x, &ws, &ws_bytes); /* warm-up of the shard-only path */
     for (int r = 0; r < reps; r++) {
@@ -257,18 +267,22 @@ int main(int argc, char **argv) {
         t_tp[r] = slowest(time_forward(tp, &x, &ws, &ws_bytes));
     }
     stats sl = summarize(t_loc, reps), st = summarize(t_tp, reps);
+    stats sa = time_allgather(comm, N, reps, t);
     if (g_rank == 0) {
         size_t bytes = (size_t)N * SPH_PARTIAL_FIELDS * sizeof(double);
         double flops = 2.0 * (double)N * (double)H * (double)V_loc;
         printf("\n## forward per rank: N=%lld H=%lld V=%lld V_loc=%lld (%s)\n"
                "| T | combine bytes sent/rank | forward, shard only: median ms (p10-p90) | "
-               "forward with TP combine: median ms (p10-p90) | combine share | shard GFLOP/s |\n"
-               "|---|---|---|---|---|---|\n",
+               "forward with TP combine: median ms (p10-p90) | difference | allgather alone: "
+               "median ms | allgather / forward | shard GFLOP/s |\n"
+               "|---|---|---|---|---|---|---|---|\n",
                (long long)N, (long long)H, (long long)V, (long long)V_loc, sph_ctx_describe(tp));
-        double share = (st.med - sl.med) / st.med * 100;
-        printf("| %lld | %zu | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.1f%% | %.2f |\n",
+        double diff = (st.med - sl.med) / st.med * 100;
+        printf("| %lld | %zu | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.1f%% | %.4f | %.4f%% | "
+               "%.2f |\n",
                (long long)T, bytes, sl.med * 1e3, sl.p10 * 1e3, sl.p90 * 1e3, st.med * 1e3,
-               st.p10 * 1e3, st.p90 * 1e3, share, flops / sl.med / 1e9);
+               st.p10 * 1e3, st.p90 * 1e3, diff, sa.med * 1e3, sa.med / st.med * 100,
+               flops / sl.med / 1e9);
     }
     free(ws);
     free(x.h);

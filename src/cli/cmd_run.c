@@ -39,7 +39,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: spanhead run [options]\n"
             "Forward + backward of the LM head (logprob, entropy, lse, logit_mean; dhidden,\n"
-            "dweight). Default: a packed RL batch of prompts and responses, checked quickly.\n"
+            "dweight). Default: a packed RL batch of prompts and responses with an entropy\n"
+            "bonus (N=1024 H=256 V=4096), small enough to --check in seconds.\n"
             "\n"
             "  --device cpu|cuda       where to compute (default cpu)\n"
             "  --N --H --V ROWS        shape: tokens, hidden, local vocab rows (V_loc)\n"
@@ -595,7 +596,7 @@ int sph_cli_run(int argc, char **argv) {
     if (o.inputs && o.shape_given)
         return sph_cli_fail(CMD, 2, "--inputs takes its shapes from the files: drop --N/--H/--V");
     int default_batch = !o.inputs && !o.shape_given;
-    if (default_batch) o.N = 1024, o.H = 256, o.V = 4096;
+    if (default_batch) o.N = 1024, o.H = 256, o.V = 4096, o.entropy = 1; /* RL: entropy bonus */
     if (!o.inputs && (!o.N || !o.H || !o.V))
         return sph_cli_fail(CMD, 2, "--N, --H and --V go together (or none: the default batch)");
     if (!o.mask) o.mask = default_batch ? "response" : "all";
@@ -608,12 +609,16 @@ int sph_cli_run(int argc, char **argv) {
     rc = 1;
     p.n_act = p.N;
     if (p.mask) {
-        p.spans = malloc((size_t)(p.N / 2 + 1) * 2 * sizeof(int64_t));
+        p.spans = malloc((size_t)((p.N + 1) / 2 + 1) * 2 * sizeof(int64_t));
         if (!p.spans) {
             sph_cli_fail(CMD, 1, "out of memory");
             goto out;
         }
-        p.n_spans = synth_spans(p.mask, p.N, o.gap, p.spans);
+        sph_status ss = sph_spans_from_mask(p.mask, p.N, o.gap, p.spans, &p.n_spans);
+        if (ss) {
+            sph_cli_fail(CMD, 1, "spans: %s", sph_last_error());
+            goto out;
+        }
         p.n_act = 0;
         for (int64_t i = 0; i < p.N; i++) p.n_act += p.mask[i] != 0;
     }

@@ -7,8 +7,8 @@
  *   1. Rank 0 builds a global batch (or reads it with --inputs DIR): ragged sequences of
  *      lengths L_k concatenated into R rows, hidden (R, H), weight (V, H), targets (R) (row s
  *      of a sequence predicts its token s+1; -100 = ignored), a loss mask (R), upstream
- *      gradients dlogprob, dentropy (R) and, for sample-support runs, candidates (R, K). The
- *      batch is broadcast to every rank.
+ *      gradients dlogprob, dentropy, dlse, dlogit_mean (R) and, for sample-support runs,
+ *      candidates (R, K). The batch is broadcast to every rank.
  *   2. Every rank packs the sequence lengths into bins the same way (sph_pack with the
  *      alignment of (T, C) and bin_multiple = D); DP rank d takes the d-th contiguous block of
  *      n_bins / D bins, each bin one micro-batch.
@@ -18,7 +18,8 @@
  *   4. CP rank r keeps, of every segment of padded length P, chunk r and chunk 2C-1-r of
  *      P/(2C) rows (sph_cp_local_rows); its loss mask gives its spans (sph_spans_from_mask).
  *   5. TP rank t holds weight rows [v0, v0 + V_loc) of an even split of V, and runs forward
- *      (logprob, entropy, stats; one allgather per forward combines the softmax partials) and
+ *      (logprob, entropy, lse, logit_mean, stats; one allgather per forward combines the
+ *      softmax partials) and
  *      backward (dhidden all-reduced over the TP group, dweight accumulated over the bins)
  *      through the public head API with the TP communicator (MPI on the CPU, NCCL with
  *      --device cuda: one GPU per rank, local rank mod the device count).
@@ -27,7 +28,8 @@
  *      (summed over TP), dweight (concatenated over TP, summed over CP and DP in float64).
  *   7. Rank 0 runs the single-process reference (force_kernel "ref", no communicator) on the
  *      global batch and prints max errors and PASS/FAIL; --outputs DIR writes the gathered
- *      global outputs as logprob.npy, entropy.npy (R), dhidden.npy (R, H), dweight.npy (V, H).
+ *      global outputs as a single-process `spanhead run --outputs` does: logprob, entropy,
+ *      lse, logit_mean (R; logit_mean not with candidates), dhidden (R, H), dweight (V, H).
  *
  * Every phase ends with an agreement (an all-reduce of "did it work") so that a failure on one
  * rank ends every rank with the same exit code instead of a hang.
@@ -43,6 +45,7 @@
 
 #include "cli.h"
 #include "cmd_run_dist.h"
+#include "npy.h"
 
 int sph_cli_run_wants_dist(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
@@ -75,8 +78,11 @@ static const char *USAGE =
     "  --tp T, --cp C, --dp D   parallel sizes (default 1); T*C*D must equal the world size\n"
     "  --device cpu|cuda        cuda: one GPU per rank, NCCL communicator (default cpu)\n"
     "  --inputs DIR             rank 0 reads DIR/{hidden,weight,targets}.npy and optionally\n"
-    "                           mask, lengths, dlogprob, dentropy, candidates .npy\n"
-    "  --outputs DIR            rank 0 writes logprob, entropy, dhidden, dweight .npy\n"
+    "                           mask, lengths, dlogprob, dentropy, dlse, dlogit_mean,\n"
+    "                           candidates .npy (absent gradients are 0; bf16 data as\n"
+    "                           uint16 .npy with --dtype bf16)\n"
+    "  --outputs DIR            rank 0 writes logprob, entropy, lse, logit_mean, dhidden,\n"
+    "                           dweight .npy, the files of a single-process run\n"
     "  synthetic batch (without --inputs):\n"
     "  --seqs N --min-len A --max-len B   ragged sequence lengths (8, 3, 40)\n"
     "  --hidden H --vocab V      (24, 203)\n"
@@ -90,7 +96,18 @@ static const char *USAGE =
     "  --gap G                   span coalescing gap (default 4)\n"
     "  --kernel NAME             force the per-rank kernel (ref, generic, avx2, ...)\n"
     "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)\n"
-    "  --no-check                skip the reference (timing or output only)\n";
+    "  --dhidden allreduce|partial  allreduce: the head sums dhidden over the TP group\n"
+    "                            (allreduce_dhidden, default); partial: each rank keeps its\n"
+    "                            shard's partial and rank 0 sums the gathered partials\n"
+    "  --reference ref|device    what rank 0 compares with: the float64 reference kernels on\n"
+    "                            the CPU (default), or one process on the ranks' device and\n"
+    "                            kernels without a communicator (the single-GPU result)\n"
+    "  --one-pass                gradients in the forward sweep (one combine per chunk of\n"
+    "                            rows) instead of a separate backward\n"
+    "  --chunk-rows N            rows per chunk on the ranks (0 = automatic)\n"
+    "  --no-check                skip the reference (timing or output only)\n"
+    "  --bench R                 time forward and backward of each rank's first bin R times,\n"
+    "                            with and without the TP collectives (their share)\n";
 
 /* ---- options ------------------------------------------------------------------------------ */
 
@@ -99,7 +116,8 @@ typedef struct dopts {
     int cuda;
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap;
-    int masked, bf16, check;
+    int masked, bf16, check, bench, dh_partial, ref_device, one_pass;
+    int64_t chunk_rows;
     double temperature, atol, rtol;
     uint64_t seed;
     sph_pack_algo algo;
@@ -126,7 +144,7 @@ static int parse_f64(const char *s, double *out) {
 /* Returns 0 on success, 2 on a usage error (message printed by rank 0 only), -1 on --help. */
 static int parse_opts(int argc, char **argv, dopts *o, int rank) {
     *o = (dopts){1, 1, 1, 0, NULL, NULL, NULL, 8, 3, 40, 24, 203, 0, 0, 4,
-                 1, 0, 1, 1.0, -1, -1, 1, SPH_PACK_FFD};
+                 1, 0, 1, 0, 0, 0, 0, 0, 1.0, -1, -1, 1, SPH_PACK_FFD};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *val = NULL;
         char name[64];
@@ -144,6 +162,19 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
             o->check = 0;
             continue;
         }
+        if (!strcmp(name, "--one-pass")) {
+            o->one_pass = 1;
+            continue;
+        }
+        static const char *const valued[] = {
+            "--tp", "--cp", "--dp", "--seqs", "--min-len", "--max-len", "--hidden", "--vocab",
+            "--support", "--capacity", "--gap", "--seed", "--temperature", "--atol", "--rtol",
+            "--inputs", "--outputs", "--kernel", "--device", "--dtype", "--mask", "--pack",
+            "--reference", "--dhidden", "--bench", "--chunk-rows"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(name, valued[k]);
+        if (!known) goto bad_arg;
         if (eq) {
             val = (char *)eq + 1;
         } else {
@@ -165,6 +196,18 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
         else if (!strcmp(name, "--support")) ok = parse_i64(val, 0, &o->K);
         else if (!strcmp(name, "--capacity")) ok = parse_i64(val, 1, &o->capacity);
         else if (!strcmp(name, "--gap")) ok = parse_i64(val, 0, &o->gap);
+        else if (!strcmp(name, "--chunk-rows")) ok = parse_i64(val, 1, &o->chunk_rows);
+        else if (!strcmp(name, "--reference")) {
+            ok = !strcmp(val, "ref") || !strcmp(val, "device");
+            o->ref_device = !strcmp(val, "device");
+        } else if (!strcmp(name, "--dhidden")) {
+            ok = !strcmp(val, "allreduce") || !strcmp(val, "partial");
+            o->dh_partial = !strcmp(val, "partial");
+        } else if (!strcmp(name, "--bench")) {
+            int64_t r = 0;
+            ok = parse_i64(val, 1, &r) && r <= 100000;
+            o->bench = (int)r;
+        }
         else if (!strcmp(name, "--seed")) {
             int64_t s = 0;
             ok = parse_i64(val, 0, &s);
@@ -271,137 +314,37 @@ static float from_bf16(uint16_t h) {
     return f;
 }
 
-/* ---- .npy ----------------------------------------------------------------------------------- */
+/* ---- .npy (src/cli/npy.h) -------------------------------------------------------------- */
 
-typedef struct npy {
-    char kind;    /* 'f', 'i', 'u', 'b' */
-    int size;     /* bytes per element */
-    int ndim;
-    int64_t shape[4];
-    void *data;
-} npy;
-
-/* Reads a little-endian C-order .npy (v1-v3). */
-static int npy_read(const char *path, npy *a) {
-    memset(a, 0, sizeof *a);
-    FILE *f = fopen(path, "rb");
-    if (!f) return rfail("%s: %s", path, strerror(errno));
-    unsigned char pre[10];
-    int ok = 0;
-    char *hdr = NULL;
-    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6)) {
-        rfail("%s: not a .npy file", path);
-        goto done;
-    }
-    size_t hl = (size_t)pre[8] | (size_t)pre[9] << 8;
-    if (pre[6] >= 2) {
-        unsigned char b2[2];
-        if (fread(b2, 1, 2, f) != 2) goto trunc;
-        hl |= (size_t)b2[0] << 16 | (size_t)b2[1] << 24;
-    }
-    hdr = calloc(hl + 1, 1);
-    if (!hdr || fread(hdr, 1, hl, f) != hl) goto trunc;
-    const char *d = strstr(hdr, "'descr'"), *fo = strstr(hdr, "'fortran_order'"),
-               *sh = strstr(hdr, "'shape'");
-    if (!d || !fo || !sh) {
-        rfail("%s: malformed header", path);
-        goto done;
-    }
-    d = strchr(d + 7, '\'');
-    if (!d || (d[1] != '<' && d[1] != '|' && d[1] != '=') || !strchr("fiub", d[2])) {
-        rfail("%s: unsupported dtype (need little-endian f/i/u/b)", path);
-        goto done;
-    }
-    a->kind = d[2];
-    a->size = atoi(d + 3);
-    if (strstr(fo, "True")) {
-        rfail("%s: Fortran order is not supported", path);
-        goto done;
-    }
-    sh = strchr(sh, '(');
-    if (!sh) goto malformed;
-    sh++;
-    while (*sh && *sh != ')') {
-        while (*sh == ' ' || *sh == ',') sh++;
-        if (*sh == ')') break;
-        char *end;
-        long long v = strtoll(sh, &end, 10);
-        if (end == sh || v < 0 || a->ndim >= 4) goto malformed;
-        a->shape[a->ndim++] = v;
-        sh = end;
-    }
-    size_t n = 1;
-    for (int k = 0; k < a->ndim; k++) n *= (size_t)a->shape[k];
-    a->data = xcalloc(n, (size_t)a->size);
-    if (!a->data || fread(a->data, (size_t)a->size, n, f) != n) goto trunc;
-    ok = 1;
-    goto done;
-malformed:
-    rfail("%s: malformed shape", path);
-    goto done;
-trunc:
-    rfail("%s: truncated or out of memory", path);
-done:
-    free(hdr);
-    fclose(f);
-    if (!ok) {
-        free(a->data);
-        a->data = NULL;
-    }
-    return ok;
-}
-
-static int npy_write(const char *dir, const char *name, const char *descr, const void *data,
-                     size_t elem, int ndim, const int64_t *shape) {
-    char path[4096], hdr[256], shp[128] = "";
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    size_t n = 1, off = 0;
-    for (int k = 0; k < ndim; k++) {
-        n *= (size_t)shape[k];
-        off += (size_t)snprintf(shp + off, sizeof shp - off, "%lld,%s", (long long)shape[k],
-                                k + 1 < ndim ? " " : "");
-    }
-    if (ndim > 1) shp[off - 1] = '\0'; /* (a, b) not (a, b,) */
-    int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
-                      descr, shp);
-    int pad = 64 - (10 + hl + 1) % 64;
-    if (pad == 64) pad = 0;
-    FILE *f = fopen(path, "wb");
-    if (!f) return rfail("%s: %s", path, strerror(errno));
-    uint16_t total = (uint16_t)(hl + pad + 1);
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(total & 0xff),
-                             (unsigned char)(total >> 8)};
-    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, (size_t)hl, f) == (size_t)hl;
-    for (int k = 0; ok && k < pad; k++) ok = fputc(' ', f) != EOF;
-    ok = ok && fputc('\n', f) != EOF && fwrite(data, elem, n, f) == n;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) rfail("%s: write failed", path);
-    return ok;
-}
-
-/* Converts a 1-D or 2-D numeric .npy to float, int64 or u8 arrays. */
-static double npy_get(const npy *a, size_t i) {
-    const char *p = (const char *)a->data + i * (size_t)a->size;
+/* Element i of a numeric array as a double (every dtype npy.h reads; bf16 bits as u2 need
+ * from_bf16 by the caller). */
+static double npy_at(const npy_array *a, int64_t i) {
+    const char *p = (const char *)a->data + (size_t)i * (size_t)a->bytes;
     switch (a->kind) {
     case 'f':
-        if (a->size == 4) { float v; memcpy(&v, p, 4); return v; }
-        if (a->size == 8) { double v; memcpy(&v, p, 8); return v; }
+        if (a->bytes == 4) { float v; memcpy(&v, p, 4); return v; }
+        if (a->bytes == 8) { double v; memcpy(&v, p, 8); return v; }
         break;
     case 'i':
-        if (a->size == 4) { int32_t v; memcpy(&v, p, 4); return v; }
-        if (a->size == 8) { int64_t v; memcpy(&v, p, 8); return (double)v; }
+        if (a->bytes == 4) { int32_t v; memcpy(&v, p, 4); return v; }
+        if (a->bytes == 8) { int64_t v; memcpy(&v, p, 8); return (double)v; }
         break;
-    case 'u': case 'b':
-        if (a->size == 1) return (unsigned char)*p;
+    case 'u':
+        if (a->bytes == 1) return (unsigned char)*p;
+        if (a->bytes == 2) { uint16_t v; memcpy(&v, p, 2); return v; }
         break;
+    case 'b':
+        return *p != 0;
     }
     return NAN;
 }
 
-static int64_t npy_count(const npy *a) {
-    int64_t n = 1;
-    for (int k = 0; k < a->ndim; k++) n *= a->shape[k];
-    return n;
+static int write_f32(const char *dir, const char *name, const float *x, int ndim,
+                     const int64_t *shape) {
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    if (npy_write(path, 'f', 4, ndim, shape, x, err, sizeof err)) return rfail("%s", err);
+    return 1;
 }
 
 /* ---- the global batch ------------------------------------------------------------------------ */
@@ -416,9 +359,12 @@ typedef struct batch {
     int64_t *targets;  /* (R) */
     int64_t *cand;     /* (R, K) or NULL */
     uint8_t *mask;     /* (R); all ones when dense */
-    float *dlogprob;   /* (R) */
-    float *dentropy;   /* (R) */
+    float *up[4];      /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
 } batch;
+
+/* Per-row outputs and their upstream gradients, in this order everywhere. */
+enum { F_LOGPROB, F_ENTROPY, F_LSE, F_LOGIT_MEAN, NF };
+static const char *const F_NAME[NF] = {"logprob", "entropy", "lse", "logit_mean"};
 
 static void batch_free(batch *b) {
     free(b->lengths);
@@ -427,8 +373,7 @@ static void batch_free(batch *b) {
     free(b->targets);
     free(b->cand);
     free(b->mask);
-    free(b->dlogprob);
-    free(b->dentropy);
+    for (int f = 0; f < NF; f++) free(b->up[f]);
     memset(b, 0, sizeof *b);
 }
 
@@ -440,10 +385,10 @@ static int batch_alloc(batch *b) {
     b->targets = xcalloc(R, sizeof(int64_t));
     b->cand = b->K ? xcalloc(R * (size_t)b->K, sizeof(int64_t)) : NULL;
     b->mask = xcalloc(R, 1);
-    b->dlogprob = xcalloc(R, sizeof(float));
-    b->dentropy = xcalloc(R, sizeof(float));
+    int ups = 1;
+    for (int f = 0; f < NF; f++) ups &= (b->up[f] = xcalloc(R, sizeof(float))) != NULL;
     if (!b->lengths || !b->hidden || !b->weight || !b->targets || (b->K && !b->cand) ||
-        !b->mask || !b->dlogprob || !b->dentropy)
+        !b->mask || !ups)
         return rfail("out of host memory for the global batch (R=%lld H=%lld V=%lld)",
                      (long long)b->R, (long long)b->H, (long long)b->V);
     return 1;
@@ -496,8 +441,12 @@ static int synth(const dopts *o, batch *b) {
             b->mask[row] = (uint8_t)active;
             b->targets[row] = (b->masked && last) ? -100 : next;
             if (active && unif(&s) < 0.05) b->targets[row] = -100; /* an ignored target */
-            b->dlogprob[row] = active ? (float)normal(&s) : 0.0f;
-            b->dentropy[row] = active ? (float)(0.5 * normal(&s)) : 0.0f;
+            /* every upstream gradient nonzero on active rows: each path of the backward runs
+             * (logit_mean's is not defined with candidates) */
+            b->up[F_LOGPROB][row] = active ? (float)normal(&s) : 0.0f;
+            b->up[F_ENTROPY][row] = active ? (float)(0.5 * normal(&s)) : 0.0f;
+            b->up[F_LSE][row] = active ? (float)(0.2 * normal(&s)) : 0.0f;
+            b->up[F_LOGIT_MEAN][row] = active && !b->K ? (float)(0.2 * normal(&s)) : 0.0f;
             if (b->K) {
                 int64_t *c = b->cand + row * b->K;
                 int64_t n_c = irange(&s, 1, b->K); /* the rest stays -1 padding */
@@ -526,51 +475,87 @@ static int exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+/* Reads DIR/name.npy into a: 1 read, 0 absent (optional), -1 error (reported). */
+static int load(const char *dir, const char *name, int required, npy_array *a) {
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    memset(a, 0, sizeof *a);
+    if (!exists(path)) {
+        if (required) rfail("--inputs: %s is required", path);
+        return required ? -1 : 0;
+    }
+    if (npy_read(path, a, err, sizeof err)) {
+        rfail("%s", err);
+        return -1;
+    }
+    return 1;
+}
+
+/* The .npy files of `spanhead run --inputs` (the single-process runner's names): hidden
+ * (R, H) and weight (V, H) as <f4 (rounded to --dtype) or <u2 holding bf16 bits (--dtype
+ * bf16), targets (R); optional mask (R), lengths (n) of the sequences (default: one sequence
+ * of R rows), dlogprob, dentropy, dlse, dlogit_mean (R; absent = 0, as in one process),
+ * candidates (R, K). */
 static int read_inputs(const dopts *o, batch *b) {
-    char path[4096];
-    npy h = {0}, w = {0}, t = {0}, m = {0}, l = {0}, g = {0}, e = {0}, c = {0};
-    int ok = 0, have_m, have_l, have_g, have_e, have_c;
-#define NPY_PATH(name) (snprintf(path, sizeof path, "%s/%s.npy", o->inputs, name), path)
-#define NPY_HAS(name) (exists(NPY_PATH(name)))
-    if (!npy_read(NPY_PATH("hidden"), &h) || !npy_read(NPY_PATH("weight"), &w) ||
-        !npy_read(NPY_PATH("targets"), &t))
-        goto done;
-    have_m = NPY_HAS("mask") && npy_read(path, &m);
-    have_l = NPY_HAS("lengths") && npy_read(path, &l);
-    have_g = NPY_HAS("dlogprob") && npy_read(path, &g);
-    have_e = NPY_HAS("dentropy") && npy_read(path, &e);
-    have_c = NPY_HAS("candidates") && npy_read(path, &c);
-    if (h.ndim != 2 || w.ndim != 2 || h.shape[1] != w.shape[1] || t.ndim != 1 ||
-        t.shape[0] != h.shape[0] || h.kind != 'f' || w.kind != 'f') {
-        rfail("%s: need hidden (R, H) and weight (V, H) float arrays and targets (R)", o->inputs);
+    enum { I_H, I_W, I_T, I_M, I_L, I_C, I_G0, I_COUNT = I_G0 + NF };
+    static const char *names[I_COUNT] = {"hidden", "weight", "targets", "mask", "lengths",
+                                         "candidates", "dlogprob", "dentropy", "dlse",
+                                         "dlogit_mean"};
+    npy_array in[I_COUNT];
+    int have[I_COUNT], ok = 0;
+    memset(in, 0, sizeof in);
+    for (int k = 0; k < I_COUNT; k++) {
+        have[k] = load(o->inputs, names[k], k <= I_T, &in[k]);
+        if (have[k] < 0) goto done;
+    }
+    const npy_array *h = &in[I_H], *w = &in[I_W];
+    int is_bits = h->kind == 'u' && h->bytes == 2;
+    if (!((h->kind == 'f' && h->bytes == 4) || is_bits) || w->kind != h->kind ||
+        w->bytes != h->bytes) {
+        rfail("hidden.npy %s, weight.npy %s: expected both <f4, or both <u2 (bf16 bits) with "
+              "--dtype bf16", npy_descr(h), npy_descr(w));
         goto done;
     }
-    b->R = h.shape[0];
-    b->H = h.shape[1];
-    b->V = w.shape[0];
-    b->K = have_c ? (c.ndim == 2 ? c.shape[1] : -1) : 0;
-    b->masked = have_m;
+    if (is_bits && !o->bf16) {
+        rfail("hidden.npy holds uint16: say it is bf16 with --dtype bf16");
+        goto done;
+    }
+    if (h->ndim != 2 || w->ndim != 2 || h->shape[1] != w->shape[1] || in[I_T].ndim != 1 ||
+        in[I_T].shape[0] != h->shape[0]) {
+        rfail("--inputs: need hidden (R, H), weight (V, H), targets (R)");
+        goto done;
+    }
+    b->R = h->shape[0];
+    b->H = h->shape[1];
+    b->V = w->shape[0];
+    b->K = have[I_C] ? (in[I_C].ndim == 2 ? in[I_C].shape[1] : -1) : 0;
+    b->masked = have[I_M];
     b->bf16 = o->bf16;
     b->temperature = o->temperature;
-    if (b->K < 0 || (have_c && c.shape[0] != b->R)) {
+    if (b->K < 0 || (have[I_C] && in[I_C].shape[0] != b->R)) {
         rfail("candidates.npy: shape must be (R, K) with R = %lld", (long long)b->R);
         goto done;
     }
-    if ((have_m && npy_count(&m) != b->R) || (have_g && npy_count(&g) != b->R) ||
-        (have_e && npy_count(&e) != b->R)) {
-        rfail("mask/dlogprob/dentropy .npy must hold R = %lld values", (long long)b->R);
+    for (int k = I_M; k < I_COUNT; k++)
+        if (have[k] && k != I_L && k != I_C && in[k].count != b->R) {
+            rfail("%s.npy holds %lld values, expected R = %lld", names[k],
+                  (long long)in[k].count, (long long)b->R);
+            goto done;
+        }
+    if (have[I_G0 + F_LOGIT_MEAN] && b->K) {
+        rfail("dlogit_mean.npy: logit_mean is not defined with candidates");
         goto done;
     }
-    b->n_seqs = have_l ? npy_count(&l) : 1;
+    b->n_seqs = have[I_L] ? in[I_L].count : 1;
     if (b->R < 1 || b->V < 1 || b->H < 1 || b->n_seqs < 1) {
-        rfail("%s: empty inputs (R=%lld H=%lld V=%lld)", o->inputs, (long long)b->R,
+        rfail("--inputs %s: empty (R=%lld H=%lld V=%lld)", o->inputs, (long long)b->R,
               (long long)b->H, (long long)b->V);
         goto done;
     }
     if (!batch_alloc(b)) goto done;
     int64_t sum = 0;
     for (int64_t k = 0; k < b->n_seqs; k++) {
-        b->lengths[k] = have_l ? (int64_t)npy_get(&l, (size_t)k) : b->R;
+        b->lengths[k] = have[I_L] ? (int64_t)npy_at(&in[I_L], k) : b->R;
         if (b->lengths[k] < 1) {
             rfail("lengths.npy[%lld] = %lld, expected >= 1", (long long)k,
                   (long long)b->lengths[k]);
@@ -583,28 +568,20 @@ static int read_inputs(const dopts *o, batch *b) {
               (long long)b->R);
         goto done;
     }
-    for (int64_t i = 0; i < b->R * b->H; i++) b->hidden[i] = round_in(b, npy_get(&h, (size_t)i));
-    for (int64_t i = 0; i < b->V * b->H; i++) b->weight[i] = round_in(b, npy_get(&w, (size_t)i));
+    for (int64_t i = 0; i < b->R * b->H; i++)
+        b->hidden[i] = is_bits ? from_bf16((uint16_t)npy_at(h, i)) : round_in(b, npy_at(h, i));
+    for (int64_t i = 0; i < b->V * b->H; i++)
+        b->weight[i] = is_bits ? from_bf16((uint16_t)npy_at(w, i)) : round_in(b, npy_at(w, i));
     for (int64_t i = 0; i < b->R; i++) {
-        b->targets[i] = (int64_t)npy_get(&t, (size_t)i);
-        b->mask[i] = have_m ? npy_get(&m, (size_t)i) != 0 : 1;
-        /* Without upstream gradients: the loss is sum of active logprobs plus 0.1 entropy. */
-        b->dlogprob[i] = have_g ? (float)npy_get(&g, (size_t)i) : 1.0f;
-        b->dentropy[i] = have_e ? (float)npy_get(&e, (size_t)i) : 0.1f;
+        b->targets[i] = (int64_t)npy_at(&in[I_T], i);
+        b->mask[i] = have[I_M] ? npy_at(&in[I_M], i) != 0 : 1;
+        for (int f = 0; f < NF; f++)
+            b->up[f][i] = have[I_G0 + f] ? (float)npy_at(&in[I_G0 + f], i) : 0.0f;
     }
-    for (int64_t i = 0; b->K && i < b->R * b->K; i++) b->cand[i] = (int64_t)npy_get(&c, (size_t)i);
+    for (int64_t i = 0; b->K && i < b->R * b->K; i++) b->cand[i] = (int64_t)npy_at(&in[I_C], i);
     ok = 1;
-#undef NPY_PATH
-#undef NPY_HAS
 done:
-    free(h.data);
-    free(w.data);
-    free(t.data);
-    free(m.data);
-    free(l.data);
-    free(g.data);
-    free(e.data);
-    free(c.data);
+    for (int k = 0; k < I_COUNT; k++) npy_free(&in[k]);
     return ok;
 }
 
@@ -638,13 +615,13 @@ static int share_batch(batch *b, int ok0) {
     int mine = g_rank == 0 || batch_alloc(b);
     if (!agree(mine)) return 0;
     size_t R = (size_t)b->R, H = (size_t)b->H;
-    return bcast(b->lengths, (size_t)b->n_seqs * sizeof(int64_t)) &&
-           bcast(b->hidden, R * H * sizeof(float)) &&
-           bcast(b->weight, (size_t)b->V * H * sizeof(float)) &&
-           bcast(b->targets, R * sizeof(int64_t)) &&
-           (!b->K || bcast(b->cand, R * (size_t)b->K * sizeof(int64_t))) &&
-           bcast(b->mask, R) && bcast(b->dlogprob, R * sizeof(float)) &&
-           bcast(b->dentropy, R * sizeof(float));
+    int ok = bcast(b->lengths, (size_t)b->n_seqs * sizeof(int64_t)) &&
+             bcast(b->hidden, R * H * sizeof(float)) &&
+             bcast(b->weight, (size_t)b->V * H * sizeof(float)) &&
+             bcast(b->targets, R * sizeof(int64_t)) &&
+             (!b->K || bcast(b->cand, R * (size_t)b->K * sizeof(int64_t))) && bcast(b->mask, R);
+    for (int f = 0; ok && f < NF; f++) ok = bcast(b->up[f], R * sizeof(float));
+    return ok;
 }
 
 /* ---- device buffers ----------------------------------------------------------------------- */
@@ -811,14 +788,15 @@ done:
 /* ---- forward + backward of one rank ------------------------------------------------------ */
 
 typedef struct result {
-    float *logprob, *entropy; /* (n) */
+    float *row[NF];           /* (n) each: logprob, entropy, lse, logit_mean (0 with support) */
     float *dhidden;           /* (n, H), summed over the TP group */
     float *dweight;           /* (V_loc, H), this rank's bins */
+    double bench_ms[4];       /* --bench: medians (slowest rank) of forward and backward with
+                                 the TP communicator, then without it; rank 0 only */
 } result;
 
 static void result_free(result *r) {
-    free(r->logprob);
-    free(r->entropy);
+    for (int f = 0; f < NF; f++) free(r->row[f]);
     free(r->dhidden);
     free(r->dweight);
     memset(r, 0, sizeof *r);
@@ -831,11 +809,72 @@ static sph_tensor tens(void *data, sph_dtype dt, int32_t ndim, int64_t *shape, i
 
 /* Runs forward + backward over rows [grow] of the batch with weight rows [v0, v0 + V_loc),
  * one call pair per bin. ctx carries the TP communicator (or none for the reference). */
+static int cmp_dbl(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* --bench: times forward and backward of the bin already on the device, reps times, with the
+ * TP context and with a context without communicator (the same per-rank work, no combine),
+ * into out->bench_ms (medians of the slowest rank). Every rank calls it at bin 0. dw_d is a
+ * scratch dweight so that the accumulated gradient is not disturbed. */
+static int bench_bin(sph_ctx_t ctx, sph_ctx_t local, const sph_head_args *a0, int allreduce,
+                     void *ws, size_t ws_bytes, int reps, result *out) {
+    double *t = calloc((size_t)reps * 4, sizeof(double));
+    int ok = t != NULL;
+    if (!agree(ok)) {
+        free(t);
+        return rfail("out of host memory for %d timings", reps);
+    }
+    for (int mode = 0; mode < 2 && ok; mode++) {
+        sph_ctx_t c = mode == 0 ? ctx : local;
+        sph_head_args fa = *a0, ba = *a0;
+        fa.dhidden = NULL;
+        fa.dweight = NULL;
+        fa.dlogprob = fa.dentropy = fa.dlse = fa.dlogit_mean = NULL;
+        fa.allreduce_dhidden = 0;
+        fa.accumulate_dweight = 0;
+        ba.accumulate_dweight = 0;
+        ba.allreduce_dhidden = mode == 0 ? allreduce : 0;
+        for (int r = -1; r < reps && ok; r++) { /* r = -1: warm-up */
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            sph_status s = sph_head_forward(c, &fa, ws, ws_bytes);
+            if (!s) s = sph_ctx_synchronize(c);
+            double t1 = MPI_Wtime();
+            if (!s) s = sph_head_backward(c, &ba, ws, ws_bytes);
+            if (!s) s = sph_ctx_synchronize(c);
+            double t2 = MPI_Wtime();
+            if (s) ok = rfail("--bench: %s", sph_last_error());
+            if (r >= 0) {
+                t[(size_t)(2 * mode) * (size_t)reps + (size_t)r] = t1 - t0;
+                t[(size_t)(2 * mode + 1) * (size_t)reps + (size_t)r] = t2 - t1;
+            }
+        }
+    }
+    if (!agree(ok)) {
+        free(t);
+        return 0;
+    }
+    double *mx = calloc((size_t)reps * 4, sizeof(double));
+    if (g_rank == 0 && !mx) ok = rfail("out of host memory");
+    MPI_Reduce(t, mx, reps * 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (g_rank == 0 && mx)
+        for (int k = 0; k < 4; k++) {
+            qsort(mx + (size_t)k * (size_t)reps, (size_t)reps, sizeof(double), cmp_dbl);
+            out->bench_ms[k] = mx[(size_t)k * (size_t)reps + (size_t)reps / 2] * 1e3;
+        }
+    free(t);
+    free(mx);
+    return ok;
+}
+
 static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *grow,
                     const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc,
-                    int64_t gap, int allreduce, result *out) {
+                    int64_t gap, int allreduce, int one_pass, sph_ctx_t bench_ctx,
+                    int bench_reps, result *out) {
     const int64_t H = b->H, K = b->K;
-    const int cuda = d->cuda;
+    const int cuda = d->cuda, nf = K ? NF - 1 : NF; /* logit_mean is undefined with support */
     const size_t esz = b->bf16 ? 2 : 4;
     const sph_dtype in_dt = b->bf16 ? SPH_BF16 : SPH_F32;
     const int64_t n_all = bin_off[n_bins];
@@ -843,20 +882,20 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
     memset(out, 0, sizeof *out);
     void *w_d = NULL, *dw_d = NULL, *ws = NULL;
     size_t ws_bytes = 0;
-    /* host staging of one bin */
+    /* host staging of one bin, and its device copies */
     void *h_h = NULL;
     int64_t *t_h = NULL, *c_h = NULL, *spans = NULL;
     uint8_t *m_h = NULL;
-    float *g_h = NULL, *e_h = NULL;
-    void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *g_d = NULL, *e_d = NULL;
-    void *lp_d = NULL, *en_d = NULL, *st_d = NULL, *dh_d = NULL;
+    float *up_h[NF] = {NULL};
+    void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *st_d = NULL, *dh_d = NULL;
+    void *up_d[NF] = {NULL}, *row_d[NF] = {NULL};
 
-    out->logprob = xcalloc((size_t)n_all, sizeof(float));
-    out->entropy = xcalloc((size_t)n_all, sizeof(float));
+    int all = 1;
+    for (int f = 0; f < NF; f++) all &= (out->row[f] = xcalloc((size_t)n_all, sizeof(float))) != 0;
     out->dhidden = xcalloc((size_t)n_all * (size_t)H, sizeof(float));
     out->dweight = xcalloc((size_t)V_loc * (size_t)H, sizeof(float));
     void *w_h = xcalloc((size_t)V_loc * (size_t)H, esz);
-    if (!out->logprob || !out->entropy || !out->dhidden || !out->dweight || !w_h) {
+    if (!all || !out->dhidden || !out->dweight || !w_h) {
         rfail("out of host memory for %lld rows", (long long)n_all);
         goto done;
     }
@@ -876,13 +915,15 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
         t_h = xcalloc((size_t)n, sizeof(int64_t));
         c_h = K ? xcalloc((size_t)(n * K), sizeof(int64_t)) : NULL;
         m_h = xcalloc((size_t)n, 1);
-        g_h = xcalloc((size_t)n, sizeof(float));
-        e_h = xcalloc((size_t)n, sizeof(float));
         spans = xcalloc((size_t)(2 * ((n + 1) / 2) + 2), sizeof(int64_t));
-        if (!h_h || !t_h || (K && !c_h) || !m_h || !g_h || !e_h || !spans) {
+        all = 1;
+        for (int f = 0; f < nf; f++) all &= (up_h[f] = xcalloc((size_t)n, sizeof(float))) != 0;
+        if (!h_h || !t_h || (K && !c_h) || !m_h || !all || !spans) {
             rfail("out of host memory for a bin of %lld rows", (long long)n);
             goto done;
         }
+        /* Local rows from global rows; padding rows (g < 0) are zero hidden, target -1 and
+         * zero upstream gradients, and inactive. */
         for (int64_t i = 0; i < n; i++) {
             int64_t g = gr[i];
             for (int64_t j = 0; j < H; j++) {
@@ -893,8 +934,7 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
             t_h[i] = g >= 0 ? b->targets[g] : -1;
             for (int64_t j = 0; j < K; j++) c_h[i * K + j] = g >= 0 ? b->cand[g * K + j] : -1;
             m_h[i] = g >= 0 ? b->mask[g] : 0;
-            g_h[i] = g >= 0 ? b->dlogprob[g] : 0.0f;
-            e_h[i] = g >= 0 ? b->dentropy[g] : 0.0f;
+            for (int f = 0; f < nf; f++) up_h[f][i] = g >= 0 ? b->up[f][g] : 0.0f;
         }
         int64_t n_spans = 0;
         if (b->masked && sph_spans_from_mask(m_h, n, gap, spans, &n_spans)) {
@@ -904,24 +944,26 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
         if (!dput(d, h_h, (size_t)(n * H) * esz, &h_d) ||
             !dput(d, t_h, (size_t)n * sizeof(int64_t), &t_d) ||
             (K && !dput(d, c_h, (size_t)(n * K) * sizeof(int64_t), &c_d)) ||
-            !dput(d, m_h, (size_t)n, &m_d) || !dput(d, g_h, (size_t)n * sizeof(float), &g_d) ||
-            !dput(d, e_h, (size_t)n * sizeof(float), &e_d) ||
-            !dput(d, NULL, (size_t)n * sizeof(float), &lp_d) ||
-            !dput(d, NULL, (size_t)n * sizeof(float), &en_d) ||
+            !dput(d, m_h, (size_t)n, &m_d) ||
             !dput(d, NULL, (size_t)n * 3 * sizeof(float), &st_d) ||
             !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d))
             goto done;
+        for (int f = 0; f < nf; f++)
+            if (!dput(d, up_h[f], (size_t)n * sizeof(float), &up_d[f]) ||
+                !dput(d, NULL, (size_t)n * sizeof(float), &row_d[f]))
+                goto done;
 
         int64_t s_h[2] = {n, H}, s_w[2] = {V_loc, H}, s_n[1] = {n}, s_c[2] = {n, K},
                 s_st[2] = {n, 3}, s_dw[2] = {V_loc, H};
         sph_tensor th = tens(h_d, in_dt, 2, s_h, cuda), tw = tens(w_d, in_dt, 2, s_w, cuda),
                    tt = tens(t_d, SPH_I64, 1, s_n, cuda), tc = tens(c_d, SPH_I64, 2, s_c, cuda),
-                   tm = tens(m_d, SPH_U8, 1, s_n, cuda), tg = tens(g_d, SPH_F32, 1, s_n, cuda),
-                   te = tens(e_d, SPH_F32, 1, s_n, cuda), tlp = tens(lp_d, SPH_F32, 1, s_n, cuda),
-                   ten = tens(en_d, SPH_F32, 1, s_n, cuda),
-                   tst = tens(st_d, SPH_F32, 2, s_st, cuda),
+                   tm = tens(m_d, SPH_U8, 1, s_n, cuda), tst = tens(st_d, SPH_F32, 2, s_st, cuda),
                    tdh = tens(dh_d, SPH_F32, 2, s_h, cuda),
-                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda);
+                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF];
+        for (int f = 0; f < nf; f++) {
+            tup[f] = tens(up_d[f], SPH_F32, 1, s_n, cuda);
+            trow[f] = tens(row_d[f], SPH_F32, 1, s_n, cuda);
+        }
         sph_head_args a = SPH_HEAD_ARGS_INIT;
         a.hidden = &th;
         a.weight = &tw;
@@ -935,24 +977,27 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
             a.spans = spans;
             a.n_spans = n_spans;
         }
-        a.logprob = &tlp;
-        a.entropy = &ten;
+        a.logprob = &trow[F_LOGPROB];
+        a.entropy = &trow[F_ENTROPY];
+        a.lse = &trow[F_LSE];
+        a.logit_mean = K ? NULL : &trow[F_LOGIT_MEAN];
         a.stats = &tst;
+        /* Forward first, in the general (two-pass) mode: no gradient outputs, no upstream. */
         size_t need = 0, need_b = 0;
-        sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need);
+        sph_head_args ab = a;
+        ab.dlogprob = &tup[F_LOGPROB];
+        ab.dentropy = &tup[F_ENTROPY];
+        ab.dlse = &tup[F_LSE];
+        ab.dlogit_mean = K ? NULL : &tup[F_LOGIT_MEAN];
+        ab.dhidden = &tdh;
+        ab.dweight = &tdw;
+        ab.accumulate_dweight = bi > 0;
+        ab.allreduce_dhidden = allreduce;
+        /* one-pass: the forward takes the upstream gradients and writes the gradients too */
+        sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, one_pass ? &ab : &a, &need);
+        if (!s && !one_pass) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &ab, &need_b);
         if (s) {
-            rfail("workspace size (forward): %s", sph_last_error());
-            goto done;
-        }
-        a.dlogprob = &tg;
-        a.dentropy = &te;
-        a.dhidden = &tdh;
-        a.dweight = &tdw;
-        a.accumulate_dweight = bi > 0;
-        a.allreduce_dhidden = allreduce;
-        s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &need_b);
-        if (s) {
-            rfail("workspace size (backward): %s", sph_last_error());
+            rfail("workspace size: %s", sph_last_error());
             goto done;
         }
         if (need_b > need) need = need_b;
@@ -963,50 +1008,65 @@ static int run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *
             if (!dput(d, NULL, need, &ws)) goto done;
             ws_bytes = need;
         }
-        /* Forward first: with dhidden/dweight absent it is the general (two-pass) mode. */
-        const sph_tensor *keep_dh = a.dhidden, *keep_dw = a.dweight;
-        a.dhidden = NULL;
-        a.dweight = NULL;
-        a.allreduce_dhidden = 0;
-        a.accumulate_dweight = 0;
-        s = sph_head_forward(ctx, &a, ws, ws_bytes);
+        s = sph_head_forward(ctx, one_pass ? &ab : &a, ws, ws_bytes);
         if (s) {
             rfail("sph_head_forward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
                   sph_last_error());
             goto done;
         }
-        a.dhidden = keep_dh;
-        a.dweight = keep_dw;
-        a.allreduce_dhidden = allreduce;
-        a.accumulate_dweight = bi > 0;
-        s = sph_head_backward(ctx, &a, ws, ws_bytes);
+        if (!one_pass) s = sph_head_backward(ctx, &ab, ws, ws_bytes);
         if (s == SPH_OK) s = sph_ctx_synchronize(ctx);
         if (s) {
             rfail("sph_head_backward (bin %lld, %lld rows): %s", (long long)bi, (long long)n,
                   sph_last_error());
             goto done;
         }
-        if (!dget(d, out->logprob + r0, lp_d, (size_t)n * sizeof(float)) ||
-            !dget(d, out->entropy + r0, en_d, (size_t)n * sizeof(float)) ||
-            !dget(d, out->dhidden + (size_t)r0 * (size_t)H, dh_d, (size_t)(n * H) * sizeof(float)))
+        for (int f = 0; f < nf; f++)
+            if (!dget(d, out->row[f] + r0, row_d[f], (size_t)n * sizeof(float))) goto done;
+        if (!dget(d, out->dhidden + (size_t)r0 * (size_t)H, dh_d, (size_t)(n * H) * sizeof(float)))
             goto done;
-        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &g_d, &e_d, &lp_d, &en_d, &st_d, &dh_d};
+        if (bench_reps > 0 && bi == 0) {
+            void *dwt = NULL;
+            if (!agree(dput(d, NULL, (size_t)(V_loc * H) * sizeof(float), &dwt))) {
+                sph_ctx_free(d->io, dwt);
+                goto done;
+            }
+            sph_tensor tdwt = tens(dwt, SPH_F32, 2, s_dw, cuda);
+            sph_head_args abt = ab;
+            abt.dweight = &tdwt;
+            int bok = bench_bin(ctx, bench_ctx, &abt, allreduce, ws, ws_bytes, bench_reps, out);
+            sph_ctx_free(d->io, dwt);
+            if (!bok) goto done;
+        }
+        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
             sph_ctx_free(d->io, *bufs[k]);
             *bufs[k] = NULL;
         }
-        free(h_h); free(t_h); free(c_h); free(m_h); free(g_h); free(e_h); free(spans);
-        h_h = NULL; t_h = NULL; c_h = NULL; m_h = NULL; g_h = NULL; e_h = NULL; spans = NULL;
+        for (int f = 0; f < NF; f++) {
+            sph_ctx_free(d->io, up_d[f]);
+            sph_ctx_free(d->io, row_d[f]);
+            free(up_h[f]);
+            up_d[f] = row_d[f] = NULL;
+            up_h[f] = NULL;
+        }
+        free(h_h), free(t_h), free(c_h), free(m_h), free(spans);
+        h_h = NULL, t_h = NULL, c_h = NULL, m_h = NULL, spans = NULL;
     }
     if (!dget(d, out->dweight, dw_d, (size_t)(V_loc * H) * sizeof(float))) goto done;
     ok = 1;
 done:
     {
-        void *bufs[] = {h_d, t_d, c_d, m_d, g_d, e_d, lp_d, en_d, st_d, dh_d, w_d, dw_d, ws};
+        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
+        for (int f = 0; f < NF; f++) {
+            sph_ctx_free(d->io, up_d[f]);
+            sph_ctx_free(d->io, row_d[f]);
+            free(up_h[f]);
+        }
     }
     free(w_h);
-    free(h_h); free(t_h); free(c_h); free(m_h); free(g_h); free(e_h); free(spans);
+    free(h_h), free(t_h), free(c_h), free(m_h), free(spans);
     if (!ok) result_free(out);
     return ok;
 }
@@ -1092,14 +1152,15 @@ int sph_cli_run_dist(int argc, char **argv) {
     memset(&res, 0, sizeof res);
     memset(&ref, 0, sizeof ref);
     sph_comm_t comm = NULL;
-    sph_ctx_t ctx = NULL, ref_ctx = NULL;
+    sph_ctx_t ctx = NULL, ref_ctx = NULL, local_ctx = NULL;
     dev d = {NULL, 0};
     MPI_Comm tpc = MPI_COMM_NULL, shard_comm = MPI_COMM_NULL;
     void *g_rows = NULL, *g_vals = NULL, *g_dh = NULL, *g_dw = NULL;
     size_t *c_rows = NULL, *c_vals = NULL, *c_dh = NULL, *c_dw = NULL;
     double *dw64 = NULL, *dw64_sum = NULL;
-    float *G_lp = NULL, *G_en = NULL, *G_dh = NULL, *G_dw = NULL;
+    float *G_row[NF] = {NULL}, *G_dh = NULL, *G_dw = NULL;
     int8_t *seen = NULL;
+    double *dh64 = NULL;
 
     int p = parse_opts(argc, argv, &o, g_rank);
     if (p) {
@@ -1179,7 +1240,11 @@ int sph_cli_run_dist(int argc, char **argv) {
     sph_ctx_opts co = io;
     co.tp_comm = comm;
     co.force_kernel = o.kernel;
+    co.chunk_rows = o.chunk_rows;
     if (sph_ctx_create(&ctx, &co)) ok = rfail("context: %s", sph_last_error());
+    co.tp_comm = NULL;
+    if (ok && o.bench && sph_ctx_create(&local_ctx, &co))
+        ok = rfail("context: %s", sph_last_error());
     if (!agree(ok)) goto out;
 
     if (g_rank == 0) {
@@ -1202,25 +1267,25 @@ int sph_cli_run_dist(int argc, char **argv) {
 
     /* 5b. forward + backward of every rank */
     double t0 = MPI_Wtime();
-    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap, 1, &res);
+    ok = run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap,
+                  !o.dh_partial, o.one_pass, local_ctx,
+                  o.bench, &res);
     if (!agree(ok)) goto out;
     double t_run = MPI_Wtime() - t0, t_max = 0;
     MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
-    /* 6. gather: row ids, (logprob, entropy), dhidden; dweight reduced over CP x DP */
+    /* 6. gather: row ids, per-row outputs, dhidden; dweight reduced over CP x DP */
     const size_t H = (size_t)b.H, n = (size_t)sh.n;
-    float *vals = xcalloc(2 * n, sizeof(float));
+    float *vals = xcalloc(NF * n, sizeof(float));
     ok = vals != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
-        vals[2 * i] = res.logprob[i];
-        vals[2 * i + 1] = res.entropy[i];
-    }
+    for (size_t i = 0; ok && i < n; i++)
+        for (int f = 0; f < NF; f++) vals[NF * i + (size_t)f] = res.row[f][i];
     if (!agree(ok)) {
         free(vals);
         goto out;
     }
     ok = gatherv(sh.grow, n * sizeof(int64_t), &g_rows, &c_rows) &&
-         gatherv(vals, n * 2 * sizeof(float), &g_vals, &c_vals) &&
+         gatherv(vals, n * NF * sizeof(float), &g_vals, &c_vals) &&
          gatherv(res.dhidden, n * H * sizeof(float), &g_dh, &c_dh);
     free(vals);
     if (!agree(ok)) goto out;
@@ -1253,12 +1318,13 @@ int sph_cli_run_dist(int argc, char **argv) {
     int pass = 1;
     if (g_rank == 0) {
         const size_t R = (size_t)b.R, V = (size_t)b.V;
-        G_lp = xcalloc(R, sizeof(float));
-        G_en = xcalloc(R, sizeof(float));
+        int all_rows = 1;
+        for (int f = 0; f < NF; f++) all_rows &= (G_row[f] = xcalloc(R, sizeof(float))) != NULL;
         G_dh = xcalloc(R * H, sizeof(float));
         G_dw = (float *)g_dw; /* shards in TP order are the concatenation */
         seen = xcalloc(R, 1);
-        if (!G_lp || !G_en || !G_dh || !seen) {
+        if (o.dh_partial) dh64 = xcalloc(R * H, sizeof(double));
+        if (!all_rows || !G_dh || !seen || (o.dh_partial && !dh64)) {
             rfail("out of host memory assembling the outputs");
             pass = 0;
         }
@@ -1278,20 +1344,24 @@ int sph_cli_run_dist(int argc, char **argv) {
                     if (gr < 0) {
                         /* padding rows are inactive when masked: exact zeros */
                         if (pass_tp == 0 && b.masked) {
-                            int nz = v[2 * i] != 0 || v[2 * i + 1] != 0;
+                            int nz = 0;
+                            for (int f = 0; f < NF; f++) nz |= v[NF * i + (size_t)f] != 0;
                             for (size_t j = 0; j < H; j++) nz |= dh[i * H + j] != 0;
                             pad_nonzero += nz;
                         }
                         continue;
                     }
+                    if (pass_tp == 0 && dh64) /* partials: the TP sum in float64 */
+                        for (size_t j = 0; j < H; j++) dh64[(size_t)gr * H + j] += dh[i * H + j];
                     if (pass_tp == 0 && is_t0) {
                         dup += seen[gr]++ > 0;
-                        G_lp[gr] = v[2 * i];
-                        G_en[gr] = v[2 * i + 1];
-                        memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
+                        for (int f = 0; f < NF; f++) G_row[f][gr] = v[NF * i + (size_t)f];
+                        if (!dh64) memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
                     } else if (pass_tp == 1 && !is_t0) {
-                        tp_mismatch += memcmp(&G_lp[gr], &v[2 * i], sizeof(float)) != 0 ||
-                                       memcmp(&G_en[gr], &v[2 * i + 1], sizeof(float)) != 0;
+                        int differ = 0;
+                        for (int f = 0; f < NF; f++)
+                            differ |= memcmp(&G_row[f][gr], &v[NF * i + (size_t)f], 4) != 0;
+                        tp_mismatch += differ;
                     }
                 }
                 off_r += c_rows[r];
@@ -1299,6 +1369,7 @@ int sph_cli_run_dist(int argc, char **argv) {
                 off_h += c_dh[r];
             }
         }
+        for (size_t k = 0; dh64 && pass && k < R * H; k++) G_dh[k] = (float)dh64[k];
         int64_t missing = 0;
         for (size_t i = 0; i < R; i++) missing += seen && !seen[i];
         size_t dw_total = 0;
@@ -1312,35 +1383,63 @@ int sph_cli_run_dist(int argc, char **argv) {
                (long long)missing, (long long)dup, (long long)tp_mismatch,
                (long long)pad_nonzero);
         if (missing || dup || tp_mismatch || pad_nonzero) pass = 0;
-        printf("time: forward + backward %.3f ms (slowest rank)\n", t_max * 1e3);
+        printf("time: forward + backward %.3f ms (slowest rank, all bins, host copies included)\n",
+               t_max * 1e3);
+        if (o.bench) {
+            const double *m = res.bench_ms;
+            printf("bench: bin 0 of every rank (rank 0: %lld rows), %d reps, median of the "
+                   "slowest rank:\n"
+                   "  forward  %.3f ms with the TP combine, %.3f ms without (combine share "
+                   "%.1f%%)\n"
+                   "  backward %.3f ms with the dhidden all-reduce, %.3f ms without (share "
+                   "%.1f%%)\n",
+                   (long long)(sh.bin_off[1] - sh.bin_off[0]), o.bench, m[0], m[2],
+                   m[0] > 0 ? (m[0] - m[2]) / m[0] * 100 : 0.0, m[1], m[3],
+                   m[1] > 0 ? (m[1] - m[3]) / m[1] * 100 : 0.0);
+        }
 
         if (pass && o.check) {
+            /* --reference ref: the float64 reference kernels on the CPU; device: the ranks'
+             * device and kernels in one process, without a communicator (the single-GPU
+             * result, for shapes the reference is too slow for). */
             sph_ctx_opts ro = SPH_CTX_OPTS_INIT;
-            ro.force_kernel = "ref";
             dev hd = {NULL, 0};
+            if (o.ref_device) {
+                ro = io;
+                ro.force_kernel = o.kernel;
+                hd.cuda = o.cuda;
+            } else {
+                ro.force_kernel = "ref";
+            }
             int64_t *all = xcalloc(R, sizeof(int64_t));
             int64_t bo[2] = {0, (int64_t)R};
             int rok = all != NULL;
             for (size_t i = 0; rok && i < R; i++) all[i] = (int64_t)i;
-            if (rok && sph_ctx_create(&ref_ctx, &ro)) rok = rfail("ref context: %s", sph_last_error());
+            if (rok && sph_ctx_create(&ref_ctx, &ro))
+                rok = rfail("ref context: %s", sph_last_error());
             hd.io = ref_ctx;
             /* One bin of all R rows; spans from the global mask with the same gap. */
-            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, &ref);
+            rok = rok && run_head(ref_ctx, &hd, &b, all, bo, 1, 0, b.V, o.gap, 0, 0, NULL, 0,
+                                  &ref);
             free(all);
             if (!rok) {
                 pass = 0;
             } else {
-                struct { const char *name; const float *got, *want; size_t n; } cmp[] = {
-                    {"logprob", G_lp, ref.logprob, R},
-                    {"entropy", G_en, ref.entropy, R},
-                    {"dhidden", G_dh, ref.dhidden, R * H},
-                    {"dweight", G_dw, ref.dweight, V * H}};
-                printf("check against the single-process reference (atol %g, rtol %g):\n", o.atol,
-                       o.rtol);
-                for (size_t k = 0; k < 4; k++) {
+                typedef struct { const char *name; const float *got, *want; size_t n; } cmp_t;
+                cmp_t cmp[NF + 2];
+                size_t nc = 0;
+                for (int f = 0; f < NF; f++)
+                    if (f != F_LOGIT_MEAN || !b.K)
+                        cmp[nc++] = (cmp_t){F_NAME[f], G_row[f], ref.row[f], R};
+                cmp[nc++] = (cmp_t){"dhidden", G_dh, ref.dhidden, R * H};
+                cmp[nc++] = (cmp_t){"dweight", G_dw, ref.dweight, V * H};
+                printf("check against the single-process %s (atol %g, rtol %g):\n",
+                       o.ref_device ? "run on the same device and kernels" : "reference",
+                       o.atol, o.rtol);
+                for (size_t k = 0; k < nc; k++) {
                     errstat e = compare(cmp[k].got, cmp[k].want, (int64_t)cmp[k].n, o.atol, o.rtol);
                     int good = e.worst_ratio <= 1.0;
-                    printf("  %-8s max abs err %.3e  max rel err %.3e  worst [%lld] got %.9g ref "
+                    printf("  %-10s max abs err %.3e  max rel err %.3e  worst [%lld] got %.9g ref "
                            "%.9g  %s\n",
                            cmp[k].name, e.max_abs, e.max_rel, (long long)e.worst,
                            e.worst >= 0 ? cmp[k].got[e.worst] : 0.0,
@@ -1350,12 +1449,15 @@ int sph_cli_run_dist(int argc, char **argv) {
             }
         }
         if (o.outputs) {
-            mkdir(o.outputs, 0777);
+            /* The files `spanhead run --outputs` writes in one process. */
             int64_t sr[1] = {b.R}, srh[2] = {b.R, b.H}, svh[2] = {b.V, b.H};
-            int wok = npy_write(o.outputs, "logprob", "<f4", G_lp, 4, 1, sr) &&
-                      npy_write(o.outputs, "entropy", "<f4", G_en, 4, 1, sr) &&
-                      npy_write(o.outputs, "dhidden", "<f4", G_dh, 4, 2, srh) &&
-                      npy_write(o.outputs, "dweight", "<f4", G_dw, 4, 2, svh);
+            int wok = mkdir(o.outputs, 0777) == 0 || errno == EEXIST;
+            if (!wok) rfail("--outputs %s: %s", o.outputs, strerror(errno));
+            for (int f = 0; wok && f < NF; f++)
+                if (f != F_LOGIT_MEAN || !b.K)
+                    wok = write_f32(o.outputs, F_NAME[f], G_row[f], 1, sr);
+            wok = wok && write_f32(o.outputs, "dhidden", G_dh, 2, srh) &&
+                  write_f32(o.outputs, "dweight", G_dw, 2, svh);
             if (wok) printf("outputs: written to %s\n", o.outputs);
             else pass = 0;
         }
@@ -1380,11 +1482,12 @@ out:
     free(c_dw);
     free(dw64);
     free(dw64_sum);
-    free(G_lp);
-    free(G_en);
+    for (int f = 0; f < NF; f++) free(G_row[f]);
     free(G_dh);
     free(seen);
+    free(dh64);
     sph_ctx_destroy(ref_ctx);
+    sph_ctx_destroy(local_ctx);
     sph_ctx_destroy(ctx);
     sph_comm_destroy(comm);
     sph_ctx_destroy(d.io);

@@ -64,24 +64,6 @@ int synth_mask(const char *pattern, int64_t N, double frac, synth_rng *r, uint8_
     return 0;
 }
 
-int64_t synth_spans(const uint8_t *mask, int64_t N, int64_t gap, int64_t *spans) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < N;) {
-        if (!mask[i]) {
-            i++;
-            continue;
-        }
-        int64_t s = i;
-        while (i < N && mask[i]) i++;
-        if (n > 0 && s - spans[2 * n - 1] <= gap) {
-            spans[2 * n - 1] = i; /* coalesce across a short gap */
-        } else {
-            spans[2 * n] = s, spans[2 * n + 1] = i, n++;
-        }
-    }
-    return n;
-}
-
 uint16_t synth_f32_to_bf16(float f) {
     union { float f; uint32_t u; } x = {f};
     if ((x.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x.u >> 16) | 0x40);

@@ -1,7 +1,7 @@
 /*
  * synth.h - seeded synthetic inputs for `spanhead run` and the benchmarks: a packed RL batch
  * of prompts and responses (the loss mask covers the rows that predict response tokens),
- * other mask patterns, random tensors, and a mask -> coalesced spans routine.
+ * other mask patterns and random tensors (spans come from sph_spans_from_mask).
  */
 #ifndef SPH_CLI_SYNTH_H
 #define SPH_CLI_SYNTH_H
@@ -23,10 +23,6 @@ int64_t synth_range(synth_rng *r, int64_t lo, int64_t hi); /* [lo, hi] */
  * packed sequences (response) or 0. Returns 0, or -1 for an unknown pattern. */
 int synth_mask(const char *pattern, int64_t N, double frac, synth_rng *r, uint8_t *mask,
                int64_t *n_seq);
-
-/* Ordered [start, end) runs of the 1 entries of mask[N], merging runs separated by at most
- * gap zeros. spans holds 2 * (N / 2 + 1) entries. Returns the number of spans. */
-int64_t synth_spans(const uint8_t *mask, int64_t N, int64_t gap, int64_t *spans);
 
 /* x[k] = scale * N(0, 1), as f32 or rounded to bf16/f16 (dtype_bits 16, is_bf16). */
 void synth_fill(void *x, int64_t n, double scale, int dtype_bits, int is_bf16, synth_rng *r);

@@ -132,7 +132,8 @@ sph_status sph_comm_check_records(const sph_comm_rec *recs, int64_t n, int world
         /* Bitwise: two temperatures that print alike but differ in the last bit still give
          * different softmaxes. */
         if (w[SPH_REC_TEMPERATURE] != w0[SPH_REC_TEMPERATURE])
-            return sph_err(SPH_ERR_MISMATCH, "rank %lld: cfg.temperature is %.17g, rank 0 has %.17g",
+            return sph_err(SPH_ERR_MISMATCH,
+                           "rank %lld: cfg.temperature is %.17g, rank 0 has %.17g",
                            (long long)r, temp_of(&recs[r]), temp_of(&recs[0]));
     }
 

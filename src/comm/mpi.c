@@ -15,6 +15,9 @@
  * World layout (sph_comm_create_mpi_world): world rank w = ((dp_rank * cp) + cp_rank) * tp +
  * tp_rank; the TP group of w is MPI_Comm_split(world, color = w / tp, key = w % tp).
  *
+ * Every collective first all-reduces its size (a few microseconds): ranks that disagree, or a
+ * rank with bad arguments, give the same error on every rank instead of a truncation or a hang.
+ *
  * Large messages: MPI counts are int. Allgathers beyond INT_MAX bytes use a derived datatype
  * of the whole per-rank block (blocks of 2^30 bytes plus a remainder, resized to the block's
  * extent); all-reduces beyond INT_MAX floats run in chunks (a sum is elementwise).
@@ -143,6 +146,30 @@ fail:
     return st;
 }
 
+/* Every rank must pass the same size to a collective; otherwise MPI truncates, fails on some
+ * ranks only, or waits forever. One tiny all-reduce (the largest and the smallest size with
+ * the lowest rank holding each) turns that into the same SPH_ERR_MISMATCH on every rank. It
+ * costs a few microseconds on shared memory, next to a forward of milliseconds or more. A rank
+ * whose own arguments are bad joins with size -1, so the others fail too instead of hanging. */
+static sph_status agree_size(MPI_Comm mc, int64_t n, const char *what, const char *unit) {
+    sph_status st = SPH_OK;
+    int rank = 0;
+    SPH_MPI_TRY(MPI_Comm_rank(mc, &rank), mc);
+    struct { long v; int r; } in[2] = {{(long)n, rank}, {-(long)n, rank}}, out[2];
+    SPH_MPI_TRY(MPI_Allreduce(in, out, 2, MPI_LONG_INT, MPI_MAXLOC, mc), mc);
+    long hi = out[0].v, lo = -out[1].v;
+    if (lo < 0)
+        return sph_err(SPH_ERR_INVALID_ARG, "comm %s: rank %d passed invalid arguments (see that "
+                       "rank's message)", what, out[1].r);
+    if (hi != lo)
+        return sph_err(SPH_ERR_MISMATCH,
+                       "comm %s: ranks disagree on the size: rank %d passes %ld %s, rank %d "
+                       "passes %ld (different shapes on the ranks of the group?)",
+                       what, out[0].r, hi, unit, out[1].r, lo);
+fail:
+    return st;
+}
+
 static sph_status mpi_allgather(sph_comm_t c, const void *send, void *recv, size_t bytes,
                                 void *stream) {
     (void)stream;
@@ -150,20 +177,26 @@ static sph_status mpi_allgather(sph_comm_t c, const void *send, void *recv, size
     MPI_Datatype big = MPI_DATATYPE_NULL;
     SPH_CHECK(c && c->impl, SPH_ERR_INVALID_ARG, "comm allgather: handle is NULL");
     MPI_Comm mc = ((mpi_impl *)c->impl)->comm;
-    if (bytes == 0) return SPH_OK; /* every rank agrees on bytes: nothing to exchange */
-    SPH_CHECK(send && recv, SPH_ERR_INVALID_ARG, "comm allgather: send %p or recv %p is NULL",
-              send, recv);
-    size_t total;
-    SPH_CHECK(sph_mul_size(bytes, (size_t)c->size, &total), SPH_ERR_OVERFLOW,
-              "comm allgather: %zu bytes x %lld ranks overflows", bytes, (long long)c->size);
+    size_t total = 0;
     const char *s = send, *r0 = recv, *mine = r0 + (size_t)c->rank * bytes;
-    const void *src = send;
-    if (s == mine) {
-        src = MPI_IN_PLACE;
-    } else {
-        SPH_CHECK(s + bytes <= r0 || s >= r0 + total, SPH_ERR_INVALID_ARG,
-                  "comm allgather: send buffer overlaps recv but is not this rank's block");
+    int bad = bytes > (size_t)INT64_MAX / 2 || (bytes && (!send || !recv)) ||
+              !sph_mul_size(bytes, (size_t)c->size, &total) ||
+              (bytes && s != mine && !(s + bytes <= r0 || s >= r0 + total));
+    if (bad) {
+        /* Join the size agreement as "invalid" so the other ranks fail instead of waiting. */
+        agree_size(mc, -1, "allgather", "bytes");
+        SPH_CHECK(bytes <= (size_t)INT64_MAX / 2, SPH_ERR_OVERFLOW,
+                  "comm allgather: %zu bytes is too large", bytes);
+        SPH_CHECK(!bytes || (send && recv), SPH_ERR_INVALID_ARG,
+                  "comm allgather: send %p or recv %p is NULL", send, recv);
+        SPH_CHECK(sph_mul_size(bytes, (size_t)c->size, &total), SPH_ERR_OVERFLOW,
+                  "comm allgather: %zu bytes x %lld ranks overflows", bytes, (long long)c->size);
+        return sph_err(SPH_ERR_INVALID_ARG,
+                       "comm allgather: send buffer overlaps recv but is not this rank's block");
     }
+    SPH_TRY(agree_size(mc, (int64_t)bytes, "allgather", "bytes"));
+    if (bytes == 0) return SPH_OK; /* every rank agrees: nothing to exchange */
+    const void *src = s == mine ? MPI_IN_PLACE : send;
     if ((int64_t)bytes <= g_max_count) {
         SPH_MPI_TRY(MPI_Allgather(src, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, mc), mc);
     } else {
@@ -180,8 +213,12 @@ static sph_status mpi_allreduce(sph_comm_t c, float *buf, size_t count, void *st
     sph_status st = SPH_OK;
     SPH_CHECK(c && c->impl, SPH_ERR_INVALID_ARG, "comm allreduce: handle is NULL");
     MPI_Comm mc = ((mpi_impl *)c->impl)->comm;
-    if (count == 0) return SPH_OK;
-    SPH_CHECK(buf != NULL, SPH_ERR_INVALID_ARG, "comm allreduce: buf is NULL");
+    int bad = (count && !buf) || count > (size_t)INT64_MAX / 2;
+    st = agree_size(mc, bad ? -1 : (int64_t)count, "allreduce", "floats");
+    SPH_CHECK(!count || buf, SPH_ERR_INVALID_ARG, "comm allreduce: buf is NULL");
+    SPH_CHECK(count <= (size_t)INT64_MAX / 2, SPH_ERR_OVERFLOW,
+              "comm allreduce: %zu floats is too large", count);
+    if (st != SPH_OK || count == 0) return st;
     for (size_t off = 0; off < count; off += (size_t)g_max_count) {
         size_t n = count - off < (size_t)g_max_count ? count - off : (size_t)g_max_count;
         SPH_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)n, MPI_FLOAT, MPI_SUM, mc), mc);

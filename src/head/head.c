@@ -53,44 +53,6 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Spans: ordered, non-overlapping [start, end) pairs inside [0, N) with start < end, covering
- * every active row of mask (when mask is given and readable). */
-static sph_status check_spans(const int64_t *spans, int64_t n_spans, int64_t N,
-                              const uint8_t *mask) {
-    SPH_CHECK(n_spans >= 0, SPH_ERR_INVALID_ARG, "n_spans: %lld, expected >= 0",
-              (long long)n_spans);
-    SPH_CHECK(n_spans == 0 || spans != NULL, SPH_ERR_INVALID_ARG,
-              "spans: NULL with n_spans = %lld", (long long)n_spans);
-    int64_t prev_end = 0;
-    for (int64_t k = 0; k < n_spans; k++) {
-        int64_t a = spans[2 * k], b = spans[2 * k + 1];
-        SPH_CHECK(a >= 0 && b <= N && a < b, SPH_ERR_INVALID_ARG,
-                  "spans[%lld]: [%lld, %lld) is empty or outside [0, N = %lld)", (long long)k,
-                  (long long)a, (long long)b, (long long)N);
-        SPH_CHECK(a >= prev_end, SPH_ERR_INVALID_ARG,
-                  "spans[%lld]: starts at %lld, before the previous span's end %lld "
-                  "(spans must be ordered and non-overlapping)",
-                  (long long)k, (long long)a, (long long)prev_end);
-        prev_end = b;
-    }
-    if (mask && n_spans > 0) {
-        int64_t k = 0;
-        for (int64_t i = 0; i < N; i++) {
-            if (!mask[i]) continue;
-            while (k < n_spans && spans[2 * k + 1] <= i) k++;
-            SPH_CHECK(k < n_spans && spans[2 * k] <= i, SPH_ERR_INVALID_ARG,
-                      "spans: active row %lld (active_mask[%lld] = %u) is outside every span",
-                      (long long)i, (long long)i, mask[i]);
-        }
-    } else if (mask && n_spans == 0 && spans != NULL) {
-        for (int64_t i = 0; i < N; i++)
-            SPH_CHECK(!mask[i], SPH_ERR_INVALID_ARG,
-                      "spans: active row %lld is outside every span (n_spans = 0)",
-                      (long long)i);
-    }
-    return SPH_OK;
-}
-
 // ---- validation ------------------------------------------------------------------------
 
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
@@ -167,7 +129,8 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
     // spans (host memory always)
     if (a->spans || a->n_spans) {
-        SPH_TRY(check_spans(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
+        /* ordered, disjoint, inside [0, N), covering every active row of a host mask */
+        SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
         p->spans = a->spans;
         p->n_spans = a->n_spans;
     }

@@ -309,6 +309,81 @@ static void test_mismatch(void) {
     }
 }
 
+/* Ranks that pass different sizes to a collective (different shapes on the TP ranks): the
+ * same SPH_ERR_MISMATCH everywhere, never a truncation or a hang. */
+static void test_size_mismatch(void) {
+    if (mt_size < 2) return;
+    sph_comm_config cfg = group_cfg(300);
+    sph_comm_t c = NULL;
+    MPI_Comm w = MPI_COMM_WORLD;
+    MT_OK(sph_comm_create_mpi(&c, &w, &cfg));
+    if (!c) return;
+    int last = mt_size - 1;
+    char send[64] = {0}, *recv = calloc((size_t)mt_size, 64);
+    char needle[160];
+    size_t bytes = mt_rank == last ? 24 : 16;
+    sph_status st = c->ops->allgather(c, send, recv, bytes, NULL);
+    snprintf(needle, sizeof needle, "ranks disagree on the size: rank %d passes 24 bytes, rank 0 "
+             "passes 16", last);
+    expect_everywhere(st, SPH_ERR_MISMATCH, needle, "allgather size mismatch");
+    float f[8] = {0};
+    st = c->ops->allreduce_sum_f32(c, f, mt_rank == 0 ? 3 : 8, NULL);
+    expect_everywhere(st, SPH_ERR_MISMATCH, "rank 1 passes 8 floats, rank 0 passes 3",
+                      "allreduce count mismatch");
+    /* bad arguments on one rank: that rank says why, the others learn which rank it was */
+    st = c->ops->allgather(c, mt_rank == last ? NULL : send, recv, 16, NULL);
+    if (mt_rank == last)
+        MT_CHECK(st == SPH_ERR_INVALID_ARG && strstr(sph_last_error(), "is NULL"),
+                 "bad rank: %d %s", (int)st, sph_last_error());
+    else {
+        snprintf(needle, sizeof needle, "rank %d passed invalid arguments", last);
+        MT_CHECK(st == SPH_ERR_INVALID_ARG && strstr(sph_last_error(), needle),
+                 "good rank: %d %s", (int)st, sph_last_error());
+    }
+    /* and the communicator still works afterwards */
+    check_allreduce(c, 17);
+    free(recv);
+
+    /* Through the head: TP ranks with different N fail the forward's combine everywhere. */
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.tp_comm = c;
+    o.num_threads = 1;
+    sph_ctx_t ctx = NULL;
+    MT_OK(sph_ctx_create(&ctx, &o));
+    if (ctx) {
+        int64_t N = mt_rank == last ? 6 : 5, H = 4, V_loc = cfg.vocab_local;
+        float *h = calloc((size_t)(N * H), sizeof(float)), *wt = calloc((size_t)(V_loc * H), 4);
+        float *lp = calloc((size_t)N, 4), *stt = calloc((size_t)(N * 3), 4);
+        uint16_t *hb = calloc((size_t)(N * H), 2), *wb = calloc((size_t)(V_loc * H), 2);
+        int64_t tg[6] = {0, 1, 2, 3, 4, 5};
+        int64_t sh[2] = {N, H}, sw[2] = {V_loc, H}, sn[1] = {N}, ss[2] = {N, 3};
+        sph_tensor th = {hb, {SPH_DEVICE_CPU, 0}, 2, SPH_BF16, sh, NULL, 0};
+        sph_tensor tw = {wb, {SPH_DEVICE_CPU, 0}, 2, SPH_BF16, sw, NULL, 0};
+        sph_tensor tt = {tg, {SPH_DEVICE_CPU, 0}, 1, SPH_I64, sn, NULL, 0};
+        sph_tensor tl = {lp, {SPH_DEVICE_CPU, 0}, 1, SPH_F32, sn, NULL, 0};
+        sph_tensor ts = {stt, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ss, NULL, 0};
+        sph_head_args a = SPH_HEAD_ARGS_INIT;
+        a.hidden = &th;
+        a.weight = &tw;
+        a.targets = &tt;
+        a.vocab_start = cfg.vocab_start;
+        a.vocab_total = cfg.vocab_total;
+        a.logprob = &tl;
+        a.stats = &ts;
+        size_t need = 0;
+        MT_OK(sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need));
+        void *ws = malloc(need + 1);
+        st = sph_head_forward(ctx, &a, ws, need);
+        MT_CHECK(st == SPH_ERR_MISMATCH && strstr(sph_last_error(), "ranks disagree on the size"),
+                 "head forward with N differing across TP ranks: %d (%s) %s", (int)st,
+                 sph_status_str(st), sph_last_error());
+        free(ws);
+        free(h), free(wt), free(lp), free(stt), free(hb), free(wb);
+        sph_ctx_destroy(ctx);
+    }
+    sph_comm_destroy(c);
+}
+
 static void test_args(void) {
     sph_comm_config cfg = group_cfg(64);
     sph_comm_t c = NULL;
@@ -353,6 +428,7 @@ int main(int argc, char **argv) {
     test_group();
     test_world();
     test_mismatch();
+    test_size_mismatch();
     test_args();
     return mt_finish("test_comm");
 }
