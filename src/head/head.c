@@ -129,6 +129,12 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
     // spans (host memory always)
     if (a->spans || a->n_spans) {
+#ifdef SPH_HAVE_CUDA
+        /* spans are read here, on the host: device memory would fault, so say so instead */
+        SPH_CHECK(!a->spans || sph_cuda_pointer_is_device(a->spans) != 1, SPH_ERR_DEVICE,
+                  "spans: device pointer %p, expected host memory (spans are host metadata)",
+                  (const void *)a->spans);
+#endif
         /* ordered, disjoint, inside [0, N), covering every active row of a host mask */
         SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
         p->spans = a->spans;

@@ -421,6 +421,13 @@ static void test_errors(void **state) {
     size_t wsb = 0;
     expect_status(sph_head_cuda_workspace(g, SPH_HEAD_FORWARD, &pl, &wsb), SPH_ERR_DEVICE,
                   "host memory");
+    /* and through the public API: refused by validation before the host reads them */
+    {
+        sph_head_args da = m.a;
+        da.spans = (const int64_t *)dsp;
+        da.n_spans = 1;
+        expect_status(sph_head_forward(g, &da, ws, bytes), SPH_ERR_DEVICE, "spans: device pointer");
+    }
     sph_ctx_free(g, dsp);
     /* and the valid call still works */
     expect_ok(sph_head_forward(g, &m.a, ws, bytes));
