@@ -164,8 +164,9 @@ def build_parser():
                    help="untimed calls before timing (compilation, autotuning); default 1")
     p.add_argument("--logit-std", type=float, default=2.0,
                    help="standard deviation of the random logits (default 2.0)")
-    p.add_argument("--gap", type=int, default=128,
-                   help="spanhead span coalescing gap in rows (default 128, as spanhead bench)")
+    p.add_argument("--gap", type=int, default=0,
+                   help="spanhead span coalescing gap in rows (default 0: exact spans, as "
+                        "spanhead bench)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="cuda",
                    help="cuda, cuda:N, or cpu (cpu: a harness test with tiny shapes only)")

@@ -32,5 +32,7 @@ def test_tp_from_mpi4py(rng, np_):
     p = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(np_),
                         sys.executable, os.path.join(HERE, "mpi_tp_worker.py"), str(seed)],
                        capture_output=True, text=True, timeout=240, env=env)
+    if p.returncode != 0 and "built without MPI" in p.stdout + p.stderr:
+        pytest.skip("the loaded libspanhead was built without MPI (sph_comm_create_mpi says so)")
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"mpi tp ok: {np_} ranks" in p.stdout
