@@ -16,6 +16,14 @@ it is (no spans: the library derives the active tiles from it). Pass ``spans=`` 
 int64 array, e.g. from :func:`spanhead.spans`) together with a device mask to get both without
 any host work in the step.
 
+One-pass losses: when the loss is a fixed weighting of the per-token log-probs (SFT,
+REINFORCE, + an entropy bonus), :func:`weighted_logprob_loss` returns the scalar loss with its
+gradients already computed by the same sweep (6NHV flops instead of 8NHV):
+
+    loss = sht.weighted_logprob_loss(hidden, lm_head.weight, targets, advantages / n,
+                                     loss_mask=mask)
+    loss.backward()            # no second spanhead call: the forward's dhidden and dweight
+
 Importing :mod:`spanhead` never imports torch; importing :mod:`spanhead.torch` does.
 """
 
@@ -33,7 +41,8 @@ from .head import BACKWARD, FORWARD, Context
 from ._errors import DTypeError, InvalidArgumentError, ShapeError
 from .meta import spans_from_mask
 
-__all__ = ["logprobs", "HeadFunction", "HeadOutputs", "context_for"]
+__all__ = ["logprobs", "HeadFunction", "HeadOutputs", "context_for", "weighted_logprob_loss",
+           "OnePassLossFunction", "LossOutputs"]
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -121,8 +130,11 @@ def _call(pass_: int, cfg: "_Config", ctx: Context, tensors: dict) -> None:
         return _cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
 
     spans = None if cfg.spans is None else _ext_spans(cfg.spans)
+    # the TP all-reduce of dhidden: wherever dhidden is written (the backward, or a one-pass
+    # forward); never without a dhidden output (the library refuses that)
+    allreduce = bool(cfg.reduce_dhidden) and tensors.get("dhidden") is not None
     _ext.head(ctx._live(), pass_, caps, spans, alloc, cfg.vocab_start, cfg.vocab_total,
-              cfg.temperature, cfg.softcap, 0, 0, int(pass_ == BACKWARD and cfg.reduce_dhidden))
+              cfg.temperature, cfg.softcap, 0, 0, int(allreduce))
 
 
 def _ext_spans(spans: np.ndarray) -> Any:
@@ -133,7 +145,7 @@ class _Config:
     """Non-tensor arguments of one call (carried from forward to backward)."""
 
     __slots__ = ("spans", "vocab_start", "vocab_total", "temperature", "softcap", "want",
-                 "comm", "reduce_dhidden", "options")
+                 "comm", "reduce_dhidden", "options", "entropy_coef", "want_entropy")
 
     def __init__(self, **kw: Any):
         for k, v in kw.items():
@@ -210,45 +222,26 @@ def _host_mask(mask: Any) -> Optional[np.ndarray]:
     return None
 
 
-def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
-             loss_mask: Any = None, spans: Any = None, temperature: float = 1.0,
-             entropy: bool = False, tp_group: Any = None, vocab_start: int = 0, *,
-             vocab_total: int = 0, lse: bool = False, logit_mean: bool = False,
-             softcap: float = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
-             reduce_dhidden: Optional[bool] = None, **context_options: Any) -> Any:
-    """Per-token log-probs of ``targets`` under ``softmax((hidden @ weight.T) / temperature)``,
-    differentiable w.r.t. hidden and weight, without materializing the logits.
+class _Prepared(NamedTuple):
+    lead: tuple
+    hidden: torch.Tensor          # (N, H), rows contiguous
+    weight: torch.Tensor          # (V_loc, H), rows contiguous
+    targets: Optional[torch.Tensor]
+    candidates: Optional[torch.Tensor]
+    mask: Optional[torch.Tensor]  # (N,) on hidden's device
+    spans: Optional[np.ndarray]   # host (n, 2) int64
+    comm: Optional[Comm]
+    vocab_total: int
+    reduce_dhidden: Optional[bool]
 
-    Args:
-        hidden: (..., H) float32 / bfloat16 / float16 (rows must be contiguous in H).
-        weight: (V_loc, H), same dtype: the full LM head, or this rank's vocabulary shard.
-        targets: (...) int32/int64 global token ids; negative ids are ignored (0, no gradient).
-            May be None when only entropy / lse / logit_mean are wanted.
-        loss_mask: (...) active rows (bool or 0/1). On the host: spans are built from it there,
-            then it is copied to the device. On the device: used as it is. Rows with mask 0 get
-            exactly 0 outputs and no gradient, and cost nothing.
-        spans: host (n, 2) int64 [start, end) runs of active rows (e.g. spanhead.spans()).
-        temperature, softcap: z = (softcap * tanh(u / softcap) if softcap else u) / temperature.
-        entropy, lse, logit_mean: also return these per-row quantities (all differentiable).
-        tp_group: a torch.distributed NCCL process group over the vocabulary shards (see
-            spanhead.Comm.from_torch), or a spanhead.Comm (e.g. Comm.from_mpi4py for CPU
-            tensors); the softmax statistics are combined across it.
-        vocab_start, vocab_total: this shard's first id and the full vocabulary (default with
-            tp_group: V_loc * group size).
-        candidates: (..., K) sample-support ids padded with -1 (softmax over them only).
-        gap: span coalescing gap for a host loss mask. The default 0 gives exact spans, the
-            fastest input for spanhead's kernels (they gather active rows, so coalescing only
-            adds inactive rows to compute); a larger gap merges runs for callers that want
-            few spans.
-        reduce_dhidden: sum dhidden over tp_group in the backward (default True with tp_group:
-            the gradient of the replicated hidden is the sum of the shards' partials; pass
-            False when a surrounding layer already all-reduces it, as Megatron's does).
-        context_options: passed to spanhead.Context (threads, kernel, batch_invariant, ...).
 
-    Returns:
-        logprob (float32, targets' shape) when only logprobs are requested, else a
-        :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others.
-    """
+def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
+             candidates: Optional[torch.Tensor], loss_mask: Any, spans: Any, gap: int,
+             tp_group: Any, vocab_start: int, vocab_total: int, temperature: float,
+             reduce_dhidden: Optional[bool]) -> _Prepared:
+    """The checks and conversions shared by :func:`logprobs` and
+    :func:`weighted_logprob_loss`: 2-D views, host mask -> host spans + device mask,
+    communicator."""
     if not isinstance(hidden, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise DTypeError("hidden and weight must be torch tensors")
     if hidden.dtype not in _INPUT_DTYPES:
@@ -314,6 +307,52 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
                          temperature)
     if comm is not None and reduce_dhidden is None:
         reduce_dhidden = True
+    return _Prepared(tuple(lead), h2, w2, t1, c2, mask_dev, host_spans, comm, int(vocab_total),
+                     reduce_dhidden)
+
+
+def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
+             loss_mask: Any = None, spans: Any = None, temperature: float = 1.0,
+             entropy: bool = False, tp_group: Any = None, vocab_start: int = 0, *,
+             vocab_total: int = 0, lse: bool = False, logit_mean: bool = False,
+             softcap: float = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
+             reduce_dhidden: Optional[bool] = None, **context_options: Any) -> Any:
+    """Per-token log-probs of ``targets`` under ``softmax((hidden @ weight.T) / temperature)``,
+    differentiable w.r.t. hidden and weight, without materializing the logits.
+
+    Args:
+        hidden: (..., H) float32 / bfloat16 / float16 (rows must be contiguous in H).
+        weight: (V_loc, H), same dtype: the full LM head, or this rank's vocabulary shard.
+        targets: (...) int32/int64 global token ids; negative ids are ignored (0, no gradient).
+            May be None when only entropy / lse / logit_mean are wanted.
+        loss_mask: (...) active rows (bool or 0/1). On the host: spans are built from it there,
+            then it is copied to the device. On the device: used as it is. Rows with mask 0 get
+            exactly 0 outputs and no gradient, and cost nothing.
+        spans: host (n, 2) int64 [start, end) runs of active rows (e.g. spanhead.spans()).
+        temperature, softcap: z = (softcap * tanh(u / softcap) if softcap else u) / temperature.
+        entropy, lse, logit_mean: also return these per-row quantities (all differentiable).
+        tp_group: a torch.distributed NCCL process group over the vocabulary shards (see
+            spanhead.Comm.from_torch), or a spanhead.Comm (e.g. Comm.from_mpi4py for CPU
+            tensors); the softmax statistics are combined across it.
+        vocab_start, vocab_total: this shard's first id and the full vocabulary (default with
+            tp_group: V_loc * group size).
+        candidates: (..., K) sample-support ids padded with -1 (softmax over them only).
+        gap: span coalescing gap for a host loss mask. The default 0 gives exact spans, the
+            fastest input for spanhead's kernels (they gather active rows, so coalescing only
+            adds inactive rows to compute); a larger gap merges runs for callers that want
+            few spans.
+        reduce_dhidden: sum dhidden over tp_group in the backward (default True with tp_group:
+            the gradient of the replicated hidden is the sum of the shards' partials; pass
+            False when a surrounding layer already all-reduces it, as Megatron's does).
+        context_options: passed to spanhead.Context (threads, kernel, batch_invariant, ...).
+
+    Returns:
+        logprob (float32, targets' shape) when only logprobs are requested, else a
+        :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others.
+    """
+    p = _prepare(hidden, weight, targets, candidates, loss_mask, spans, gap, tp_group,
+                 vocab_start, vocab_total, temperature, reduce_dhidden)
+    lead, h2, w2, t1, c2, mask_dev, host_spans, comm, vocab_total, reduce_dhidden = p
     want = (t1 is not None, bool(entropy), bool(lse), bool(logit_mean))
     cfg = _Config(spans=host_spans, vocab_start=int(vocab_start), vocab_total=int(vocab_total),
                   temperature=float(temperature), softcap=float(softcap), want=want, comm=comm,
@@ -323,3 +362,171 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
     if want[1:] == (False, False, False):
         return outs[0]
     return HeadOutputs(*outs)
+
+
+# ---- one-pass weighted log-prob loss -------------------------------------------------------
+
+
+class LossOutputs(NamedTuple):
+    """What :func:`weighted_logprob_loss` returns when per-row outputs are asked for: the
+    differentiable scalar loss and the detached float32 per-row log-probs / entropy (shaped
+    like targets; None when not requested)."""
+
+    loss: torch.Tensor
+    logprob: Optional[torch.Tensor]
+    entropy: Optional[torch.Tensor]
+
+
+class OnePassLossFunction(torch.autograd.Function):
+    """autograd.Function: (hidden, weight, targets, active_mask, weights, cfg) -> (loss,
+    logprob, entropy). The forward makes ONE spanhead call in one-pass mode: the upstream
+    gradients of the loss are known before it (dlogprob = -weights, dentropy =
+    -entropy_coef), so dhidden and dweight come out of the forward's sweep and are kept until
+    the backward, which only scales them by the loss's incoming gradient. logprob and entropy
+    are detached outputs. Use :func:`weighted_logprob_loss` rather than calling this."""
+
+    @staticmethod
+    def forward(fctx, hidden, weight, targets, active_mask, weights, cfg):  # noqa: D102
+        N = hidden.shape[0]
+        dev = hidden.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        need_h, need_w, need_wt = (fctx.needs_input_grad[0], fctx.needs_input_grad[1],
+                                   fctx.needs_input_grad[4])
+        coef = cfg.entropy_coef
+        lp = torch.empty(N, **f32)
+        ent = torch.empty(N, **f32) if (coef != 0.0 or cfg.want_entropy) else None
+        stats = torch.empty((N, 3), **f32)
+        t = dict(hidden=hidden, weight=weight, targets=targets, active_mask=active_mask,
+                 logprob=lp, entropy=ent, stats=stats)
+        dh = dw = None
+        if need_h or need_w:
+            # one-pass mode: L = -sum w_i logprob_i - coef sum entropy_i, so the upstream
+            # gradients are dL/dlogprob = -w and dL/dentropy = -coef, known before the sweep
+            t["dlogprob"] = torch.neg(weights)
+            if coef != 0.0:
+                t["dentropy"] = torch.full((N,), -coef, **f32)
+            if need_h:
+                # the TP all-reduce of dhidden runs in float32 (the library's requirement)
+                dt = torch.float32 if cfg.reduce_dhidden else hidden.dtype
+                dh = t["dhidden"] = torch.empty(hidden.shape, dtype=dt, device=dev)
+            if need_w:
+                dw = t["dweight"] = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
+        ctx = context_for(dev, cfg.comm, **cfg.options)
+        _call(FORWARD, cfg, ctx, t)
+        # the loss over the active rows (the library writes 0 on inactive / ignored rows)
+        loss = -torch.dot(weights, lp)
+        if coef != 0.0:
+            loss = loss - coef * ent.sum()
+        if dh is not None and dh.dtype != hidden.dtype:
+            dh = dh.to(hidden.dtype)
+        fctx.grads = (dh, dw)
+        fctx.logprob = lp if need_wt else None     # dL/dw_i = -logprob_i
+        fctx.used = False
+        ent_out = ent if ent is not None else torch.empty(0, **f32)
+        fctx.mark_non_differentiable(lp, ent_out)
+        return loss, lp, ent_out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(fctx, g_loss, g_lp, g_ent):  # noqa: D102
+        if fctx.used:
+            raise RuntimeError("weighted_logprob_loss: backward called a second time; the "
+                               "one-pass gradients were computed in the forward and are "
+                               "handed over once (retain_graph is not supported)")
+        fctx.used = True
+        dh, dw = fctx.grads
+        lp = fctx.logprob
+        fctx.grads, fctx.logprob = (None, None), None
+        if g_loss is None:
+            return None, None, None, None, None, None
+        # the stored gradients are this Function's own tensors: scale them in place (no second
+        # dweight-sized allocation); g_loss stays on the device (no host sync)
+        g = g_loss.reshape(())
+        if dh is not None:
+            dh = dh.mul_(g.to(dh.dtype))
+        if dw is not None:
+            dw = dw.mul_(g.to(dw.dtype))
+        dwt = None if lp is None else lp * -g.to(torch.float32)   # lp is also the caller's
+        return dh, dw, None, None, dwt, None
+
+
+def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          weights: Any, loss_mask: Any = None, spans: Any = None,
+                          temperature: float = 1.0, softcap: float = 0.0,
+                          entropy_coef: float = 0.0, tp_group: Any = None,
+                          vocab_start: int = 0, *, vocab_total: int = 0, gap: int = 0,
+                          reduce_dhidden: Optional[bool] = None, return_logprobs: bool = False,
+                          return_entropy: bool = False, **context_options: Any) -> Any:
+    """The scalar loss ``L = -sum_i weights_i * logprob_i - entropy_coef * sum_i entropy_i``
+    over the active rows, its gradients computed in the same sweep as the forward (spanhead's
+    one-pass mode: each chunk of logits is computed once, 6*N*H*V flops instead of the
+    8*N*H*V of :func:`logprobs` + backward).
+
+    For losses whose gradient w.r.t. the per-token log-probs is known before the forward:
+
+        SFT:        weights = mask / mask.sum()           (L = mean token NLL)
+        REINFORCE:  weights = advantages / num_tokens     (L = -mean A_i log p_i)
+        + entropy bonus: entropy_coef > 0 *subtracts* coef * sum entropy (maximizes entropy)
+
+    (PPO / GRPO with ratio clipping need the log-probs before their gradient: use
+    :func:`logprobs`.) The backward makes no spanhead call: the forward stores dhidden and
+    dweight (so dweight, V_loc x H, is held from the forward to the backward, as in
+    liger-kernel's fused linear cross entropy) and the backward hands them over scaled by
+    the loss's incoming gradient. The backward can run once (no ``retain_graph``).
+
+    Args:
+        hidden, weight, targets, loss_mask, spans, temperature, softcap, tp_group,
+            vocab_start, vocab_total, gap, reduce_dhidden, context_options: as in
+            :func:`logprobs` (targets are required; negative ids are ignored: logprob 0,
+            no gradient). Inactive rows (mask 0 / outside spans) add nothing to the loss
+            whatever their weight.
+        weights: per-token weights, a tensor of targets' shape on hidden's device (cast to
+            float32), or a Python number for every token. Differentiable: dL/dweights_i =
+            -logprob_i.
+        entropy_coef: the entropy term's coefficient (0: entropy is not computed).
+        return_logprobs, return_entropy: also return the detached per-row log-probs /
+            entropy (float32, targets' shape; 0 on inactive rows).
+
+    With tp_group the loss is the same on every rank (the statistics are global); each
+    rank's dweight is its shard's and dhidden is summed over the group (reduce_dhidden).
+
+    Returns:
+        the loss, a float32 0-dim tensor; with return_logprobs or return_entropy a
+        :class:`LossOutputs` (loss, logprob, entropy) with None for what was not asked for.
+    """
+    if targets is None:
+        raise InvalidArgumentError("targets: required (the loss weights log-probs of targets)")
+    if not isinstance(targets, torch.Tensor):
+        raise DTypeError(f"targets: expected a torch tensor, got {type(targets).__name__}")
+    p = _prepare(hidden, weight, targets, None, loss_mask, spans, gap, tp_group, vocab_start,
+                 vocab_total, temperature, reduce_dhidden)
+    h2 = p.hidden
+    N = h2.shape[0]
+    if isinstance(weights, torch.Tensor):
+        if tuple(weights.shape) != tuple(p.lead):
+            raise ShapeError(f"weights: shape is {tuple(weights.shape)}, expected "
+                             f"{tuple(p.lead)} (targets' shape)")
+        if weights.device != h2.device:
+            raise InvalidArgumentError(f"weights are on {weights.device} but hidden is on "
+                                       f"{h2.device}")
+        if not (weights.is_floating_point() or weights.dtype == torch.bool):
+            raise DTypeError(f"weights: dtype is {weights.dtype}, expected a floating dtype")
+        w1 = weights.reshape(N).to(torch.float32).contiguous()
+    elif isinstance(weights, (int, float)) and not isinstance(weights, bool):
+        w1 = torch.full((N,), float(weights), dtype=torch.float32, device=h2.device)
+    else:
+        raise DTypeError(f"weights: expected a tensor of targets' shape or a number, got "
+                         f"{type(weights).__name__}")
+    coef = float(entropy_coef)
+    if not np.isfinite(coef):
+        raise InvalidArgumentError(f"entropy_coef: {entropy_coef}, expected a finite number")
+    cfg = _Config(spans=p.spans, vocab_start=int(vocab_start), vocab_total=p.vocab_total,
+                  temperature=float(temperature), softcap=float(softcap),
+                  want=(True, coef != 0.0 or bool(return_entropy), False, False), comm=p.comm,
+                  reduce_dhidden=bool(p.reduce_dhidden), options=context_options,
+                  entropy_coef=coef, want_entropy=bool(return_entropy))
+    loss, lp, ent = OnePassLossFunction.apply(h2, p.weight, p.targets, p.mask, w1, cfg)
+    if not (return_logprobs or return_entropy):
+        return loss
+    return LossOutputs(loss, lp.reshape(p.lead) if return_logprobs else None,
+                       ent.reshape(p.lead) if return_entropy else None)
