@@ -2,6 +2,8 @@
 (logprobs() + autograd) and a float64 dense PyTorch reference (skipped without torch; the
 CUDA half runs with test_torch_cuda.py's machinery on the GPU machine)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -193,3 +195,106 @@ def test_bad_input_and_second_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second time"):
         loss.backward()
+
+
+# ---- CUDA (skipped without a GPU; scripts/device/python_gpu.sh runs the whole suite) ------
+
+_CUDA = torch.cuda.is_available() and spanhead.cuda_device_count() > 0
+cuda = pytest.mark.skipif(not _CUDA, reason="no CUDA device visible to torch and libspanhead")
+
+
+@cuda
+@pytest.mark.parametrize("dtype,tol,gtol", [(torch.float32, 1e-4, 1e-3),
+                                            (torch.bfloat16, 1e-2, 3e-2)])
+@pytest.mark.parametrize("mask_kind", ["none", "host", "device", "device+spans"])
+@pytest.mark.parametrize("N,H,V", [(1, 64, 1000), (257, 256, 8003), (1024, 512, 32000)])
+def test_cuda_matches_two_pass_and_dense(dtype, tol, gtol, mask_kind, N, H, V):
+    dev = torch.device("cuda", 0)
+    h, w, t, adv = make(N * 7 + V, (N,), H, V, dtype)
+    h, w, t, adv = h.to(dev), w.to(dev), t.to(dev), adv.to(dev)
+    mask_cpu = torch.rand(N, generator=torch.Generator().manual_seed(N + H)) < 0.4
+    mask = {"none": None, "host": mask_cpu, "device": mask_cpu.to(dev),
+            "device+spans": mask_cpu.to(dev)}[mask_kind]
+    spans = spanhead.spans_from_mask(mask_cpu.numpy(), 16) if mask_kind == "device+spans" \
+        else None
+    kw = dict(loss_mask=mask, spans=spans, temperature=0.9, softcap=20.0)
+    coef, g_out = 0.05, -1.3
+    h1, w1 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = sht.weighted_logprob_loss(h1, w1, t, adv, entropy_coef=coef, return_logprobs=True,
+                                    return_entropy=True, **kw)
+    assert out.loss.device == dev and out.logprob.device == dev
+    (g_out * out.loss).backward()
+    h2, w2 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    o2 = sht.logprobs(h2, w2, t, entropy=True, **kw)
+    (g_out * (-(adv * o2.logprob).sum() - coef * o2.entropy.sum())).backward()
+    hd = h.detach().double().requires_grad_(True)
+    wd = w.detach().double().requires_grad_(True)
+    ld, lpd, entd = dense_loss(hd, wd, t, adv, None if mask is None else mask_cpu.to(dev),
+                               0.9, 20.0, coef)
+    (g_out * ld).backward()
+    assert rel(out.logprob, lpd) <= tol and rel(out.entropy, entd) <= tol
+    scale = (adv.double() * lpd).abs().sum().item() + coef * entd.abs().sum().item()
+    assert abs(out.loss.item() - ld.item()) <= tol * max(1.0, scale), (out.loss, ld)
+    for name, got, two, want in (("dhidden", h1.grad, h2.grad, hd.grad),
+                                 ("dweight", w1.grad, w2.grad, wd.grad)):
+        assert got.dtype == dtype and torch.isfinite(got).all(), name
+        assert rel(got, want) <= gtol, f"{name} vs dense: {rel(got, want):.3e}"
+        assert rel(got, two) <= gtol, f"{name} vs two-pass: {rel(got, two):.3e}"
+
+
+@cuda
+def test_cuda_graph_capture_and_no_host_sync():
+    dev = torch.device("cuda", 0)
+    N, H, V = 512, 256, 4099
+    h, w, t, adv = make(23, (N,), H, V, torch.bfloat16)
+    h, w, t, adv = h.to(dev), w.to(dev), t.to(dev), adv.to(dev)
+    mask_cpu = torch.rand(N, generator=torch.Generator().manual_seed(3)) < 0.5
+    mask = mask_cpu.to(dev)
+    spans = spanhead.spans_from_mask(mask_cpu.numpy(), 8)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+
+    def step(hh, ww):
+        out = sht.weighted_logprob_loss(hh, ww, t, adv, loss_mask=mask, spans=spans,
+                                        entropy_coef=0.01, return_logprobs=True)
+        out.loss.backward()
+        return out
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on the capture stream creates its context
+        for _ in range(2):
+            h.grad = w.grad = None
+            step(h, w)
+    torch.cuda.synchronize()
+    # no host synchronization: the step returns while ~1 s of GPU work is queued ahead
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(2_000_000_000)
+            h.grad = w.grad = None
+            step(h, w)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t1 > 0.2, "the step synchronized with the GPU"
+    g = torch.cuda.CUDAGraph()
+    h.grad = w.grad = None
+    with torch.cuda.graph(g, stream=s):
+        static = step(h, w)
+    for _ in range(2):
+        with torch.no_grad():  # new inputs in place, then replay
+            h.copy_(torch.randn_like(h, dtype=torch.float32).to(h.dtype))
+            adv.copy_(torch.randn_like(adv))
+        g.replay()
+        torch.cuda.synchronize()
+        got = (static.loss.clone(), static.logprob.clone(), h.grad.clone(), w.grad.clone())
+        he = h.detach().clone().requires_grad_(True)
+        we = w.detach().clone().requires_grad_(True)
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the same stream, so the same spanhead context
+            eager = step(he, we)
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], eager.loss) and torch.equal(got[1], eager.logprob)
+        assert torch.equal(got[2], he.grad) and torch.equal(got[3], we.grad)
