@@ -9,6 +9,12 @@ sum of the masked log-probs, so the upstream gradient is 1 on active rows) for:
   spanhead     spanhead.torch.logprobs(hidden, weight, targets, loss_mask=<device mask>,
                spans=<host spans>): the general path (statistics in the forward, logits
                recomputed in the backward), active rows only
+  spanhead-onepass  spanhead.torch.weighted_logprob_loss(hidden, weight, targets, -1, ...,
+               return_logprobs=True): the same loss (L = sum of the masked log-probs, i.e.
+               weights -1 in L = -sum w_i logprob_i) in spanhead's one-pass mode: one spanhead
+               call whose sweep also computes dhidden and dweight (6NHV flops instead of
+               8NHV); the backward only hands the stored gradients over. Valid whenever the
+               upstream gradient is known before the forward (SFT, REINFORCE; here: 1)
   torch-eager  logits = h @ W.T (bf16) -> float -> log_softmax -> gather, times the mask;
                autograd (every row is computed)
   liger-sum    liger-kernel LigerFusedLinearCrossEntropyFunction, reduction "sum",
@@ -22,7 +28,9 @@ sum of the masked log-probs, so the upstream gradient is 1 on active rows) for:
                the loss multiplies its per-row log-probs by the mask
 
 and measures the dense cuBLAS bf16 GEMM rate at the shape (h[N,H] @ W.T[H,V], median), from
-which floor_ms = 8 * N_active * H * V / rate (DESIGN.md section 5: the general path's flops).
+which floor_ms = 8 * N_active * H * V / rate (DESIGN.md section 5: the general path's flops);
+every row's ratio is against that floor, and spanhead-onepass rows also carry
+floor_onepass_ms = 6 * N_active * H * V / rate and ratio_onepass.
 
 Every peer's per-row log-probs are compared with spanhead's on the active rows (max abs diff)
 and its gradients with spanhead's (relative Frobenius error); either above 5e-2 is flagged, so
@@ -37,6 +45,12 @@ spent plus the longest point so far would pass it.
 Outputs (in --out, default $OUT, else bench/results/peers-<date>): peers.md (table),
 peers.jsonl (one object per impl and point, the fields of issue 6 plus checks), peers.png
 (time vs active fraction per shape, with the floor). See bench/cuda/README-peers.md.
+
+peers.md ends with two summaries per point: spanhead's general path (two passes) against the
+fastest peer, and spanhead-onepass against the fastest peer. The second is the comparison for
+this benchmark's loss: the upstream gradient (1 per active row) is known before the forward,
+which is what one-pass peers (liger-sum computes its gradients inside the forward) rely on
+too; the first is what spanhead costs for losses that need the log-probs first (PPO ratios).
 """
 
 import argparse
@@ -55,7 +69,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {"A": (2048, 62080), "B": (4096, 37984), "C": (5120, 37984), "D": (2048, 151936)}
-IMPLS = ["spanhead", "torch-eager", "liger-sum", "liger-none", "cce", "cce-exact", "verl"]
+IMPLS = ["spanhead", "spanhead-onepass", "torch-eager", "liger-sum", "liger-none", "cce",
+         "cce-exact", "verl"]
 MASKS = ["response", "fragmented"]
 CHECK_TOL = 5e-2
 SEQ = 2048        # response masks: the last active*SEQ rows of each SEQ-row sequence
@@ -304,8 +319,9 @@ def load_verl():
 
 
 LOADERS = {"spanhead": load_spanhead, "liger": load_liger, "cce": load_cce, "verl": load_verl}
-IMPL_LOADER = {"spanhead": "spanhead", "liger-sum": "liger", "liger-none": "liger",
-               "cce": "cce", "cce-exact": "cce", "verl": "verl", "torch-eager": None}
+IMPL_LOADER = {"spanhead": "spanhead", "spanhead-onepass": "spanhead", "liger-sum": "liger",
+               "liger-none": "liger", "cce": "cce", "cce-exact": "cce", "verl": "verl",
+               "torch-eager": None}
 
 
 def load_all(impls):
@@ -348,6 +364,21 @@ def make_step(impl, loaded, P):
             lp = sht.logprobs(h, w, t, loss_mask=maskd, spans=spans)
             lp.sum().backward()
             return lp
+    elif impl == "spanhead-onepass":
+        sht = loaded["spanhead"][0]
+        loss_fn = getattr(sht, "weighted_logprob_loss", None)
+        if loss_fn is None:
+            raise RuntimeError("spanhead.torch.weighted_logprob_loss: not in this spanhead "
+                               "package (python/spanhead/torch.py older than the one-pass "
+                               "loss)")
+        spans, neg1 = P["spans"], P["neg_ones"]
+
+        def run():
+            # weights -1: L = -sum(-1 * logprob) = the sum of the masked log-probs, the loss
+            # every other impl here backpropagates
+            out = loss_fn(h, w, t, neg1, loss_mask=maskd, spans=spans, return_logprobs=True)
+            out.loss.backward()
+            return out.logprob
     elif impl == "torch-eager":
         def run():
             z = (h @ w.T).float()
@@ -517,6 +548,7 @@ def make_inputs(H, V, N, frac, pattern, args, dev):
     P = {"h": h.requires_grad_(True), "w": w.requires_grad_(True), "t": t,
          "t_ign": torch.where(maskd, t, torch.full_like(t, -100)),
          "maskd": maskd, "maskf": maskd.float(), "spans": spans,
+         "neg_ones": torch.full((N,), -1.0, device=dev, dtype=torch.float32),
          "n_act": int(mask.sum())}
     return P
 
@@ -617,8 +649,9 @@ def write_md(path, meta, records, notes):
     lines = [f"# spanhead vs peers: {meta['gpu']}, {meta['date']}, commit {meta['commit']}",
              "",
              f"torch {meta['torch']}, triton {meta['triton']}, python {meta['python']}; "
-             f"dtype {meta['dtype']}, mode general (forward + backward, grads of hidden and weight, "
-             f"loss = sum of masked log-probs).",
+             f"dtype {meta['dtype']}, forward + backward, grads of hidden and weight, "
+             f"loss = sum of masked log-probs (spanhead: the general path; spanhead-onepass: "
+             f"the one-pass mode, gradients in the forward's sweep).",
              ""]
     for k, v in meta["versions"].items():
         lines.append(f"- {k}: {v}")
@@ -627,11 +660,11 @@ def write_md(path, meta, records, notes):
     for k, v in sorted(meta["gemm"].items()):
         lines.append(f"- dense bf16 GEMM rate {k}: {v / 1e12:.1f} TFLOP/s")
     lines += ["",
-              "speedup = this impl's ms / spanhead's ms at the same point (> 1: spanhead is "
-              "faster). peak extra = peak allocated during the timed reps beyond the inputs "
-              "and the two gradient outputs. check: peer vs spanhead log-probs on active rows "
-              "(max abs; sum/row for liger-sum, which returns only the sum) and gradients "
-              "(relative error); MISMATCH above 5e-2.",
+              "speedup = this impl's ms / spanhead's ms (the general path) at the same point "
+              "(> 1: spanhead is faster). peak extra = peak allocated during the timed reps "
+              "beyond the inputs and the two gradient outputs. check: peer vs spanhead "
+              "log-probs on active rows (max abs; sum/row for liger-sum, which returns only "
+              "the sum) and gradients (relative error); MISMATCH above 5e-2.",
               "",
               "| shape | N | active | mask | impl | ms | floor ms | ratio | speedup | "
               "peak extra GiB | logp diff | grad relerr | status |",
@@ -655,19 +688,39 @@ def write_md(path, meta, records, notes):
             continue
         pts.setdefault((r["shape"], r["N"], r["active_target"], r["mask"]), []).append(r)
     summ = []
+    summ1 = []
     for key, rs in pts.items():
         sp = [r for r in rs if r["impl"] == "spanhead"]
-        peers = [r for r in rs if r["impl"] != "spanhead"]
-        if not sp or not peers:
+        one = [r for r in rs if r["impl"] == "spanhead-onepass"]
+        peers = [r for r in rs if not r["impl"].startswith("spanhead")]
+        if not peers:
             continue
         best = min(peers, key=lambda r: r["ms"])
-        summ.append(f"| {key[0]} | {key[1]} | {sp[0]['active']:.3f} | {key[3]} | "
-                    f"{sp[0]['ms']:.3f} | {sp[0]['ratio']:.3f} | {best['impl']} | "
-                    f"{best['ms']:.3f} | {best['ms'] / sp[0]['ms']:.2f} |")
+        if sp:
+            summ.append(f"| {key[0]} | {key[1]} | {sp[0]['active']:.3f} | {key[3]} | "
+                        f"{sp[0]['ms']:.3f} | {fmt(sp[0].get('ratio'), '.3f')} | "
+                        f"{best['impl']} | {best['ms']:.3f} | {best['ms'] / sp[0]['ms']:.2f} |")
+        if one:
+            o = one[0]
+            vs = f"{sp[0]['ms'] / o['ms']:.2f}" if sp else "-"
+            summ1.append(f"| {key[0]} | {key[1]} | {o['active']:.3f} | {key[3]} | "
+                         f"{o['ms']:.3f} | {fmt(o.get('ratio_onepass'), '.3f')} | {vs} | "
+                         f"{best['impl']} | {best['ms']:.3f} | {best['ms'] / o['ms']:.2f} |")
     if summ:
-        lines += ["", "## spanhead vs the fastest peer at each point", "",
+        lines += ["", "## spanhead (general path, two passes) vs the fastest peer at each "
+                  "point", "",
                   "| shape | N | active | mask | spanhead ms | spanhead ratio | fastest peer | "
                   "its ms | speedup |", "|---|---|---|---|---|---|---|---|---|"] + summ
+    if summ1:
+        lines += ["", "## spanhead one-pass vs the fastest peer at each point", "",
+                  "The loss here (sum of the masked log-probs) has an upstream gradient known "
+                  "before the forward, so spanhead's one-pass mode applies, as it does for "
+                  "SFT and REINFORCE losses. one-pass ratio = ms / (6 N_active H V / GEMM "
+                  "rate); vs general = general-path ms / one-pass ms; speedup = peer ms / "
+                  "one-pass ms.", "",
+                  "| shape | N | active | mask | one-pass ms | one-pass ratio | vs general | "
+                  "fastest peer | its ms | speedup |",
+                  "|---|---|---|---|---|---|---|---|---|---|"] + summ1
     if notes:
         lines += ["", "## notes", ""] + [f"- {n}" for n in notes]
     Path(path).write_text("\n".join(lines) + "\n")
@@ -856,9 +909,11 @@ def main(argv=None):
                 else "f32", "floor_ms": floor_ms}
         ref = None
         sp_ms = None
-        order = [i for i in args.impls if i == "spanhead"] + \
-                [i for i in args.impls if i == "torch-eager"] + \
-                [i for i in args.impls if i not in ("spanhead", "torch-eager")]
+        # spanhead first (the reference of the checks), then eager (the reference without
+        # spanhead), then spanhead-onepass, then the peers
+        first = ("spanhead", "torch-eager", "spanhead-onepass")
+        order = [i for i in first if i in args.impls] + \
+                [i for i in args.impls if i not in first]
         for impl in order:
             rec = dict(base, impl=impl)
             if impl in dead:   # listed once in the header with the reason, no rows
@@ -868,13 +923,19 @@ def main(argv=None):
                 r, lp = measure(impl, step, P, ref, timer, args, cuda)
                 rec.update(r)
                 rec["ratio"] = rec["ms"] / floor_ms if floor_ms else None
-                if impl == "spanhead" or (ref is None and impl == "torch-eager"):
+                if impl == "spanhead-onepass":
+                    rec["mode"] = "one-pass"
+                    rec["floor_onepass_ms"] = 0.75 * floor_ms if floor_ms else None
+                    rec["ratio_onepass"] = rec["ms"] / (0.75 * floor_ms) if floor_ms else None
+                # the checks' reference: spanhead, else the first of eager / one-pass run
+                if impl == "spanhead" or (ref is None and impl in ("torch-eager",
+                                                                   "spanhead-onepass")):
                     ref = {"lp": lp.float(), "dh": P["h"].grad, "dw": P["w"].grad,
                            "impl": impl}
                     if impl == "spanhead":
                         sp_ms = rec["ms"]
                 rec["speedup"] = rec["ms"] / sp_ms if sp_ms else None
-                if ref["impl"] != "spanhead" and impl != ref["impl"]:
+                if ref is not None and ref["impl"] != "spanhead" and impl != ref["impl"]:
                     rec["check_ref"] = ref["impl"]
                 del lp
             except Exception as e:  # noqa: BLE001 - a failing peer is skipped, never fatal
@@ -900,7 +961,7 @@ def main(argv=None):
                 step = None
             emit(rec)
             if rec.get("ms") is not None:
-                log(f"#   {impl:12s} {rec['ms']:9.3f} ms  ratio {fmt(rec.get('ratio'), '.3f')}"
+                log(f"#   {impl:16s} {rec['ms']:9.3f} ms  ratio {fmt(rec.get('ratio'), '.3f')}"
                     f"  speedup {fmt(rec.get('speedup'), '.2f')}  peak extra "
                     f"{fmt(None if rec.get('peak_extra_bytes') is None else rec['peak_extra_bytes'] / GIB, '.3f')} GiB"
                     f"  diff {fmt(rec.get('logp_diff'), '.1e')} grad {fmt(rec.get('grad_relerr'), '.1e')}"
