@@ -298,3 +298,90 @@ def test_cuda_graph_capture_and_no_host_sync():
         torch.cuda.synchronize()
         assert torch.equal(got[0], eager.loss) and torch.equal(got[1], eager.logprob)
         assert torch.equal(got[2], he.grad) and torch.equal(got[3], we.grad)
+
+
+# ---- tensor parallelism over MPI (skipped without mpi4py, mpirun or an MPI library) -------
+
+_TP_WORKER = r'''
+import sys
+import numpy as np
+import torch
+from mpi4py import MPI
+import spanhead
+import spanhead.torch as sht
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+try:
+    g = torch.Generator().manual_seed(int(sys.argv[1]))     # same inputs on every rank
+    N, H, V, T, coef = 37, 12, 101, 0.8, 0.2
+    h = torch.randn(N, H, generator=g)
+    w = torch.randn(V, H, generator=g) * 0.7
+    t = torch.randint(0, V, (N,), generator=g)
+    t[::6] = -100
+    mask = torch.rand(N, generator=g) < 0.7
+    adv = torch.randn(N, generator=g)
+    bounds = np.linspace(0, V, size + 1).astype(int)        # uneven shards
+    v0, v1 = int(bounds[rank]), int(bounds[rank + 1])
+    sc = spanhead.Comm.from_mpi4py(comm, vocab_total=V, vocab_start=v0, vocab_local=v1 - v0,
+                                   dtype="float32", temperature=T)
+    hl = h.clone().requires_grad_(True)
+    wl = w[v0:v1].clone().requires_grad_(True)
+    out = sht.weighted_logprob_loss(hl, wl, t, adv, loss_mask=mask, temperature=T,
+                                    entropy_coef=coef, tp_group=sc, vocab_start=v0,
+                                    vocab_total=V, return_logprobs=True, threads=1)
+    (1.5 * out.loss).backward()
+    hd = h.double().requires_grad_(True)
+    wd = w.double().requires_grad_(True)
+    lsm = torch.log_softmax(hd @ wd.T / T, -1)
+    m = mask.double()
+    lp = lsm.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * m * (t >= 0).double()
+    ent = -(lsm.exp() * lsm).sum(-1) * m
+    loss = -(adv.double() * lp).sum() - coef * ent.sum()
+    (1.5 * loss).backward()
+
+    def check(name, got, want, tol=2e-5):
+        err = (got.double() - want.double()).abs().max().item()
+        lim = tol * max(1.0, want.abs().max().item())
+        assert err <= lim, f"rank {rank} {name}: max err {err:.3e} > {lim:.3e}"
+
+    check("loss", out.loss.reshape(1), loss.detach().reshape(1), 2e-5 * N)
+    check("logprob", out.logprob, lp.detach())
+    check("dhidden (all-reduced)", hl.grad, hd.grad)
+    check("dweight (shard)", wl.grad, wd.grad[v0:v1])
+    losses = comm.allgather(out.loss.item())
+    assert len(set(losses)) == 1, f"the loss differs across ranks: {losses}"
+    comm.Barrier()
+    if rank == 0:
+        print(f"onepass tp ok: {size} ranks")
+except Exception as exc:  # report, then make every rank stop
+    print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
+    comm.Abort(1)
+'''
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_tp_over_mpi(rng, tmp_path, np_):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    pytest.importorskip("mpi4py")
+    if "sph_comm_create_mpi" in spanhead.missing_functions():
+        pytest.skip("the loaded libspanhead has no MPI communicator")
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not mpirun:
+        pytest.skip("no mpirun on PATH")
+    worker = tmp_path / "onepass_tp_worker.py"
+    worker.write_text(_TP_WORKER)
+    env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,vader",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               OMPI_MCA_btl_base_warn_component_unused="0", OMP_NUM_THREADS="1")
+    p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "-np", str(np_),
+                        sys.executable, str(worker), str(int(rng.integers(1 << 31)))],
+                       capture_output=True, text=True, timeout=240, env=env)
+    if p.returncode != 0 and "built without MPI" in p.stdout + p.stderr:
+        pytest.skip("the loaded libspanhead was built without MPI")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"onepass tp ok: {np_} ranks" in p.stdout
