@@ -42,11 +42,19 @@ test-asan:
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE 'slow|mpi'
 
-python-test: build
-	@if [ -d python/spanhead ]; then \
-	  SPANHEAD_LIB=$(CURDIR)/$(BUILD)/libspanhead.so PYTHONPATH=$(CURDIR)/python \
-	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead $(PYTHON) -m pytest -q python/tests; \
-	else echo "python-test: python/spanhead not present yet"; fi
+# The Python package in place: the extension (stable ABI, no setuptools needed) compiled next
+# to its sources, the library taken from $(BUILD), the CLI's JSON compared with the binding's.
+PY_INCLUDE = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+PY_EXT     = python/spanhead/_spanhead.abi3.so
+PY_CFLAGS  = -std=gnu11 -O2 -fPIC -shared -DPy_LIMITED_API=0x03090000 -Wall -Wextra \
+             -Wno-unused-parameter -Wno-missing-field-initializers $(if $(filter ON,$(WERROR)),-Werror)
+
+$(PY_EXT): python/csrc/_spanhead.c include/spanhead.h
+	$(CC) $(PY_CFLAGS) -Iinclude -I$(PY_INCLUDE) $< -o $@ -ldl
+
+python-test: build $(PY_EXT)
+	SPANHEAD_LIB=$(CURDIR)/$(BUILD)/libspanhead.so PYTHONPATH=$(CURDIR)/python \
+	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead $(PYTHON) -m pytest -q python/tests
 
 bench: build
 	@echo "benchmarks are in $(BUILD)/bench_*; see bench/README.md"

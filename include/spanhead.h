@@ -541,9 +541,30 @@ typedef struct sph_tune_opts {
 
 #define SPH_TUNE_OPTS_INIT {sizeof(sph_tune_opts), {4, 16, 1}, 0, 0, 0, 0, 0}
 
-/* Times candidate configurations for the shape on ctx's GPU and stores the winner in the
- * context's tune cache file. *result (optional) receives a static description. */
+/* Times candidate configurations (rows per staged chunk, vocabulary split width) of the
+ * forward + backward for the shape on ctx's GPU (random data, every row active, median of
+ * `repeats` after a warm-up) and appends the winner to the context's tune cache file
+ * (opts.tune_cache, else $SPH_TUNE_CACHE, else $XDG_CACHE_HOME/spanhead/tune.json or
+ * ~/.cache/spanhead/tune.json; directories are created). File format: one JSON object per
+ * line, {"gpu","dtype","H","V_loc","N_bucket","chunk_rows","split","ms"}, N_bucket = N
+ * rounded up to a power of two; later lines win. Contexts read the file at creation and use
+ * an entry matching (GPU name, dtype, H, V_loc, N bucket); without one they use defaults.
+ * chunk_bytes stays a hard cap on the staged logits whatever the cache says.
+ * Allocates its own device buffers (not a hot path); synchronous. *result (optional)
+ * receives a thread-local description of the winner. Errors: SPH_ERR_UNSUPPORTED (not a
+ * CUDA context or a build without CUDA), SPH_ERR_DTYPE, SPH_ERR_INVALID_ARG, SPH_ERR_ALLOC,
+ * SPH_ERR_IO (the cache cannot be written). */
 SPH_API sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
+
+/* Dense matrix-product rate of ctx's GPU, the denominator of the active floor:
+ * C (M, N) = A (M, K) . B (N, K)^T with A, B in dtype (bf16, f16, or f32 through exact FP32 or
+ * TF32 per opts.allow_tf32), fp32 accumulation, C in dtype, through cuBLAS; median of
+ * `repeats` (0 = 5) timed products after a warm-up, in TFLOP/s (2 M N K flops per product).
+ * Allocates and frees its own buffers (a benchmark helper, synchronous). CUDA contexts only:
+ * SPH_ERR_UNSUPPORTED otherwise (also in builds without CUDA, where the symbol is absent:
+ * callers that must run there reference it weakly, as the CLI does). */
+SPH_API sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                      int64_t K, int repeats, double *tflops);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cmd_run_dist.h"
 #include "npy.h"
 #include "synth.h"
 
@@ -506,6 +507,7 @@ static void prefer_passive_wait(int argc, char **argv) {
 }
 
 int sph_cli_run(int argc, char **argv) {
+    if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
     prefer_passive_wait(argc, argv);
     opts o = {.device = "cpu", .dtype = "f32", .mask = NULL, .N = 0, .H = 0, .V = 0,
               .repeats = 3, .gap = 128, .active = 0.5, .temperature = 1.0, .seed = 1};
@@ -708,7 +710,11 @@ int sph_cli_run(int argc, char **argv) {
             dev_free(&ref);
             goto free_out;
         }
-        const double tol = on_cuda ? 2e-3 : 1e-4;
+        /* f32: well under 1e-4 everywhere. Half inputs on the GPU round dlogits to the input
+         * dtype before the tensor-core products (2^-9 relative for bf16), so their budget is
+         * the 1e-2 of bf16 arithmetic; on the CPU half inputs are widened once and everything
+         * after runs in f32. */
+        const double tol = p.bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
         printf("\n  check against the float64 reference (%.1f s), normwise max|got - ref| / "
                "max|ref|, tolerance %.0e:\n",
                now_s() - t0, tol);

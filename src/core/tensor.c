@@ -97,9 +97,11 @@ sph_status sph_view_of(const sph_tensor *t, const char *name, int32_t ndim, sph_
     }
     /* strides: compact row-major when NULL; otherwise the inner stride must be 1 and every
      * outer stride must step over a whole inner block (rows may be padded, never overlap). */
+    /* An empty tensor has no element to address: producers (NumPy among them) report any
+     * strides for it, often zeros, so its strides are taken as compact whatever they say. */
     int64_t compact = 1;
     for (int d = ndim - 1; d >= 0; d--) {
-        if (t->strides == NULL) {
+        if (t->strides == NULL || elems == 0) {
             v->stride[d] = compact;
         } else {
             int64_t s = t->strides[d];

@@ -5,9 +5,11 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda/common.cuh"
 #include "cuda/state.h"
+#include "cuda/tune.cuh"
 
 extern "C" int sph_cuda_count(void) {
     int n = 0;
@@ -48,6 +50,11 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     }
     cublasSetStream(st->cublas, (cudaStream_t)ctx->stream);
     st->cc = st->prop.major * 10 + st->prop.minor;
+    sph_cuda_tune_load(ctx, st);
+    const char *g = getenv("SPH_CUDA_GATHER");
+    st->no_gather = g && !strcmp(g, "0");
+    const char *q = getenv("SPH_CUDA_SQUARE");
+    st->no_square = q && !strcmp(q, "0");
     ctx->cuda = st;
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
              st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");

@@ -129,6 +129,12 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
     // spans (host memory always)
     if (a->spans || a->n_spans) {
+#ifdef SPH_HAVE_CUDA
+        /* spans are read here, on the host: device memory would fault, so say so instead */
+        SPH_CHECK(!a->spans || sph_cuda_pointer_is_device(a->spans) != 1, SPH_ERR_DEVICE,
+                  "spans: device pointer %p, expected host memory (spans are host metadata)",
+                  (const void *)a->spans);
+#endif
         /* ordered, disjoint, inside [0, N), covering every active row of a host mask */
         SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
         p->spans = a->spans;
@@ -336,20 +342,11 @@ void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
 
 // ---- public entry points ---------------------------------------------------------------
 
-#ifdef SPH_HAVE_CUDA
-/* Weak so a CUDA build links (and says "unsupported") until src/cuda provides the head. */
-#pragma weak sph_head_cuda_workspace
-#pragma weak sph_head_cuda_forward
-#pragma weak sph_head_cuda_backward
-#endif
-
 static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                                size_t *bytes) {
     *bytes = 0;
     if (p->device.type == SPH_DEVICE_CUDA) {
 #ifdef SPH_HAVE_CUDA
-        SPH_CHECK(sph_head_cuda_workspace != NULL, SPH_ERR_UNSUPPORTED,
-                  "head: this build has no CUDA LM-head kernels");
         return sph_head_cuda_workspace(ctx, pass, p, bytes);
 #else
         return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
@@ -380,8 +377,6 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
               "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (p.device.type == SPH_DEVICE_CUDA) {
 #ifdef SPH_HAVE_CUDA
-        SPH_CHECK(sph_head_cuda_forward != NULL && sph_head_cuda_backward != NULL,
-                  SPH_ERR_UNSUPPORTED, "head: this build has no CUDA LM-head kernels");
         return pass == SPH_HEAD_FORWARD ? sph_head_cuda_forward(ctx, &p, ws, ws_bytes)
                                         : sph_head_cuda_backward(ctx, &p, ws, ws_bytes);
 #else

@@ -3,41 +3,7 @@
 # usage: test_layout.sh PATH_TO_SPANHEAD
 set -u
 cli=${1:?usage: test_layout.sh PATH_TO_SPANHEAD}
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# expect_json NAME EXPECTED_JSON CMD...: stdout must equal EXPECTED_JSON exactly (key order too)
-expect_json() {
-    local name=$1 want=$2
-    shift 2
-    local got
-    if ! got=$("$@" 2>"$tmp/err"); then
-        echo "FAIL $name: exit $? ($(cat "$tmp/err"))"; fails=$((fails + 1)); return
-    fi
-    if ! python3 -c 'import json,sys; json.loads(sys.argv[1])' "$got"; then
-        echo "FAIL $name: output is not JSON: $got"; fails=$((fails + 1)); return
-    fi
-    if [ "$got" != "$want" ]; then
-        echo "FAIL $name:"; echo "  got  $got"; echo "  want $want"; fails=$((fails + 1))
-    fi
-}
-
-# expect_fail NAME CODE NEEDLE CMD...: exit status CODE, one stderr line containing NEEDLE
-expect_fail() {
-    local name=$1 code=$2 needle=$3
-    shift 3
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    if [ "$rc" != "$code" ]; then
-        echo "FAIL $name: exit $rc, expected $code ($(cat "$tmp/err"))"; fails=$((fails + 1)); return
-    fi
-    if [ "$(wc -l <"$tmp/err")" != 1 ] || ! grep -qF -- "$needle" "$tmp/err"; then
-        echo "FAIL $name: stderr '$(cat "$tmp/err")' is not one line containing '$needle'"
-        fails=$((fails + 1))
-    fi
-    if [ -s "$tmp/out" ]; then echo "FAIL $name: wrote to stdout on error"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/lib.sh"
 
 expect_json tp2cp2 '{"sequence_align":8,"total_align":8,"padded_lengths":[1200,880,1808,96],"cu_seqlens_padded":[0,1200,2080,3888,3984]}' \
     "$cli" layout --tp 2 --cp 2 1200 873 1801 95

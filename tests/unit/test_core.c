@@ -39,6 +39,12 @@ static void test_view_validation(void **state) {
     strides[1] = 1;
     strides[0] = 3;
     expect_status(sph_view_of(&t, "x", 2, &v), SPH_ERR_SHAPE, "must not overlap");
+    /* empty tensors: any strides (NumPy exports zeros) and a NULL data pointer are fine */
+    int64_t eshape[2] = {0, 4}, estrides[2] = {0, 0};
+    sph_tensor e = {NULL, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, eshape, estrides, 0};
+    expect_ok(sph_view_of(&e, "e", 2, &v));
+    assert_int_equal(v.stride[0], 4);
+    assert_int_equal(v.stride[1], 1);
     t.strides = NULL;
     t.data = NULL;
     expect_status(sph_view_of(&t, "x", 2, &v), SPH_ERR_INVALID_ARG, "x: data pointer is NULL");

@@ -1,0 +1,226 @@
+"""Bad input raises the right spanhead exception with the C message, never crashes."""
+
+import numpy as np
+import pytest
+
+import spanhead
+
+
+@pytest.fixture
+def c():
+    ctx = spanhead.Context(kernel="ref")
+    yield ctx
+    ctx.close()
+
+
+def inputs(N=6, H=4, V=9):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((N, H)).astype(np.float32),
+            rng.standard_normal((V, H)).astype(np.float32),
+            rng.integers(0, V, N).astype(np.int64))
+
+
+class FakeCuda:
+    """Claims to live on cuda:0 (this machine has no GPU)."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape = a.shape
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_hierarchy():
+    assert issubclass(spanhead.ShapeError, spanhead.Error)
+    assert issubclass(spanhead.ShapeError, ValueError)
+    assert issubclass(spanhead.DTypeError, TypeError)
+    assert issubclass(spanhead.SizeOverflowError, OverflowError)
+    assert issubclass(spanhead.UnsupportedError, NotImplementedError)
+    for code, cls in enumerate(spanhead.BY_STATUS):
+        assert cls.status == (code if code else -1)
+
+
+def test_wrong_dtype(c):
+    h, w, t = inputs()
+    with pytest.raises(spanhead.DTypeError, match="hidden: dtype is f64") as e:
+        spanhead.head_forward(h.astype(np.float64), w.astype(np.float64), t, context=c)
+    assert e.value.status == 3
+    with pytest.raises(spanhead.DTypeError, match="weight"):
+        spanhead.head_forward(h, w.astype(np.float16), t, context=c)
+    with pytest.raises(spanhead.DTypeError, match="targets"):
+        spanhead.head_forward(h, w, t.astype(np.float32), context=c)
+    with pytest.raises(spanhead.DTypeError, match="active_mask"):
+        spanhead.head_forward(h, w, t, active_mask=np.ones(6, np.float32), context=c)
+    with pytest.raises(spanhead.DTypeError, match="dhidden"):
+        spanhead.head_forward(h, w, t, dlogprob=np.ones(6, np.float32),
+                              dhidden=np.zeros((6, 4), np.float64), context=c)
+
+
+def test_not_a_tensor(c):
+    h, w, t = inputs()
+    with pytest.raises(spanhead.DTypeError, match="hidden: expected a tensor"):
+        spanhead.head_forward(h.tolist(), w, t, context=c)
+    with pytest.raises(spanhead.DTypeError, match="targets: expected a tensor"):
+        spanhead.head_forward(h, w, [1, 2, 3, 4, 5, 6], context=c)
+
+
+def test_shape_mismatch(c):
+    h, w, t = inputs()
+    with pytest.raises(spanhead.ShapeError, match="weight"):
+        spanhead.head_forward(h, w[:, :3].copy(), t, context=c)
+    with pytest.raises(spanhead.ShapeError, match="targets"):
+        spanhead.head_forward(h, w, t[:5], context=c)
+    with pytest.raises(spanhead.ShapeError, match="active_mask"):
+        spanhead.head_forward(h, w, t, active_mask=np.ones(7, np.uint8), context=c)
+    with pytest.raises(spanhead.ShapeError, match="stats"):
+        spanhead.head_backward(h, w, t, stats=np.zeros((6, 2), np.float32),
+                               dlogprob=np.ones(6, np.float32), context=c)
+    with pytest.raises(spanhead.ShapeError, match="hidden"):
+        spanhead.head_forward(h[0], w, t, context=c)
+    with pytest.raises(spanhead.ShapeError, match="spans"):
+        spanhead.head_forward(h, w, t, spans=[1, 2, 3], context=c)
+
+
+def test_non_contiguous(c):
+    h, w, t = inputs(H=8)
+    with pytest.raises(spanhead.ShapeError, match="hidden: inner stride"):
+        spanhead.head_forward(h[:, ::2], w[:, :4].copy(), t, context=c)
+    with pytest.raises(spanhead.ShapeError, match="weight"):
+        spanhead.head_forward(h, np.asfortranarray(w), t, context=c)
+    with pytest.raises(spanhead.ShapeError):
+        spanhead.head_forward(h, w, t[::-1], context=c)  # negative stride
+
+
+def test_mixed_devices(c):
+    h, w, t = inputs()
+    with pytest.raises(spanhead.DeviceError, match="weight is on cuda:0 but hidden is on cpu"):
+        spanhead.head_forward(h, FakeCuda(w), t, context=c)
+    with pytest.raises(spanhead.DeviceError, match="context runs on cpu"):
+        spanhead.head_forward(FakeCuda(h), FakeCuda(w), FakeCuda(t), context=c)
+
+
+def test_bad_values(c):
+    h, w, t = inputs()
+    bad = t.copy()
+    bad[2] = 9
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"targets\[2\]"):
+        spanhead.head_forward(h, w, bad, context=c)
+    for temp in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(spanhead.InvalidArgumentError, match="temperature"):
+            spanhead.head_forward(h, w, t, temperature=temp, context=c)
+    for cap in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(spanhead.InvalidArgumentError, match="softcap"):
+            spanhead.head_forward(h, w, t, softcap=cap, context=c)
+    with pytest.raises(spanhead.InvalidArgumentError, match="logprob: requested without"):
+        spanhead.head_forward(h, w, None, logprob=True, context=c)
+    with pytest.raises(spanhead.InvalidArgumentError, match="active_mask"):
+        spanhead.head_forward(h, w, t, active_mask=np.full(6, 2, np.uint8), context=c)
+    with pytest.raises(spanhead.InvalidArgumentError, match="spans"):
+        spanhead.head_forward(h, w, t, spans=[[4, 2]], context=c)
+    with pytest.raises(spanhead.InvalidArgumentError, match="vocab_start"):
+        spanhead.head_forward(h, w, t, vocab_start=5, vocab_total=10, context=c)
+
+
+def test_upstream_gradient_without_output(c):
+    h, w, t = inputs()
+    st = spanhead.head_forward(h, w, t, context=c).stats
+    with pytest.raises(spanhead.InvalidArgumentError, match="dlogprob: given without targets"):
+        spanhead.head_backward(h, w, None, stats=st, dlogprob=np.ones(6, np.float32), context=c)
+    with pytest.raises(spanhead.InvalidArgumentError, match="nothing to compute"):
+        spanhead.head_backward(h, w, t, stats=st, dlogprob=np.ones(6, np.float32),
+                               dhidden=False, dweight=False, context=c)
+
+
+def test_read_only_output(c):
+    h, w, t = inputs()
+    out = np.zeros(6, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(spanhead.InvalidArgumentError, match="logprob: output tensor is read-only"):
+        spanhead.head_forward(h, w, t, logprob=out, context=c)
+
+
+def test_capsule_used_twice(c):
+    h, w, t = inputs()
+    cap = h.__dlpack__()
+    spanhead.describe_tensor(cap)
+    with pytest.raises(TypeError, match="already used"):
+        spanhead.describe_tensor(cap)
+
+
+def test_reinterpret_wrong_size():
+    with pytest.raises(spanhead.DTypeError, match="16-bit"):
+        spanhead.bfloat16(np.zeros(3, np.float32))
+
+
+def test_overflow_sizes(c):
+    with pytest.raises(spanhead.SizeOverflowError):
+        spanhead.pack([2 ** 63], capacity=10)
+    with pytest.raises(spanhead.SizeOverflowError):
+        spanhead.layout([2 ** 62, 2 ** 62, 2 ** 62])
+    with pytest.raises(spanhead.Error):
+        spanhead.pack([2 ** 62, 2 ** 62, 2 ** 62], capacity=2 ** 63 - 1)
+    # huge views without memory behind them: rejected by validation, never dereferenced
+    base = np.zeros(4, np.float32)
+    huge = np.lib.stride_tricks.as_strided(base, shape=(2 ** 30, 2 ** 30), strides=(0, 4))
+    tgt = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), shape=(2 ** 30,), strides=(8,))
+    with pytest.raises(spanhead.ShapeError):
+        spanhead.head_forward(huge, huge, tgt, logprob=False,
+                              stats=np.zeros((1, 3), np.float32), context=c)
+
+
+def test_bad_context_arguments():
+    with pytest.raises(spanhead.DeviceError):
+        spanhead.Context("tpu")
+    with pytest.raises(spanhead.InvalidArgumentError, match="stream"):
+        spanhead.Context("cpu", stream=5)
+    with pytest.raises(spanhead.InvalidArgumentError):
+        spanhead.Context("cpu", threads=-3)
+    if spanhead.cuda_device_count() == 0:
+        with pytest.raises((spanhead.NoDeviceError, spanhead.UnsupportedError)):
+            spanhead.Context("cuda:0")
+
+
+def test_error_message_is_thread_local_and_fresh(c):
+    h, w, t = inputs()
+    with pytest.raises(spanhead.DTypeError) as e1:
+        spanhead.head_forward(h.astype(np.float64), w, t, context=c)
+    with pytest.raises(spanhead.ShapeError) as e2:
+        spanhead.head_forward(h, w, t[:2], context=c)
+    assert "targets" in str(e2.value) and "targets" not in str(e1.value)
+
+
+def test_comm_none_and_close():
+    comm = spanhead.Comm.none()
+    assert comm.info() == ("none", 0, 1)
+    ctx = spanhead.Context("cpu", comm=comm, kernel="ref")
+    h, w, t = inputs()
+    ref = spanhead.head_forward(h, w, t, context=spanhead.Context(kernel="ref")).logprob
+    assert np.array_equal(spanhead.head_forward(h, w, t, context=ctx).logprob, ref)
+    ctx.close()
+    comm.close()
+    comm.close()
+    with pytest.raises(spanhead.InvalidArgumentError, match="after close"):
+        comm.info()
+    with pytest.raises(spanhead.InvalidArgumentError, match="closed"):
+        spanhead.Context("cpu", comm=comm)
+
+
+def test_accumulate_needs_a_tensor(c):
+    h, w, t = inputs()
+    st = spanhead.head_forward(h, w, t, context=c).stats
+    with pytest.raises(spanhead.InvalidArgumentError, match="accumulate_dweight"):
+        spanhead.head_backward(h, w, t, stats=st, dlogprob=np.ones(6, np.float32),
+                               accumulate_dweight=True, context=c)
+
+
+def test_tune_needs_cuda(c):
+    with pytest.raises(spanhead.UnsupportedError):
+        c.tune("bfloat16", H=64, V_loc=128, N=32)
+    with pytest.raises(spanhead.UnsupportedError):
+        c.gemm_rate("bfloat16", M=64, N=64, K=64)
+    with pytest.raises(spanhead.InvalidArgumentError, match="dtype"):
+        c.tune("int8", H=64, V_loc=128, N=32)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# bundle.sh - build the CUDA binaries here and stage them, with the non-CUDA shared libraries
+# they need (cmocka, cJSON, OpenBLAS and its Fortran runtime, libgomp), into a folder the
+# device tool carries (default /work/main/.devbundle, git-ignored there). cudart, cuBLAS and
+# NCCL are not copied: the device image has them.
+#   usage: scripts/device/bundle.sh [build-dir] [bundle-dir]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-dev}
+out=${2:-/work/main/.devbundle}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSPH_MPI=OFF -DSPH_WERROR=ON >/dev/null
+cmake --build "$build" -j2
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+cp "$build"/tests/gpu_test_* "$build"/spanhead "$out/bin/"
+cp -L "$build"/libspanhead.so.0 "$out/lib/"
+for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
+  ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+cp "$root"/scripts/device/run_*.sh "$out/"
+git -C "$root" rev-parse --short HEAD > "$out/COMMIT"
+du -sh "$out"

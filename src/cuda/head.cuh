@@ -1,0 +1,78 @@
+/*
+ * head.cuh - internals shared by the CUDA LM-head sources (head.cu: driver, row-statistics,
+ * dlogit and finalize kernels; head_mma.cu: the fixed-tiling mma.sync logits kernel of the
+ * batch-invariant / sm_80 path; head_sample.cu: sample-support forward and backward).
+ *
+ * Nothing here is visible outside src/cuda; the entry points are the extern "C" functions of
+ * src/head/plan.h (sph_head_cuda_workspace / _forward / _backward).
+ */
+#ifndef SPH_CUDA_HEAD_CUH
+#define SPH_CUDA_HEAD_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+#include "cuda/state.h"
+#include "head/plan.h"
+
+/* Workspace regions are aligned to this many bytes (cudaMalloc gives 256). */
+#define SPH_WS_ALIGN 256
+/* cuBLAS gets its own workspace slice so a captured graph never allocates. */
+#define SPH_CUBLAS_WS_BYTES ((size_t)32 << 20)
+/* Fewest rows a chunk may have before the vocabulary is split instead. */
+#define SPH_MIN_CHUNK_ROWS 256
+/* Batch-invariant mode: the vocabulary split width depends on V_loc alone. */
+#define SPH_BI_SPLIT 16384
+
+/* Where every buffer of one pass lives inside the caller's workspace, and how the rows and
+ * vocabulary are cut. Computed by sph_cuda_head_layout from (ctx, plan, pass) alone, so the
+ * workspace query and the pass agree. */
+typedef struct sph_cuda_layout {
+    int64_t R;         /* rows per chunk (upper bound) */
+    int64_t Vs;        /* vocabulary split width (last split may be narrower) */
+    int64_t ldL;       /* row stride of the staged logits (Vs rounded up to 4) */
+    int64_t n_splits;
+    int64_t n_chunks;  /* row chunks over the spans */
+    int64_t comm_size;
+    int grads;         /* this pass computes gradients */
+    int bi;            /* batch-invariant logits kernel */
+    int dw32, dh32;    /* fp32 accumulators for half-precision dW / dH */
+    int gather;        /* chunks of rows gathered across spans (several spans given) */
+    int64_t M;         /* rows the pass computes (inside the spans, or N) */
+    size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
+    size_t off_act, off_hg, off_dhg; /* gathered mode: row map (M), h chunk, fp32 dH chunk */
+    size_t sample_bytes;
+    size_t total;
+} sph_cuda_layout;
+
+sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
+                                sph_cuda_layout *lay);
+
+/* Batch-invariant logits: L[r, c] = sum_k h[r, k] w[c, k] for r < R, c < Vs, fp32 out with
+ * row stride ldL. Fixed tiling, no split-K: an element's value depends on its two input rows
+ * only. dtype: bf16/f16 (mma.sync) or f32 (exact fp32 FMA). */
+sph_status sph_cuda_logits_fixed(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
+                                 int64_t ld_w, float *L, int64_t ldL, int64_t R, int64_t Vs,
+                                 int64_t H, cudaStream_t stream);
+
+/* Sample-support mode (head_sample.cu). */
+size_t sph_cuda_sample_ws(const sph_head_plan *p, int grads);
+sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
+                                   float *part, float *recv, int64_t comm_size);
+sph_status sph_cuda_sample_backward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
+                                    size_t ws_bytes);
+
+/* Shared kernel launchers of head.cu used by head_sample.cu. */
+sph_status sph_cuda_finalize(const sph_head_plan *p, const float *recv, int64_t rank_stride,
+                             int64_t comm_size, int64_t r0, int64_t rows, int64_t recv_row0,
+                             cudaStream_t stream);
+sph_status sph_cuda_zero_rows_out(const sph_head_plan *p, cudaStream_t stream);
+sph_status sph_cuda_combine(sph_ctx_t ctx, const sph_head_plan *p, float *part, float *recv,
+                            int64_t rows, int64_t comm_size, const float **out);
+
+static inline size_t sph_ws_round(size_t x) {
+    return (x + SPH_WS_ALIGN - 1) / SPH_WS_ALIGN * SPH_WS_ALIGN;
+}
+
+#endif

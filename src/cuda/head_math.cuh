@@ -1,0 +1,86 @@
+/*
+ * head_math.cuh - device helpers shared by the head kernels: dtype conversion, the logit
+ * transform (softcap, temperature) and the online softmax-statistics updates of plan.h's
+ * partial record (m, s, b).
+ */
+#ifndef SPH_CUDA_HEAD_MATH_CUH
+#define SPH_CUDA_HEAD_MATH_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
+
+__device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i) {
+    if (!t) return -1;
+    return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
+}
+
+/* z = (cap > 0 ? cap tanh(u / cap) : u) / T, the logit the softmax sees. */
+__device__ __forceinline__ float transform(float u, float inv_t, float cap, float inv_cap) {
+    return (cap > 0.f ? cap * tanhf(u * inv_cap) : u) * inv_t;
+}
+
+/* Online (m, s, b) merge: s = sum exp(z - m), b = sum exp(z - m) z. An empty side has m =
+ * -inf and is skipped, so exp never sees (-inf) - (-inf). */
+__device__ __forceinline__ void merge3(float &m, float &s, float &b, float m2, float s2,
+                                       float b2) {
+    if (m2 == -INFINITY) return;
+    if (m == -INFINITY) {
+        m = m2, s = s2, b = b2;
+        return;
+    }
+    float M = fmaxf(m, m2), a1 = expf(m - M), a2 = expf(m2 - M);
+    s = s * a1 + s2 * a2;
+    b = b * a1 + b2 * a2;
+    m = M;
+}
+
+__device__ __forceinline__ void stats_update(float z, float &m, float &s, float &b, float &sz) {
+    sz += z;
+    if (z > m) {
+        float a = expf(m - z); /* m = -inf on the first element: a = 0 */
+        s = s * a + 1.f;
+        b = b * a + z;
+        m = z;
+    } else {
+        float e = expf(z - m);
+        s += e;
+        b += e * z;
+    }
+}
+
+
+/* Stores v into element k of a buffer of dtype kind (0 f32, 1 bf16, 2 f16), adding the old
+ * value first when acc. */
+__device__ __forceinline__ void store_kind(void *base, int kind, int64_t k, float v, int acc) {
+    if (kind == 0) {
+        float *p = (float *)base + k;
+        *p = acc ? *p + v : v;
+    } else if (kind == 1) {
+        __nv_bfloat16 *p = (__nv_bfloat16 *)base + k;
+        *p = __float2bfloat16_rn(acc ? __bfloat162float(*p) + v : v);
+    } else {
+        __half *p = (__half *)base + k;
+        *p = __float2half_rn(acc ? __half2float(*p) + v : v);
+    }
+}
+__device__ __forceinline__ float load_kind(const void *base, int kind, int64_t k) {
+    if (kind == 0) return ((const float *)base)[k];
+    if (kind == 1) return __bfloat162float(((const __nv_bfloat16 *)base)[k]);
+    return __half2float(((const __half *)base)[k]);
+}
+
+#endif
