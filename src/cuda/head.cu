@@ -29,6 +29,7 @@
 
 #include "comm/comm.h"
 #include "cuda/head.cuh"
+#include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
 #include "cuda/tune.cuh"
 
@@ -634,9 +635,15 @@ static sph_status gemm_logits(pass_ctx *c, const char *hp, int64_t ld, int64_t r
                               int64_t w, float *L) {
     const sph_head_plan *p = c->p;
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
-    if (c->lay->bi)
+    if (c->lay->bi) {
+        /* sm_90a wgmma kernel or the mma.sync one: decided from the user's tensors, never
+         * the chunk, so a row gets the same kernel (and bits) in every batch */
+        if (sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w, p->H))
+            return sph_cuda_logits_sm90(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
+                                        p->H, c->stream);
         return sph_cuda_logits_fixed(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
                                      p->H, c->stream);
+    }
     const float one = 1.f, zero = 0.f;
     cudaDataType_t t = dt_cuda(c->dk);
     SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w, (int)rows,

@@ -9,6 +9,7 @@
  * capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv: the SPH_CUDA_SM90 A/B switch */
 #ifndef SPH_HAVE_CUDA
 /* A build without CUDA: nothing to test here (the CUDA headers may not even exist). */
 #include <stdio.h>
@@ -21,6 +22,7 @@ int main(void) {
 #include <stddef.h>
 
 #include "../parity/test_head_case.h"
+#include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
 #include "head/plan.h"
 
@@ -473,8 +475,8 @@ static void test_determinism(void **state) {
 
 /* Rows [s, s + n) of a batch of N, recomputed inside a batch of other random rows at another
  * position, other N and another mask: logprob and entropy must be bitwise equal. */
-static void bi_dtype(sph_dtype dt) {
-    const int64_t N = 1100, H = 200, V = 20000; /* two vocabulary splits (16384 + rest) */
+static void bi_dtype_h(sph_dtype dt, int64_t H) {
+    const int64_t N = 1100, V = 20000; /* two vocabulary splits (16384 + rest) */
     hcase c;
     hc_init(&c, &g_rng, N, H, V, V, 0, 0, dt);
     hc_mask(&c, &g_rng, 0.9);
@@ -518,9 +520,137 @@ static void bi_dtype(sph_dtype dt) {
 
 static void test_batch_invariance(void **state) {
     (void)state;
-    bi_dtype(SPH_BF16);
-    bi_dtype(SPH_F16);
-    bi_dtype(SPH_F32);
+    bi_dtype_h(SPH_BF16, 200);
+    bi_dtype_h(SPH_F16, 200);
+    bi_dtype_h(SPH_F32, 200);
+}
+
+// ---- the sm_90a (wgmma + TMA) batch-invariant kernel ---------------------------------------
+
+/* 1 when device 0 is an sm_90 part (the one the sm_90a kernel is built for). */
+static int device_is_sm90(void) {
+    struct cudaDeviceProp pr;
+    return cudaGetDeviceProperties(&pr, 0) == cudaSuccess && pr.major == 9 && pr.minor == 0;
+}
+
+/* The kernel alone against a float64 dot product on fresh random rows: R, Vs, H not multiples
+ * of the 128 x 256 x 64 tiles (k past H is zero-filled by TMA), ldL > Vs with the padding
+ * columns checked untouched (still NaN), odd ldL (scalar stores). Then rows [r0, r0 + n)
+ * recomputed alone (another R, another position in the tile) must be bitwise equal. */
+static int sm90_kernel_case(sph_dtype dt, int64_t R, int64_t Vs, int64_t H, int64_t ldL) {
+    char cs[128];
+    snprintf(cs, sizeof cs, "logits_sm90(R=%lld,Vs=%lld,H=%lld,ldL=%lld,dtype=%s)",
+             (long long)R, (long long)Vs, (long long)H, (long long)ldL, sph_dtype_name(dt));
+    const int bf = dt.code == SPH_DTYPE_BFLOAT;
+    uint16_t *h = malloc((size_t)(R * H) * 2), *w = malloc((size_t)(Vs * H) * 2);
+    double *hf = malloc((size_t)(R * H) * 8), *wf = malloc((size_t)(Vs * H) * 8);
+    float *L = malloc((size_t)(R * ldL) * 4), *L2 = malloc((size_t)(R * ldL) * 4);
+    assert_non_null(h), assert_non_null(w), assert_non_null(hf), assert_non_null(wf);
+    assert_non_null(L), assert_non_null(L2);
+    for (int64_t i = 0; i < R * H + Vs * H; i++) {
+        float v = (float)(2.0 * rng_uniform(&g_rng) - 1.0);
+        uint16_t q = bf ? sph_f32_to_bf16(v) : sph_f32_to_f16(v);
+        double x = bf ? sph_bf16_to_f32(q) : sph_f16_to_f32(q); /* the rounded input */
+        if (i < R * H) h[i] = q, hf[i] = x;
+        else w[i - R * H] = q, wf[i - R * H] = x;
+    }
+    void *dh = NULL, *dw = NULL, *dL = NULL, *dL2 = NULL;
+    assert_int_equal(cudaMalloc(&dh, (size_t)(R * H) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dw, (size_t)(Vs * H) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dL, (size_t)(R * ldL) * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dL2, (size_t)(R * ldL) * 4), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dh, h, (size_t)(R * H) * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dw, w, (size_t)(Vs * H) * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemset(dL, 0xff, (size_t)(R * ldL) * 4), cudaSuccess); /* NaN poison */
+    assert_int_equal(cudaMemset(dL2, 0xff, (size_t)(R * ldL) * 4), cudaSuccess);
+    assert_true(sph_cuda_logits_sm90_usable(dt, dh, H, dw, H, H));
+    expect_ok(sph_cuda_logits_sm90(dt, dh, H, dw, H, (float *)dL, ldL, R, Vs, H, NULL));
+    const int64_t r0 = R / 3, n = R - r0 < 50 ? R - r0 : 50;
+    expect_ok(sph_cuda_logits_sm90(dt, (const uint16_t *)dh + r0 * H, H, dw, H, (float *)dL2,
+                                   ldL, n, Vs, H, NULL));
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(L, dL, (size_t)(R * ldL) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(L2, dL2, (size_t)(n * ldL) * 4, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    int ok = 1;
+    double worst = 0;
+    int64_t wr = -1, wc = -1;
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t c = 0; c < Vs; c++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < H; k++) {
+                ref += hf[r * H + k] * wf[c * H + k];
+                mag += fabs(hf[r * H + k] * wf[c * H + k]);
+            }
+            /* exact products, H / 16 fp32 tensor-core additions of relative error <= 2^-23
+             * each: |err| <= 8e-6 sum |products| at H = 1024 */
+            double err = fabs((double)L[r * ldL + c] - ref), tol = 4e-5 * mag + 1e-6;
+            if (!(err <= tol) && (wr < 0 || !(err <= worst))) worst = err, wr = r, wc = c;
+            if (!(err <= tol)) ok = 0;
+        }
+        for (int64_t c = Vs; c < ldL; c++)
+            if (!isnan(L[r * ldL + c])) {
+                print_error("%s: wrote padding column %lld of row %lld\n", cs, (long long)c,
+                            (long long)r);
+                ok = 0;
+            }
+    }
+    if (!ok && wr >= 0)
+        print_error("%s: worst abs err %.3g at (%lld, %lld): got %.9g; seed %llu\n", cs, worst,
+                    (long long)wr, (long long)wc, L[wr * ldL + wc],
+                    (unsigned long long)test_seed());
+    for (int64_t k = 0; k < n; k++)
+        if (memcmp(&L[(r0 + k) * ldL], &L2[k * ldL], (size_t)Vs * 4)) {
+            print_error("%s: row %lld differs when computed in a batch of %lld at row 0\n", cs,
+                        (long long)(r0 + k), (long long)n);
+            ok = 0;
+            break;
+        }
+    cudaFree(dh), cudaFree(dw), cudaFree(dL), cudaFree(dL2);
+    free(h), free(w), free(hf), free(wf), free(L), free(L2);
+    return ok;
+}
+
+/* The batch-invariant parity and invariance tests with the sm_90a kernel on
+ * (SPH_CUDA_SM90=1) and off (=0, the mma.sync kernel), each against the float64 reference,
+ * on shapes the sm_90a kernel takes (H % 8 == 0, including H % 64 != 0). On an sm_90 device
+ * the path must be live with =1 (the build holds sm_90a code), or the test fails. */
+static void test_bi_sm90(void **state) {
+    (void)state;
+    if (!device_is_sm90()) {
+        printf("test_bi_sm90: device 0 is not sm_90: sm_90a kernel not exercised (skip)\n");
+        skip();
+    }
+    const char *modes[2] = {"1", "0"};
+    const sph_dtype dts[2] = {SPH_BF16, SPH_F16};
+    int ok = 1;
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(setenv("SPH_CUDA_SM90", modes[m], 1), 0);
+        assert_int_equal(sph_cuda_sm90_available(), m == 0);
+        for (int d = 0; d < 2; d++) {
+            if (m == 0) {
+                ok &= sm90_kernel_case(dts[d], 300, 600, 328, 601);
+                ok &= sm90_kernel_case(dts[d], 5, 257, 8, 260);
+                ok &= sm90_kernel_case(dts[d], 129, 512, 1024, 512);
+            }
+            gcfg f = base(dts[d], 1, 8, 13); /* one row, one k box, one column tile */
+            f.bi = 1;
+            ok &= run_cfg(&f);
+            f = base(dts[d], 131, 72, 300); /* rows straddle 128-row tiles, H % 64 != 0 */
+            f.bi = 1, f.temp = 0.8, f.cap = 4.0, f.mask_frac = 0.7, f.use_spans = 1;
+            ok &= run_cfg(&f);
+            f = base(dts[d], 70, 136, 17000); /* V_loc > the split: partial final split */
+            f.bi = 1, f.one_pass = 1, f.gdt = dts[d];
+            ok &= run_cfg(&f);
+            f = base(dts[d], 300, 512, 2000); /* two-pass gradients, several k boxes */
+            f.bi = 1, f.mask_frac = 0.5;
+            ok &= run_cfg(&f);
+            bi_dtype_h(dts[d], 200);
+            bi_dtype_h(dts[d], 256);
+        }
+    }
+    assert_int_equal(unsetenv("SPH_CUDA_SM90"), 0);
+    assert_true(ok);
 }
 
 static void test_graph_capture(void **state) {
@@ -682,7 +812,8 @@ int main(void) {
         cmocka_unit_test(test_parity_grid),   cmocka_unit_test(test_bi_parity),
         cmocka_unit_test(test_span_gaps),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
-        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
+        cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };
     /* SPH_GPU_TESTS=name1,name2 runs a subset (compute-sanitizer runs use it) */

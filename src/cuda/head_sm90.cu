@@ -1,0 +1,419 @@
+/*
+ * head_sm90.cu - the Hopper (sm_90a) variant of the batch-invariant logits kernel:
+ * L (R, Vs) fp32 = h (R, H) . W (Vs, H)^T for bf16/f16 inputs, fp32 accumulation.
+ *
+ * Same contract and output layout as sph_cuda_logits_fixed (head_mma.cu), faster machinery:
+ * - operands arrive through TMA (cp.async.bulk.tensor.2d) as 128 x 64 (h) and 256 x 64 (W)
+ *   boxes in the 128-byte swizzled layout, out-of-range rows and k columns zero-filled by the
+ *   copy engine; the tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled,
+ *   reached through cudaGetDriverEntryPointByVersion: no libcuda link) and passed by value as
+ *   __grid_constant__ parameters;
+ * - a 4-stage ring of shared-memory buffers, each with a "full" mbarrier (TMA transaction
+ *   bytes) and an "empty" mbarrier (the 256 consumer threads release it);
+ * - warpgroup 0 is the producer (one thread issues the copies, registers given back with
+ *   setmaxnreg), warpgroups 1 and 2 are the consumers: each owns 64 rows x 256 columns of the
+ *   128 x 256 block tile and issues wgmma.mma_async m64n256k16 with both operands read from
+ *   shared memory through matrix descriptors (K-major, 128-byte swizzle).
+ *
+ * Batch invariance: every output element is acc = 0, then acc += (16-wide k step) for
+ * k = 0, 16, 32, ... ascending, the same instruction sequence whatever the block, the row's
+ * position in it, R or the chunk; zero-filled k columns past H add exact zeros. The value of
+ * an element depends on its two input rows and H only. It may differ in the last bits from
+ * the mma.sync kernel (another instruction), so the choice between the two must not depend
+ * on the batch: sph_cuda_logits_sm90_usable decides from the device, dtype, H and the user's
+ * tensors (base alignment, row strides), never from R, the chunk or the row offset.
+ *
+ * References: PTX ISA 8.x, sections "Asynchronous warpgroup level matrix multiply" (matrix
+ * descriptor format, register fragments of D), "cp.async.bulk.tensor", "mbarrier".
+ */
+#include <cuda.h> /* CUtensorMap and its enums only: the encoder is fetched at run time */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "cuda/head.cuh"
+#include "cuda/head_sm90.cuh"
+
+#define SM90_BM 128 /* rows per block: two consumer warpgroups of 64 */
+#define SM90_BN 256 /* columns per block: one m64n256k16 per warpgroup and k step */
+#define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
+#define SM90_STAGES 4
+#define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+#define SM90_A_BYTES (SM90_BM * SM90_BK * 2)
+#define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
+#define SM90_STAGE_BYTES (SM90_A_BYTES + SM90_B_BYTES)
+/* stages, 1024 bytes of slack to align the ring to the swizzle atom, the 2 x STAGES barriers */
+#define SM90_SMEM_BYTES (SM90_STAGES * SM90_STAGE_BYTES + 1024 + 2 * SM90_STAGES * 8)
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SPH_SM90_DEVICE 1
+#endif
+
+// ---- device helpers (sm_90a only) -------------------------------------------------------
+
+#ifdef SPH_SM90_DEVICE
+/* The 128 fp32 accumulators of one m64n256 wgmma, as asm operand text and operand list. */
+#define SM90_D_REGS \
+    "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+    "}"
+#define SM90_D_OPS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits until the phase of the given parity has completed. A fresh barrier is in phase 0, so
+ * waiting for parity 1 returns at once (the producer's first pass over the ring). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* One box of a 2-D tensor map into shared memory; completion counted in bytes on bar. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int32_t c0, int32_t c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+/* Matrix descriptor of a K-major operand tile in the 128-byte swizzled layout that TMA wrote:
+ * rows of 128 bytes (64 halves), 8-row atoms of 1024 bytes, the atom at a 1024-byte aligned
+ * address. Start address >> 4 in bits 0-13, leading byte offset (unused for swizzled K-major,
+ * 1 by convention) in 16-29, stride byte offset (1024 >> 4: next 8-row group) in 32-45, base
+ * offset 0 (aligned atoms) in 49-51, layout 1 = 128-byte swizzle in 62-63. A k step of 16
+ * halves (32 bytes) inside the 128-byte row adds 2 to the start address: the hardware applies
+ * the swizzle to the final address, as TMA did. */
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma
+ * window (it sees the asm as done when issued). */
+__device__ __forceinline__ void acc_fence(float (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* D (64 x 256, fp32, registers) += A (64 x 16, smem) . B (256 x 16, smem)^T; scale-d = 1. */
+template <typename T> struct wgmma_op;
+template <> struct wgmma_op<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t da, uint64_t db) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " SM90_D_REGS
+                     ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                     : SM90_D_OPS(d)
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct wgmma_op<__half> {
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t da, uint64_t db) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " SM90_D_REGS
+                     ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+                     : SM90_D_OPS(d)
+                     : "l"(da), "l"(db));
+    }
+};
+#endif /* SPH_SM90_DEVICE */
+
+// ---- the kernel -------------------------------------------------------------------------
+
+/* grid (ceil(Vs / 256), ceil(R / 128)); block 384 threads; SM90_SMEM_BYTES dynamic smem.
+ * map_h: (R rows, H) of the chunk's hidden rows; map_w: (Vs rows, H) of the split's weight
+ * rows; both boxes 64 wide in k, zero fill outside. vec2: L and ldL allow 8-byte stores. */
+template <typename T>
+__global__ void __launch_bounds__(SM90_THREADS, 1)
+    head_logits_sm90_kernel(const __grid_constant__ CUtensorMap map_h,
+                            const __grid_constant__ CUtensorMap map_w, float *__restrict__ L,
+                            int64_t ldL, int64_t R, int64_t Vs, int64_t H, int vec2) {
+#ifdef SPH_SM90_DEVICE
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t bars = base + SM90_STAGES * SM90_STAGE_BYTES;
+#define SM90_FULL(s) (bars + 8u * (uint32_t)(s))
+#define SM90_EMPTY(s) (bars + 8u * (uint32_t)(SM90_STAGES + (s)))
+    const int nk = (int)((H + SM90_BK - 1) / SM90_BK);
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SM90_STAGES; s++) {
+            mbar_init(SM90_FULL(s), 1);    /* the producer's expect_tx arrival + the bytes */
+            mbar_init(SM90_EMPTY(s), 256); /* every consumer thread, after its wgmma read it */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads(); /* barriers initialised before anyone waits on or arrives at them */
+
+    if (wg == 0) {
+        /* producer: one thread streams the k tiles, the warpgroup's registers go to the
+         * consumers (setmaxnreg is warpgroup-wide, so all 128 threads execute it) */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            const int32_t row0 = (int32_t)blockIdx.y * SM90_BM;
+            const int32_t col0 = (int32_t)blockIdx.x * SM90_BN;
+            for (int kt = 0; kt < nk; kt++) {
+                const int s = kt % SM90_STAGES;
+                const uint32_t ph = (uint32_t)(kt / SM90_STAGES) & 1u;
+                mbar_wait(SM90_EMPTY(s), ph ^ 1u); /* the consumers released this stage */
+                mbar_expect_tx(SM90_FULL(s), SM90_STAGE_BYTES); /* zero-filled bytes count */
+                const uint32_t a = base + (uint32_t)s * SM90_STAGE_BYTES;
+                tma_load_2d(a, &map_h, SM90_FULL(s), kt * SM90_BK, row0);
+                tma_load_2d(a + SM90_A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1; /* rows [64 c, 64 c + 64) of the block tile */
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    acc_fence(acc);
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % SM90_STAGES;
+        mbar_wait(SM90_FULL(s), (uint32_t)(kt / SM90_STAGES) & 1u); /* TMA bytes landed */
+        const uint32_t a = base + (uint32_t)s * SM90_STAGE_BYTES + (uint32_t)c * (64 * 128);
+        const uint64_t da = sw128_desc(a), db = sw128_desc(base + (uint32_t)s * SM90_STAGE_BYTES +
+                                                           SM90_A_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < SM90_BK / 16; k++) /* k ascending: the fixed summation order */
+            wgmma_op<T>::run(acc, da + 2 * k, db + 2 * k);
+        wgmma_commit();
+        /* at most this tile's group in flight: tile kt - 1's reads are done, free its stage */
+        wgmma_wait<1>();
+        acc_fence(acc);
+        if (kt > 0) mbar_arrive(SM90_EMPTY((kt - 1) % SM90_STAGES));
+    }
+    wgmma_wait<0>();
+    acc_fence(acc);
+#undef SM90_FULL
+#undef SM90_EMPTY
+
+    /* D fragment of m64nN: thread t of the warpgroup holds, for each 8-column group j,
+     * (row 16 (t/32) + (t%32)/4, cols 8j + 2 (t%4) + {0,1}) in acc[4j], acc[4j+1] and the
+     * same columns 8 rows lower in acc[4j+2], acc[4j+3]. */
+    const int t = threadIdx.x % 128, lane = t % 32;
+    const int64_t r = (int64_t)blockIdx.y * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
+    const int64_t cb = (int64_t)blockIdx.x * SM90_BN + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++) {
+        const int64_t col = cb + 8 * j;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int64_t rr = r + 8 * hf;
+            if (rr >= R || col >= Vs) continue;
+            float *dst = L + rr * ldL + col;
+            const float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+            if (col + 1 < Vs && vec2) {
+                *(float2 *)dst = make_float2(v0, v1);
+            } else {
+                dst[0] = v0;
+                if (col + 1 < Vs) dst[1] = v1;
+            }
+        }
+    }
+#elif defined(__CUDA_ARCH__)
+    /* sm_80 pass: never launched (the launcher checks the loaded binary is sm_90a) */
+    (void)map_h, (void)map_w, (void)L, (void)ldL, (void)R, (void)Vs, (void)H, (void)vec2;
+    __trap();
+#endif
+}
+
+// ---- host side --------------------------------------------------------------------------
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                    CUtensorMapFloatOOBfill);
+
+/* The driver's tensor-map encoder, looked up once per process (NULL: driver too old). */
+static encode_tiled_fn encoder(void) {
+    static const encode_tiled_fn fn = []() -> encode_tiled_fn {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                             cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+        return (encode_tiled_fn)f;
+    }();
+    return fn;
+}
+
+#define SM90_MAX_DEVICES 64
+/* Per device: 0 unknown, 1 the sm_90a kernels load and get their shared memory, 2 no. */
+static std::atomic<int> g_dev_ok[SM90_MAX_DEVICES];
+
+template <typename T> static int kernel_ready(void) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T>) != cudaSuccess) return 0;
+    /* the sm_90a cubin loads only on an sm_90 device; anything else means the sm_80 stub */
+    if (fa.binaryVersion != 90) return 0;
+    return cudaFuncSetAttribute(head_logits_sm90_kernel<T>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                SM90_SMEM_BYTES) == cudaSuccess;
+}
+
+extern "C" int sph_cuda_sm90_available(void) {
+    const char *e = getenv("SPH_CUDA_SM90");
+    if (e && !strcmp(e, "0")) return 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SM90_MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    int state = g_dev_ok[dev].load();
+    if (state == 0) {
+        int major = 0, minor = 0, optin = 0;
+        int ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                     cudaSuccess &&
+                 cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ==
+                     cudaSuccess &&
+                 cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+                     cudaSuccess;
+        ok = ok && major == 9 && minor == 0 && optin >= SM90_SMEM_BYTES && encoder() != NULL &&
+             kernel_ready<__nv_bfloat16>() && kernel_ready<__half>();
+        (void)cudaGetLastError(); /* a failed probe is an answer, not a pending error */
+        state = ok ? 1 : 2;
+        g_dev_ok[dev].store(state);
+    }
+    return state == 1;
+}
+
+extern "C" int sph_cuda_logits_sm90_usable(sph_dtype dt, const void *h, int64_t ld_h,
+                                           const void *w, int64_t ld_w, int64_t H) {
+    if (dt.bits != 16 || (dt.code != SPH_DTYPE_BFLOAT && dt.code != SPH_DTYPE_FLOAT)) return 0;
+    /* TMA: 16-byte aligned global base, row strides a multiple of 16 bytes; H % 8 so that a
+     * gathered chunk (row stride H) qualifies exactly when the user's rows do */
+    if (H <= 0 || H % 8 || H > INT32_MAX || ld_h % 8 || ld_w % 8) return 0;
+    if ((uintptr_t)h % 16 || (uintptr_t)w % 16) return 0;
+    return sph_cuda_sm90_available();
+}
+
+/* A 2-D map over rows x H (row stride ld elements) with boxes of box_rows x 64. */
+static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int64_t rows,
+                           int64_t ld, int64_t H, uint32_t box_rows) {
+    encode_tiled_fn enc = encoder();
+    if (!enc) return sph_err(SPH_ERR_INTERNAL, "logits_sm90: no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {(cuuint64_t)H, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2}; /* bytes, dimension 1 */
+    const cuuint32_t box[2] = {SM90_BK, box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    CUresult r = enc(map,
+                     dt.code == SPH_DTYPE_BFLOAT ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                     2, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE /* out of bounds reads as zero */);
+    if (r != CUDA_SUCCESS)
+        return sph_err(SPH_ERR_INTERNAL,
+                       "logits_sm90: cuTensorMapEncodeTiled(rows=%lld, H=%lld, ld=%lld) failed: "
+                       "CUresult %d",
+                       (long long)rows, (long long)H, (long long)ld, (int)r);
+    return SPH_OK;
+}
+
+extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h,
+                                           const void *w, int64_t ld_w, float *L, int64_t ldL,
+                                           int64_t R, int64_t Vs, int64_t H,
+                                           cudaStream_t stream) {
+    if (R <= 0 || Vs <= 0) return SPH_OK;
+    /* the caller asked sph_cuda_logits_sm90_usable on the user's tensors; the chunk's own
+     * pointers must then qualify too (row offsets keep 16-byte alignment when ld % 8 == 0) */
+    SPH_CHECK(dt.bits == 16 && (dt.code == SPH_DTYPE_BFLOAT || dt.code == SPH_DTYPE_FLOAT),
+              SPH_ERR_INTERNAL, "logits_sm90: dtype %s is not bf16/f16", sph_dtype_name(dt));
+    SPH_CHECK((uintptr_t)h % 16 == 0 && (uintptr_t)w % 16 == 0 && ld_h % 8 == 0 &&
+                  ld_w % 8 == 0 && H > 0 && H % 8 == 0 && H <= INT32_MAX,
+              SPH_ERR_INTERNAL, "logits_sm90: operands not TMA-aligned (ld_h=%lld, ld_w=%lld)",
+              (long long)ld_h, (long long)ld_w);
+    SPH_CHECK((R + SM90_BM - 1) / SM90_BM <= 65535 && Vs <= INT32_MAX, SPH_ERR_INTERNAL,
+              "logits_sm90: %lld x %lld exceeds the grid", (long long)R, (long long)Vs);
+    CUtensorMap mh, mw;
+    sph_status s = make_map(&mh, dt, h, R, ld_h, H, SM90_BM);
+    if (s != SPH_OK) return s;
+    s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
+    if (s != SPH_OK) return s;
+    const int vec2 = (uintptr_t)L % 8 == 0 && ldL % 2 == 0;
+    dim3 grid((unsigned)((Vs + SM90_BN - 1) / SM90_BN), (unsigned)((R + SM90_BM - 1) / SM90_BM));
+    if (dt.code == SPH_DTYPE_BFLOAT)
+        head_logits_sm90_kernel<__nv_bfloat16><<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(
+            mh, mw, L, ldL, R, Vs, H, vec2);
+    else
+        head_logits_sm90_kernel<__half><<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(
+            mh, mw, L, ldL, R, Vs, H, vec2);
+    SPH_LAUNCH_CHECK("head_logits_sm90_kernel", stream);
+    return SPH_OK;
+}
+
+extern "C" sph_status sph_cuda_logits_variant(int variant, sph_dtype dt, const void *h,
+                                              int64_t ld_h, const void *w, int64_t ld_w,
+                                              float *L, int64_t ldL, int64_t R, int64_t Vs,
+                                              int64_t H, cudaStream_t stream) {
+    if (variant == 1) {
+        SPH_CHECK(sph_cuda_logits_sm90_usable(dt, h, ld_h, w, ld_w, H), SPH_ERR_UNSUPPORTED,
+                  "variant: 1 (sm_90a) is not available for dtype %s, H=%lld on this device "
+                  "(or SPH_CUDA_SM90=0)",
+                  sph_dtype_name(dt), (long long)H);
+        return sph_cuda_logits_sm90(dt, h, ld_h, w, ld_w, L, ldL, R, Vs, H, stream);
+    }
+    SPH_CHECK(variant == 0, SPH_ERR_INVALID_ARG, "variant: %d, expected 0 (mma.sync) or 1 (sm_90a)",
+              variant);
+    return sph_cuda_logits_fixed(dt, h, ld_h, w, ld_w, L, ldL, R, Vs, H, stream);
+}
