@@ -13,10 +13,11 @@ cmake --build "$build" -j2
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 cp "$build"/tests/gpu_test_* "$build"/spanhead "$out/bin/"
+[ -x "$build"/bench/bench_sm90_logits ] && cp "$build"/bench/bench_sm90_logits "$out/bin/"
 cp -L "$build"/libspanhead.so.0 "$out/lib/"
 for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-cp "$root"/scripts/device/run_*.sh "$out/"
+cp "$root"/scripts/device/run_*.sh "$root"/scripts/device/sm90_check.sh "$out/"
 git -C "$root" rev-parse --short HEAD > "$out/COMMIT"
 du -sh "$out"

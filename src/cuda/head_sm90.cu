@@ -43,6 +43,7 @@
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
 #define SM90_STAGES 4
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+#define SM90_GROUP_M 16  /* row tiles per raster group (L2 reuse of the W tiles) */
 #define SM90_A_BYTES (SM90_BM * SM90_BK * 2)
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
 #define SM90_STAGE_BYTES (SM90_A_BYTES + SM90_B_BYTES)
@@ -171,7 +172,8 @@ template <> struct wgmma_op<__half> {
 
 // ---- the kernel -------------------------------------------------------------------------
 
-/* grid (ceil(Vs / 256), ceil(R / 128)); block 384 threads; SM90_SMEM_BYTES dynamic smem.
+/* grid ceil(R / 128) * ceil(Vs / 256) blocks (1-D, grouped raster); block 384 threads;
+ * SM90_SMEM_BYTES dynamic shared memory.
  * map_h: (R rows, H) of the chunk's hidden rows; map_w: (Vs rows, H) of the split's weight
  * rows; both boxes 64 wide in k, zero fill outside. vec2: L and ldL allow 8-byte stores. */
 template <typename T>
@@ -187,6 +189,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 #define SM90_EMPTY(s) (bars + 8u * (uint32_t)(SM90_STAGES + (s)))
     const int nk = (int)((H + SM90_BK - 1) / SM90_BK);
     const int wg = threadIdx.x / 128;
+    /* Grouped raster: consecutive blocks walk SM90_GROUP_M row tiles down one column of W
+     * tiles, then the next column, so a wave of blocks touches ~16 h tiles and ~8 W tiles
+     * (~33 MB at H = 4096, inside the 50 MB L2) instead of one h tile and every W tile.
+     * Which block computes a tile changes nothing in how the tile is computed. */
+    const int64_t n_m = (R + SM90_BM - 1) / SM90_BM, n_n = (Vs + SM90_BN - 1) / SM90_BN;
+    const int64_t pid = blockIdx.x, in_group = SM90_GROUP_M * n_n;
+    const int64_t first_m = pid / in_group * SM90_GROUP_M;
+    const int64_t size_m = n_m - first_m < SM90_GROUP_M ? n_m - first_m : SM90_GROUP_M;
+    const int64_t tile_m = first_m + (pid % in_group) % size_m;
+    const int64_t tile_n = (pid % in_group) / size_m;
     if (threadIdx.x == 0) {
         for (int s = 0; s < SM90_STAGES; s++) {
             mbar_init(SM90_FULL(s), 1);    /* the producer's expect_tx arrival + the bytes */
@@ -201,8 +213,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
          * consumers (setmaxnreg is warpgroup-wide, so all 128 threads execute it) */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
-            const int32_t row0 = (int32_t)blockIdx.y * SM90_BM;
-            const int32_t col0 = (int32_t)blockIdx.x * SM90_BN;
+            const int32_t row0 = (int32_t)(tile_m * SM90_BM);
+            const int32_t col0 = (int32_t)(tile_n * SM90_BN);
             for (int kt = 0; kt < nk; kt++) {
                 const int s = kt % SM90_STAGES;
                 const uint32_t ph = (uint32_t)(kt / SM90_STAGES) & 1u;
@@ -247,8 +259,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
      * (row 16 (t/32) + (t%32)/4, cols 8j + 2 (t%4) + {0,1}) in acc[4j], acc[4j+1] and the
      * same columns 8 rows lower in acc[4j+2], acc[4j+3]. */
     const int t = threadIdx.x % 128, lane = t % 32;
-    const int64_t r = (int64_t)blockIdx.y * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
-    const int64_t cb = (int64_t)blockIdx.x * SM90_BN + 2 * (lane % 4);
+    const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
+    const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < SM90_BN / 8; j++) {
         const int64_t col = cb + 8 * j;
@@ -383,7 +395,8 @@ extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t 
                   ld_w % 8 == 0 && H > 0 && H % 8 == 0 && H <= INT32_MAX,
               SPH_ERR_INTERNAL, "logits_sm90: operands not TMA-aligned (ld_h=%lld, ld_w=%lld)",
               (long long)ld_h, (long long)ld_w);
-    SPH_CHECK((R + SM90_BM - 1) / SM90_BM <= 65535 && Vs <= INT32_MAX, SPH_ERR_INTERNAL,
+    const int64_t n_blocks = ((R + SM90_BM - 1) / SM90_BM) * ((Vs + SM90_BN - 1) / SM90_BN);
+    SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_blocks <= INT32_MAX, SPH_ERR_INTERNAL,
               "logits_sm90: %lld x %lld exceeds the grid", (long long)R, (long long)Vs);
     CUtensorMap mh, mw;
     sph_status s = make_map(&mh, dt, h, R, ld_h, H, SM90_BM);
@@ -391,7 +404,7 @@ extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t 
     s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
     if (s != SPH_OK) return s;
     const int vec2 = (uintptr_t)L % 8 == 0 && ldL % 2 == 0;
-    dim3 grid((unsigned)((Vs + SM90_BN - 1) / SM90_BN), (unsigned)((R + SM90_BM - 1) / SM90_BM));
+    const dim3 grid((unsigned)n_blocks);
     if (dt.code == SPH_DTYPE_BFLOAT)
         head_logits_sm90_kernel<__nv_bfloat16><<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(
             mh, mw, L, ldL, R, Vs, H, vec2);

@@ -5,8 +5,10 @@
  * temperature != 1, softcap, lse / logit_mean outputs and gradients, accumulate on/off,
  * ignored targets, vocabulary splits with a partial final split, one-pass mode, sample
  * support, outputs poisoned before each run. Then: bad input, determinism (bitwise), batch
- * invariance (the same rows inside different batches and positions, bitwise), CUDA graph
- * capture and replay, and a case with more than 2^32 logits (sampled rows checked).
+ * invariance (the same rows inside different batches and positions, bitwise), the same
+ * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
+ * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
+ * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv: the SPH_CUDA_SM90 A/B switch */
@@ -623,6 +625,9 @@ static void test_bi_sm90(void **state) {
     }
     const char *modes[2] = {"1", "0"};
     const sph_dtype dts[2] = {SPH_BF16, SPH_F16};
+    const char *env = getenv("SPH_CUDA_SM90"); /* restored at the end for the later tests */
+    char saved[16] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
     int ok = 1;
     for (int m = 0; m < 2; m++) {
         assert_int_equal(setenv("SPH_CUDA_SM90", modes[m], 1), 0);
@@ -649,7 +654,7 @@ static void test_bi_sm90(void **state) {
             bi_dtype_h(dts[d], 256);
         }
     }
-    assert_int_equal(unsetenv("SPH_CUDA_SM90"), 0);
+    assert_int_equal(env ? setenv("SPH_CUDA_SM90", saved, 1) : unsetenv("SPH_CUDA_SM90"), 0);
     assert_true(ok);
 }
 
