@@ -123,7 +123,8 @@ int main(int argc, char **argv) {
         CK(cudaDeviceSynchronize());
         double worst = 0;
         for (int k = 0; k < 512; k++) { /* validate: sampled elements vs float64 */
-            int64_t r = (int64_t)((uni() + 1) / 2 * (double)N), c = (int64_t)((uni() + 1) / 2 * (double)V);
+            int64_t r = (int64_t)((uni() + 1) / 2 * (double)N);
+            int64_t c = (int64_t)((uni() + 1) / 2 * (double)V);
             r = r >= N ? N - 1 : r, c = c >= V ? V - 1 : c;
             double ref = 0, mag = 0;
             for (int64_t q = 0; q < H; q++) {
