@@ -308,6 +308,19 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                       "tp_comm: collectives take %s buffers, the context computes on the %s",
                       p->comm->device_buffers ? "device" : "host", host ? "host" : "device");
     }
+    const int64_t tp = p->comm ? p->comm->size : 1;
+    /* A sharded call must be the shard its communicator was created for (the creation checked
+     * that the group's shards tile the vocabulary). Without a group, a shard's statistics are
+     * its own (documented in spanhead.h). */
+    if (tp > 1 && p->comm->cfg.vocab_total > 0) {
+        const sph_comm_config *c = &p->comm->cfg;
+        SPH_CHECK(p->V == c->vocab_total && p->v0 == c->vocab_start && p->V_loc == c->vocab_local,
+                  SPH_ERR_MISMATCH,
+                  "vocab shard: [%lld, %lld) of %lld, but tp_comm was created for [%lld, %lld) "
+                  "of %lld", (long long)p->v0, (long long)(p->v0 + p->V_loc), (long long)p->V,
+                  (long long)c->vocab_start, (long long)(c->vocab_start + c->vocab_local),
+                  (long long)c->vocab_total);
+    }
     if (p->allreduce_dh) {
         SPH_CHECK(a->dhidden != NULL, SPH_ERR_INVALID_ARG,
                   "allreduce_dhidden: set without dhidden");

@@ -207,9 +207,10 @@ static inline sph_status hc_run(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
     return s;
 }
 
-/* Normwise check: |got - ref| <= tol * (max|ref| + 0.05 + |ref|) elementwise, NaN fails.
- * The 0.05 floor covers results that are 0 in exact arithmetic (V_loc = 1), where float32
- * statistics leave ~1e-7 |upstream| of noise. */
+/* Normwise check: |got - ref| <= tol * (max|ref| + 0.5 + |ref|) elementwise, NaN fails.
+ * The 0.5 floor covers results that are 0 in exact arithmetic (V = 1: entropy's gradient
+ * mu - z), where the reference's float32 statistics leave eps32 |z| |upstream| |w| of noise:
+ * seen at 1.5e-6 with |z| ~ 10 (seed 1883208803163134). */
 static inline int hc_close(const char *what, const char *cs, const void *got, sph_dtype gd,
                            const void *ref, sph_dtype rd, int64_t n, double tol) {
     double mx = 0;
@@ -219,7 +220,7 @@ static inline int hc_close(const char *what, const char *cs, const void *got, sp
     }
     double *g = hc_alloc((size_t)n * 8), *rf = hc_alloc((size_t)n * 8);
     for (int64_t k = 0; k < n; k++) g[k] = hc_get(got, gd, k), rf[k] = hc_get(ref, rd, k);
-    int ok = check_close_f64(what, cs, g, rf, (size_t)n, tol * (mx + 5e-2), tol);
+    int ok = check_close_f64(what, cs, g, rf, (size_t)n, tol * (mx + 0.5), tol);
     free(g), free(rf);
     return ok;
 }
