@@ -42,3 +42,18 @@ def run_or_skip(ctx, fn, *a, **kw):
         if ctx.kind == "default" and "not built" in str(e):
             pytest.skip(f"default CPU kernels not in this library build: {e}")
         raise
+
+
+# Context options for the two CPU kernel sets the torch tests run on: the float64 reference
+# and the library's default (optimized) kernels.
+@pytest.fixture(params=["ref", "default"])
+def kernel(request):
+    if request.param == "default":
+        try:
+            c = spanhead.Context("cpu")
+            spanhead.head_forward(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
+                                  np.zeros(1, np.int64), context=c)
+        except spanhead.UnsupportedError as e:
+            pytest.skip(f"default CPU kernels not in this library build: {e}")
+        return {}
+    return {"kernel": request.param}

@@ -9,19 +9,6 @@ import spanhead  # noqa: E402
 import spanhead.torch as sht  # noqa: E402
 
 
-@pytest.fixture(params=["ref", "default"])
-def kernel(request):
-    if request.param == "default":
-        try:
-            c = spanhead.Context("cpu")
-            spanhead.head_forward(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
-                                  np.zeros(1, np.int64), context=c)
-        except spanhead.UnsupportedError as e:
-            pytest.skip(f"default CPU kernels not in this library build: {e}")
-        return {}
-    return {"kernel": request.param}
-
-
 def dense(h, w, t, mask=None, temperature=1.0, softcap=0.0):
     """PyTorch's own computation in float64: logits, log_softmax, gather, entropy."""
     u = h.double() @ w.double().T

@@ -12,19 +12,6 @@ import spanhead  # noqa: E402
 import spanhead.torch as sht  # noqa: E402
 
 
-@pytest.fixture(params=["ref", "default"])
-def kernel(request):
-    if request.param == "default":
-        try:
-            c = spanhead.Context("cpu")
-            spanhead.head_forward(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32),
-                                  np.zeros(1, np.int64), context=c)
-        except spanhead.UnsupportedError as e:
-            pytest.skip(f"default CPU kernels not in this library build: {e}")
-        return {}
-    return {"kernel": request.param}
-
-
 def dense_loss(h, w, t, weights, mask, temperature, softcap, coef):
     """float64: the full logits, log_softmax, the weighted loss over active rows."""
     u = h.double() @ w.double().T

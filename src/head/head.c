@@ -55,6 +55,25 @@ static int cmp_i64(const void *a, const void *b) {
 
 // ---- validation ------------------------------------------------------------------------
 
+/* A gradient output (rows x H) in the input dtype or f32; absent (NULL) leaves it unset. */
+static sph_status grad_output(sph_ctx_t ctx, const sph_tensor *t, const char *name, int64_t rows,
+                              const char *rows_what, sph_dtype in, int64_t H, void **data,
+                              int64_t *ld, sph_dtype *dtype) {
+    if (!t) return SPH_OK;
+    sph_view v;
+    SPH_TRY(sph_view_of(t, name, 2, &v));
+    SPH_TRY(check_device(ctx, &v, name));
+    SPH_CHECK(sph_dtype_eq(v.dtype, in) || sph_dtype_eq(v.dtype, SPH_F32), SPH_ERR_DTYPE,
+              "%s: dtype is %s, expected %s%s", name, sph_dtype_name(v.dtype), sph_dtype_name(in),
+              sph_dtype_eq(in, SPH_F32) ? "" : " or f32");
+    SPH_TRY(sph_view_expect_dim(&v, name, 0, rows, rows_what));
+    SPH_TRY(sph_view_expect_dim(&v, name, 1, H, "H, columns of hidden"));
+    *data = v.data;
+    *ld = v.stride[0];
+    *dtype = v.dtype;
+    return SPH_OK;
+}
+
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
                               sph_head_plan *p) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
@@ -239,34 +258,10 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
 
     // gradient outputs
-    if (a->dhidden) {
-        sph_view v;
-        SPH_TRY(sph_view_of(a->dhidden, "dhidden", 2, &v));
-        SPH_TRY(check_device(ctx, &v, "dhidden"));
-        SPH_CHECK(sph_dtype_eq(v.dtype, p->dtype) || sph_dtype_eq(v.dtype, SPH_F32),
-                  SPH_ERR_DTYPE, "dhidden: dtype is %s, expected %s%s",
-                  sph_dtype_name(v.dtype), sph_dtype_name(p->dtype),
-                  sph_dtype_eq(p->dtype, SPH_F32) ? "" : " or f32");
-        SPH_TRY(sph_view_expect_dim(&v, "dhidden", 0, p->N, "N, rows of hidden"));
-        SPH_TRY(sph_view_expect_dim(&v, "dhidden", 1, p->H, "H, columns of hidden"));
-        p->dhidden = v.data;
-        p->ld_dh = v.stride[0];
-        p->dh_dtype = v.dtype;
-    }
-    if (a->dweight) {
-        sph_view v;
-        SPH_TRY(sph_view_of(a->dweight, "dweight", 2, &v));
-        SPH_TRY(check_device(ctx, &v, "dweight"));
-        SPH_CHECK(sph_dtype_eq(v.dtype, p->dtype) || sph_dtype_eq(v.dtype, SPH_F32),
-                  SPH_ERR_DTYPE, "dweight: dtype is %s, expected %s%s",
-                  sph_dtype_name(v.dtype), sph_dtype_name(p->dtype),
-                  sph_dtype_eq(p->dtype, SPH_F32) ? "" : " or f32");
-        SPH_TRY(sph_view_expect_dim(&v, "dweight", 0, p->V_loc, "V_loc, rows of weight"));
-        SPH_TRY(sph_view_expect_dim(&v, "dweight", 1, p->H, "H, columns of weight"));
-        p->dweight = v.data;
-        p->ld_dw = v.stride[0];
-        p->dw_dtype = v.dtype;
-    }
+    SPH_TRY(grad_output(ctx, a->dhidden, "dhidden", p->N, "N, rows of hidden", p->dtype, p->H,
+                        &p->dhidden, &p->ld_dh, &p->dh_dtype));
+    SPH_TRY(grad_output(ctx, a->dweight, "dweight", p->V_loc, "V_loc, rows of weight", p->dtype,
+                        p->H, &p->dweight, &p->ld_dw, &p->dw_dtype));
     p->acc_dh = a->accumulate_dhidden != 0;
     p->acc_dw = a->accumulate_dweight != 0;
     p->allreduce_dh = a->allreduce_dhidden != 0;
