@@ -13,7 +13,7 @@ cmake --build "$build" -j2
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 cp "$build"/tests/gpu_test_* "$build"/spanhead "$out/bin/"
-[ -x "$build"/bench/bench_sm90_logits ] && cp "$build"/bench/bench_sm90_logits "$out/bin/"
+[ -n "${SPH_BUNDLE_SM90BENCH:-}" ] && [ -x "$build"/bench/bench_sm90_logits ] && cp "$build"/bench/bench_sm90_logits "$out/bin/"
 cp -L "$build"/libspanhead.so.0 "$out/lib/"
 for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true

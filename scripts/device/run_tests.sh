@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run_tests.sh - on the device machine, inside the carried bundle: machine record, the GPU
-# tests (gathered chunks on, then SPH_CUDA_GATHER=0, then SPH_CUDA_SQUARE=0), compute-sanitizer memcheck and
-# racecheck on subsets (SANITIZE=1), then `spanhead bench` with the given arguments, and a
-# second bench with $BENCH2 arguments under SPH_CUDA_GATHER=0 (same-run A/B) when set.
+# tests (default, then SPH_CUDA_GATHER=0, SPH_CUDA_SQUARE=0, SPH_CUDA_FUSED=0), compute-sanitizer
+# memcheck and racecheck on subsets (SANITIZE=1), then `spanhead bench` with the given arguments,
+# and a second bench with $BENCH2 arguments under $BENCH2_ENV (default SPH_CUDA_GATHER=0: a
+# same-run A/B) when set.
 #   usage: run_tests.sh [bench-args...]   (logs under $OUT)
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -26,6 +27,7 @@ run() { # name timeout cmd...
 for t in bin/gpu_test_*; do run "$(basename $t)" 150 "$t"; done
 for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
 SPH_CUDA_SQUARE=0 run gpu_test_head_cuda_nosquare 100 bin/gpu_test_head_cuda
+SPH_CUDA_FUSED=0 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_nofused 100 bin/gpu_test_head_cuda
 if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
     bin/gpu_test_head_cuda
@@ -38,8 +40,9 @@ if [ $# -gt 0 ]; then
   SPH_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" ./bin/spanhead bench "$@" --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.md"
 fi
 if [ -n "${BENCH2:-}" ]; then
-  echo "== bench, SPH_CUDA_GATHER=0"
-  SPH_CUDA_GATHER=0 SPH_COMMIT=$commit timeout 150 ./bin/spanhead bench $BENCH2 --json "$OUT/bench_nogather.jsonl" 2>&1 | tee "$OUT/bench_nogather.md"
+  b2env=${BENCH2_ENV:-SPH_CUDA_GATHER=0}
+  echo "== bench, $b2env"
+  env $b2env SPH_COMMIT=$commit timeout "${BENCH2_TIMEOUT:-150}" ./bin/spanhead bench $BENCH2 --json "$OUT/bench2.jsonl" 2>&1 | tee "$OUT/bench2.md"
 fi
 tar czf "$OUT/logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls *.log) 2>/dev/null && (cd "$OUT" && rm -f *.log)
 exit $status

@@ -352,11 +352,24 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                     (half_dw ? (int64_t)sph_ws_round((size_t)p->V_loc * p->H * 4) : 0);
     int64_t budget = chunk_bytes - fixed;
     if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
-    const int64_t bpe = 4 + (lay->grads && dk != DT_F32 ? 2 : 0);
+    /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
+     * columns instead), the backward stages only the half-precision dlogits. Decided from the
+     * user's tensors, so every chunk of the pass takes the same kernels. */
+    lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
+                 sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
+                                             p->H);
+    const int stage_L = !lay->fused || p->one_pass;
+    const int tile_recs = lay->fused && (!lay->grads || p->one_pass);
+    /* bytes per staged element: fp32 logits, half dlogits (fp32 dlogits alias L) */
+    const int64_t bpe = (stage_L ? 4 : 0) + (lay->grads && dk != DT_F32 ? 2 : 0);
     /* per chunk row beyond the logits: the fp32 dH row (half dH with split vocabulary, or
      * any dH when gathered), the gathered h row */
     const int64_t dh_row = (half_dh || (lay->gather && lay->grads && p->dhidden)) ? p->H * 4 : 0;
     const int64_t dh_rowx = dh_row + (lay->gather ? p->H * (int64_t)dt_size(dk) : 0);
+#define ROW_BYTES(vs)                                                                    \
+    (round_up((vs), 8) * bpe + dh_rowx +                                                 \
+     (tile_recs ? ((vs) + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * SPH_PARTIAL_FIELDS * 4 \
+                : 0))
     int64_t Vs = p->V_loc, R = 0;
     sph_tune_entry te;
     int tuned = !lay->bi && sph_cuda_tune_lookup(st, p->dtype, p->H, p->V_loc, p->N, &te);
@@ -388,21 +401,25 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         }
     }
     if (Vs < 1) Vs = 1;
-    R = budget / (round_up(Vs, 8) * bpe + dh_rowx);
+    R = budget / ROW_BYTES(Vs);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
     if (!lay->bi && R < want_rows) {
-        /* even a minimal chunk of rows exceeds the budget: split the vocabulary */
-        Vs = (budget / want_rows - dh_rowx) / bpe / 8 * 8;
+        /* even a minimal chunk of rows exceeds the budget: split the vocabulary (a tile
+         * record costs 20 bytes per 256 columns: under 0.1 byte per element) */
+        Vs = (budget / want_rows - dh_rowx) / (bpe + 1) / 8 * 8;
         if (Vs < 8) Vs = 8;
         if (Vs > p->V_loc) Vs = p->V_loc;
-        R = budget / (round_up(Vs, 8) * bpe + dh_rowx);
+        R = budget / ROW_BYTES(Vs);
     }
+#undef ROW_BYTES
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
                                             : (tuned && te.chunk_rows > 0 ? te.chunk_rows : 0);
     if (user_rows > 0 && user_rows < R) R = user_rows;
     if (R > max_span) R = max_span > 0 ? max_span : 1;
-    if (R > 32768) R = 32768; /* grid.y limit of the dlogits kernel, with margin */
+    /* grid.y limit of the dlogits kernel, with margin (the fused passes launch none) */
+    const int64_t max_rows = lay->fused && !p->one_pass ? ((int64_t)1 << 22) : 32768;
+    if (R > max_rows) R = max_rows;
     lay->R = R;
     lay->Vs = Vs;
     lay->ldL = round_up(Vs, 8);
@@ -424,8 +441,11 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                 lay->n_splits > 1;
     lay->dw32 = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32 && lay->n_chunks > 1;
 
+    lay->n_tiles = (Vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
     lay->off_L = off;
-    off += sph_ws_round((size_t)R * lay->ldL * 4);
+    if (stage_L) off += sph_ws_round((size_t)R * lay->ldL * 4);
+    lay->off_T = off;
+    if (tile_recs) off += sph_ws_round((size_t)R * lay->n_tiles * SPH_PARTIAL_FIELDS * 4);
     lay->off_D = off;
     if (lay->grads && dk != DT_F32) off += sph_ws_round((size_t)R * lay->ldL * 2);
     lay->off_part = off;
@@ -746,6 +766,59 @@ static sph_status launch_dlogits(pass_ctx *c, const float *L, void *D, const chu
     return SPH_OK;
 }
 
+/* The sm_90a epilogue arguments shared by the statistics and dlogits variants. */
+static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, int mode) {
+    const sph_head_plan *p = c->p;
+    sph_sm90_epi e;
+    memset(&e, 0, sizeof e);
+    e.mode = mode;
+    e.r0 = ch->r0;
+    e.rowmap = ch->rowmap;
+    e.col_g0 = p->v0 + c0;
+    e.tgt = p->targets;
+    e.tgt_i64 = p->tgt_i64;
+    e.inv_t = (float)(1.0 / p->temperature);
+    e.cap = (float)p->softcap;
+    e.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
+    e.inv_V = (float)(1.0 / (double)p->V);
+    return e;
+}
+
+/* Fused forward of one chunk and split: tile records from the logits in registers (and the
+ * fp32 logits into L when L is given: one-pass keeps them), folded into the chunk's records. */
+static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
+                              int64_t c0, int64_t w, float *L, int merge) {
+    const sph_head_plan *p = c->p;
+    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_STATS | (L ? SPH_SM90_EPI_L : 0));
+    float *T = (float *)(c->ws + c->lay->off_T);
+    e.L = L;
+    e.ldL = c->lay->ldL;
+    e.tile_recs = T;
+    const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
+    SPH_TRY(sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream));
+    float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
+    return sph_cuda_sm90_reduce_tiles(T, (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N, ch->rows,
+                                      recs, merge, c->stream);
+}
+
+/* Fused backward of one chunk and split: D (input dtype) = du from the recomputed logits in
+ * registers; the logits never leave the kernel. */
+static sph_status fused_dlogits(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
+                                int64_t c0, int64_t w, void *D) {
+    const sph_head_plan *p = c->p;
+    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_DLOGITS);
+    e.D = D;
+    e.ldD = c->lay->ldL;
+    e.stats = p->stats;
+    e.g = p->dlogprob;
+    e.e = p->dentropy;
+    e.gl = p->dlse;
+    e.gm = p->dlogit_mean;
+    e.mask = p->mask;
+    const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
+    return sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream);
+}
+
 static sph_status launch_convert(int kind, void *dst, int64_t ld_dst, const float *src,
                                  int64_t ld_src, int64_t rows, int64_t cols, int acc,
                                  cudaStream_t stream) {
@@ -803,8 +876,14 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     const int64_t rows = ch->rows;
     for (int64_t s = 0; s < lay->n_splits; s++) {
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
-        if (!reuse_L) SPH_TRY(gemm_logits(c, hp, ld, rows, c0, w, L));
-        SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
+        if (reuse_L) {
+            SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
+        } else if (lay->fused) {
+            SPH_TRY(fused_dlogits(c, hp, ld, ch, c0, w, D));
+        } else {
+            SPH_TRY(gemm_logits(c, hp, ld, rows, c0, w, L));
+            SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
+        }
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
         if (p->dhidden) {
             /* dH^T (H, rows) = W^T (H, w) . D^T (w, rows) in column-major terms */
@@ -984,8 +1063,12 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
         SPH_TRY(chunk_h(&c, &ch, &hp, &ld));
         for (int64_t s = 0; s < lay.n_splits; s++) {
             int64_t c0 = s * lay.Vs, w = p->V_loc - c0 < lay.Vs ? p->V_loc - c0 : lay.Vs;
-            SPH_TRY(gemm_logits(&c, hp, ld, ch.rows, c0, w, L));
-            SPH_TRY(launch_stats(&c, L, &ch, c0, w, s > 0));
+            if (lay.fused) {
+                SPH_TRY(fused_stats(&c, hp, ld, &ch, c0, w, p->one_pass ? L : NULL, s > 0));
+            } else {
+                SPH_TRY(gemm_logits(&c, hp, ld, ch.rows, c0, w, L));
+                SPH_TRY(launch_stats(&c, L, &ch, c0, w, s > 0));
+            }
         }
         if (p->one_pass) {
             /* per-chunk combine, then gradients from the logits still in L when the

@@ -39,8 +39,12 @@ typedef struct sph_cuda_layout {
     int bi;            /* batch-invariant logits kernel */
     int dw32, dh32;    /* fp32 accumulators for half-precision dW / dH */
     int gather;        /* chunks of rows gathered across spans (several spans given) */
+    int fused;         /* sm_90a kernel with the statistics / dlogits epilogues (no staged L
+                        * unless one-pass keeps it) */
+    int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
+    size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */
     size_t off_act, off_hg, off_dhg; /* gathered mode: row map (M), h chunk, fp32 dH chunk */
     size_t sample_bytes;
     size_t total;

@@ -37,6 +37,7 @@
 
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
+#include "cuda/head_math.cuh"
 
 #define SM90_BM 128 /* rows per block: two consumer warpgroups of 64 */
 #define SM90_BN 256 /* columns per block: one m64n256k16 per warpgroup and k step */
@@ -176,17 +177,192 @@ template <> struct wgmma_op<__half> {
 };
 #endif /* SPH_SM90_DEVICE */
 
+// ---- epilogues (the D fragment in registers) --------------------------------------------
+/* D fragment of m64nN: thread t of the warpgroup holds, for each 8-column group j,
+ * (row 16 (t/32) + (t%32)/4, cols 8j + 2 (t%4) + {0,1}) in acc[4j], acc[4j+1] and the
+ * same columns 8 rows lower in acc[4j+2], acc[4j+3]. r and cb: this thread's first row and
+ * column in the chunk / split. */
+
+__device__ __forceinline__ void epi_store_logits(const float (&acc)[128], const sph_sm90_epi &ep,
+                                                 int64_t r, int64_t cb, int64_t R, int64_t Vs,
+                                                 int vec2) {
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++) {
+        const int64_t col = cb + 8 * j;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int64_t rr = r + 8 * hf;
+            if (rr >= R || col >= Vs) continue;
+            float *dst = ep.L + rr * ep.ldL + col;
+            const float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
+            if (col + 1 < Vs && vec2) {
+                *(float2 *)dst = make_float2(v0, v1);
+            } else {
+                dst[0] = v0;
+                if (col + 1 < Vs) dst[1] = v1;
+            }
+        }
+    }
+}
+
+/* The global row of chunk row rr (clamped into the chunk: rows past R only feed shuffles). */
+__device__ __forceinline__ int64_t epi_row(const sph_sm90_epi &ep, int64_t rr, int64_t R) {
+    const int64_t rc = rr < R ? rr : R - 1;
+    return ep.rowmap ? ep.rowmap[rc] : ep.r0 + rc;
+}
+
+/* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
+ * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
+ * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
+ * accumulators are overwritten with z. */
+__device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
+                                          int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
+                                          int64_t Vs) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int64_t rr = r + 8 * hf;
+        const int64_t tl = load_target(ep.tgt, ep.tgt_i64, epi_row(ep, rr, R)) - ep.col_g0;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &v = acc[4 * j + 2 * hf + e];
+                v = transform(v, ep.inv_t, ep.cap, ep.inv_cap);
+                if (cb + 8 * j + e < Vs) mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f;
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int64_t col = cb + 8 * j + e;
+                const float z = acc[4 * j + 2 * hf + e];
+                if (col < Vs) {
+                    const float p = expf(z - mx);
+                    s += p;
+                    b += p * z;
+                    sz += z;
+                    if (col == tl) zt = z;
+                }
+            }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+            sz += __shfl_xor_sync(0xffffffffu, sz, o);
+            zt += __shfl_xor_sync(0xffffffffu, zt, o);
+        }
+        if ((lane & 3) == 0 && rr < R) {
+            float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
+            rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+        }
+    }
+}
+
+template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
+template <> __device__ __forceinline__ void store_pair(__nv_bfloat16 *dst, float a, float b) {
+    *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(a, b);
+}
+template <> __device__ __forceinline__ void store_pair(__half *dst, float a, float b) {
+    *(__half2 *)dst = __floats2half2_rn(a, b);
+}
+
+/* du of head.cu's head_dlogits_kernel, from the logits in registers:
+ * dz = g (delta - p) + e p (mu - z) + gl p + gm / V, du = dz / T (1 - tanh^2(u / cap)). */
+template <typename T>
+__device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_sm90_epi &ep,
+                                            int64_t r, int64_t cb, int64_t R, int64_t Vs,
+                                            int vec2) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int64_t rr = r + 8 * hf;
+        if (rr >= R) continue;
+        const int64_t i = epi_row(ep, rr, R);
+        const bool active = !ep.mask || ep.mask[i];
+        const float lse = ep.stats[i * 3 + 1], mu = ep.stats[i * 3 + 2];
+        float g = ep.g ? ep.g[i] : 0.f;
+        const float eg = ep.e ? ep.e[i] : 0.f, gl = ep.gl ? ep.gl[i] : 0.f;
+        const float gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
+        const int64_t t = load_target(ep.tgt, ep.tgt_i64, i);
+        if (t < 0) g = 0.f; /* ignored target: no gradient through the log-prob */
+        const int64_t tl = t - ep.col_g0;
+        T *row = (T *)ep.D + rr * ep.ldD;
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++) {
+            const int64_t col = cb + 8 * j;
+            float o[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float u = acc[4 * j + 2 * hf + e];
+                const float th = ep.cap > 0.f ? tanhf(u * ep.inv_cap) : 0.f;
+                const float z = (ep.cap > 0.f ? ep.cap * th : u) * ep.inv_t;
+                const float p = expf(z - lse);
+                float dz = -g * p + eg * p * (mu - z) + gl * p + gmV;
+                if (col + e == tl) dz += g;
+                float du = dz * ep.inv_t;
+                if (ep.cap > 0.f) du *= 1.f - th * th;
+                o[e] = active ? du : 0.f;
+            }
+            if (col >= Vs) continue;
+            if (col + 1 < Vs && vec2) {
+                store_pair<T>(row + col, o[0], o[1]);
+            } else {
+                row[col] = from_f32<T>(o[0]);
+                if (col + 1 < Vs) row[col + 1] = from_f32<T>(o[1]);
+            }
+        }
+    }
+}
+
+/* recs[r] = fixed-order merge of the row's tile records: lane l takes tiles l, l + 32, ...
+ * in order, then a butterfly over the warp; one warp per row. */
+__global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n_tiles,
+                                         int64_t R, float *__restrict__ recs, int merge) {
+    const int64_t r = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= R) return; /* the whole warp: r is warp-uniform */
+    float m = -INFINITY, s = 0.f, b = 0.f, zt = 0.f, sz = 0.f;
+    for (int64_t k = lane; k < n_tiles; k += 32) {
+        const float *q = tr + (r * n_tiles + k) * SPH_PARTIAL_FIELDS;
+        merge3(m, s, b, q[0], q[1], q[2]);
+        zt += q[3];
+        sz += q[4];
+    }
+    for (int o = 1; o < 32; o <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        const float b2 = __shfl_xor_sync(0xffffffffu, b, o);
+        zt += __shfl_xor_sync(0xffffffffu, zt, o);
+        sz += __shfl_xor_sync(0xffffffffu, sz, o);
+        merge3(m, s, b, m2, s2, b2);
+    }
+    if (lane != 0) return;
+    float *rec = recs + r * SPH_PARTIAL_FIELDS;
+    if (merge) {
+        /* earlier splits first, as head_stats_kernel */
+        float pm = rec[0], ps = rec[1], pb = rec[2];
+        merge3(pm, ps, pb, m, s, b);
+        m = pm, s = ps, b = pb;
+        zt += rec[3];
+        sz += rec[4];
+    }
+    rec[0] = m, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+}
+
 // ---- the kernel -------------------------------------------------------------------------
 
 /* grid ceil(R / 128) * ceil(Vs / 256) blocks (1-D, grouped raster); block 384 threads;
  * SM90_SMEM_BYTES dynamic shared memory.
  * map_h: (R rows, H) of the chunk's hidden rows; map_w: (Vs rows, H) of the split's weight
  * rows; both boxes 64 wide in k, zero fill outside. vec2: L and ldL allow 8-byte stores. */
-template <typename T>
+template <typename T, int EPI>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     head_logits_sm90_kernel(const __grid_constant__ CUtensorMap map_h,
-                            const __grid_constant__ CUtensorMap map_w, float *__restrict__ L,
-                            int64_t ldL, int64_t R, int64_t Vs, int64_t H, int vec2) {
+                            const __grid_constant__ CUtensorMap map_w, const sph_sm90_epi ep,
+                            int64_t R, int64_t Vs, int64_t H, int vec2) {
 #ifdef SPH_SM90_DEVICE
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
@@ -267,26 +443,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int t = threadIdx.x % 128, lane = t % 32;
     const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
     const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < SM90_BN / 8; j++) {
-        const int64_t col = cb + 8 * j;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int64_t rr = r + 8 * hf;
-            if (rr >= R || col >= Vs) continue;
-            float *dst = L + rr * ldL + col;
-            const float v0 = acc[4 * j + 2 * hf], v1 = acc[4 * j + 2 * hf + 1];
-            if (col + 1 < Vs && vec2) {
-                *(float2 *)dst = make_float2(v0, v1);
-            } else {
-                dst[0] = v0;
-                if (col + 1 < Vs) dst[1] = v1;
-            }
-        }
-    }
+    if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
+    if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, r, cb, tile_n, n_n, R, Vs);
+    if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, r, cb, R, Vs, vec2);
 #elif defined(__CUDA_ARCH__)
     /* sm_80 pass: never launched (the launcher checks the loaded binary is sm_90a) */
-    (void)map_h, (void)map_w, (void)L, (void)ldL, (void)R, (void)Vs, (void)H, (void)vec2;
+    (void)map_h, (void)map_w, (void)ep, (void)R, (void)Vs, (void)H, (void)vec2;
     __trap();
 #endif
 }
@@ -319,14 +481,21 @@ static encode_tiled_fn encoder(void) {
 /* Per device: 0 unknown, 1 the sm_90a kernels load and get their shared memory, 2 no. */
 static std::atomic<int> g_dev_ok[SM90_MAX_DEVICES];
 
-template <typename T> static int kernel_ready(void) {
+template <typename T, int EPI> static int kernel_ready1(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T>) != cudaSuccess) return 0;
+    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T, EPI>) != cudaSuccess) return 0;
     /* the sm_90a cubin loads only on an sm_90 device; anything else means the sm_80 stub */
     if (fa.binaryVersion != 90) return 0;
-    return cudaFuncSetAttribute(head_logits_sm90_kernel<T>,
+    return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 SM90_SMEM_BYTES) == cudaSuccess;
+}
+
+/* Every epilogue variant the launcher may pick. */
+template <typename T> static int kernel_ready(void) {
+    return kernel_ready1<T, SPH_SM90_EPI_L>() && kernel_ready1<T, SPH_SM90_EPI_STATS>() &&
+           kernel_ready1<T, SPH_SM90_EPI_L | SPH_SM90_EPI_STATS>() &&
+           kernel_ready1<T, SPH_SM90_EPI_DLOGITS>();
 }
 
 extern "C" int sph_cuda_sm90_available(void) {
@@ -388,10 +557,34 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
     return SPH_OK;
 }
 
-extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h,
-                                           const void *w, int64_t ld_w, float *L, int64_t ldL,
-                                           int64_t R, int64_t Vs, int64_t H,
-                                           cudaStream_t stream) {
+template <typename T>
+static void launch_epi(int mode, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
+                       const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
+                       int64_t H, int vec2) {
+    switch (mode) {
+    case SPH_SM90_EPI_L:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_L>
+            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_STATS:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS>
+            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_L | SPH_SM90_EPI_STATS:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_L | SPH_SM90_EPI_STATS>
+            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    default:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS>
+            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    }
+}
+
+extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld_h,
+                                         const void *w, int64_t ld_w, int64_t R, int64_t Vs,
+                                         int64_t H, const sph_sm90_epi *epi,
+                                         cudaStream_t stream) {
     if (R <= 0 || Vs <= 0) return SPH_OK;
     /* the caller asked sph_cuda_logits_sm90_usable on the user's tensors; the chunk's own
      * pointers must then qualify too (row offsets keep 16-byte alignment when ld % 8 == 0) */
@@ -401,6 +594,15 @@ extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t 
                   ld_w % 8 == 0 && H > 0 && H % 8 == 0 && H <= INT32_MAX,
               SPH_ERR_INTERNAL, "logits_sm90: operands not TMA-aligned (ld_h=%lld, ld_w=%lld)",
               (long long)ld_h, (long long)ld_w);
+    const int mode = epi->mode;
+    SPH_CHECK(mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS ||
+                  mode == (SPH_SM90_EPI_L | SPH_SM90_EPI_STATS) || mode == SPH_SM90_EPI_DLOGITS,
+              SPH_ERR_INTERNAL, "logits_sm90: epilogue mode %d", mode);
+    SPH_CHECK(!(mode & SPH_SM90_EPI_L) || epi->L, SPH_ERR_INTERNAL, "logits_sm90: L is NULL");
+    SPH_CHECK(!(mode & SPH_SM90_EPI_STATS) || epi->tile_recs, SPH_ERR_INTERNAL,
+              "logits_sm90: tile_recs is NULL");
+    SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
+              "logits_sm90: D or stats is NULL");
     const int64_t n_blocks = ((R + SM90_BM - 1) / SM90_BM) * ((Vs + SM90_BN - 1) / SM90_BN);
     SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_blocks <= INT32_MAX, SPH_ERR_INTERNAL,
               "logits_sm90: %lld x %lld exceeds the grid", (long long)R, (long long)Vs);
@@ -409,15 +611,40 @@ extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t 
     if (s != SPH_OK) return s;
     s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
     if (s != SPH_OK) return s;
-    const int vec2 = (uintptr_t)L % 8 == 0 && ldL % 2 == 0;
+    /* paired stores: 8-byte float2 into L, 4-byte half2 into D */
+    const int vec2 = mode == SPH_SM90_EPI_DLOGITS
+                         ? (uintptr_t)epi->D % 4 == 0 && epi->ldD % 2 == 0
+                         : !(mode & SPH_SM90_EPI_L) || ((uintptr_t)epi->L % 8 == 0 &&
+                                                        epi->ldL % 2 == 0);
     const dim3 grid((unsigned)n_blocks);
     if (dt.code == SPH_DTYPE_BFLOAT)
-        head_logits_sm90_kernel<__nv_bfloat16><<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(
-            mh, mw, L, ldL, R, Vs, H, vec2);
+        launch_epi<__nv_bfloat16>(mode, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     else
-        head_logits_sm90_kernel<__half><<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(
-            mh, mw, L, ldL, R, Vs, H, vec2);
+        launch_epi<__half>(mode, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     SPH_LAUNCH_CHECK("head_logits_sm90_kernel", stream);
+    return SPH_OK;
+}
+
+extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h,
+                                           const void *w, int64_t ld_w, float *L, int64_t ldL,
+                                           int64_t R, int64_t Vs, int64_t H,
+                                           cudaStream_t stream) {
+    sph_sm90_epi ep;
+    memset(&ep, 0, sizeof ep);
+    ep.mode = SPH_SM90_EPI_L;
+    ep.L = L;
+    ep.ldL = ldL;
+    return sph_cuda_head_sm90(dt, h, ld_h, w, ld_w, R, Vs, H, &ep, stream);
+}
+
+extern "C" sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, int64_t n_tiles,
+                                                 int64_t R, float *recs, int merge,
+                                                 cudaStream_t stream) {
+    if (R <= 0) return SPH_OK;
+    SPH_CHECK((R + 7) / 8 <= INT32_MAX, SPH_ERR_INTERNAL, "reduce_tiles: R %lld", (long long)R);
+    sm90_reduce_tiles_kernel<<<(unsigned)((R + 7) / 8), 256, 0, stream>>>(tile_recs, n_tiles, R,
+                                                                         recs, merge);
+    SPH_LAUNCH_CHECK("sm90_reduce_tiles_kernel", stream);
     return SPH_OK;
 }
 

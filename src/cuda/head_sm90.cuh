@@ -34,6 +34,50 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
                                 int64_t ld_w, float *L, int64_t ldL, int64_t R, int64_t Vs,
                                 int64_t H, cudaStream_t stream);
 
+/* The fused epilogues (general path, sm_90a): the same main loop, then, instead of (or as well
+ * as) storing the fp32 logits, work on the 128 x 256 tile of logits while it is in registers.
+ *   SPH_SM90_EPI_L       store L (fp32, row stride ldL)                 (the logits kernel)
+ *   SPH_SM90_EPI_STATS   per row and 256-column tile, the record (m, s, b, zt, sz) of the
+ *                        transformed logits z: tile_recs[(r * n_tiles + tile) * 5 + f],
+ *                        n_tiles = ceil(Vs / 256); zt is z at the target when the tile holds
+ *                        it, else 0. sph_cuda_sm90_reduce_tiles folds them per row.
+ *   SPH_SM90_EPI_DLOGITS D (input dtype, row stride ldD) = du of head.cu's dlogits kernel,
+ *                        from the row statistics (stats) and upstream gradients.
+ * STATS and L may be combined (one-pass keeps the logits for the gradients). Chunk row r is
+ * global row rowmap[r] (gathered chunks) or r0 + r; columns are offset by col_g0 in the
+ * vocabulary (targets are global indices). */
+enum { SPH_SM90_EPI_L = 1, SPH_SM90_EPI_STATS = 2, SPH_SM90_EPI_DLOGITS = 4 };
+
+typedef struct sph_sm90_epi {
+    int mode;
+    float *L;
+    int64_t ldL;
+    float *tile_recs;
+    void *D;
+    int64_t ldD;
+    int64_t r0, col_g0;
+    const int64_t *rowmap;
+    const void *tgt;
+    int tgt_i64;
+    float inv_t, cap, inv_cap, inv_V;
+    const float *stats, *g, *e, *gl, *gm;
+    const uint8_t *mask;
+} sph_sm90_epi;
+
+/* Columns per tile record of SPH_SM90_EPI_STATS. */
+#define SPH_SM90_TILE_N 256
+
+/* Launches the kernel with the epilogue epi (asynchronous); same operand conditions as
+ * sph_cuda_logits_sm90. */
+sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
+                              int64_t ld_w, int64_t R, int64_t Vs, int64_t H,
+                              const sph_sm90_epi *epi, cudaStream_t stream);
+
+/* recs[r] (5 floats, m s b zt sz) = the fixed-order merge of tile_recs[r, 0 .. n_tiles) for
+ * r < R, merged after recs[r]'s own value when merge (an earlier vocabulary split). */
+sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, int64_t n_tiles, int64_t R,
+                                      float *recs, int merge, cudaStream_t stream);
+
 /* Benchmarks and tests: the batch-invariant logits through one named kernel, variant 0 the
  * mma.sync kernel (sph_cuda_logits_fixed), 1 the sm_90a kernel (SPH_ERR_UNSUPPORTED when
  * it cannot take these operands here). */

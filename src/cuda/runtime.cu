@@ -55,6 +55,8 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->no_gather = g && !strcmp(g, "0");
     const char *q = getenv("SPH_CUDA_SQUARE");
     st->no_square = q && !strcmp(q, "0");
+    const char *f = getenv("SPH_CUDA_FUSED");
+    st->no_fused = f && !strcmp(f, "0");
     ctx->cuda = st;
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
              st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");

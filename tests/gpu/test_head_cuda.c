@@ -8,6 +8,7 @@
  * invariance (the same rows inside different batches and positions, bitwise), the same
  * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
  * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
+ * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0),
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
@@ -807,6 +808,73 @@ static void test_huge(void **state) {
     free(h), free(w), free(tgt), free(g), free(lp), free(dh), free(z);
 }
 
+/* Forward workspace bytes of a bf16 case under the current SPH_CUDA_FUSED setting. */
+static size_t fwd_ws_bytes(int64_t N, int64_t H, int64_t V) {
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
+    hc_wire(&c, HC_LP);
+    sph_ctx_t g = gpu_ctx(0, 0, NULL);
+    mirror m;
+    mirror_make(g, &c.a, &m);
+    size_t bytes = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &m.a, &bytes));
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    hc_free(&c);
+    return bytes;
+}
+
+/* The general path's sm_90a fused epilogues (row statistics from the logits in registers,
+ * dlogits written straight from them) against the float64 reference, each case with the
+ * fused kernels on (SPH_CUDA_FUSED=1) and off (=0, cuBLAS + staged fp32 logits): one row,
+ * rows and columns straddling the 128 x 256 tiles, H % 64 != 0, gathered spans with
+ * softcap and temperature, one-pass (logits kept + tile records), a TP shard with
+ * accumulation, and a small budget that splits the vocabulary in both passes (records
+ * merged across splits). On an sm_90 device the fused forward must be live: its workspace
+ * holds no staged logits. */
+static void test_fused(void **state) {
+    (void)state;
+    if (!device_is_sm90()) {
+        printf("test_fused: device 0 is not sm_90: fused sm_90a epilogues not exercised (skip)\n");
+        skip();
+    }
+    const char *env = getenv("SPH_CUDA_FUSED");
+    char saved[16] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    assert_int_equal(setenv("SPH_CUDA_FUSED", "0", 1), 0);
+    size_t ws_off = fwd_ws_bytes(2048, 256, 50000);
+    assert_int_equal(setenv("SPH_CUDA_FUSED", "1", 1), 0);
+    size_t ws_on = fwd_ws_bytes(2048, 256, 50000);
+    if (!(ws_on < ws_off / 4)) {
+        print_error("test_fused: forward workspace %zu bytes fused vs %zu unfused: the fused "
+                    "path is not taken\n", ws_on, ws_off);
+        fail();
+    }
+    const char *modes[2] = {"1", "0"};
+    int ok = 1;
+    for (int m = 0; m < 2; m++) {
+        assert_int_equal(setenv("SPH_CUDA_FUSED", modes[m], 1), 0);
+        gcfg f = base(SPH_BF16, 1, 8, 13);
+        ok &= run_cfg(&f);
+        f = base(SPH_BF16, 700, 520, 3000); /* gathered spans, several k boxes and tiles */
+        f.mask_frac = 0.6, f.use_spans = 1, f.cap = 5.0, f.temp = 0.8;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 257, 136, 2049); /* one-pass: logits kept + tile records */
+        f.one_pass = 1, f.gdt = SPH_F16, f.mask_frac = 0.7, f.use_spans = 1;
+        ok &= run_cfg(&f);
+        f = base(SPH_BF16, 300, 264, 1000); /* TP shard, accumulate, no entropy */
+        f.v0 = 300, f.V = 2000, f.acc = 1, f.entropy = 0, f.gdt = SPH_BF16;
+        ok &= run_cfg(&f);
+        f = base(SPH_BF16, 400, 72, 5000); /* small budget: vocabulary splits in both passes */
+        f.chunk_bytes = 256 * 1024, f.mask_frac = 0.5;
+        ok &= run_cfg(&f);
+        f.one_pass = 1, f.use_spans = 1;
+        ok &= run_cfg(&f);
+    }
+    assert_int_equal(env ? setenv("SPH_CUDA_FUSED", saved, 1) : unsetenv("SPH_CUDA_FUSED"), 0);
+    assert_true(ok);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -818,6 +886,7 @@ int main(void) {
         cmocka_unit_test(test_span_gaps),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
+        cmocka_unit_test(test_fused),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };
