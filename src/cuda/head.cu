@@ -358,7 +358,10 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
                  sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                              p->H);
-    const int stage_L = !lay->fused || p->one_pass;
+    /* one-pass on the fused path recomputes the logits for the gradients (8 N H V instead of
+     * 6) rather than staging them in fp32: staged chunks of a wide vocabulary are thin, and
+     * the fused kernels run near the dense GEMM rate */
+    const int stage_L = !lay->fused;
     const int tile_recs = lay->fused && (!lay->grads || p->one_pass);
     /* bytes per staged element: fp32 logits, half dlogits (fp32 dlogits alias L) */
     const int64_t bpe = (stage_L ? 4 : 0) + (lay->grads && dk != DT_F32 ? 2 : 0);
@@ -385,12 +388,13 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     } else if (tuned && te.split > 0 && te.split < p->V_loc) {
         Vs = round_up(te.split, 8);
         if (Vs > p->V_loc) Vs = p->V_loc;
-    } else if (lay->grads && !p->one_pass && !st->no_square) {
+    } else if (lay->grads && (!p->one_pass || lay->fused) && !st->no_square) {
         /* Two-pass backward. Its fp32 accumulations move (N / R) V_loc H 8 bytes (dW, read
          * and written once per row chunk) plus (V_loc / Vs) N H 8 bytes (dH, staged per chunk
          * over the splits); with R * Vs fixed by the budget the sum is smallest for square
-         * chunks. (The forward keeps whole-shard rows: splitting it buys nothing; one-pass
-         * keeps them too, since a split forces its logits to be recomputed.) */
+         * chunks. (The forward keeps whole-shard rows: splitting it buys nothing; unfused
+         * one-pass keeps them too, since a split forces its logits to be recomputed, while
+         * fused one-pass recomputes them anyway.) */
         double S = sqrt((double)budget / (double)bpe);
         if ((double)p->V_loc > S) {
             int64_t vs = (double)max_span <= S
@@ -418,7 +422,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     if (user_rows > 0 && user_rows < R) R = user_rows;
     if (R > max_span) R = max_span > 0 ? max_span : 1;
     /* grid.y limit of the dlogits kernel, with margin (the fused passes launch none) */
-    const int64_t max_rows = lay->fused && !p->one_pass ? ((int64_t)1 << 22) : 32768;
+    const int64_t max_rows = lay->fused ? ((int64_t)1 << 22) : 32768;
     if (R > max_rows) R = max_rows;
     lay->R = R;
     lay->Vs = Vs;
@@ -784,15 +788,13 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
     return e;
 }
 
-/* Fused forward of one chunk and split: tile records from the logits in registers (and the
- * fp32 logits into L when L is given: one-pass keeps them), folded into the chunk's records. */
+/* Fused forward of one chunk and split: tile records from the logits in registers, folded
+ * into the chunk's records (merged after the earlier splits' when merge). */
 static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
-                              int64_t c0, int64_t w, float *L, int merge) {
+                              int64_t c0, int64_t w, int merge) {
     const sph_head_plan *p = c->p;
-    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_STATS | (L ? SPH_SM90_EPI_L : 0));
+    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
-    e.L = L;
-    e.ldL = c->lay->ldL;
     e.tile_recs = T;
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     SPH_TRY(sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream));
@@ -1064,7 +1066,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
         for (int64_t s = 0; s < lay.n_splits; s++) {
             int64_t c0 = s * lay.Vs, w = p->V_loc - c0 < lay.Vs ? p->V_loc - c0 : lay.Vs;
             if (lay.fused) {
-                SPH_TRY(fused_stats(&c, hp, ld, &ch, c0, w, p->one_pass ? L : NULL, s > 0));
+                SPH_TRY(fused_stats(&c, hp, ld, &ch, c0, w, s > 0));
             } else {
                 SPH_TRY(gemm_logits(&c, hp, ld, ch.rows, c0, w, L));
                 SPH_TRY(launch_stats(&c, L, &ch, c0, w, s > 0));
@@ -1078,7 +1080,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size, ch.r0,
                                   ch.rowmap, ch.rows, c.stream));
-            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1));
+            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 && !lay.fused));
         }
         ci++;
     }

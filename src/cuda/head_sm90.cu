@@ -211,26 +211,36 @@ __device__ __forceinline__ int64_t epi_row(const sph_sm90_epi &ep, int64_t rr, i
     return ep.rowmap ? ep.rowmap[rc] : ep.r0 + rc;
 }
 
+/* exp(x) through one MUFU.EX2 (relative error ~2^-21 on the |x| < 100 a softmax sees). */
+__device__ __forceinline__ float fexp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
  * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
  * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
- * accumulators are overwritten with z. */
-__device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
-                                          int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
-                                          int64_t Vs) {
+ * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb. */
+template <bool CAP>
+__device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
+                                            int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
+                                            int64_t Vs) {
     const int lane = threadIdx.x % 32;
+    const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
-        const int64_t tl = load_target(ep.tgt, ep.tgt_i64, epi_row(ep, rr, R)) - ep.col_g0;
+        const int64_t tg = load_target(ep.tgt, ep.tgt_i64, epi_row(ep, rr, R)) - ep.col_g0 - cb;
+        const int tl = tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         float mx = -INFINITY;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 float &v = acc[4 * j + 2 * hf + e];
-                v = transform(v, ep.inv_t, ep.cap, ep.inv_cap);
-                if (cb + 8 * j + e < Vs) mx = fmaxf(mx, v);
+                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * ep.inv_t;
+                if (8 * j + e < lim) mx = fmaxf(mx, v);
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -239,15 +249,14 @@ __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi 
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int64_t col = cb + 8 * j + e;
                 const float z = acc[4 * j + 2 * hf + e];
-                if (col < Vs) {
-                    const float p = expf(z - mx);
+                if (8 * j + e < lim) {
+                    const float p = fexp(z - mx);
                     s += p;
-                    b += p * z;
+                    b = fmaf(p, z, b);
                     sz += z;
-                    if (col == tl) zt = z;
                 }
+                if (8 * j + e == tl) zt = z;
             }
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1) {
@@ -263,6 +272,13 @@ __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi 
     }
 }
 
+__device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
+                                          int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
+                                          int64_t Vs) {
+    if (ep.cap > 0.f) epi_stats_t<true>(acc, ep, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_t<false>(acc, ep, r, cb, tile_n, n_n, R, Vs);
+}
+
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
 template <> __device__ __forceinline__ void store_pair(__nv_bfloat16 *dst, float a, float b) {
     *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(a, b);
@@ -273,10 +289,11 @@ template <> __device__ __forceinline__ void store_pair(__half *dst, float a, flo
 
 /* du of head.cu's head_dlogits_kernel, from the logits in registers:
  * dz = g (delta - p) + e p (mu - z) + gl p + gm / V, du = dz / T (1 - tanh^2(u / cap)). */
-template <typename T>
-__device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_sm90_epi &ep,
-                                            int64_t r, int64_t cb, int64_t R, int64_t Vs,
-                                            int vec2) {
+template <typename T, bool CAP>
+__device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph_sm90_epi &ep,
+                                              int64_t r, int64_t cb, int64_t R, int64_t Vs,
+                                              int vec2) {
+    const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
@@ -285,37 +302,48 @@ __device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_s
         const bool active = !ep.mask || ep.mask[i];
         const float lse = ep.stats[i * 3 + 1], mu = ep.stats[i * 3 + 2];
         float g = ep.g ? ep.g[i] : 0.f;
-        const float eg = ep.e ? ep.e[i] : 0.f, gl = ep.gl ? ep.gl[i] : 0.f;
-        const float gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
+        float eg = ep.e ? ep.e[i] : 0.f, gl = ep.gl ? ep.gl[i] : 0.f;
+        float gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
         const int64_t t = load_target(ep.tgt, ep.tgt_i64, i);
         if (t < 0) g = 0.f; /* ignored target: no gradient through the log-prob */
-        const int64_t tl = t - ep.col_g0;
-        T *row = (T *)ep.D + rr * ep.ldD;
+        const int64_t tg = t - ep.col_g0 - cb;
+        const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
+        /* dz = p (gl - g + e (mu - z)) + gmV (+ g at the target) */
+        const float cp = gl - g + eg * mu;
+        T *row = (T *)ep.D + rr * ep.ldD + cb;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++) {
-            const int64_t col = cb + 8 * j;
             float o[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float u = acc[4 * j + 2 * hf + e];
-                const float th = ep.cap > 0.f ? tanhf(u * ep.inv_cap) : 0.f;
-                const float z = (ep.cap > 0.f ? ep.cap * th : u) * ep.inv_t;
-                const float p = expf(z - lse);
-                float dz = -g * p + eg * p * (mu - z) + gl * p + gmV;
-                if (col + e == tl) dz += g;
+                const float th = CAP ? tanhf(u * ep.inv_cap) : 0.f;
+                const float z = (CAP ? ep.cap * th : u) * ep.inv_t;
+                const float p = fexp(z - lse);
+                float dz = fmaf(p, fmaf(-eg, z, cp), gmV);
+                if (8 * j + e == tl) dz += g;
                 float du = dz * ep.inv_t;
-                if (ep.cap > 0.f) du *= 1.f - th * th;
-                o[e] = active ? du : 0.f;
+                if (CAP) du *= 1.f - th * th;
+                o[e] = active ? du : 0.f; /* inactive rows: exactly 0 */
             }
-            if (col >= Vs) continue;
-            if (col + 1 < Vs && vec2) {
-                store_pair<T>(row + col, o[0], o[1]);
+            const int cj = 8 * j;
+            if (cj >= lim) continue;
+            if (cj + 1 < lim && vec2) {
+                store_pair<T>(row + cj, o[0], o[1]);
             } else {
-                row[col] = from_f32<T>(o[0]);
-                if (col + 1 < Vs) row[col + 1] = from_f32<T>(o[1]);
+                row[cj] = from_f32<T>(o[0]);
+                if (cj + 1 < lim) row[cj + 1] = from_f32<T>(o[1]);
             }
         }
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_sm90_epi &ep,
+                                            int64_t r, int64_t cb, int64_t R, int64_t Vs,
+                                            int vec2) {
+    if (ep.cap > 0.f) epi_dlogits_t<T, true>(acc, ep, r, cb, R, Vs, vec2);
+    else epi_dlogits_t<T, false>(acc, ep, r, cb, R, Vs, vec2);
 }
 
 /* recs[r] = fixed-order merge of the row's tile records: lane l takes tiles l, l + 32, ...
@@ -354,10 +382,26 @@ __global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n
 
 // ---- the kernel -------------------------------------------------------------------------
 
-/* grid ceil(R / 128) * ceil(Vs / 256) blocks (1-D, grouped raster); block 384 threads;
- * SM90_SMEM_BYTES dynamic shared memory.
+/* Tile k of the grouped raster: consecutive tiles walk SM90_GROUP_M row tiles down one column
+ * of W tiles, then the next column, so the tiles in flight at once (one per SM) touch ~16 h
+ * tiles and ~8 W tiles (~33 MB at H = 4096, inside the 50 MB L2) instead of one h tile and
+ * every W tile. Which block computes a tile changes nothing in how the tile is computed. */
+__device__ __forceinline__ void sm90_tile(int64_t k, int64_t n_m, int64_t n_n, int64_t &tile_m,
+                                          int64_t &tile_n) {
+    const int64_t in_group = SM90_GROUP_M * n_n;
+    const int64_t first_m = k / in_group * SM90_GROUP_M;
+    const int64_t size_m = n_m - first_m < SM90_GROUP_M ? n_m - first_m : SM90_GROUP_M;
+    tile_m = first_m + (k % in_group) % size_m;
+    tile_n = (k % in_group) / size_m;
+}
+
+/* Persistent: grid min(#tiles, #SMs) blocks of 384 threads, SM90_SMEM_BYTES dynamic shared
+ * memory; block b computes tiles b, b + gridDim.x, ... The producer streams the k tiles of
+ * its tiles back to back through the ring (stage and phase from one running k counter), so
+ * while the consumers run a tile's epilogue the next tile's first stages are already loading.
  * map_h: (R rows, H) of the chunk's hidden rows; map_w: (Vs rows, H) of the split's weight
- * rows; both boxes 64 wide in k, zero fill outside. vec2: L and ldL allow 8-byte stores. */
+ * rows; both boxes 64 wide in k, zero fill outside. vec2: paired stores allowed (L: 8-byte
+ * float2, D: 4-byte half2). */
 template <typename T, int EPI>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     head_logits_sm90_kernel(const __grid_constant__ CUtensorMap map_h,
@@ -371,16 +415,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 #define SM90_EMPTY(s) (bars + 8u * (uint32_t)(SM90_STAGES + (s)))
     const int nk = (int)((H + SM90_BK - 1) / SM90_BK);
     const int wg = threadIdx.x / 128;
-    /* Grouped raster: consecutive blocks walk SM90_GROUP_M row tiles down one column of W
-     * tiles, then the next column, so a wave of blocks touches ~16 h tiles and ~8 W tiles
-     * (~33 MB at H = 4096, inside the 50 MB L2) instead of one h tile and every W tile.
-     * Which block computes a tile changes nothing in how the tile is computed. */
     const int64_t n_m = (R + SM90_BM - 1) / SM90_BM, n_n = (Vs + SM90_BN - 1) / SM90_BN;
-    const int64_t pid = blockIdx.x, in_group = SM90_GROUP_M * n_n;
-    const int64_t first_m = pid / in_group * SM90_GROUP_M;
-    const int64_t size_m = n_m - first_m < SM90_GROUP_M ? n_m - first_m : SM90_GROUP_M;
-    const int64_t tile_m = first_m + (pid % in_group) % size_m;
-    const int64_t tile_n = (pid % in_group) / size_m;
+    const int64_t n_tiles = n_m * n_n;
     if (threadIdx.x == 0) {
         for (int s = 0; s < SM90_STAGES; s++) {
             mbar_init(SM90_FULL(s), 1);    /* the producer's expect_tx arrival + the bytes */
@@ -395,16 +431,20 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
          * consumers (setmaxnreg is warpgroup-wide, so all 128 threads execute it) */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
-            const int32_t row0 = (int32_t)(tile_m * SM90_BM);
-            const int32_t col0 = (int32_t)(tile_n * SM90_BN);
-            for (int kt = 0; kt < nk; kt++) {
-                const int s = kt % SM90_STAGES;
-                const uint32_t ph = (uint32_t)(kt / SM90_STAGES) & 1u;
-                mbar_wait(SM90_EMPTY(s), ph ^ 1u); /* the consumers released this stage */
-                mbar_expect_tx(SM90_FULL(s), SM90_STAGE_BYTES); /* zero-filled bytes count */
-                const uint32_t a = base + (uint32_t)s * SM90_STAGE_BYTES;
-                tma_load_2d(a, &map_h, SM90_FULL(s), kt * SM90_BK, row0);
-                tma_load_2d(a + SM90_A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
+            uint32_t it = 0; /* k tiles issued by this block so far */
+            for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
+                int64_t tile_m, tile_n;
+                sm90_tile(k, n_m, n_n, tile_m, tile_n);
+                const int32_t row0 = (int32_t)(tile_m * SM90_BM);
+                const int32_t col0 = (int32_t)(tile_n * SM90_BN);
+                for (int kt = 0; kt < nk; kt++, it++) {
+                    const uint32_t s = it % SM90_STAGES, ph = (it / SM90_STAGES) & 1u;
+                    mbar_wait(SM90_EMPTY(s), ph ^ 1u); /* the consumers released this stage */
+                    mbar_expect_tx(SM90_FULL(s), SM90_STAGE_BYTES); /* zero-filled bytes count */
+                    const uint32_t a = base + s * SM90_STAGE_BYTES;
+                    tma_load_2d(a, &map_h, SM90_FULL(s), kt * SM90_BK, row0);
+                    tma_load_2d(a + SM90_A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
+                }
             }
         }
         return;
@@ -412,40 +452,43 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1; /* rows [64 c, 64 c + 64) of the block tile */
-    float acc[128];
+    const int t = threadIdx.x % 128, lane = t % 32;
+    uint32_t it = 0; /* k tiles consumed by this block so far: the producer's count */
+    for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
+        int64_t tile_m, tile_n;
+        sm90_tile(k, n_m, n_n, tile_m, tile_n);
+        float acc[128];
 #pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.f;
-    acc_fence(acc);
-    for (int kt = 0; kt < nk; kt++) {
-        const int s = kt % SM90_STAGES;
-        mbar_wait(SM90_FULL(s), (uint32_t)(kt / SM90_STAGES) & 1u); /* TMA bytes landed */
-        const uint32_t a = base + (uint32_t)s * SM90_STAGE_BYTES + (uint32_t)c * (64 * 128);
-        const uint64_t da = sw128_desc(a), db = sw128_desc(base + (uint32_t)s * SM90_STAGE_BYTES +
-                                                           SM90_A_BYTES);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < SM90_BK / 16; k++) /* k ascending: the fixed summation order */
-            wgmma_op<T>::run(acc, da + 2 * k, db + 2 * k);
-        wgmma_commit();
-        /* at most this tile's group in flight: tile kt - 1's reads are done, free its stage */
-        wgmma_wait<1>();
+        for (int i = 0; i < 128; i++) acc[i] = 0.f;
         acc_fence(acc);
-        if (kt > 0) mbar_arrive(SM90_EMPTY((kt - 1) % SM90_STAGES));
+        for (int kt = 0; kt < nk; kt++, it++) {
+            const uint32_t s = it % SM90_STAGES;
+            mbar_wait(SM90_FULL(s), (it / SM90_STAGES) & 1u); /* TMA bytes landed */
+            const uint32_t a = base + s * SM90_STAGE_BYTES + (uint32_t)c * (64 * 128);
+            const uint64_t da = sw128_desc(a),
+                           db = sw128_desc(base + s * SM90_STAGE_BYTES + SM90_A_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < SM90_BK / 16; kk++) /* k ascending: the fixed order */
+                wgmma_op<T>::run(acc, da + 2 * kk, db + 2 * kk);
+            wgmma_commit();
+            /* at most this k tile's group in flight: k tile it - 1's reads are done */
+            wgmma_wait<1>();
+            acc_fence(acc);
+            if (kt > 0) mbar_arrive(SM90_EMPTY((it - 1) % SM90_STAGES));
+        }
+        wgmma_wait<0>();
+        acc_fence(acc);
+        mbar_arrive(SM90_EMPTY((it - 1) % SM90_STAGES)); /* the tile's last stage */
+
+        const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
+        const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
+        if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
+        if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, r, cb, tile_n, n_n, R, Vs);
+        if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, r, cb, R, Vs, vec2);
     }
-    wgmma_wait<0>();
-    acc_fence(acc);
 #undef SM90_FULL
 #undef SM90_EMPTY
-
-    /* D fragment of m64nN: thread t of the warpgroup holds, for each 8-column group j,
-     * (row 16 (t/32) + (t%32)/4, cols 8j + 2 (t%4) + {0,1}) in acc[4j], acc[4j+1] and the
-     * same columns 8 rows lower in acc[4j+2], acc[4j+3]. */
-    const int t = threadIdx.x % 128, lane = t % 32;
-    const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
-    const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
-    if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
-    if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, r, cb, tile_n, n_n, R, Vs);
-    if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, r, cb, R, Vs, vec2);
 #elif defined(__CUDA_ARCH__)
     /* sm_80 pass: never launched (the launcher checks the loaded binary is sm_90a) */
     (void)map_h, (void)map_w, (void)ep, (void)R, (void)Vs, (void)H, (void)vec2;
@@ -494,7 +537,6 @@ template <typename T, int EPI> static int kernel_ready1(void) {
 /* Every epilogue variant the launcher may pick. */
 template <typename T> static int kernel_ready(void) {
     return kernel_ready1<T, SPH_SM90_EPI_L>() && kernel_ready1<T, SPH_SM90_EPI_STATS>() &&
-           kernel_ready1<T, SPH_SM90_EPI_L | SPH_SM90_EPI_STATS>() &&
            kernel_ready1<T, SPH_SM90_EPI_DLOGITS>();
 }
 
@@ -570,10 +612,6 @@ static void launch_epi(int mode, dim3 grid, cudaStream_t stream, const CUtensorM
         head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS>
             <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
-    case SPH_SM90_EPI_L | SPH_SM90_EPI_STATS:
-        head_logits_sm90_kernel<T, SPH_SM90_EPI_L | SPH_SM90_EPI_STATS>
-            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
-        break;
     default:
         head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS>
             <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
@@ -595,8 +633,7 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               SPH_ERR_INTERNAL, "logits_sm90: operands not TMA-aligned (ld_h=%lld, ld_w=%lld)",
               (long long)ld_h, (long long)ld_w);
     const int mode = epi->mode;
-    SPH_CHECK(mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS ||
-                  mode == (SPH_SM90_EPI_L | SPH_SM90_EPI_STATS) || mode == SPH_SM90_EPI_DLOGITS,
+    SPH_CHECK(mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS || mode == SPH_SM90_EPI_DLOGITS,
               SPH_ERR_INTERNAL, "logits_sm90: epilogue mode %d", mode);
     SPH_CHECK(!(mode & SPH_SM90_EPI_L) || epi->L, SPH_ERR_INTERNAL, "logits_sm90: L is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_STATS) || epi->tile_recs, SPH_ERR_INTERNAL,
@@ -616,7 +653,10 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
                          ? (uintptr_t)epi->D % 4 == 0 && epi->ldD % 2 == 0
                          : !(mode & SPH_SM90_EPI_L) || ((uintptr_t)epi->L % 8 == 0 &&
                                                         epi->ldL % 2 == 0);
-    const dim3 grid((unsigned)n_blocks);
+    int dev = 0, sms = 0;
+    SPH_CUDA_RET(cudaGetDevice(&dev));
+    SPH_CUDA_RET(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const dim3 grid((unsigned)(n_blocks < sms ? n_blocks : sms)); /* persistent: one per SM */
     if (dt.code == SPH_DTYPE_BFLOAT)
         launch_epi<__nv_bfloat16>(mode, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     else
