@@ -25,8 +25,10 @@ run() { # name timeout cmd...
   [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/$name.log"; }
 }
 for t in bin/gpu_test_*; do run "$(basename $t)" 150 "$t"; done
-for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
-SPH_CUDA_SQUARE=0 run gpu_test_head_cuda_nosquare 100 bin/gpu_test_head_cuda
+if [ -z "${QUICK:-}" ]; then # QUICK=1: the default and SPH_CUDA_FUSED=0 runs only
+  for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
+  SPH_CUDA_SQUARE=0 run gpu_test_head_cuda_nosquare 100 bin/gpu_test_head_cuda
+fi
 SPH_CUDA_FUSED=0 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_nofused 100 bin/gpu_test_head_cuda
 if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
