@@ -360,6 +360,12 @@ static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head
         return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
 #endif
     }
+    size_t need = 0;
+    SPH_TRY(workspace_of(ctx, pass, &p, &need));
+    SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
+              "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
+    SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
+              "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (ctx->use_ref) return SPH_OK; /* the reference allocates its own scratch */
     return sph_head_cpu_workspace(ctx, pass, p, bytes);
 }
@@ -377,13 +383,10 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
                            void *ws, size_t ws_bytes) {
     sph_head_plan p;
     SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
-    size_t need = 0;
-    SPH_TRY(workspace_of(ctx, pass, &p, &need));
-    SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
-              "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
-    SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
-              "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (p.device.type == SPH_DEVICE_CUDA) {
+        /* the CUDA backend checks the workspace itself, after the pointers: its layout
+         * depends on their alignment (the sm_90a kernels need 16-byte operands), so a
+         * misaligned pointer is reported as such rather than as a workspace mismatch */
 #ifdef SPH_HAVE_CUDA
         return pass == SPH_HEAD_FORWARD ? sph_head_cuda_forward(ctx, &p, ws, ws_bytes)
                                         : sph_head_cuda_backward(ctx, &p, ws, ws_bytes);
@@ -391,6 +394,12 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
         return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
 #endif
     }
+    size_t need = 0;
+    SPH_TRY(workspace_of(ctx, pass, &p, &need));
+    SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
+              "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
+    SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
+              "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (ctx->use_ref)
         return pass == SPH_HEAD_FORWARD ? sph_head_ref_forward(&p) : sph_head_ref_backward(&p);
     return pass == SPH_HEAD_FORWARD ? sph_head_cpu_forward(ctx, &p, ws, ws_bytes)
