@@ -360,12 +360,6 @@ static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head
         return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
 #endif
     }
-    size_t need = 0;
-    SPH_TRY(workspace_of(ctx, pass, &p, &need));
-    SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
-              "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
-    SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
-              "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (ctx->use_ref) return SPH_OK; /* the reference allocates its own scratch */
     return sph_head_cpu_workspace(ctx, pass, p, bytes);
 }
