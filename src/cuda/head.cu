@@ -345,19 +345,31 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     const int64_t chunk_bytes = ctx->chunk_bytes > 0 ? ctx->chunk_bytes : ((int64_t)1 << 30);
     const int half_dw = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32;
     const int half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
-    int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
-                    (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
-                    (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
-                        (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
-                    (half_dw ? (int64_t)sph_ws_round((size_t)p->V_loc * p->H * 4) : 0);
-    int64_t budget = chunk_bytes - fixed;
-    if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
     /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
      * user's tensors, so every chunk of the pass takes the same kernels. */
     lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
                  sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                              p->H);
+    /* Gradient sweep order. Row-outer (every split of a row chunk, then the next chunk) keeps
+     * an fp32 dW accumulator of the whole shard (V_loc x H) when dW is half precision;
+     * vocabulary-outer (every row chunk of a split, then the next split) keeps an fp32 dH
+     * accumulator of the computed rows (M x H) and a split-sized dW one instead. The smaller
+     * fixed part wins: a wide vocabulary (D: 1.24 GB of dW at H 2048) goes vocabulary-outer.
+     * Unfused one-pass takes its gradients chunk by chunk from the staged logits: row-outer. */
+    const int64_t row_fixed = half_dw ? (int64_t)sph_ws_round((size_t)p->V_loc * p->H * 4) : 0;
+    const int64_t col_fixed = lay->grads && p->dhidden && (half_dh || lay->gather)
+                                  ? (int64_t)sph_ws_round((size_t)lay->M * p->H * 4)
+                                  : 0;
+    lay->col_outer = lay->grads && !lay->bi && (!p->one_pass || lay->fused) &&
+                     (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
+    int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
+                    (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
+                    (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
+                        (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
+                    (lay->col_outer ? col_fixed : row_fixed);
+    int64_t budget = chunk_bytes - fixed;
+    if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
     /* one-pass on the fused path recomputes the logits for the gradients (8 N H V instead of
      * 6) rather than staging them in fp32: staged chunks of a wide vocabulary are thin, and
      * the fused kernels run near the dense GEMM rate */
@@ -367,8 +379,14 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     const int64_t bpe = (stage_L ? 4 : 0) + (lay->grads && dk != DT_F32 ? 2 : 0);
     /* per chunk row beyond the logits: the fp32 dH row (half dH with split vocabulary, or
      * any dH when gathered), the gathered h row */
-    const int64_t dh_row = (half_dh || (lay->gather && lay->grads && p->dhidden)) ? p->H * 4 : 0;
+    const int64_t dh_row = !lay->col_outer && (half_dh || (lay->gather && lay->grads &&
+                                                          p->dhidden))
+                               ? p->H * 4
+                               : 0;
     const int64_t dh_rowx = dh_row + (lay->gather ? p->H * (int64_t)dt_size(dk) : 0);
+    /* vocabulary-outer: the split's fp32 dW accumulator, per column of the split */
+    const int64_t dw_col = lay->col_outer && half_dw ? p->H * 4 : 0;
+#define ROWS_FOR(vs) ((budget - (vs) * dw_col) / ROW_BYTES(vs))
 #define ROW_BYTES(vs)                                                                    \
     (round_up((vs), 8) * bpe + dh_rowx +                                                 \
      (tile_recs ? ((vs) + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * SPH_PARTIAL_FIELDS * 4 \
@@ -398,23 +416,25 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         double S = sqrt((double)budget / (double)bpe);
         if ((double)p->V_loc > S) {
             int64_t vs = (double)max_span <= S
-                             ? (budget / (max_span > 0 ? max_span : 1) - dh_rowx) / bpe
+                             ? (budget - (max_span > 0 ? max_span : 1) * dh_rowx) /
+                                   ((max_span > 0 ? max_span : 1) * bpe + dw_col)
                              : (int64_t)S;
             vs = vs >= 1024 ? vs / 256 * 256 : vs / 8 * 8;
             if (vs >= 8 && vs < p->V_loc) Vs = vs;
         }
     }
     if (Vs < 1) Vs = 1;
-    R = budget / ROW_BYTES(Vs);
+    R = ROWS_FOR(Vs);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
     if (!lay->bi && R < want_rows) {
         /* even a minimal chunk of rows exceeds the budget: split the vocabulary (a tile
          * record costs 20 bytes per 256 columns: under 0.1 byte per element) */
-        Vs = (budget / want_rows - dh_rowx) / (bpe + 1) / 8 * 8;
+        Vs = (budget - want_rows * dh_rowx) / (want_rows * (bpe + 1) + dw_col) / 8 * 8;
         if (Vs < 8) Vs = 8;
         if (Vs > p->V_loc) Vs = p->V_loc;
-        R = budget / ROW_BYTES(Vs);
+        R = ROWS_FOR(Vs);
     }
+#undef ROWS_FOR
 #undef ROW_BYTES
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
@@ -441,9 +461,12 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                   p->V_loc <= INT32_MAX && lay->ldL <= INT32_MAX,
               SPH_ERR_OVERFLOW, "head: H %lld / V_loc %lld / row strides exceed cuBLAS's int",
               (long long)p->H, (long long)p->V_loc);
-    lay->dh32 = !lay->gather && lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32 &&
-                lay->n_splits > 1;
-    lay->dw32 = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32 && lay->n_chunks > 1;
+    /* row-outer: the chunk's fp32 dH (R x H) when a half dH takes several splits (gathered
+     * chunks stage theirs in dhg); vocabulary-outer: the fp32 dH of every computed row
+     * (M x H) when dH is half or the rows are gathered */
+    lay->dh32 = lay->col_outer ? col_fixed > 0
+                               : !lay->gather && half_dh && lay->n_splits > 1;
+    lay->dw32 = half_dw && lay->n_chunks > 1;
 
     lay->n_tiles = (Vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
     lay->off_L = off;
@@ -458,15 +481,16 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     if (lay->comm_size > 1)
         off += sph_ws_round((size_t)lay->comm_size * p->N * SPH_PARTIAL_FIELDS * 4);
     lay->off_dh32 = off;
-    if (lay->dh32) off += sph_ws_round((size_t)R * p->H * 4);
+    if (lay->dh32) off += sph_ws_round((size_t)(lay->col_outer ? lay->M : R) * p->H * 4);
     lay->off_dw32 = off;
-    if (lay->dw32) off += sph_ws_round((size_t)p->V_loc * p->H * 4);
+    if (lay->dw32) off += sph_ws_round((size_t)(lay->col_outer ? Vs : p->V_loc) * p->H * 4);
     lay->off_act = off;
     if (lay->gather) off += sph_ws_round((size_t)lay->M * 8);
     lay->off_hg = off;
     if (lay->gather) off += sph_ws_round((size_t)R * p->H * dt_size(dk));
     lay->off_dhg = off;
-    if (lay->gather && lay->grads && p->dhidden) off += sph_ws_round((size_t)R * p->H * 4);
+    if (lay->gather && lay->grads && p->dhidden && !lay->col_outer)
+        off += sph_ws_round((size_t)R * p->H * 4);
     lay->total = off;
     return SPH_OK;
 }
@@ -931,6 +955,105 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     return SPH_OK;
 }
 
+/* The vocabulary-outer gradient sweep (lay->col_outer): every row chunk of a split, then the
+ * next split. dH accumulates in fp32 over the splits at the chunk's position among the
+ * computed rows and is written out once at the end; dW of a split accumulates over the row
+ * chunks (in fp32 when several chunks and half precision) and is written out when the split
+ * is done. Same products, in the same order within each output element, as row-outer. */
+static sph_status grad_cols(pass_ctx *c) {
+    const sph_head_plan *p = c->p;
+    const sph_cuda_layout *lay = c->lay;
+    float *L = (float *)(c->ws + lay->off_L);
+    void *D = c->dk == DT_F32 ? (void *)L : (void *)(c->ws + lay->off_D);
+    float *dh_all = (float *)(c->ws + lay->off_dh32);
+    float *dw_s = (float *)(c->ws + lay->off_dw32);
+    const float one = 1.f;
+    const cudaDataType_t t = dt_cuda(c->dk);
+    const int dhk = p->dhidden ? dt_kind(p->dh_dtype) : DT_F32;
+    const int dwk = p->dweight ? dt_kind(p->dw_dtype) : DT_F32;
+    /* position 0 of dh_all: row space position 0 (gathered) or the first computed row */
+    const int64_t base = lay->gather ? 0 : (p->spans && p->n_spans > 0 ? p->spans[0] : 0);
+    for (int64_t s = 0; s < lay->n_splits; s++) {
+        const int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
+        const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
+        chunk ch;
+        int64_t ci = 0;
+        chunks_reset(c);
+        while (chunk_next(c, &ch)) {
+            const char *hp;
+            int64_t ld;
+            SPH_TRY(chunk_h(c, &ch, &hp, &ld));
+            if (lay->fused) {
+                SPH_TRY(fused_dlogits(c, hp, ld, &ch, c0, w, D));
+            } else {
+                SPH_TRY(gemm_logits(c, hp, ld, ch.rows, c0, w, L));
+                SPH_TRY(launch_dlogits(c, L, D, &ch, c0, w));
+            }
+            if (p->dhidden) {
+                /* dH^T (H, rows) (+)= W^T (H, w) . D^T (w, rows) */
+                void *C;
+                int ldc;
+                cudaDataType_t ct;
+                float beta;
+                if (lay->dh32) {
+                    C = dh_all + (size_t)(ch.k0 - base) * p->H, ldc = (int)p->H;
+                    ct = CUDA_R_32F, beta = s > 0 ? 1.f : 0.f;
+                } else {
+                    C = (char *)p->dhidden + (size_t)ch.r0 * p->ld_dh * dt_size(dhk);
+                    ldc = (int)p->ld_dh, ct = dt_cuda(dhk);
+                    beta = (s > 0 || p->acc_dh) ? 1.f : 0.f;
+                }
+                SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H,
+                                            (int)ch.rows, (int)w, &one, wp, t, (int)p->ld_w, D,
+                                            t, (int)lay->ldL, &beta, C, ct, ldc,
+                                            compute_type(c), CUBLAS_GEMM_DEFAULT));
+            }
+            if (p->dweight) {
+                /* dW^T (H, w) (+)= h^T (H, rows) . D (rows, w) */
+                void *C;
+                int ldc;
+                cudaDataType_t ct;
+                float beta;
+                if (lay->dw32) {
+                    C = dw_s, ldc = (int)p->H, ct = CUDA_R_32F, beta = ci > 0 ? 1.f : 0.f;
+                } else {
+                    C = (char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(dwk);
+                    ldc = (int)p->ld_dw, ct = dt_cuda(dwk);
+                    beta = (ci > 0 || p->acc_dw) ? 1.f : 0.f;
+                }
+                SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int)p->H,
+                                            (int)w, (int)ch.rows, &one, hp, t, (int)ld, D, t,
+                                            (int)lay->ldL, &beta, C, ct, ldc, compute_type(c),
+                                            CUBLAS_GEMM_DEFAULT));
+            }
+            ci++;
+        }
+        if (p->dweight && lay->dw32)
+            SPH_TRY(launch_convert(dwk, (char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(dwk),
+                                   p->ld_dw, dw_s, p->H, w, p->H, p->acc_dw, c->stream));
+    }
+    if (!p->dhidden || !lay->dh32 || lay->M == 0) return SPH_OK;
+    if (lay->gather) {
+        chunk all;
+        all.r0 = all.k0 = 0;
+        all.rows = lay->M;
+        all.rowmap = (const int64_t *)(c->ws + lay->off_act);
+        return launch_scatter(c, &all, dh_all);
+    }
+    return launch_convert(dhk, (char *)p->dhidden + (size_t)base * p->ld_dh * dt_size(dhk),
+                          p->ld_dh, dh_all, p->H, lay->M, p->H, p->acc_dh, c->stream);
+}
+
+/* The gradient sweep of a pass whose row statistics are known for every row. */
+static sph_status grad_sweep(pass_ctx *c) {
+    if (c->lay->col_outer) return grad_cols(c);
+    chunk ch;
+    int64_t ci = 0;
+    chunks_reset(c);
+    while (chunk_next(c, &ch)) SPH_TRY(grad_chunk(c, &ch, ci++, 0));
+    return SPH_OK;
+}
+
 /* Before a gradient sweep: dH rows outside every span to 0 (unless accumulating), the fp32
  * dW accumulator to 0, and dW itself to 0 when no chunk will overwrite it. */
 static sph_status grad_prologue(pass_ctx *c) {
@@ -948,7 +1071,7 @@ static sph_status grad_prologue(pass_ctx *c) {
             if (k < p->n_spans) prev = p->spans[2 * k + 1];
         }
     }
-    if (p->dweight && lay->dw32)
+    if (p->dweight && lay->dw32 && !lay->col_outer)
         SPH_CUDA_RET(cudaMemsetAsync(c->ws + lay->off_dw32, 0,
                                      (size_t)p->V_loc * p->H * sizeof(float), c->stream));
     if (p->dweight && !lay->dw32 && lay->n_chunks == 0 && !p->acc_dw && p->V_loc > 0) {
@@ -962,7 +1085,7 @@ static sph_status grad_prologue(pass_ctx *c) {
 static sph_status grad_epilogue(pass_ctx *c) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
-    if (p->dweight && lay->dw32)
+    if (p->dweight && lay->dw32 && !lay->col_outer)
         SPH_TRY(launch_convert(dt_kind(p->dw_dtype), p->dweight, p->ld_dw,
                                (const float *)(c->ws + lay->off_dw32), p->H, p->V_loc, p->H,
                                p->acc_dw, c->stream));
@@ -1021,6 +1144,20 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     return SPH_OK;
 }
 
+/* Ablation (SPH_CUDA_BWD_DENSE=1): the backward ignores the spans and computes every row, the
+ * mask zeroing the inactive rows' dlogits: the dense baseline of the seed's same-run A/B of
+ * dlogit-tile skipping, span-restricted dHidden and active-row dW (all three come from the
+ * backward's row space being the active rows). Results are the same; only the cost differs. */
+static const sph_head_plan *backward_plan(sph_ctx_t ctx, const sph_head_plan *p,
+                                          sph_head_plan *tmp) {
+    const sph_cuda_state *st = (const sph_cuda_state *)ctx->cuda;
+    if (!st || !st->dense_bwd || p->K > 0 || !p->spans) return p;
+    *tmp = *p;
+    tmp->spans = NULL;
+    tmp->n_spans = 0;
+    return tmp;
+}
+
 // ---- entry points ----------------------------------------------------------------------------
 
 extern "C" sph_status sph_head_cuda_workspace(sph_ctx_t ctx, sph_head_pass pass,
@@ -1028,6 +1165,8 @@ extern "C" sph_status sph_head_cuda_workspace(sph_ctx_t ctx, sph_head_pass pass,
     SPH_CHECK(ctx && p && bytes, SPH_ERR_INVALID_ARG, "head (cuda): NULL argument");
     SPH_CHECK(ctx->cuda != NULL, SPH_ERR_DEVICE, "ctx: not a CUDA context");
     sph_cuda_layout lay;
+    sph_head_plan tmp;
+    if (pass == SPH_HEAD_BACKWARD) p = backward_plan(ctx, p, &tmp);
     SPH_TRY(sph_cuda_head_layout(ctx, p, pass, &lay));
     *bytes = lay.total;
     return SPH_OK;
@@ -1055,10 +1194,14 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     if (lay.comm_size > 1)
         SPH_CUDA_RET(cudaMemsetAsync(part, 0, (size_t)p->N * SPH_PARTIAL_FIELDS * 4, c.stream));
     if (p->one_pass) SPH_TRY(grad_prologue(&c));
+    /* Unfused one-pass takes each chunk's gradients from its staged logits right after the
+     * chunk's statistics. Otherwise every chunk's statistics, one combine and the finalize;
+     * fused one-pass then runs the gradient sweep of the backward (it recomputes the logits
+     * in registers rather than staging them). */
+    const int per_chunk = p->one_pass && !lay.fused;
     chunk ch;
     int64_t ci = 0;
     chunks_reset(&c);
-    /* general mode: every chunk's statistics, then one combine and the finalize */
     while (chunk_next(&c, &ch)) {
         const char *hp;
         int64_t ld;
@@ -1072,7 +1215,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                 SPH_TRY(launch_stats(&c, L, &ch, c0, w, s > 0));
             }
         }
-        if (p->one_pass) {
+        if (per_chunk) {
             /* per-chunk combine, then gradients from the logits still in L when the
              * vocabulary is not split (otherwise recomputed split by split) */
             const float *recs;
@@ -1080,30 +1223,36 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size, ch.r0,
                                   ch.rowmap, ch.rows, c.stream));
-            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 && !lay.fused));
+            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1));
         }
         ci++;
     }
-    if (p->one_pass) return grad_epilogue(&c);
+    if (per_chunk) return grad_epilogue(&c);
     const float *recs;
     SPH_TRY(sph_cuda_combine(ctx, p, part, recv, p->N, lay.comm_size, &recs));
     const int64_t stride = p->N * SPH_PARTIAL_FIELDS;
-    if (lay.gather)
-        return finalize_rows(p, recs, stride, lay.comm_size, 0,
-                             (const int64_t *)(c.ws + lay.off_act), lay.M, c.stream);
-    for (int64_t k = 0; k < spans_count(p); k++) {
-        int64_t a, b;
-        spans_get(p, k, &a, &b);
-        SPH_TRY(finalize_rows(p, recs + a * SPH_PARTIAL_FIELDS, stride, lay.comm_size, a, NULL,
-                              b - a, c.stream));
+    if (lay.gather) {
+        SPH_TRY(finalize_rows(p, recs, stride, lay.comm_size, 0,
+                              (const int64_t *)(c.ws + lay.off_act), lay.M, c.stream));
+    } else {
+        for (int64_t k = 0; k < spans_count(p); k++) {
+            int64_t a, b;
+            spans_get(p, k, &a, &b);
+            SPH_TRY(finalize_rows(p, recs + a * SPH_PARTIAL_FIELDS, stride, lay.comm_size, a,
+                                  NULL, b - a, c.stream));
+        }
     }
-    return SPH_OK;
+    if (!p->one_pass) return SPH_OK;
+    SPH_TRY(grad_sweep(&c));
+    return grad_epilogue(&c);
 }
 
-extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
-                                             size_t bytes) {
+extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan *p_user,
+                                             void *ws, size_t bytes) {
     sph_cuda_layout lay;
     pass_ctx c;
+    sph_head_plan tmp;
+    const sph_head_plan *p = ctx ? backward_plan(ctx, p_user, &tmp) : p_user;
     SPH_TRY(pass_begin(ctx, p, SPH_HEAD_BACKWARD, ws, bytes, &lay, &c));
     if (p->K > 0) {
         if (p->N == 0) return grad_prologue(&c);
@@ -1111,9 +1260,6 @@ extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan 
         return grad_epilogue(&c);
     }
     SPH_TRY(grad_prologue(&c));
-    chunk ch;
-    int64_t ci = 0;
-    chunks_reset(&c);
-    while (chunk_next(&c, &ch)) SPH_TRY(grad_chunk(&c, &ch, ci++, 0));
+    SPH_TRY(grad_sweep(&c));
     return grad_epilogue(&c);
 }

@@ -42,6 +42,7 @@ typedef struct sph_cuda_layout {
     int fused;         /* sm_90a kernel with the statistics / dlogits epilogues (no staged L
                         * unless one-pass keeps it) */
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
+    int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
     size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */

@@ -57,6 +57,10 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->no_square = q && !strcmp(q, "0");
     const char *f = getenv("SPH_CUDA_FUSED");
     st->no_fused = f && !strcmp(f, "0");
+    const char *co = getenv("SPH_CUDA_COLOUTER");
+    st->no_colouter = co && !strcmp(co, "0");
+    const char *bd = getenv("SPH_CUDA_BWD_DENSE");
+    st->dense_bwd = bd && !strcmp(bd, "1");
     ctx->cuda = st;
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
              st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");

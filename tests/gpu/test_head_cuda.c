@@ -8,7 +8,8 @@
  * invariance (the same rows inside different batches and positions, bitwise), the same
  * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
  * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
- * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0),
+ * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), both gradient
+ * sweep orders (SPH_CUDA_COLOUTER=1/0) and the dense-backward ablation,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
@@ -808,20 +809,89 @@ static void test_huge(void **state) {
     free(h), free(w), free(tgt), free(g), free(lp), free(dh), free(z);
 }
 
-/* Forward workspace bytes of a bf16 case under the current SPH_CUDA_FUSED setting. */
-static size_t fwd_ws_bytes(int64_t N, int64_t H, int64_t V) {
+/* Workspace bytes of a bf16 pass (backward: bf16 gradients) under the current environment
+ * switches (read at context creation). */
+static size_t ws_bytes_of(sph_head_pass pass, int64_t N, int64_t H, int64_t V,
+                          int64_t chunk_bytes) {
     hcase c;
     hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
-    hc_wire(&c, HC_LP);
-    sph_ctx_t g = gpu_ctx(0, 0, NULL);
+    c.gdt = SPH_BF16;
+    hc_wire(&c, pass == SPH_HEAD_FORWARD ? HC_LP : HC_G | HC_DH | HC_DW);
+    sph_ctx_t g = gpu_ctx(chunk_bytes, 0, NULL);
     mirror m;
     mirror_make(g, &c.a, &m);
     size_t bytes = 0;
-    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &m.a, &bytes));
+    expect_ok(sph_head_workspace_size(g, pass, &m.a, &bytes));
     mirror_free(g, &m);
     sph_ctx_destroy(g);
     hc_free(&c);
     return bytes;
+}
+static size_t fwd_ws_bytes(int64_t N, int64_t H, int64_t V) {
+    return ws_bytes_of(SPH_HEAD_FORWARD, N, H, V, 0);
+}
+
+/* Sets environment variable name to value (NULL: unset). */
+static void env_set(const char *name, const char *value) {
+    assert_int_equal(value ? setenv(name, value, 1) : unsetenv(name), 0);
+}
+
+/* The gradient sweep orders against the float64 reference: vocabulary-outer (chosen when the
+ * fp32 dH of the computed rows is smaller than an fp32 dW of the shard: half-precision dW,
+ * N_active < V_loc) and row-outer (SPH_CUDA_COLOUTER=0), with small budgets so that row
+ * chunks and vocabulary splits both number several (split-sized dW accumulator, dH
+ * accumulated over splits), gathered spans, no spans, accumulation, one-pass (fused:
+ * statistics of every chunk, then the sweep); and the dense-backward ablation
+ * (SPH_CUDA_BWD_DENSE=1) on a masked case. The vocabulary-outer workspace must leave out
+ * the shard's fp32 dW accumulator. Any compute capability. */
+static void test_sweep(void **state) {
+    (void)state;
+    const char *saved_co = getenv("SPH_CUDA_COLOUTER"), *saved_bd = getenv("SPH_CUDA_BWD_DENSE");
+    char co[16] = "", bd[16] = "";
+    if (saved_co) snprintf(co, sizeof co, "%s", saved_co);
+    if (saved_bd) snprintf(bd, sizeof bd, "%s", saved_bd);
+    env_set("SPH_CUDA_BWD_DENSE", NULL);
+    /* a 48 MiB budget: cuBLAS's 32 MiB slice + a 20 MB fp32 dW accumulator exceed it
+     * (row-outer), cuBLAS + a 2 MB fp32 dH accumulator do not (vocabulary-outer) */
+    const int64_t budget = (int64_t)48 << 20;
+    env_set("SPH_CUDA_COLOUTER", "0");
+    size_t ws_row = ws_bytes_of(SPH_HEAD_BACKWARD, 2048, 256, 20000, budget);
+    env_set("SPH_CUDA_COLOUTER", "1");
+    size_t ws_col = ws_bytes_of(SPH_HEAD_BACKWARD, 2048, 256, 20000, budget);
+    if (!(ws_col <= (size_t)budget + 4096 && ws_row > (size_t)budget + 4096)) { /* + rounding */
+        print_error("test_sweep: backward workspace %zu bytes vocabulary-outer, %zu row-outer, "
+                    "budget %lld: expected only row-outer over it\n", ws_col, ws_row,
+                    (long long)budget);
+        fail();
+    }
+    const char *modes[2] = {"1", "0"};
+    int ok = 1;
+    for (int m = 0; m < 2; m++) {
+        env_set("SPH_CUDA_COLOUTER", modes[m]);
+        gcfg f = base(SPH_BF16, 400, 72, 5000); /* gathered spans, chunks x splits */
+        f.gdt = SPH_BF16, f.chunk_bytes = 256 * 1024, f.mask_frac = 0.5, f.use_spans = 1;
+        f.acc = 1;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 300, 64, 3000); /* no spans: half dH accumulated over splits */
+        f.gdt = SPH_F16, f.chunk_bytes = 128 * 1024, f.cap = 4.0;
+        ok &= run_cfg(&f);
+        f = base(SPH_BF16, 257, 136, 4000); /* one-pass */
+        f.gdt = SPH_BF16, f.one_pass = 1, f.mask_frac = 0.7, f.use_spans = 1;
+        f.chunk_bytes = 256 * 1024;
+        ok &= run_cfg(&f);
+        f.chunk_bytes = 0; /* one chunk: dW written directly */
+        ok &= run_cfg(&f);
+    }
+    env_set("SPH_CUDA_COLOUTER", NULL);
+    env_set("SPH_CUDA_BWD_DENSE", "1");
+    gcfg f = base(SPH_BF16, 300, 72, 2000);
+    f.gdt = SPH_BF16, f.mask_frac = 0.4, f.use_spans = 1, f.chunk_bytes = 256 * 1024;
+    ok &= run_cfg(&f);
+    f.gdt = SPH_F32, f.acc = 1;
+    ok &= run_cfg(&f);
+    env_set("SPH_CUDA_COLOUTER", saved_co ? co : NULL);
+    env_set("SPH_CUDA_BWD_DENSE", saved_bd ? bd : NULL);
+    assert_true(ok);
 }
 
 /* The general path's sm_90a fused epilogues (row statistics from the logits in registers,
@@ -886,7 +956,7 @@ int main(void) {
         cmocka_unit_test(test_span_gaps),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
-        cmocka_unit_test(test_fused),
+        cmocka_unit_test(test_fused),         cmocka_unit_test(test_sweep),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };
