@@ -441,6 +441,11 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                                             : (tuned && te.chunk_rows > 0 ? te.chunk_rows : 0);
     if (user_rows > 0 && user_rows < R) R = user_rows;
     if (R > max_span) R = max_span > 0 ? max_span : 1;
+    if (R < max_span) {
+        /* equal chunks: 8190 + 2 rows would cost a second dW accumulation for 2 rows */
+        const int64_t n = (max_span + R - 1) / R;
+        R = (max_span + n - 1) / n;
+    }
     /* grid.y limit of the dlogits kernel, with margin (the fused passes launch none) */
     const int64_t max_rows = lay->fused ? ((int64_t)1 << 22) : 32768;
     if (R > max_rows) R = max_rows;

@@ -361,7 +361,8 @@ __global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n
         sz += q[4];
     }
     for (int o = 1; o < 32; o <<= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
         const float b2 = __shfl_xor_sync(0xffffffffu, b, o);
         zt += __shfl_xor_sync(0xffffffffu, zt, o);
         sz += __shfl_xor_sync(0xffffffffu, sz, o);
