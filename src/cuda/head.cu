@@ -340,7 +340,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     /* The budget bounds the whole workspace: what does not scale with the chunk (cuBLAS's
      * slice, the per-row records, the fp32 dW accumulator) comes off the top, and the rest
      * holds the staged logits (+ dlogits, + the fp32 dH chunk). When the fixed part alone
-     * exceeds 3/4 of the budget, the chunk keeps a quarter of it and the workspace exceeds
+     * exceeds 7/8 of the budget, the chunk keeps an eighth of it and the workspace exceeds
      * chunk_bytes (reported by sph_head_workspace_size). */
     const int64_t chunk_bytes = ctx->chunk_bytes > 0 ? ctx->chunk_bytes : ((int64_t)1 << 30);
     const int half_dw = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32;
@@ -369,7 +369,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                         (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
                     (lay->col_outer ? col_fixed : row_fixed);
     int64_t budget = chunk_bytes - fixed;
-    if (budget < chunk_bytes / 4) budget = chunk_bytes / 4;
+    if (budget < chunk_bytes / 8) budget = chunk_bytes / 8;
     /* one-pass on the fused path recomputes the logits for the gradients (8 N H V instead of
      * 6) rather than staging them in fp32: staged chunks of a wide vocabulary are thin, and
      * the fused kernels run near the dense GEMM rate */

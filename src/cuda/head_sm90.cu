@@ -218,21 +218,42 @@ __device__ __forceinline__ float fexp(float x) {
     return y;
 }
 
+/* What an epilogue needs of one of the thread's two rows, loaded before the tile's main loop
+ * so that the global loads' latency hides behind the wgmma work. */
+struct epi_row_args {
+    int64_t t;                    /* target (global vocabulary index; < 0 ignored) */
+    float lse, mu, g, eg, gl, gmV; /* dlogits: statistics and upstream gradients */
+    bool active;
+};
+
+template <int EPI>
+__device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr, int64_t R,
+                                             epi_row_args &a) {
+    const int64_t i = epi_row(ep, rr, R);
+    a.t = load_target(ep.tgt, ep.tgt_i64, i);
+    if (!(EPI & SPH_SM90_EPI_DLOGITS)) return;
+    a.active = !ep.mask || ep.mask[i];
+    a.lse = ep.stats[i * 3 + 1], a.mu = ep.stats[i * 3 + 2];
+    a.g = ep.g && a.t >= 0 ? ep.g[i] : 0.f; /* ignored target: no gradient through it */
+    a.eg = ep.e ? ep.e[i] : 0.f, a.gl = ep.gl ? ep.gl[i] : 0.f;
+    a.gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
+}
+
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
  * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
  * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
  * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb. */
 template <bool CAP>
-__device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
-                                            int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
-                                            int64_t Vs) {
+__device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
     const int lane = threadIdx.x % 32;
     const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
-        const int64_t tg = load_target(ep.tgt, ep.tgt_i64, epi_row(ep, rr, R)) - ep.col_g0 - cb;
-        const int tl = tg >= 0 && tg < SM90_BN ? (int)tg : -1;
+        const int64_t tg = ra[hf].t - ep.col_g0 - cb;
+        const int tl = ra[hf].t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         float mx = -INFINITY;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -272,11 +293,11 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
     }
 }
 
-__device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep, int64_t r,
-                                          int64_t cb, int64_t tile_n, int64_t n_n, int64_t R,
-                                          int64_t Vs) {
-    if (ep.cap > 0.f) epi_stats_t<true>(acc, ep, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_t<false>(acc, ep, r, cb, tile_n, n_n, R, Vs);
+__device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
+                                          const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                          int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+    if (ep.cap > 0.f) epi_stats_t<true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_t<false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -291,21 +312,17 @@ template <> __device__ __forceinline__ void store_pair(__half *dst, float a, flo
  * dz = g (delta - p) + e p (mu - z) + gl p + gm / V, du = dz / T (1 - tanh^2(u / cap)). */
 template <typename T, bool CAP>
 __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph_sm90_epi &ep,
-                                              int64_t r, int64_t cb, int64_t R, int64_t Vs,
-                                              int vec2) {
+                                              const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                              int64_t R, int64_t Vs, int vec2) {
     const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
         if (rr >= R) continue;
-        const int64_t i = epi_row(ep, rr, R);
-        const bool active = !ep.mask || ep.mask[i];
-        const float lse = ep.stats[i * 3 + 1], mu = ep.stats[i * 3 + 2];
-        float g = ep.g ? ep.g[i] : 0.f;
-        float eg = ep.e ? ep.e[i] : 0.f, gl = ep.gl ? ep.gl[i] : 0.f;
-        float gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
-        const int64_t t = load_target(ep.tgt, ep.tgt_i64, i);
-        if (t < 0) g = 0.f; /* ignored target: no gradient through the log-prob */
+        const bool active = ra[hf].active;
+        const float lse = ra[hf].lse, mu = ra[hf].mu, g = ra[hf].g, eg = ra[hf].eg;
+        const float gl = ra[hf].gl, gmV = ra[hf].gmV;
+        const int64_t t = ra[hf].t;
         const int64_t tg = t - ep.col_g0 - cb;
         const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         /* dz = p (gl - g + e (mu - z)) + gmV (+ g at the target) */
@@ -340,10 +357,10 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
 
 template <typename T>
 __device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_sm90_epi &ep,
-                                            int64_t r, int64_t cb, int64_t R, int64_t Vs,
-                                            int vec2) {
-    if (ep.cap > 0.f) epi_dlogits_t<T, true>(acc, ep, r, cb, R, Vs, vec2);
-    else epi_dlogits_t<T, false>(acc, ep, r, cb, R, Vs, vec2);
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t R, int64_t Vs, int vec2) {
+    if (ep.cap > 0.f) epi_dlogits_t<T, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+    else epi_dlogits_t<T, false>(acc, ep, ra, r, cb, R, Vs, vec2);
 }
 
 /* recs[r] = fixed-order merge of the row's tile records: lane l takes tiles l, l + 32, ...
@@ -458,6 +475,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
         int64_t tile_m, tile_n;
         sm90_tile(k, n_m, n_n, tile_m, tile_n);
+        const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
+        const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
+        epi_row_args ra[2];
+        if (EPI & (SPH_SM90_EPI_STATS | SPH_SM90_EPI_DLOGITS)) {
+            epi_row_load<EPI>(ep, r, R, ra[0]);
+            epi_row_load<EPI>(ep, r + 8, R, ra[1]);
+        }
         float acc[128];
 #pragma unroll
         for (int i = 0; i < 128; i++) acc[i] = 0.f;
@@ -482,11 +506,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         acc_fence(acc);
         mbar_arrive(SM90_EMPTY((it - 1) % SM90_STAGES)); /* the tile's last stage */
 
-        const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
-        const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
-        if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, r, cb, tile_n, n_n, R, Vs);
-        if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, r, cb, R, Vs, vec2);
+        if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
     }
 #undef SM90_FULL
 #undef SM90_EMPTY

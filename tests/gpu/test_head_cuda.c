@@ -851,13 +851,14 @@ static void test_sweep(void **state) {
     if (saved_co) snprintf(co, sizeof co, "%s", saved_co);
     if (saved_bd) snprintf(bd, sizeof bd, "%s", saved_bd);
     env_set("SPH_CUDA_BWD_DENSE", NULL);
-    /* a 48 MiB budget: cuBLAS's 32 MiB slice + a 20 MB fp32 dW accumulator exceed it
-     * (row-outer), cuBLAS + a 2 MB fp32 dH accumulator do not (vocabulary-outer) */
+    /* a 48 MiB budget, rows that need two chunks: cuBLAS's 32 MiB slice + a 51 MB fp32 dW
+     * accumulator exceed it (row-outer), cuBLAS + a 2 MB fp32 dH accumulator and a split-sized
+     * dW one do not (vocabulary-outer) */
     const int64_t budget = (int64_t)48 << 20;
     env_set("SPH_CUDA_COLOUTER", "0");
-    size_t ws_row = ws_bytes_of(SPH_HEAD_BACKWARD, 2048, 256, 20000, budget);
+    size_t ws_row = ws_bytes_of(SPH_HEAD_BACKWARD, 4096, 128, 100000, budget);
     env_set("SPH_CUDA_COLOUTER", "1");
-    size_t ws_col = ws_bytes_of(SPH_HEAD_BACKWARD, 2048, 256, 20000, budget);
+    size_t ws_col = ws_bytes_of(SPH_HEAD_BACKWARD, 4096, 128, 100000, budget);
     if (!(ws_col <= (size_t)budget + 4096 && ws_row > (size_t)budget + 4096)) { /* + rounding */
         print_error("test_sweep: backward workspace %zu bytes vocabulary-outer, %zu row-outer, "
                     "budget %lld: expected only row-outer over it\n", ws_col, ws_row,
