@@ -7,6 +7,7 @@
 #           make python/spanhead/_spanhead.abi3.so && scripts/device/peers_wheels.sh
 #   device: bash scripts/device/final_run.sh     carry [".devbundle", ".whl",
 #           "python/spanhead/_spanhead.abi3.so"]
+#   QUICK=1 (fewer test variants), SKIP_PYTHON=1, PEERS_BUDGET=<s> shorten it.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -23,14 +24,21 @@ step() { # name timeout cmd...
     echo "$name rc=$rc ($(($(date +%s) - t0)) s)" | tee -a "$res/steps.txt"
 }
 cd "$root"
-OUT=$res/tests SANITIZE=1 step gpu_tests 150 bash "$B/run_tests.sh"
+# QUICK=1: the default and SPH_CUDA_FUSED=0 test runs, memcheck on the fused-path tests only
+if [ -n "${QUICK:-}" ]; then
+    OUT=$res/tests QUICK=1 step gpu_tests 170 bash "$B/run_tests.sh"
+    SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_fused,test_sweep step memcheck 100 \
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/gpu_test_head_cuda"
+else
+    OUT=$res/tests SANITIZE=1 step gpu_tests 150 bash "$B/run_tests.sh"
+fi
 OUT=$res step nccl 60 bash "$B/nccl_gpu.sh"
 step run_default 60 "$B/bin/spanhead" run --device cuda --check
 step run_bf16 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --entropy --softcap 30 \
     --temperature 0.7 --check
 step run_onepass 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --one-pass --check
 step run_support 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --support 16 --check
-OUT=$res step python 120 bash scripts/device/python_gpu.sh
+[ -z "${SKIP_PYTHON:-}" ] && OUT=$res step python 120 bash scripts/device/python_gpu.sh
 if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl; then
     PYTHONPATH=/tmp/site:$root/python step peers 250 python3 bench/cuda/peers.py \
