@@ -28,7 +28,8 @@ cd "$root"
 if [ -n "${QUICK:-}" ]; then
     OUT=$res/tests QUICK=1 step gpu_tests 170 bash "$B/run_tests.sh"
     SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_fused,test_sweep step memcheck 100 \
-        compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/gpu_test_head_cuda"
+        /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$B/bin/gpu_test_head_cuda"
 else
     OUT=$res/tests SANITIZE=1 step gpu_tests 150 bash "$B/run_tests.sh"
 fi
