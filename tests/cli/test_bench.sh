@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# CLI test of `spanhead bench` and bench/ab_summary.py, CPU only: the seed matrix's 56 unique
+# points (--list), a packed-RL run on a tiny custom shape with its JSON record checked, error
+# exits, and ab_summary.py on hand-made JSON Lines (wins, mean, unmatched, malformed input).
+# usage: test_bench.sh PATH_TO_SPANHEAD
+set -u
+cli=${1:?usage: test_bench.sh PATH_TO_SPANHEAD}
+. "$(dirname "$0")/lib.sh"
+ab=$(cd "$(dirname "$0")/../.." && pwd)/bench/ab_summary.py
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# --- the seed matrix: 56 unique (shape, H, V_loc, N, tp, cp, tokens), every layout derived
+"$cli" bench --matrix seed --list --mask response,packed-rl >"$tmp/list" 2>"$tmp/err" \
+    || fail "matrix-list: $(cat "$tmp/err")"
+grep -q '^# matrix seed: 56 unique points' "$tmp/list" || fail "matrix-list: no count line"
+python3 - "$tmp/list" <<'PY' || fail "matrix-list points"
+import sys
+rows = [[c.strip() for c in l.strip().strip("|").split("|")]
+        for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| shape")]
+pts = {tuple(r[:7]) for r in rows}
+assert len(pts) == 56, len(pts)
+full = {"A": 4 * 62080, "B": 4 * 37984, "C": 4 * 37984, "D": 4 * 151936}
+lay = set()
+for shape, H, V, N, tp, cp, T in pts:
+    H, V, N, tp, cp, T = map(int, (H, V, N, tp, cp, T))
+    assert V == full[shape] // tp and N * cp == T, (shape, V, N, tp, cp, T)
+    lay.add((tp, cp, T))
+want = {(4, 2, 16384 << k) for k in range(5)}
+want |= {(t, c, 16384) for t in (1, 2, 4, 8) for c in (1, 2, 4, 8) if t * c <= 8}
+assert lay == want, sorted(lay ^ want)
+# each point: dense + 3 response fractions + 1 packed-rl, in both modes
+assert len(rows) == 56 * 2 * 5, len(rows)
+for r in rows:
+    a = float(r[7])
+    assert (0 < a < 1) if r[8] == "packed-rl" else a in (1.0, 0.5, 0.25), r
+PY
+
+# --- packed-rl on CPU: one run, its own active fraction, a complete JSON record
+"$cli" bench --device cpu --H 64 --V 520 --N 4096 --repeats 1 --warmup 0 --mode general \
+    --mask packed-rl --commit abc123 --json "$tmp/rl.jsonl" >"$tmp/rl.md" 2>"$tmp/err" \
+    || fail "packed-rl run: $(cat "$tmp/err")"
+python3 - "$tmp/rl.jsonl" "$tmp/rl.md" <<'PY' || fail "packed-rl record"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["mask"] for r in recs] == ["none", "packed-rl"], recs
+need = ("gpu date commit shape H V_local N active mask mode impl ms floor_ms ratio "
+        "peak_extra_bytes tp cp tokens n_active").split()
+for r in recs:
+    missing = [k for k in need if k not in r]
+    assert not missing, missing
+    assert r["shape"] == "custom" and (r["H"], r["V_local"], r["N"]) == (64, 520, 4096)
+    assert r["mode"] == "general" and r["impl"] == "spanhead" and r["commit"] == "abc123"
+    assert r["tp"] is None and r["cp"] is None and r["tokens"] is None
+    assert r["ms"] > 0 and r["floor_ms"] > 0 and r["ratio"] > 0 and r["peak_extra_bytes"] >= 0
+rl = recs[1]
+assert 0 < rl["active"] < 1, rl["active"]
+assert abs(rl["active"] - rl["n_active"] / 4096) < 1e-4, rl
+assert f"| {rl['active']:.4f} | packed-rl | general |" in open(sys.argv[2]).read()
+PY
+# same seed, same batch; another seed, another batch
+act() {
+    "$cli" bench --list --device cpu --H 64 --V 520 --N 4096 --mode general --mask packed-rl "$@" \
+        | awk -F'|' '/packed-rl/ {print $6}'
+}
+a1=$(act) a2=$(act --seed 1) a3=$(act --seed 7)
+[ -n "$a1" ] && [ "$a1" = "$a2" ] && [ "$a1" != "$a3" ] || fail "packed-rl seeds: '$a1' '$a2' '$a3'"
+
+# --- usage errors: exit 2, one line naming the option and the value, nothing on stdout
+expect_fail bad-matrix 2 "--matrix foo" "$cli" bench --matrix foo --list
+expect_fail bad-mask 2 "--mask bogus" "$cli" bench --mask bogus --list
+expect_fail bad-mask-2 2 "--mask bogus" "$cli" bench --mask response,bogus --list
+expect_fail twice-mask 2 "--mask response,response" "$cli" bench --mask response,response --list
+expect_fail matrix-N 2 "--matrix seed" "$cli" bench --matrix seed --N 16K --list
+expect_fail bad-H 2 "--H abc" "$cli" bench --H abc --V 520 --list
+expect_fail bad-seed 2 "--seed -1" "$cli" bench --seed -1 --list
+expect_fail tiny-rl 2 "--N 40" "$cli" bench --device cpu --H 64 --V 520 --N 40 --mask packed-rl
+
+# --- ab_summary.py: A faster at 2 of 3 matched points, one point only in B
+rec() { # shape N active mask mode ms [tp cp]
+    printf '{"gpu":"g","date":"d","commit":"c","shape":"%s","H":2048,"V_local":62080,"N":%s,' \
+        "$1" "$2"
+    printf '"tp":%s,"cp":%s,"active":%s,"mask":"%s","mode":"%s","impl":"spanhead","ms":%s,' \
+        "${7:-null}" "${8:-null}" "$3" "$4" "$5" "$6"
+    printf '"floor_ms":1,"ratio":1,"peak_extra_bytes":0}\n'
+}
+{ rec A 8192 1.0000 none general 8 4 2; rec A 8192 0.5000 response general 3 4 2
+  rec A 16384 0.5000 response general 6; } >"$tmp/a.jsonl"
+{ rec A 8192 1.0000 none general 10 4 2; rec A 8192 0.5000 response general 4 4 2
+  rec A 16384 0.5000 response general 5; rec A 16384 0.2500 response general 3; } >"$tmp/b.jsonl"
+python3 "$ab" "$tmp/a.jsonl" "$tmp/b.jsonl" --label-a new --label-b old >"$tmp/ab" 2>"$tmp/err" \
+    || fail "ab_summary: exit $? ($(cat "$tmp/err"))"
+# reductions 20%, 25%, -20%: mean +8.3%, median +20.0%
+want="new faster at 2/3 points; reduction mean +8.3%, median +20.0%, range [-20.0%, +25.0%]"
+grep -qF "new vs old: $want" "$tmp/ab" \
+    || fail "ab_summary summary: $(tail -1 "$tmp/ab")"
+row="| A | 2048 | 62080 | 8192 | 4 | 2 | 0.5000 | response | general | 3.0000 | 4.0000 | +25.0% |"
+grep -qF "$row" "$tmp/ab" \
+    || fail "ab_summary row"
+grep -qF "only in old: A H=2048 V_local=62080 N=16384 active=0.2500 response general" "$tmp/ab" \
+    || fail "ab_summary unmatched"
+python3 "$ab" "$tmp/a.jsonl" "$tmp/b.jsonl" --mask none >"$tmp/ab" 2>&1 \
+    && grep -qF "A faster at 1/1 points" "$tmp/ab" || fail "ab_summary --mask"
+{ cat "$tmp/a.jsonl"; echo '{"shape":"A","H":2048'; } >"$tmp/bad.jsonl"
+expect_fail ab-malformed 2 "bad.jsonl:4: not JSON" python3 "$ab" "$tmp/bad.jsonl" "$tmp/b.jsonl"
+rec A 8192 1.0000 none general -1 >"$tmp/neg.jsonl"
+expect_fail ab-neg-ms 2 "neg.jsonl:1: ms = -1" python3 "$ab" "$tmp/neg.jsonl" "$tmp/b.jsonl"
+: >"$tmp/empty.jsonl"
+expect_fail ab-empty 2 "empty.jsonl: no points" python3 "$ab" "$tmp/a.jsonl" "$tmp/empty.jsonl"
+cat "$tmp/a.jsonl" "$tmp/a.jsonl" >"$tmp/dup.jsonl"
+expect_fail ab-dup 2 "dup.jsonl:4: point A" python3 "$ab" "$tmp/dup.jsonl" "$tmp/b.jsonl"
+sed 's/"ms":[0-9]*,//' "$tmp/a.jsonl" >"$tmp/noms.jsonl"
+expect_fail ab-missing 2 "missing field(s) ms" python3 "$ab" "$tmp/noms.jsonl" "$tmp/b.jsonl"
+
+if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "bench CLI: all checks passed"
