@@ -96,16 +96,7 @@ __global__ void __launch_bounds__(STATS_THREADS)
     float zt = 0.f;
     int64_t t = load_target(tgt, tgt_i64, i);
     if (t >= col_g0 && t < col_g0 + w) zt = transform(row[t - col_g0], inv_t, cap, inv_cap);
-    float *rec = recs + r * SPH_PARTIAL_FIELDS;
-    if (merge) {
-        /* earlier splits first: a fixed order */
-        float pm = rec[0], ps = rec[1], pb = rec[2];
-        merge3(pm, ps, pb, m, s, b);
-        m = pm, s = ps, b = pb;
-        zt += rec[3];
-        sz += rec[4];
-    }
-    rec[0] = m, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+    record_store(recs + r * SPH_PARTIAL_FIELDS, m, s, b, zt, sz, merge);
 }
 
 /* Combines the ranks' records in rank order and writes the per-row outputs and stats. */
@@ -886,6 +877,72 @@ static sph_status launch_scatter(pass_ctx *c, const chunk *ch, const float *dhg)
     return SPH_OK;
 }
 
+/* Where a gradient product goes: C (column-major, leading dimension ldc, type ct), scaled
+ * old value beta (0 overwrites). */
+typedef struct gemm_out {
+    void *C;
+    int ldc;
+    cudaDataType_t ct;
+    float beta;
+} gemm_out;
+
+/* D (rows, w) of a chunk and split: from the logits kept in L (reuse_L), recomputed by the
+ * fused kernel, or recomputed by cuBLAS into L and turned into D. */
+static sph_status chunk_dlogits(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
+                                int64_t c0, int64_t w, float *L, void *D, int reuse_L) {
+    if (reuse_L) return launch_dlogits(c, L, D, ch, c0, w);
+    if (c->lay->fused) return fused_dlogits(c, hp, ld, ch, c0, w, D);
+    SPH_TRY(gemm_logits(c, hp, ld, ch->rows, c0, w, L));
+    return launch_dlogits(c, L, D, ch, c0, w);
+}
+
+/* dH^T (H, rows) (+)= W_split^T (H, w) . D^T (w, rows), column-major terms. */
+static sph_status gemm_dh(pass_ctx *c, const char *wp, int64_t rows, int64_t w, const void *D,
+                          const gemm_out *o) {
+    const sph_head_plan *p = c->p;
+    const float one = 1.f;
+    const cudaDataType_t t = dt_cuda(c->dk);
+    SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H, (int)rows,
+                                (int)w, &one, wp, t, (int)p->ld_w, D, t, (int)c->lay->ldL,
+                                &o->beta, o->C, o->ct, o->ldc, compute_type(c),
+                                CUBLAS_GEMM_DEFAULT));
+    return SPH_OK;
+}
+
+/* dW_split^T (H, w) (+)= h^T (H, rows) . D (rows, w). */
+static sph_status gemm_dw(pass_ctx *c, const char *hp, int64_t ld, int64_t rows, int64_t w,
+                          const void *D, const gemm_out *o) {
+    const sph_head_plan *p = c->p;
+    const float one = 1.f;
+    const cudaDataType_t t = dt_cuda(c->dk);
+    SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int)p->H, (int)w,
+                                (int)rows, &one, hp, t, (int)ld, D, t, (int)c->lay->ldL,
+                                &o->beta, o->C, o->ct, o->ldc, compute_type(c),
+                                CUBLAS_GEMM_DEFAULT));
+    return SPH_OK;
+}
+
+/* The user's dH rows from row r0 / dW rows from column c0, beta 1 when accumulating. */
+static gemm_out user_dh(const pass_ctx *c, int64_t r0, int acc) {
+    const sph_head_plan *p = c->p;
+    const int k = dt_kind(p->dh_dtype);
+    gemm_out o = {(char *)p->dhidden + (size_t)r0 * p->ld_dh * dt_size(k), (int)p->ld_dh,
+                  dt_cuda(k), acc ? 1.f : 0.f};
+    return o;
+}
+static gemm_out user_dw(const pass_ctx *c, int64_t c0, int acc) {
+    const sph_head_plan *p = c->p;
+    const int k = dt_kind(p->dw_dtype);
+    gemm_out o = {(char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(k), (int)p->ld_dw,
+                  dt_cuda(k), acc ? 1.f : 0.f};
+    return o;
+}
+/* An fp32 accumulator with H columns. */
+static gemm_out acc32(float *C, int64_t H, int acc) {
+    gemm_out o = {C, (int)H, CUDA_R_32F, acc ? 1.f : 0.f};
+    return o;
+}
+
 /* Gradients of one row chunk from its (recomputed or kept) logits. ci is the chunk's index
  * among the pass's chunks (dW overwrites on the first). reuse_L: L already holds the logits
  * of the only split (one-pass). */
@@ -896,10 +953,6 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     void *D = c->dk == DT_F32 ? (void *)L : (void *)(c->ws + lay->off_D);
     float *dh32 = (float *)(c->ws + (lay->gather ? lay->off_dhg : lay->off_dh32));
     float *dw32 = (float *)(c->ws + lay->off_dw32);
-    const float one = 1.f;
-    cudaDataType_t t = dt_cuda(c->dk);
-    int dhk = p->dhidden ? dt_kind(p->dh_dtype) : DT_F32;
-    int dwk = p->dweight ? dt_kind(p->dw_dtype) : DT_F32;
     const int dh_via32 = lay->dh32 || lay->gather; /* dH of the chunk staged in fp32 */
     const char *hp;
     int64_t ld;
@@ -907,52 +960,21 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     const int64_t rows = ch->rows;
     for (int64_t s = 0; s < lay->n_splits; s++) {
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
-        if (reuse_L) {
-            SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
-        } else if (lay->fused) {
-            SPH_TRY(fused_dlogits(c, hp, ld, ch, c0, w, D));
-        } else {
-            SPH_TRY(gemm_logits(c, hp, ld, rows, c0, w, L));
-            SPH_TRY(launch_dlogits(c, L, D, ch, c0, w));
-        }
+        SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, reuse_L));
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
         if (p->dhidden) {
-            /* dH^T (H, rows) = W^T (H, w) . D^T (w, rows) in column-major terms */
-            void *C;
-            int ldc;
-            cudaDataType_t ct;
-            float beta;
-            if (dh_via32) {
-                C = dh32, ldc = (int)p->H, ct = CUDA_R_32F, beta = s > 0 ? 1.f : 0.f;
-            } else {
-                C = (char *)p->dhidden + (size_t)ch->r0 * p->ld_dh * dt_size(dhk);
-                ldc = (int)p->ld_dh, ct = dt_cuda(dhk);
-                beta = (s > 0 || p->acc_dh) ? 1.f : 0.f;
-            }
-            SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H,
-                                        (int)rows, (int)w, &one, wp, t, (int)p->ld_w, D, t,
-                                        (int)lay->ldL, &beta, C, ct, ldc, compute_type(c),
-                                        CUBLAS_GEMM_DEFAULT));
+            const gemm_out o = dh_via32 ? acc32(dh32, p->H, s > 0)
+                                        : user_dh(c, ch->r0, s > 0 || p->acc_dh);
+            SPH_TRY(gemm_dh(c, wp, rows, w, D, &o));
         }
         if (p->dweight) {
-            /* dW^T (H, w) = h^T (H, rows) . D (rows, w) */
-            void *C;
-            int ldc;
-            cudaDataType_t ct;
-            float beta;
-            if (lay->dw32) {
-                C = dw32 + (size_t)c0 * p->H, ldc = (int)p->H, ct = CUDA_R_32F, beta = 1.f;
-            } else {
-                C = (char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(dwk);
-                ldc = (int)p->ld_dw, ct = dt_cuda(dwk);
-                beta = (ci > 0 || p->acc_dw) ? 1.f : 0.f;
-            }
-            SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int)p->H,
-                                        (int)w, (int)rows, &one, hp, t, (int)ld, D, t,
-                                        (int)lay->ldL, &beta, C, ct, ldc, compute_type(c),
-                                        CUBLAS_GEMM_DEFAULT));
+            /* the fp32 accumulator holds the whole shard: zeroed by grad_prologue */
+            const gemm_out o = lay->dw32 ? acc32(dw32 + (size_t)c0 * p->H, p->H, 1)
+                                         : user_dw(c, c0, ci > 0 || p->acc_dw);
+            SPH_TRY(gemm_dw(c, hp, ld, rows, w, D, &o));
         }
     }
+    const int dhk = p->dhidden ? dt_kind(p->dh_dtype) : DT_F32;
     if (p->dhidden && lay->gather) SPH_TRY(launch_scatter(c, ch, dh32));
     else if (p->dhidden && lay->dh32)
         SPH_TRY(launch_convert(dhk, (char *)p->dhidden + (size_t)ch->r0 * p->ld_dh * dt_size(dhk),
@@ -972,8 +994,6 @@ static sph_status grad_cols(pass_ctx *c) {
     void *D = c->dk == DT_F32 ? (void *)L : (void *)(c->ws + lay->off_D);
     float *dh_all = (float *)(c->ws + lay->off_dh32);
     float *dw_s = (float *)(c->ws + lay->off_dw32);
-    const float one = 1.f;
-    const cudaDataType_t t = dt_cuda(c->dk);
     const int dhk = p->dhidden ? dt_kind(p->dh_dtype) : DT_F32;
     const int dwk = p->dweight ? dt_kind(p->dw_dtype) : DT_F32;
     /* position 0 of dh_all: row space position 0 (gathered) or the first computed row */
@@ -988,48 +1008,17 @@ static sph_status grad_cols(pass_ctx *c) {
             const char *hp;
             int64_t ld;
             SPH_TRY(chunk_h(c, &ch, &hp, &ld));
-            if (lay->fused) {
-                SPH_TRY(fused_dlogits(c, hp, ld, &ch, c0, w, D));
-            } else {
-                SPH_TRY(gemm_logits(c, hp, ld, ch.rows, c0, w, L));
-                SPH_TRY(launch_dlogits(c, L, D, &ch, c0, w));
-            }
+            SPH_TRY(chunk_dlogits(c, &ch, hp, ld, c0, w, L, D, 0));
             if (p->dhidden) {
-                /* dH^T (H, rows) (+)= W^T (H, w) . D^T (w, rows) */
-                void *C;
-                int ldc;
-                cudaDataType_t ct;
-                float beta;
-                if (lay->dh32) {
-                    C = dh_all + (size_t)(ch.k0 - base) * p->H, ldc = (int)p->H;
-                    ct = CUDA_R_32F, beta = s > 0 ? 1.f : 0.f;
-                } else {
-                    C = (char *)p->dhidden + (size_t)ch.r0 * p->ld_dh * dt_size(dhk);
-                    ldc = (int)p->ld_dh, ct = dt_cuda(dhk);
-                    beta = (s > 0 || p->acc_dh) ? 1.f : 0.f;
-                }
-                SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H,
-                                            (int)ch.rows, (int)w, &one, wp, t, (int)p->ld_w, D,
-                                            t, (int)lay->ldL, &beta, C, ct, ldc,
-                                            compute_type(c), CUBLAS_GEMM_DEFAULT));
+                const gemm_out o =
+                    lay->dh32 ? acc32(dh_all + (size_t)(ch.k0 - base) * p->H, p->H, s > 0)
+                              : user_dh(c, ch.r0, s > 0 || p->acc_dh);
+                SPH_TRY(gemm_dh(c, wp, ch.rows, w, D, &o));
             }
             if (p->dweight) {
-                /* dW^T (H, w) (+)= h^T (H, rows) . D (rows, w) */
-                void *C;
-                int ldc;
-                cudaDataType_t ct;
-                float beta;
-                if (lay->dw32) {
-                    C = dw_s, ldc = (int)p->H, ct = CUDA_R_32F, beta = ci > 0 ? 1.f : 0.f;
-                } else {
-                    C = (char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(dwk);
-                    ldc = (int)p->ld_dw, ct = dt_cuda(dwk);
-                    beta = (ci > 0 || p->acc_dw) ? 1.f : 0.f;
-                }
-                SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int)p->H,
-                                            (int)w, (int)ch.rows, &one, hp, t, (int)ld, D, t,
-                                            (int)lay->ldL, &beta, C, ct, ldc, compute_type(c),
-                                            CUBLAS_GEMM_DEFAULT));
+                const gemm_out o = lay->dw32 ? acc32(dw_s, p->H, ci > 0)
+                                             : user_dw(c, c0, ci > 0 || p->acc_dw);
+                SPH_TRY(gemm_dw(c, hp, ld, ch.rows, w, D, &o));
             }
             ci++;
         }

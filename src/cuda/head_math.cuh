@@ -48,6 +48,20 @@ __device__ __forceinline__ void merge3(float &m, float &s, float &b, float m2, f
     m = M;
 }
 
+/* Writes a row's partial record (m, s, b, zt, sz), merged after the record already there (an
+ * earlier vocabulary split: a fixed order) when merge. */
+__device__ __forceinline__ void record_store(float *rec, float m, float s, float b, float zt,
+                                             float sz, int merge) {
+    if (merge) {
+        float pm = rec[0], ps = rec[1], pb = rec[2];
+        merge3(pm, ps, pb, m, s, b);
+        m = pm, s = ps, b = pb;
+        zt += rec[3];
+        sz += rec[4];
+    }
+    rec[0] = m, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+}
+
 __device__ __forceinline__ void stats_update(float z, float &m, float &s, float &b, float &sz) {
     sz += z;
     if (z > m) {

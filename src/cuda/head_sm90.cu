@@ -385,17 +385,7 @@ __global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n
         sz += __shfl_xor_sync(0xffffffffu, sz, o);
         merge3(m, s, b, m2, s2, b2);
     }
-    if (lane != 0) return;
-    float *rec = recs + r * SPH_PARTIAL_FIELDS;
-    if (merge) {
-        /* earlier splits first, as head_stats_kernel */
-        float pm = rec[0], ps = rec[1], pb = rec[2];
-        merge3(pm, ps, pb, m, s, b);
-        m = pm, s = ps, b = pb;
-        zt += rec[3];
-        sz += rec[4];
-    }
-    rec[0] = m, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+    if (lane == 0) record_store(recs + r * SPH_PARTIAL_FIELDS, m, s, b, zt, sz, merge);
 }
 
 // ---- the kernel -------------------------------------------------------------------------
