@@ -48,10 +48,11 @@ peers.jsonl (one object per impl and point, the fields of issue 6 plus checks), 
 
 peers.md ends with two summaries per point: spanhead's general path (two passes) against the
 fastest peer (and against the fastest that takes its upstream gradient after the forward:
-every peer but liger-sum), and spanhead-onepass against the fastest peer. The second is the comparison for
-this benchmark's loss: the upstream gradient (1 per active row) is known before the forward,
-which is what one-pass peers (liger-sum computes its gradients inside the forward) rely on
-too; the first is what spanhead costs for losses that need the log-probs first (PPO ratios).
+every peer but liger-sum), and spanhead-onepass against the fastest peer. The second is the
+comparison for this benchmark's loss: the upstream gradient (1 per active row) is known
+before the forward, which is what one-pass peers (liger-sum computes its gradients inside the
+forward) rely on too; the first is what spanhead costs for losses that need the log-probs
+first (PPO ratios).
 """
 
 import argparse
