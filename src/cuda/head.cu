@@ -352,13 +352,23 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     const int64_t col_fixed = lay->grads && p->dhidden && (half_dh || lay->gather)
                                   ? (int64_t)sph_ws_round((size_t)lay->M * p->H * 4)
                                   : 0;
+    const int64_t base_fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
+                               (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
+                               (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
+                                   (1 + (lay->comm_size > 1 ? lay->comm_size : 0));
+    if (lay->fused && p->one_pass) {
+        /* One-pass: staging fp32 logits + half dlogits of whole-shard rows (6 N H V flops) beats
+         * recomputing them in the fused sweep (8 N H V) unless the staged chunks get thin.
+         * Measured in one run (run 10, 16K): staged chunks of ~1000-1800 rows won at A, B, C
+         * (25.3 vs 27.0 ms, 27.4 vs 32.4, 36.9 vs 43.2), ~150-row chunks lost at D (96.9 vs
+         * 67.2, and 1.47 GiB of workspace for its fp32 dW accumulator). */
+        int64_t b = chunk_bytes - base_fixed - row_fixed;
+        if (b < chunk_bytes / 8) b = chunk_bytes / 8;
+        if (b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS) lay->fused = 0;
+    }
     lay->col_outer = lay->grads && !lay->bi && (!p->one_pass || lay->fused) &&
                      (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
-    int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES +
-                    (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
-                    (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
-                        (1 + (lay->comm_size > 1 ? lay->comm_size : 0)) +
-                    (lay->col_outer ? col_fixed : row_fixed);
+    int64_t fixed = base_fixed + (lay->col_outer ? col_fixed : row_fixed);
     int64_t budget = chunk_bytes - fixed;
     if (budget < chunk_bytes / 8) budget = chunk_bytes / 8;
     /* one-pass on the fused path recomputes the logits for the gradients (8 N H V instead of
