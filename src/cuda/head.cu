@@ -359,9 +359,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     if (lay->fused && p->one_pass) {
         /* One-pass: staging fp32 logits + half dlogits of whole-shard rows (6 N H V flops) beats
          * recomputing them in the fused sweep (8 N H V) unless the staged chunks get thin.
-         * Measured in one run (run 10, 16K): staged chunks of ~1000-1800 rows won at A, B, C
-         * (25.3 vs 27.0 ms, 27.4 vs 32.4, 36.9 vs 43.2), ~150-row chunks lost at D (96.9 vs
-         * 67.2, and 1.47 GiB of workspace for its fp32 dW accumulator). */
+         * Measured in one run (run 10, 16K): staged chunks of ~1000-1800 rows won by 10-23 %
+         * at B and C and tied at A (-3 to +8 %); ~150-row chunks lost at D (96.9 vs 67.2 ms,
+         * and 1.47 GiB of workspace for its fp32 dW accumulator). */
         int64_t b = chunk_bytes - base_fixed - row_fixed;
         if (b < chunk_bytes / 8) b = chunk_bytes / 8;
         if (b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS) lay->fused = 0;
