@@ -340,8 +340,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
      * user's tensors, so every chunk of the pass takes the same kernels. */
     lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
-                 sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
-                                             p->H);
+                 sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
+                                           p->H) &&
+                 (st->assume_sm90 || sph_cuda_sm90_available());
     /* Gradient sweep order. Row-outer (every split of a row chunk, then the next chunk) keeps
      * an fp32 dW accumulator of the whole shard (V_loc x H) when dW is half precision;
      * vocabulary-outer (every row chunk of a split, then the next split) keeps an fp32 dH
@@ -356,24 +357,25 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                                (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
                                (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
                                    (1 + (lay->comm_size > 1 ? lay->comm_size : 0));
-    if (lay->fused && p->one_pass) {
-        /* One-pass: staging fp32 logits + half dlogits of whole-shard rows (6 N H V flops) beats
-         * recomputing them in the fused sweep (8 N H V) unless the staged chunks get thin.
-         * Measured in one run (run 10, 16K): staged chunks of ~1000-1800 rows won by 10-23 %
-         * at B and C and tied at A (-3 to +8 %); ~150-row chunks lost at D (96.9 vs 67.2 ms,
-         * and 1.47 GiB of workspace for its fp32 dW accumulator). */
+    if (p->one_pass) {
+        /* One-pass takes each chunk's gradients from its staged fp32 logits (6 N H V flops)
+         * unless the staged chunks of whole-shard rows get thin; then it runs the statistics
+         * of every chunk and the backward's sweep, recomputing the logits (8 N H V). Measured
+         * in one run (run 10, 16K): staged chunks of ~1000-1800 rows won by 10-23 % at B and
+         * C and tied at A (-3 to +8 %) against the fused sweep; ~150-row chunks lost at D
+         * (96.9 vs 67.2 ms, and 1.47 GiB of workspace for its fp32 dW accumulator). The
+         * batch-invariant mode keeps the staged form. */
         int64_t b = chunk_bytes - base_fixed - row_fixed;
         if (b < chunk_bytes / 8) b = chunk_bytes / 8;
-        if (b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS) lay->fused = 0;
+        lay->onepass_chunks =
+            lay->bi || b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS;
+        if (lay->onepass_chunks) lay->fused = 0;
     }
-    lay->col_outer = lay->grads && !lay->bi && (!p->one_pass || lay->fused) &&
+    lay->col_outer = lay->grads && !lay->bi && !lay->onepass_chunks &&
                      (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
     int64_t fixed = base_fixed + (lay->col_outer ? col_fixed : row_fixed);
     int64_t budget = chunk_bytes - fixed;
     if (budget < chunk_bytes / 8) budget = chunk_bytes / 8;
-    /* one-pass on the fused path recomputes the logits for the gradients (8 N H V instead of
-     * 6) rather than staging them in fp32: staged chunks of a wide vocabulary are thin, and
-     * the fused kernels run near the dense GEMM rate */
     const int stage_L = !lay->fused;
     const int tile_recs = lay->fused && (!lay->grads || p->one_pass);
     /* bytes per staged element: fp32 logits, half dlogits (fp32 dlogits alias L) */
@@ -407,7 +409,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     } else if (tuned && te.split > 0 && te.split < p->V_loc) {
         Vs = round_up(te.split, 8);
         if (Vs > p->V_loc) Vs = p->V_loc;
-    } else if (lay->grads && (!p->one_pass || lay->fused) && !st->no_square) {
+    } else if (lay->grads && !lay->onepass_chunks && !st->no_square) {
         /* Two-pass backward. Its fp32 accumulations move (N / R) V_loc H 8 bytes (dW, read
          * and written once per row chunk) plus (V_loc / Vs) N H 8 bytes (dH, staged per chunk
          * over the splits); with R * Vs fixed by the budget the sum is smallest for square
@@ -1198,11 +1200,10 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     if (lay.comm_size > 1)
         SPH_CUDA_RET(cudaMemsetAsync(part, 0, (size_t)p->N * SPH_PARTIAL_FIELDS * 4, c.stream));
     if (p->one_pass) SPH_TRY(grad_prologue(&c));
-    /* Unfused one-pass takes each chunk's gradients from its staged logits right after the
-     * chunk's statistics. Otherwise every chunk's statistics, one combine and the finalize;
-     * fused one-pass then runs the gradient sweep of the backward (it recomputes the logits
-     * in registers rather than staging them). */
-    const int per_chunk = p->one_pass && !lay.fused;
+    /* One-pass with staged chunks takes each chunk's gradients from its staged logits right
+     * after the chunk's statistics. Otherwise every chunk's statistics, one combine and the
+     * finalize; one-pass then runs the backward's gradient sweep (logits recomputed). */
+    const int per_chunk = p->one_pass && lay.onepass_chunks;
     chunk ch;
     int64_t ci = 0;
     chunks_reset(&c);

@@ -22,7 +22,7 @@
 #define SPH_CUBLAS_WS_BYTES ((size_t)32 << 20)
 /* Fewest rows a chunk may have before the vocabulary is split instead. */
 #define SPH_MIN_CHUNK_ROWS 256
-/* Fused one-pass recomputes its logits unless staged chunks would have this many rows. */
+/* One-pass recomputes its logits unless staged chunks would have this many rows. */
 #define SPH_ONEPASS_STAGED_ROWS 512
 /* Batch-invariant mode: the vocabulary split width depends on V_loc alone. */
 #define SPH_BI_SPLIT 16384
@@ -45,6 +45,7 @@ typedef struct sph_cuda_layout {
                         * unless one-pass keeps it) */
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
+    int onepass_chunks; /* one-pass: gradients per chunk from staged logits (else: sweep) */
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
     size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */
@@ -53,8 +54,15 @@ typedef struct sph_cuda_layout {
     size_t total;
 } sph_cuda_layout;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* C linkage: tests/unit/test_cuda_layout.c checks the layouts on a machine without a GPU. */
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);
+#ifdef __cplusplus
+}
+#endif
 
 /* Batch-invariant logits: L[r, c] = sum_k h[r, k] w[c, k] for r < R, c < Vs, fp32 out with
  * row stride ldL. Fixed tiling, no split-K: an element's value depends on its two input rows

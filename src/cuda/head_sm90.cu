@@ -579,14 +579,18 @@ extern "C" int sph_cuda_sm90_available(void) {
     return state == 1;
 }
 
-extern "C" int sph_cuda_logits_sm90_usable(sph_dtype dt, const void *h, int64_t ld_h,
-                                           const void *w, int64_t ld_w, int64_t H) {
+extern "C" int sph_cuda_sm90_operands_ok(sph_dtype dt, const void *h, int64_t ld_h,
+                                         const void *w, int64_t ld_w, int64_t H) {
     if (dt.bits != 16 || (dt.code != SPH_DTYPE_BFLOAT && dt.code != SPH_DTYPE_FLOAT)) return 0;
     /* TMA: 16-byte aligned global base, row strides a multiple of 16 bytes; H % 8 so that a
      * gathered chunk (row stride H) qualifies exactly when the user's rows do */
     if (H <= 0 || H % 8 || H > INT32_MAX || ld_h % 8 || ld_w % 8) return 0;
-    if ((uintptr_t)h % 16 || (uintptr_t)w % 16) return 0;
-    return sph_cuda_sm90_available();
+    return (uintptr_t)h % 16 == 0 && (uintptr_t)w % 16 == 0;
+}
+
+extern "C" int sph_cuda_logits_sm90_usable(sph_dtype dt, const void *h, int64_t ld_h,
+                                           const void *w, int64_t ld_w, int64_t H) {
+    return sph_cuda_sm90_operands_ok(dt, h, ld_h, w, ld_w, H) && sph_cuda_sm90_available();
 }
 
 /* A 2-D map over rows x H (row stride ld elements) with boxes of box_rows x 64. */

@@ -22,6 +22,11 @@ extern "C" {
  * the tensor-map encoder, and SPH_CUDA_SM90 is not "0" (A/B switch, read at every call). */
 int sph_cuda_sm90_available(void);
 
+/* 1 when these operands suit the sm_90a kernel's TMA maps (the conditions below, without
+ * asking the device). */
+int sph_cuda_sm90_operands_ok(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
+                              int64_t ld_w, int64_t H);
+
 /* 1 when the sm_90a kernel takes logits of these operands: bf16/f16, H % 8 == 0, row strides
  * multiples of 8 elements, 16-byte aligned bases, and sph_cuda_sm90_available(). Ask it with
  * the user's tensors (not a chunk's), so every chunk of every batch gets the same kernel. */

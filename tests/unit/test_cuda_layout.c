@@ -1,0 +1,253 @@
+/*
+ * test_cuda_layout.c - the CUDA backend's workspace layouts (src/cuda/head.cu,
+ * sph_cuda_head_layout), checked on the host: the layout is arithmetic on the plan, so it needs
+ * no GPU, and CI (which has none) runs it. A fake CUDA context (zeroed backend state) is laid
+ * out as on an sm_90 device (fused kernels, state.assume_sm90) and as on any other (unfused).
+ *
+ * - Issue 6's grid (shapes A-D, 16K and 64K rows, dense / response / fragmented masks at
+ *   active 1, 0.5, 0.25, forward, backward and one-pass, bf16 inputs and gradients): the
+ *   workspace (the head's whole extra memory) stays within the default 1 GiB budget on the
+ *   fused and the unfused path; one-pass stages its logits at A, B, C and recomputes them at
+ *   D (staged chunks there would be ~150 rows, behind an fp32 dW accumulator of 1.24 GB).
+ * - Any plan (random shapes, budgets, masks, passes, dtypes): rows and columns are covered
+ *   (R >= 1, chunks x R >= computed rows, splits x Vs >= V_loc, Vs a multiple of 8 unless it
+ *   is the whole shard), the workspace stays within the budget whenever the fixed part leaves
+ *   an eighth of it, the vocabulary-outer sweep is chosen only for a smaller accumulator, and
+ *   the fused path only for bf16/f16 operands TMA can read.
+ * Skips (exit 77) in a build without CUDA.
+ */
+#ifndef SPH_HAVE_CUDA
+#include <stdio.h>
+int main(void) {
+    printf("test_cuda_layout: spanhead was built without CUDA: skipping\n");
+    return 77;
+}
+#else
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/head.cuh"
+#include "testutil.h"
+
+static sph_cuda_state g_state;
+static sph_rng g_rng;
+
+/* A CUDA context in name only: the layout reads the budget, the modes and the backend state. */
+static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
+    struct sph_ctx c;
+    memset(&c, 0, sizeof c);
+    memset(&g_state, 0, sizeof g_state);
+    g_state.assume_sm90 = assume_sm90;
+    c.device.type = SPH_DEVICE_CUDA;
+    c.chunk_bytes = chunk_bytes;
+    c.cuda = &g_state;
+    return c;
+}
+
+/* Operands are never read: 256-byte aligned placeholders. */
+#define FAKE(k) ((void *)(uintptr_t)(0x100000u * (k)))
+
+typedef struct lcase {
+    int64_t N, H, V;
+    sph_dtype dt, gdt;
+    int64_t *spans, n_spans; /* host, NULL: every row */
+    int pass;                /* 0 forward, 1 backward, 2 one-pass forward */
+} lcase;
+
+static sph_head_plan make_plan(const lcase *k) {
+    sph_head_plan p;
+    memset(&p, 0, sizeof p);
+    p.N = k->N, p.H = k->H, p.V_loc = p.V = k->V;
+    p.dtype = k->dt;
+    p.device.type = SPH_DEVICE_CUDA;
+    p.hidden = FAKE(1), p.ld_h = k->H;
+    p.weight = FAKE(2), p.ld_w = k->H;
+    p.targets = FAKE(3), p.tgt_i64 = 1;
+    p.temperature = 1.0;
+    p.stats = FAKE(4);
+    p.spans = k->spans, p.n_spans = k->n_spans;
+    if (k->pass == 0) {
+        p.logprob = FAKE(5);
+    } else {
+        p.dlogprob = FAKE(6);
+        p.dhidden = FAKE(7), p.ld_dh = k->H, p.dh_dtype = k->gdt;
+        p.dweight = FAKE(8), p.ld_dw = k->H, p.dw_dtype = k->gdt;
+        p.one_pass = k->pass == 2;
+        if (p.one_pass) p.logprob = FAKE(5);
+    }
+    return p;
+}
+
+static int layout_of(const lcase *k, int64_t chunk_bytes, int assume_sm90,
+                     sph_cuda_layout *lay) {
+    struct sph_ctx c = fake_ctx(chunk_bytes, assume_sm90);
+    sph_head_plan p = make_plan(k);
+    sph_status s = sph_cuda_head_layout(&c, &p, k->pass == 1 ? SPH_HEAD_BACKWARD
+                                                               : SPH_HEAD_FORWARD, lay);
+    if (s != SPH_OK) {
+        print_error("layout(N=%lld, H=%lld, V=%lld, pass=%d): %s\n", (long long)k->N,
+                    (long long)k->H, (long long)k->V, k->pass, sph_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* Spans of issue 6's masks: "response" (the last act * 2048 rows of each 2048-row sequence),
+ * "fragmented" (runs of 16 active rows spread evenly). Returns the span count. */
+static int64_t mask_spans(int kind, double act, int64_t N, int64_t *spans) {
+    int64_t n = 0;
+    if (kind == 1) {
+        const int64_t run = (int64_t)(2048 * act);
+        for (int64_t s = 0; s + 2048 <= N; s += 2048)
+            spans[2 * n] = s + 2048 - run, spans[2 * n + 1] = s + 2048, n++;
+    } else {
+        const int64_t period = (int64_t)(16 / act);
+        for (int64_t s = 0; s + 16 <= N; s += period)
+            spans[2 * n] = s, spans[2 * n + 1] = s + 16, n++;
+    }
+    return n;
+}
+
+static void test_issue6_grid(void **state) {
+    (void)state;
+    static const struct { const char *name; int64_t H, V; } shapes[4] = {
+        {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936}};
+    const int64_t GiB = (int64_t)1 << 30, Ns[2] = {16384, 65536};
+    const double acts[3] = {1.0, 0.5, 0.25};
+    int64_t *spans = test_malloc(sizeof(int64_t) * 2 * 65536);
+    int ok = 1;
+    for (int si = 0; si < 4; si++)
+        for (int ni = 0; ni < 2; ni++)
+            for (int mk = 0; mk < 3; mk++)
+                for (int ai = 0; ai < 3; ai++) {
+                    if ((mk == 0 && ai > 0) || (mk == 2 && ai == 0)) continue;
+                    lcase k = {Ns[ni], shapes[si].H, shapes[si].V, SPH_BF16, SPH_BF16, NULL,
+                               0, 0};
+                    if (mk > 0) {
+                        k.n_spans = mask_spans(mk, acts[ai], k.N, spans);
+                        k.spans = spans;
+                    }
+                    for (int pass = 0; pass < 3; pass++)
+                        for (int fused = 0; fused < 2; fused++) {
+                            k.pass = pass;
+                            sph_cuda_layout lay;
+                            if (!layout_of(&k, 0, fused, &lay)) {
+                                ok = 0;
+                                continue;
+                            }
+                            if ((int64_t)lay.total > GiB) {
+                                print_error("%s N=%lld mask=%d act=%.2f pass=%d fused=%d: "
+                                            "workspace %zu bytes > 1 GiB (R=%lld, Vs=%lld, "
+                                            "col_outer=%d, onepass_chunks=%d)\n",
+                                            shapes[si].name, (long long)k.N, mk, acts[ai],
+                                            pass, fused, lay.total, (long long)lay.R,
+                                            (long long)lay.Vs, lay.col_outer,
+                                            lay.onepass_chunks);
+                                ok = 0;
+                            }
+                            /* one-pass stages its logits at A, B, C (chunks of 1000+
+                             * rows) and recomputes them at D (run 10's A/B) */
+                            const int staged = pass == 2 && si < 3;
+                            if (pass == 2 && lay.onepass_chunks != staged) {
+                                print_error("%s one-pass: onepass_chunks=%d, expected %d\n",
+                                            shapes[si].name, lay.onepass_chunks, staged);
+                                ok = 0;
+                            }
+                            if (fused && lay.fused != !staged) {
+                                print_error("%s pass=%d: bf16, H %% 8 == 0: fused=%d, "
+                                            "expected %d\n", shapes[si].name, pass, lay.fused,
+                                            !staged);
+                                ok = 0;
+                            }
+                        }
+                }
+    test_free(spans);
+    assert_true(ok);
+}
+
+static int64_t rnd_in(int64_t lo, int64_t hi) { return rng_range(&g_rng, lo, hi); }
+
+static void test_random_plans(void **state) {
+    (void)state;
+    const sph_dtype dts[3] = {SPH_F32, SPH_BF16, SPH_F16};
+    int64_t *spans = test_malloc(sizeof(int64_t) * 2 * 4096);
+    int ok = 1;
+    for (int it = 0; it < 3000 && ok; it++) {
+        lcase k;
+        memset(&k, 0, sizeof k);
+        k.N = rnd_in(0, 20) ? rnd_in(1, 300000) : 0;
+        k.H = rnd_in(0, 3) ? 8 * rnd_in(1, 700) : rnd_in(1, 6000);
+        k.V = rnd_in(0, 2) ? rnd_in(1, 700000) : rnd_in(1, 300);
+        k.dt = dts[rnd_in(0, 2)];
+        k.gdt = rnd_in(0, 1) ? SPH_F32 : k.dt;
+        k.pass = (int)rnd_in(0, 2);
+        if (k.N > 0 && rnd_in(0, 1)) { /* random ordered spans */
+            int64_t pos = 0, n = 0;
+            while (n < 4096 && pos < k.N) {
+                int64_t a = pos + rnd_in(0, k.N / 8 + 1), b = a + rnd_in(1, k.N / 8 + 1);
+                if (a >= k.N) break;
+                if (b > k.N) b = k.N;
+                spans[2 * n] = a, spans[2 * n + 1] = b, n++;
+                pos = b + 1;
+            }
+            k.spans = spans, k.n_spans = n;
+        }
+        const int64_t budgets[4] = {(int64_t)256 << 10, (int64_t)48 << 20, 0,
+                                    (int64_t)4 << 30};
+        const int64_t chunk_bytes = budgets[rnd_in(0, 3)];
+        const int64_t cb = chunk_bytes > 0 ? chunk_bytes : (int64_t)1 << 30;
+        const int fused = (int)rnd_in(0, 1);
+        sph_cuda_layout lay;
+        if (!layout_of(&k, chunk_bytes, fused, &lay)) {
+            ok = 0;
+            break;
+        }
+        char cs[200];
+        snprintf(cs, sizeof cs, "N=%lld H=%lld V=%lld dt=%s gdt=%s pass=%d spans=%lld budget=%lld "
+                 "sm90=%d", (long long)k.N, (long long)k.H, (long long)k.V,
+                 sph_dtype_name(k.dt), sph_dtype_name(k.gdt), k.pass, (long long)k.n_spans,
+                 (long long)cb, fused);
+        int64_t M = 0;
+        if (k.spans)
+            for (int64_t s = 0; s < k.n_spans; s++) M += spans[2 * s + 1] - spans[2 * s];
+        else
+            M = k.N;
+        const int grads = k.pass != 0;
+        const int half = k.dt.bits == 16;
+        const int64_t dw_acc = grads && k.gdt.bits == 16 ? k.V * k.H * 4 : 0;
+        const int64_t dh_acc = grads && (k.gdt.bits == 16 || lay.gather) ? M * k.H * 4 : 0;
+        /* the fixed part: cuBLAS's slice, the records, the row map, the sweep's accumulator */
+        const int64_t fixed = (int64_t)SPH_CUBLAS_WS_BYTES + k.N * SPH_PARTIAL_FIELDS * 4 +
+                              (lay.gather ? M * 8 : 0) +
+                              (lay.col_outer ? dh_acc : dw_acc) + 64 * 256;
+        int bad = lay.R < 1 || lay.Vs < 1 || lay.n_splits * lay.Vs < k.V ||
+                  (lay.n_splits - 1) * lay.Vs >= k.V || (lay.Vs != k.V && lay.Vs % 8);
+        if (lay.gather) bad |= lay.n_chunks * lay.R < M || lay.M != M;
+        if (fixed <= cb - cb / 8) bad |= (int64_t)lay.total > cb + 64 * 256;
+        if (lay.col_outer) bad |= !(dh_acc < dw_acc) || !grads;
+        if (lay.fused) bad |= !half || k.H % 8 != 0 || !fused;
+        if (half && k.H % 8 == 0 && fused && !(k.pass == 2 && lay.onepass_chunks))
+            bad |= !lay.fused;
+        if (bad) {
+            print_error("%s: layout R=%lld Vs=%lld splits=%lld chunks=%lld M=%lld total=%zu "
+                        "fixed~%lld fused=%d col_outer=%d onepass_chunks=%d\n", cs,
+                        (long long)lay.R, (long long)lay.Vs, (long long)lay.n_splits,
+                        (long long)lay.n_chunks, (long long)lay.M, lay.total, (long long)fixed,
+                        lay.fused, lay.col_outer, lay.onepass_chunks);
+            ok = 0;
+        }
+    }
+    test_free(spans);
+    assert_true(ok);
+}
+
+int main(void) {
+    rng_seed(&g_rng, test_seed());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_issue6_grid),
+        cmocka_unit_test(test_random_plans),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#endif /* SPH_HAVE_CUDA */
