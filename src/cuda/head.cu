@@ -1065,7 +1065,13 @@ static sph_status grad_sweep(pass_ctx *c) {
 static sph_status grad_prologue(pass_ctx *c) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
-    if (p->dhidden && !p->acc_dh && p->spans) {
+    if (p->dhidden && !p->acc_dh && p->spans && p->n_spans > SPH_GAP_MEMSETS) {
+        /* many gaps: one memset of every row costs less than a launch per gap, and the sweep
+         * overwrites every row inside the spans anyway (inactive ones with zeros) */
+        size_t es = dt_size(dt_kind(p->dh_dtype)), pitch = (size_t)p->ld_dh * es;
+        SPH_CUDA_RET(cudaMemset2DAsync(p->dhidden, pitch, 0, (size_t)p->H * es, (size_t)p->N,
+                                       c->stream));
+    } else if (p->dhidden && !p->acc_dh && p->spans) {
         size_t es = dt_size(dt_kind(p->dh_dtype)), pitch = (size_t)p->ld_dh * es;
         int64_t prev = 0;
         for (int64_t k = 0; k <= p->n_spans; k++) {

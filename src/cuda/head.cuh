@@ -22,6 +22,8 @@
 #define SPH_CUBLAS_WS_BYTES ((size_t)32 << 20)
 /* Fewest rows a chunk may have before the vocabulary is split instead. */
 #define SPH_MIN_CHUNK_ROWS 256
+/* More spans than this: the gradient prologue clears all of dH in one memset, not per gap. */
+#define SPH_GAP_MEMSETS 16
 /* One-pass recomputes its logits unless staged chunks would have this many rows. */
 #define SPH_ONEPASS_STAGED_ROWS 512
 /* Batch-invariant mode: the vocabulary split width depends on V_loc alone. */
