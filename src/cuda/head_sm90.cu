@@ -1,8 +1,9 @@
 /*
- * head_sm90.cu - the Hopper (sm_90a) variant of the batch-invariant logits kernel:
- * L (R, Vs) fp32 = h (R, H) . W (Vs, H)^T for bf16/f16 inputs, fp32 accumulation.
- *
- * Same contract and output layout as sph_cuda_logits_fixed (head_mma.cu), faster machinery:
+ * head_sm90.cu - the Hopper (sm_90a) logits kernel: the tile L (R, Vs) = h (R, H) . W (Vs, H)^T
+ * for bf16/f16 inputs, fp32 accumulation, then one of three epilogues on the tile in registers
+ * (head_sm90.cuh): store L in fp32 (the batch-invariant variant, same contract and output
+ * layout as sph_cuda_logits_fixed in head_mma.cu), per-row softmax records of each 256-column
+ * tile (the general path's forward), or the dlogits du (its backward). Machinery:
  * - operands arrive through TMA (cp.async.bulk.tensor.2d) as 128 x 64 (h) and 256 x 64 (W)
  *   boxes in the 128-byte swizzled layout, out-of-range rows and k columns zero-filled by the
  *   copy engine; the tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled,
@@ -13,7 +14,9 @@
  * - warpgroup 0 is the producer (one thread issues the copies, registers given back with
  *   setmaxnreg), warpgroups 1 and 2 are the consumers: each owns 64 rows x 256 columns of the
  *   128 x 256 block tile and issues wgmma.mma_async m64n256k16 with both operands read from
- *   shared memory through matrix descriptors (K-major, 128-byte swizzle).
+ *   shared memory through matrix descriptors (K-major, 128-byte swizzle);
+ * - persistent: one block per SM walks the grouped tile raster; the producer keeps loading
+ *   the next tile's k slices while the consumers run an epilogue.
  *
  * Batch invariance: every output element is acc = 0, then acc += (16-wide k step) for
  * k = 0, 16, 32, ... ascending, the same instruction sequence whatever the block, the row's
