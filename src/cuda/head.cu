@@ -11,6 +11,10 @@
  *             dH[r0:r0+R] (+)= D . W[c0:c0+w]       (R, H)
  *             dW[c0:c0+w] (+)= D^T . h[r0:r0+R]      (w, H), deterministic (beta = 1 chain)
  * No (N, V) buffer exists: the staged logits are (R, w) with R * w * bytes <= chunk_bytes.
+ * On sm_90 with TMA-ready bf16/f16 operands the forward's L and statistics, and the
+ * backward's L and D, are one fused kernel each (head_sm90.cu): no logits are staged, only D.
+ * The gradient sweep runs row-outer or vocabulary-outer, whichever needs the smaller fp32
+ * accumulator (sph_cuda_head_layout).
  *
  * Numerics: logits accumulate in fp32 (tensor cores for bf16/f16, exact FP32 for f32 unless
  * opts.allow_tf32). Row statistics use the online max/sum-exp update; each thread owns a
