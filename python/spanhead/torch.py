@@ -458,9 +458,11 @@ def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                           reduce_dhidden: Optional[bool] = None, return_logprobs: bool = False,
                           return_entropy: bool = False, **context_options: Any) -> Any:
     """The scalar loss ``L = -sum_i weights_i * logprob_i - entropy_coef * sum_i entropy_i``
-    over the active rows, its gradients computed in the same sweep as the forward (spanhead's
+    over the active rows, its gradients computed in the same call as the forward (spanhead's
     one-pass mode: each chunk of logits is computed once, 6*N*H*V flops instead of the
-    8*N*H*V of :func:`logprobs` + backward).
+    8*N*H*V of :func:`logprobs` + backward, where the chunks of staged logits fit the
+    workspace budget; on very wide vocabularies the CUDA backend recomputes them instead,
+    see docs/cuda.md).
 
     For losses whose gradient w.r.t. the per-token log-probs is known before the forward:
 
