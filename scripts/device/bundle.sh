@@ -18,6 +18,7 @@ cp -L "$build"/libspanhead.so.0 "$out/lib/"
 for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-cp "$root"/scripts/device/run_*.sh "$root"/scripts/device/sm90_check.sh "$root"/scripts/device/ncu_breakdown.sh "$out/"
+cp "$root"/scripts/device/run_*.sh "$root"/scripts/device/sm90_check.sh "$root"/scripts/device/ncu_breakdown.sh \
+  "$root"/scripts/device/issue6_bench.sh "$out/"
 git -C "$root" rev-parse --short HEAD > "$out/COMMIT"
 du -sh "$out"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# issue6_bench.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh):
+# issue 6's measurements in one call, as run 13 took them. The grid (shapes A-D, 16K and 64K
+# rows, response / fragmented / packed-RL masks, general and one-pass), then the seed's matrix
+# (packed-RL, general) three times: default, SPH_CUDA_BWD_DENSE=1 (the dense-backward
+# ablation) and SPH_CUDA_FUSED=0 (fused kernels off). Everything lands in one tarball
+# ($OUT/issue6.tgz: the device tool returns few files); then, here:
+#   python3 bench/ab_summary.py matrix_default.jsonl matrix_SPH_CUDA_BWD_DENSE_1.jsonl ...
+#   bench/plot_bench.py bench.jsonl plot_16K.png --N 16384 [--peers peers.jsonl]
+# Environment: GRID_TIMEOUT (240 s), MATRIX_TIMEOUT (110 s per variant), MATRIX_SHAPES
+# (default A,B,C,D; e.g. C,D to finish a matrix cut short), SKIP_GRID=1.
+#   device: bash .devbundle/issue6_bench.sh     carry [".devbundle"]
+cd "$(dirname "$0")"
+export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export SPH_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
+OUT=${OUT:-/tmp/out}
+R=$(mktemp -d)
+{
+  echo "commit $SPH_COMMIT"; date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  /usr/local/cuda/bin/nvcc --version | tail -1
+} > "$R/machine.txt" 2>&1
+if [ -z "${SKIP_GRID:-}" ]; then
+  t0=$(date +%s)
+  timeout "${GRID_TIMEOUT:-240}" ./bin/spanhead bench --shape A,B,C,D --N 16K,64K \
+    --mask response,fragmented,packed-rl --mode both --json "$R/bench.jsonl" > "$R/bench.md" 2>&1
+  echo "grid rc=$? $(( $(date +%s) - t0 )) s" >> "$R/steps.txt"
+fi
+M="--matrix seed --shape ${MATRIX_SHAPES:-A,B,C,D} --mask packed-rl --mode general --repeats 3 --warmup 1"
+for v in default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0; do
+  t0=$(date +%s)
+  n=$(echo "$v" | tr '=' '_')
+  if [ "$v" = default ]; then
+    timeout "${MATRIX_TIMEOUT:-110}" ./bin/spanhead bench $M --json "$R/matrix_$n.jsonl" \
+      > "$R/matrix_$n.md" 2>&1
+  else
+    env "$v" timeout "${MATRIX_TIMEOUT:-110}" ./bin/spanhead bench $M \
+      --json "$R/matrix_$n.jsonl" > "$R/matrix_$n.md" 2>&1
+  fi
+  echo "matrix $v rc=$? $(( $(date +%s) - t0 )) s" >> "$R/steps.txt"
+done
+tar czf "$OUT/issue6.tgz" -C "$R" .
+cat "$R/steps.txt"
