@@ -840,8 +840,9 @@ static void env_set(const char *name, const char *value) {
  * fp32 dH of the computed rows is smaller than an fp32 dW of the shard: half-precision dW,
  * N_active < V_loc) and row-outer (SPH_CUDA_COLOUTER=0), with small budgets so that row
  * chunks and vocabulary splits both number several (split-sized dW accumulator, dH
- * accumulated over splits), gathered spans, no spans, accumulation, one-pass (fused:
- * statistics of every chunk, then the sweep); and the dense-backward ablation
+ * accumulated over splits), gathered spans, no spans, accumulation, one-pass (a small budget:
+ * statistics of every chunk, then the sweep; the default budget: staged chunks); and the
+ * dense-backward ablation
  * (SPH_CUDA_BWD_DENSE=1) on a masked case. The vocabulary-outer workspace must leave out
  * the shard's fp32 dW accumulator. Any compute capability. */
 static void test_sweep(void **state) {
@@ -899,7 +900,7 @@ static void test_sweep(void **state) {
  * dlogits written straight from them) against the float64 reference, each case with the
  * fused kernels on (SPH_CUDA_FUSED=1) and off (=0, cuBLAS + staged fp32 logits): one row,
  * rows and columns straddling the 128 x 256 tiles, H % 64 != 0, gathered spans with
- * softcap and temperature, one-pass (logits kept + tile records), a TP shard with
+ * softcap and temperature, one-pass through the recomputing sweep, a TP shard with
  * accumulation, and a small budget that splits the vocabulary in both passes (records
  * merged across splits). On an sm_90 device the fused forward must be live: its workspace
  * holds no staged logits. */
