@@ -4,10 +4,11 @@
  * no GPU, and CI (which has none) runs it. A fake CUDA context (zeroed backend state) is laid
  * out as on an sm_90 device (fused kernels, state.assume_sm90) and as on any other (unfused).
  *
- * - Issue 6's grid (shapes A-D, 16K and 64K rows, dense / response / fragmented masks at
- *   active 1, 0.5, 0.25, forward, backward and one-pass, bf16 inputs and gradients): the
+ * - Issue 6's grid (shapes A-D, 16K, 64K and 256K rows, dense / response / fragmented masks
+ *   at active 1, 0.5, 0.25, forward, backward and one-pass, bf16 inputs and gradients): the
  *   workspace (the head's whole extra memory) stays within the default 1 GiB budget on the
- *   fused and the unfused path; one-pass stages its logits at A, B, C and recomputes them at
+ *   fused and the unfused path, except at D with 256K rows and half or more of them active
+ *   (both fp32 gradient accumulators exceed the budget there); one-pass stages its logits at A, B, C and recomputes them at
  *   D (staged chunks there would be ~150 rows, behind an fp32 dW accumulator of 1.24 GB).
  * - Any plan (random shapes, budgets, masks, passes, dtypes): rows and columns are covered
  *   (R >= 1, chunks x R >= computed rows, splits x Vs >= V_loc, Vs a multiple of 8 unless it
@@ -113,12 +114,12 @@ static void test_issue6_grid(void **state) {
     (void)state;
     static const struct { const char *name; int64_t H, V; } shapes[4] = {
         {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936}};
-    const int64_t GiB = (int64_t)1 << 30, Ns[2] = {16384, 65536};
+    const int64_t GiB = (int64_t)1 << 30, Ns[3] = {16384, 65536, 262144};
     const double acts[3] = {1.0, 0.5, 0.25};
-    int64_t *spans = test_malloc(sizeof(int64_t) * 2 * 65536);
+    int64_t *spans = test_malloc(sizeof(int64_t) * 2 * 262144);
     int ok = 1;
     for (int si = 0; si < 4; si++)
-        for (int ni = 0; ni < 2; ni++)
+        for (int ni = 0; ni < 3; ni++)
             for (int mk = 0; mk < 3; mk++)
                 for (int ai = 0; ai < 3; ai++) {
                     if ((mk == 0 && ai > 0) || (mk == 2 && ai == 0)) continue;
@@ -136,7 +137,21 @@ static void test_issue6_grid(void **state) {
                                 ok = 0;
                                 continue;
                             }
-                            if ((int64_t)lay.total > GiB) {
+                            /* the one known excess: D at 256K rows with >= half of them
+                             * in the gradients, where both the fp32 dW accumulator (1.24 GB)
+                             * and the fp32 dH one (>= 1.07 GB) exceed the budget (an fp32
+                             * dweight, main_grad style, needs neither) */
+                            const int over = si == 3 && k.N == 262144 && pass > 0 &&
+                                             (mk == 0 || (mk == 1 && ai < 2) ||
+                                              (mk == 2 && ai == 1));
+                            if (over && (int64_t)lay.total <= GiB) {
+                                print_error("D 256K mask=%d act=%.2f pass=%d: expected the "
+                                            "workspace over 1 GiB, got %zu: update the "
+                                            "documented exception\n", mk, acts[ai], pass,
+                                            lay.total);
+                                ok = 0;
+                            }
+                            if (!over && (int64_t)lay.total > GiB) {
                                 print_error("%s N=%lld mask=%d act=%.2f pass=%d fused=%d: "
                                             "workspace %zu bytes > 1 GiB (R=%lld, Vs=%lld, "
                                             "col_outer=%d, onepass_chunks=%d)\n",
