@@ -525,8 +525,10 @@ static int walk_points(const bopts *o, const work *ws, int n_work, const run_spe
     return rc;
 }
 
-/* Comma-separated token counts with an optional K (x1024) suffix: "16K,64K". */
-static int parse_list_i(const char *s, int64_t *out, int max) {
+/* Comma-separated numbers in [lo, hi] into out (at most max); a K suffix multiplies by 1024
+ * when k_suffix, integer asks for whole numbers. Returns the count, or -1 on a bad list. */
+static int parse_list(const char *s, double *out, int max, int k_suffix, int integer, double lo,
+                      double hi) {
     int n = 0;
     char buf[256];
     if (strlen(s) >= sizeof buf) return -1;
@@ -534,26 +536,29 @@ static int parse_list_i(const char *s, int64_t *out, int max) {
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         char *end;
         double v = strtod(tok, &end);
-        if (*end == 'K' || *end == 'k') v *= 1024, end++;
-        /* 2^40 rows: far past any device, still exact in double and safe in N * H */
-        if (end == tok || *end || !(v >= 1 && v <= 0x1p40) || v != floor(v) || n == max)
+        if (k_suffix && (*end == 'K' || *end == 'k')) v *= 1024, end++;
+        if (end == tok || *end || !(v >= lo && v <= hi) || (integer && v != floor(v)) ||
+            n == max)
             return -1;
-        out[n++] = (int64_t)v;
+        out[n++] = v;
     }
     return n;
 }
 
+/* Token counts with an optional K suffix ("16K,64K"): 2^40 rows at most, far past any device,
+ * still exact in double and safe in N * H. */
+static int parse_list_i(const char *s, int64_t *out, int max) {
+    double v[MAX_LIST];
+    int n = parse_list(s, v, max < MAX_LIST ? max : MAX_LIST, 1, 1, 1, 0x1p40);
+    for (int k = 0; k < n; k++) out[k] = (int64_t)v[k];
+    return n;
+}
+
+/* Active fractions in (0, 1]. */
 static int parse_list_d(const char *s, double *out, int max) {
-    int n = 0;
-    char buf[256];
-    if (strlen(s) >= sizeof buf) return -1;
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        char *end;
-        double v = strtod(tok, &end);
-        if (end == tok || *end || !(v > 0 && v <= 1) || n == max) return -1;
-        out[n++] = v;
-    }
+    int n = parse_list(s, out, max, 0, 0, 0, 1);
+    for (int k = 0; k < n; k++)
+        if (out[k] <= 0) return -1;
     return n;
 }
 

@@ -938,20 +938,19 @@ static sph_status gemm_dw(pass_ctx *c, const char *hp, int64_t ld, int64_t rows,
     return SPH_OK;
 }
 
-/* The user's dH rows from row r0 / dW rows from column c0, beta 1 when accumulating. */
-static gemm_out user_dh(const pass_ctx *c, int64_t r0, int acc) {
-    const sph_head_plan *p = c->p;
-    const int k = dt_kind(p->dh_dtype);
-    gemm_out o = {(char *)p->dhidden + (size_t)r0 * p->ld_dh * dt_size(k), (int)p->ld_dh,
-                  dt_cuda(k), acc ? 1.f : 0.f};
+/* A user gradient (rows of ld elements of dtype dt) from row row0, beta 1 when accumulating. */
+static gemm_out user_out(void *base, int64_t ld, sph_dtype dt, int64_t row0, int acc) {
+    const int k = dt_kind(dt);
+    gemm_out o = {(char *)base + (size_t)row0 * ld * dt_size(k), (int)ld, dt_cuda(k),
+                  acc ? 1.f : 0.f};
     return o;
 }
+/* The user's dH rows from row r0 / dW rows from vocabulary column c0. */
+static gemm_out user_dh(const pass_ctx *c, int64_t r0, int acc) {
+    return user_out(c->p->dhidden, c->p->ld_dh, c->p->dh_dtype, r0, acc);
+}
 static gemm_out user_dw(const pass_ctx *c, int64_t c0, int acc) {
-    const sph_head_plan *p = c->p;
-    const int k = dt_kind(p->dw_dtype);
-    gemm_out o = {(char *)p->dweight + (size_t)c0 * p->ld_dw * dt_size(k), (int)p->ld_dw,
-                  dt_cuda(k), acc ? 1.f : 0.f};
-    return o;
+    return user_out(c->p->dweight, c->p->ld_dw, c->p->dw_dtype, c0, acc);
 }
 /* An fp32 accumulator with H columns. */
 static gemm_out acc32(float *C, int64_t H, int acc) {
