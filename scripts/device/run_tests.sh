@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_tests.sh - on the device machine, inside the carried bundle: machine record, the GPU
-# tests (default, then SPH_CUDA_GATHER=0, SPH_CUDA_SQUARE=0, SPH_CUDA_FUSED=0), compute-sanitizer
-# memcheck and racecheck on subsets (SANITIZE=1), then `spanhead bench` with the given arguments,
+# tests (default, then SPH_CUDA_GATHER=0, SPH_CUDA_SQUARE=0, SPH_CUDA_FUSED=0,
+# SPH_CUDA_PINGPONG=0), compute-sanitizer memcheck and racecheck on subsets (SANITIZE=1), then
+# `spanhead bench` with the given arguments,
 # and a second bench with $BENCH2 arguments under $BENCH2_ENV (default SPH_CUDA_GATHER=0: a
 # same-run A/B) when set.
 #   usage: run_tests.sh [bench-args...]   (logs under $OUT)
@@ -25,11 +26,12 @@ run() { # name timeout cmd...
   [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/$name.log"; }
 }
 for t in bin/gpu_test_*; do run "$(basename $t)" 150 "$t"; done
-if [ -z "${QUICK:-}" ]; then # QUICK=1: the default and SPH_CUDA_FUSED=0 runs only
+if [ -z "${QUICK:-}" ]; then # QUICK=1: the default, SPH_CUDA_FUSED=0 and SPH_CUDA_PINGPONG=0 runs only
   for t in bin/gpu_test_*; do SPH_CUDA_GATHER=0 SPH_TEST_SKIP_HUGE=1 run "$(basename $t)_nogather" 100 "$t"; done
   SPH_CUDA_SQUARE=0 run gpu_test_head_cuda_nosquare 100 bin/gpu_test_head_cuda
 fi
 SPH_CUDA_FUSED=0 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_nofused 100 bin/gpu_test_head_cuda
+SPH_CUDA_PINGPONG=0 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_cooperative 100 bin/gpu_test_head_cuda
 if [ -n "${SANITIZE:-}" ]; then
   SPH_TEST_SKIP_HUGE=1 run memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
     bin/gpu_test_head_cuda

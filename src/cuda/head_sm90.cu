@@ -42,17 +42,31 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
 
-#define SM90_BM 128 /* rows per block: two consumer warpgroups of 64 */
-#define SM90_BN 256 /* columns per block: one m64n256k16 per warpgroup and k step */
+#define SM90_BN 256 /* columns per tile: one m64n256k16 per warpgroup and k step */
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
-#define SM90_STAGES 4
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
-#define SM90_GROUP_M 16  /* row tiles per raster group (L2 reuse of the W tiles) */
-#define SM90_A_BYTES (SM90_BM * SM90_BK * 2)
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
-#define SM90_STAGE_BYTES (SM90_A_BYTES + SM90_B_BYTES)
-/* stages, 1024 bytes of slack to align the ring to the swizzle atom, the 2 x STAGES barriers */
-#define SM90_SMEM_BYTES (SM90_STAGES * SM90_STAGE_BYTES + 1024 + 2 * SM90_STAGES * 8)
+
+/* The two schedules of the consumer warpgroups (template argument PP):
+ * - cooperative (PP false): a 128 x 256 tile per block, each consumer warpgroup 64 rows of
+ *   it; both run the main loop together, then both run the epilogue while the tensor cores
+ *   wait for the next tile;
+ * - ping-pong (PP true): a 64 x 256 tile per consumer warpgroup; the block's tiles alternate
+ *   between the two, and an ordering barrier lets one warpgroup start its main loop only when
+ *   the other has issued its own, so one warpgroup's epilogue runs under the other's MMA.
+ *   The W tile is loaded once per 64 rows instead of 128 (more L2 -> shared traffic). */
+template <bool PP> struct sm90_cfg {
+    static constexpr int BM = PP ? 64 : 128;    /* rows per tile */
+    static constexpr int STAGES = PP ? 5 : 4;   /* ring depth */
+    static constexpr int GROUP_M = PP ? 32 : 16; /* row tiles per raster group (~2048 rows) */
+    static constexpr int A_BYTES = BM * SM90_BK * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + SM90_B_BYTES;
+    /* stages, 1024 bytes of slack to align the ring to the swizzle atom, 2 x STAGES barriers */
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+    static constexpr int CONSUMERS = PP ? 128 : 256; /* threads that release a stage */
+};
+#define SM90_SMEM_MAX (sm90_cfg<true>::SMEM > sm90_cfg<false>::SMEM ? sm90_cfg<true>::SMEM \
+                                                                     : sm90_cfg<false>::SMEM)
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SPH_SM90_DEVICE 1
@@ -393,45 +407,63 @@ __global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n
 
 // ---- the kernel -------------------------------------------------------------------------
 
-/* Tile k of the grouped raster: consecutive tiles walk SM90_GROUP_M row tiles down one column
- * of W tiles, then the next column, so the tiles in flight at once (one per SM) touch ~16 h
- * tiles and ~8 W tiles (~33 MB at H = 4096, inside the 50 MB L2) instead of one h tile and
- * every W tile. Which block computes a tile changes nothing in how the tile is computed. */
+/* Tile k of the grouped raster: consecutive tiles walk GROUP_M row tiles down one column of W
+ * tiles, then the next column, so the tiles in flight at once (one or two per SM) touch ~2048
+ * rows of h and ~8 W tiles (~33 MB at H = 4096, inside the 50 MB L2) instead of one h tile
+ * and every W tile. Which block computes a tile changes nothing in how the tile is computed. */
+template <int GROUP_M>
 __device__ __forceinline__ void sm90_tile(int64_t k, int64_t n_m, int64_t n_n, int64_t &tile_m,
                                           int64_t &tile_n) {
-    const int64_t in_group = SM90_GROUP_M * n_n;
-    const int64_t first_m = k / in_group * SM90_GROUP_M;
-    const int64_t size_m = n_m - first_m < SM90_GROUP_M ? n_m - first_m : SM90_GROUP_M;
+    const int64_t in_group = GROUP_M * n_n;
+    const int64_t first_m = k / in_group * GROUP_M;
+    const int64_t size_m = n_m - first_m < GROUP_M ? n_m - first_m : GROUP_M;
     tile_m = first_m + (k % in_group) % size_m;
     tile_n = (k % in_group) / size_m;
 }
 
-/* Persistent: grid min(#tiles, #SMs) blocks of 384 threads, SM90_SMEM_BYTES dynamic shared
- * memory; block b computes tiles b, b + gridDim.x, ... The producer streams the k tiles of
- * its tiles back to back through the ring (stage and phase from one running k counter), so
- * while the consumers run a tile's epilogue the next tile's first stages are already loading.
- * map_h: (R rows, H) of the chunk's hidden rows; map_w: (Vs rows, H) of the split's weight
- * rows; both boxes 64 wide in k, zero fill outside. vec2: paired stores allowed (L: 8-byte
- * float2, D: 4-byte half2). */
-template <typename T, int EPI>
+#ifdef SPH_SM90_DEVICE
+/* Named barriers 1 and 2 (0 is __syncthreads) order the ping-pong main loops: the warpgroup
+ * that finished issuing tile j's main loop arrives, the one that runs tile j + 1 waits. */
+__device__ __forceinline__ void order_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void order_wait(int id) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+#endif
+
+/* Persistent: grid min(#tiles, #SMs) blocks of 384 threads, sm90_cfg<PP>::SMEM bytes of
+ * dynamic shared memory; block b computes tiles b, b + gridDim.x, ... The producer streams the
+ * k tiles of its tiles back to back through the ring (stage and phase from one running k
+ * counter), so while the consumers run a tile's epilogue the next tile's first stages are
+ * already loading. Cooperative (PP false): both consumer warpgroups take every tile, 64 rows
+ * each. Ping-pong (PP true): the block's j-th tile belongs to consumer warpgroup j % 2, whose
+ * k tiles are ring slots j nk .. j nk + nk - 1; before its main loop it waits until the other
+ * warpgroup has issued tile j - 1's. That order also keeps the mbarrier parities exact: when
+ * a warpgroup waits for a slot's fill, every earlier fill of that slot has been waited for.
+ * map_h: (R rows, H) of the chunk's hidden rows, boxes BM x 64; map_w: (Vs rows, H) of the
+ * split's weight rows, boxes 256 x 64; zero fill outside. vec2: paired stores allowed (L:
+ * 8-byte float2, D: 4-byte half2). */
+template <typename T, int EPI, bool PP>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     head_logits_sm90_kernel(const __grid_constant__ CUtensorMap map_h,
                             const __grid_constant__ CUtensorMap map_w, const sph_sm90_epi ep,
                             int64_t R, int64_t Vs, int64_t H, int vec2) {
 #ifdef SPH_SM90_DEVICE
+    typedef sm90_cfg<PP> C;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
-    const uint32_t bars = base + SM90_STAGES * SM90_STAGE_BYTES;
+    const uint32_t bars = base + C::STAGES * C::STAGE_BYTES;
 #define SM90_FULL(s) (bars + 8u * (uint32_t)(s))
-#define SM90_EMPTY(s) (bars + 8u * (uint32_t)(SM90_STAGES + (s)))
+#define SM90_EMPTY(s) (bars + 8u * (uint32_t)(C::STAGES + (s)))
     const int nk = (int)((H + SM90_BK - 1) / SM90_BK);
     const int wg = threadIdx.x / 128;
-    const int64_t n_m = (R + SM90_BM - 1) / SM90_BM, n_n = (Vs + SM90_BN - 1) / SM90_BN;
+    const int64_t n_m = (R + C::BM - 1) / C::BM, n_n = (Vs + SM90_BN - 1) / SM90_BN;
     const int64_t n_tiles = n_m * n_n;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < SM90_STAGES; s++) {
-            mbar_init(SM90_FULL(s), 1);    /* the producer's expect_tx arrival + the bytes */
-            mbar_init(SM90_EMPTY(s), 256); /* every consumer thread, after its wgmma read it */
+        for (int s = 0; s < C::STAGES; s++) {
+            mbar_init(SM90_FULL(s), 1); /* the producer's expect_tx arrival + the bytes */
+            mbar_init(SM90_EMPTY(s), C::CONSUMERS); /* each consumer thread, after its wgmma */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -445,16 +477,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             uint32_t it = 0; /* k tiles issued by this block so far */
             for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
                 int64_t tile_m, tile_n;
-                sm90_tile(k, n_m, n_n, tile_m, tile_n);
-                const int32_t row0 = (int32_t)(tile_m * SM90_BM);
+                sm90_tile<C::GROUP_M>(k, n_m, n_n, tile_m, tile_n);
+                const int32_t row0 = (int32_t)(tile_m * C::BM);
                 const int32_t col0 = (int32_t)(tile_n * SM90_BN);
                 for (int kt = 0; kt < nk; kt++, it++) {
-                    const uint32_t s = it % SM90_STAGES, ph = (it / SM90_STAGES) & 1u;
+                    const uint32_t s = it % C::STAGES, ph = (it / C::STAGES) & 1u;
                     mbar_wait(SM90_EMPTY(s), ph ^ 1u); /* the consumers released this stage */
-                    mbar_expect_tx(SM90_FULL(s), SM90_STAGE_BYTES); /* zero-filled bytes count */
-                    const uint32_t a = base + s * SM90_STAGE_BYTES;
+                    mbar_expect_tx(SM90_FULL(s), C::STAGE_BYTES); /* zero-filled bytes count */
+                    const uint32_t a = base + s * C::STAGE_BYTES;
                     tma_load_2d(a, &map_h, SM90_FULL(s), kt * SM90_BK, row0);
-                    tma_load_2d(a + SM90_A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
+                    tma_load_2d(a + C::A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
                 }
             }
         }
@@ -462,13 +494,15 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1; /* rows [64 c, 64 c + 64) of the block tile */
+    const int c = wg - 1; /* cooperative: rows [64 c, 64 c + 64) of the tile; ping-pong: the
+                             block's tiles j with j % 2 == c */
     const int t = threadIdx.x % 128, lane = t % 32;
-    uint32_t it = 0; /* k tiles consumed by this block so far: the producer's count */
-    for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
+    const int64_t step = PP ? 2 * (int64_t)gridDim.x : gridDim.x;
+    int64_t j = PP ? c : 0; /* the block's tile index */
+    for (int64_t k = blockIdx.x + j * gridDim.x; k < n_tiles; k += step, j += PP ? 2 : 1) {
         int64_t tile_m, tile_n;
-        sm90_tile(k, n_m, n_n, tile_m, tile_n);
-        const int64_t r = tile_m * SM90_BM + c * 64 + (t / 32) * 16 + lane / 4;
+        sm90_tile<C::GROUP_M>(k, n_m, n_n, tile_m, tile_n);
+        const int64_t r = tile_m * C::BM + (PP ? 0 : c * 64) + (t / 32) * 16 + lane / 4;
         const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
         epi_row_args ra[2];
         if (EPI & (SPH_SM90_EPI_STATS | SPH_SM90_EPI_DLOGITS)) {
@@ -479,12 +513,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 128; i++) acc[i] = 0.f;
         acc_fence(acc);
+        uint32_t it = (uint32_t)(j * nk); /* the producer's count at this tile's first k tile */
+        if (PP && j > 0) order_wait(1 + (1 - c)); /* tile j - 1's main loop issued */
         for (int kt = 0; kt < nk; kt++, it++) {
-            const uint32_t s = it % SM90_STAGES;
-            mbar_wait(SM90_FULL(s), (it / SM90_STAGES) & 1u); /* TMA bytes landed */
-            const uint32_t a = base + s * SM90_STAGE_BYTES + (uint32_t)c * (64 * 128);
+            const uint32_t s = it % C::STAGES;
+            mbar_wait(SM90_FULL(s), (it / C::STAGES) & 1u); /* TMA bytes landed */
+            const uint32_t a = base + s * C::STAGE_BYTES + (PP ? 0u : (uint32_t)c * (64 * 128));
             const uint64_t da = sw128_desc(a),
-                           db = sw128_desc(base + s * SM90_STAGE_BYTES + SM90_A_BYTES);
+                           db = sw128_desc(base + s * C::STAGE_BYTES + C::A_BYTES);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < SM90_BK / 16; kk++) /* k ascending: the fixed order */
@@ -493,11 +529,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             /* at most this k tile's group in flight: k tile it - 1's reads are done */
             wgmma_wait<1>();
             acc_fence(acc);
-            if (kt > 0) mbar_arrive(SM90_EMPTY((it - 1) % SM90_STAGES));
+            if (kt > 0) mbar_arrive(SM90_EMPTY((it - 1) % C::STAGES));
         }
+        /* the other warpgroup's next tile may start (when there is one) */
+        if (PP && k + gridDim.x < n_tiles) order_arrive(1 + c);
         wgmma_wait<0>();
         acc_fence(acc);
-        mbar_arrive(SM90_EMPTY((it - 1) % SM90_STAGES)); /* the tile's last stage */
+        mbar_arrive(SM90_EMPTY((it - 1) % C::STAGES)); /* the tile's last stage */
 
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
         if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
@@ -540,20 +578,23 @@ static encode_tiled_fn encoder(void) {
 /* Per device: 0 unknown, 1 the sm_90a kernels load and get their shared memory, 2 no. */
 static std::atomic<int> g_dev_ok[SM90_MAX_DEVICES];
 
-template <typename T, int EPI> static int kernel_ready1(void) {
+template <typename T, int EPI, bool PP> static int kernel_ready1(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T, EPI>) != cudaSuccess) return 0;
+    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T, EPI, PP>) != cudaSuccess) return 0;
     /* the sm_90a cubin loads only on an sm_90 device; anything else means the sm_80 stub */
     if (fa.binaryVersion != 90) return 0;
-    return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI>,
+    return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI, PP>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                SM90_SMEM_BYTES) == cudaSuccess;
+                                sm90_cfg<PP>::SMEM) == cudaSuccess;
 }
 
-/* Every epilogue variant the launcher may pick. */
+/* Every epilogue and schedule variant the launcher may pick. */
+template <typename T, bool PP> static int kernel_ready_pp(void) {
+    return kernel_ready1<T, SPH_SM90_EPI_L, PP>() && kernel_ready1<T, SPH_SM90_EPI_STATS, PP>() &&
+           kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP>();
+}
 template <typename T> static int kernel_ready(void) {
-    return kernel_ready1<T, SPH_SM90_EPI_L>() && kernel_ready1<T, SPH_SM90_EPI_STATS>() &&
-           kernel_ready1<T, SPH_SM90_EPI_DLOGITS>();
+    return kernel_ready_pp<T, false>() && kernel_ready_pp<T, true>();
 }
 
 extern "C" int sph_cuda_sm90_available(void) {
@@ -573,7 +614,7 @@ extern "C" int sph_cuda_sm90_available(void) {
                      cudaSuccess &&
                  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
                      cudaSuccess;
-        ok = ok && major == 9 && minor == 0 && optin >= SM90_SMEM_BYTES && encoder() != NULL &&
+        ok = ok && major == 9 && minor == 0 && optin >= SM90_SMEM_MAX && encoder() != NULL &&
              kernel_ready<__nv_bfloat16>() && kernel_ready<__half>();
         (void)cudaGetLastError(); /* a failed probe is an answer, not a pending error */
         state = ok ? 1 : 2;
@@ -619,24 +660,39 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
     return SPH_OK;
 }
 
-template <typename T>
-static void launch_epi(int mode, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
-                       const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
-                       int64_t H, int vec2) {
+/* SPH_CUDA_PINGPONG=0 runs the cooperative schedule (A/B switch, read at every launch). */
+static int pingpong_on(void) {
+    const char *e = getenv("SPH_CUDA_PINGPONG");
+    return !(e && !strcmp(e, "0"));
+}
+
+template <typename T, bool PP>
+static void launch_pp(int mode, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
+                      const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
+                      int64_t H, int vec2) {
+    const int smem = sm90_cfg<PP>::SMEM;
     switch (mode) {
     case SPH_SM90_EPI_L:
-        head_logits_sm90_kernel<T, SPH_SM90_EPI_L>
-            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_L, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
     case SPH_SM90_EPI_STATS:
-        head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS>
-            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
     default:
-        head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS>
-            <<<grid, SM90_THREADS, SM90_SMEM_BYTES, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
     }
+}
+
+template <typename T>
+static void launch_epi(int mode, int pp, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
+                       const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
+                       int64_t H, int vec2) {
+    if (pp) launch_pp<T, true>(mode, grid, stream, mh, mw, ep, R, Vs, H, vec2);
+    else launch_pp<T, false>(mode, grid, stream, mh, mw, ep, R, Vs, H, vec2);
 }
 
 extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld_h,
@@ -660,11 +716,13 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: tile_recs is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
               "logits_sm90: D or stats is NULL");
-    const int64_t n_blocks = ((R + SM90_BM - 1) / SM90_BM) * ((Vs + SM90_BN - 1) / SM90_BN);
-    SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_blocks <= INT32_MAX, SPH_ERR_INTERNAL,
+    const int pp = pingpong_on();
+    const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
+    const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);
+    SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_tiles <= INT32_MAX, SPH_ERR_INTERNAL,
               "logits_sm90: %lld x %lld exceeds the grid", (long long)R, (long long)Vs);
     CUtensorMap mh, mw;
-    sph_status s = make_map(&mh, dt, h, R, ld_h, H, SM90_BM);
+    sph_status s = make_map(&mh, dt, h, R, ld_h, H, (uint32_t)bm);
     if (s != SPH_OK) return s;
     s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
     if (s != SPH_OK) return s;
@@ -676,11 +734,11 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
     int dev = 0, sms = 0;
     SPH_CUDA_RET(cudaGetDevice(&dev));
     SPH_CUDA_RET(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const dim3 grid((unsigned)(n_blocks < sms ? n_blocks : sms)); /* persistent: one per SM */
+    const dim3 grid((unsigned)(n_tiles < sms ? n_tiles : sms)); /* persistent: one per SM */
     if (dt.code == SPH_DTYPE_BFLOAT)
-        launch_epi<__nv_bfloat16>(mode, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
+        launch_epi<__nv_bfloat16>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     else
-        launch_epi<__half>(mode, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
+        launch_epi<__half>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     SPH_LAUNCH_CHECK("head_logits_sm90_kernel", stream);
     return SPH_OK;
 }

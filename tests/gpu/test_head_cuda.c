@@ -8,7 +8,8 @@
  * invariance (the same rows inside different batches and positions, bitwise), the same
  * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
  * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
- * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), both gradient
+ * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), the kernel's two
+ * schedules (ping-pong and cooperative, SPH_CUDA_PINGPONG=1/0, bitwise equal), both gradient
  * sweep orders (SPH_CUDA_COLOUTER=1/0) and the dense-backward ablation,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
@@ -948,6 +949,78 @@ static void test_fused(void **state) {
     assert_true(ok);
 }
 
+/* The sm_90a logits of (R x H) . (Vs x H)^T under schedule pp ("1" ping-pong, "0"
+ * cooperative), copied to the host (R x Vs fp32; the caller frees it). */
+static float *sm90_logits_under(const char *pp, sph_dtype dt, const void *dh, const void *dw,
+                                int64_t R, int64_t Vs, int64_t H) {
+    env_set("SPH_CUDA_PINGPONG", pp);
+    float *L = malloc((size_t)(R * Vs) * 4), *dL = NULL;
+    assert_non_null(L);
+    assert_int_equal(cudaMalloc((void **)&dL, (size_t)(R * Vs) * 4), cudaSuccess);
+    assert_int_equal(cudaMemset(dL, 0xff, (size_t)(R * Vs) * 4), cudaSuccess); /* NaN poison */
+    expect_ok(sph_cuda_logits_sm90(dt, dh, H, dw, H, dL, Vs, R, Vs, H, NULL));
+    assert_int_equal(cudaMemcpy(L, dL, (size_t)(R * Vs) * 4, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    cudaFree(dL);
+    return L;
+}
+
+/* The two schedules of the sm_90a kernel: ping-pong (the default: a 64 x 256 tile per consumer
+ * warpgroup, the epilogue of one under the other's main loop) and cooperative
+ * (SPH_CUDA_PINGPONG=0: 128 x 256 tiles shared by both). Each against the float64 reference
+ * (the logits kernel and the fused general path, one-pass included), with tile counts below
+ * the SM count (one tile per block, the second warpgroup idle), odd and even per block, and
+ * several per warpgroup; and the logits bitwise equal between the schedules (which one runs
+ * must not change a value). */
+static void test_pingpong(void **state) {
+    (void)state;
+    if (!device_is_sm90()) {
+        printf("test_pingpong: device 0 is not sm_90: sm_90a schedules not exercised (skip)\n");
+        skip();
+    }
+    const char *env = getenv("SPH_CUDA_PINGPONG");
+    char saved[16] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    const char *modes[2] = {"1", "0"};
+    int ok = 1;
+    for (int m = 0; m < 2; m++) {
+        env_set("SPH_CUDA_PINGPONG", modes[m]);
+        ok &= sm90_kernel_case(SPH_BF16, 1100, 9000, 136, 9001); /* 648 / 324 tiles */
+        ok &= sm90_kernel_case(SPH_F16, 65, 300, 64, 300);       /* 4 / 2 tiles */
+        gcfg f = base(SPH_BF16, 1100, 264, 7000); /* gathered spans, ~3 tiles per warpgroup */
+        f.mask_frac = 0.6, f.use_spans = 1, f.cap = 5.0, f.temp = 0.8;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 193, 72, 3000); /* one-pass through the recomputing sweep */
+        f.one_pass = 1, f.gdt = SPH_F16, f.mask_frac = 0.7, f.use_spans = 1;
+        f.chunk_bytes = 256 * 1024;
+        ok &= run_cfg(&f);
+    }
+    /* bitwise: the same operands under both schedules */
+    const int64_t R = 777, Vs = 3001, H = 136;
+    uint16_t *h = malloc((size_t)((R + Vs) * H) * 2);
+    assert_non_null(h);
+    for (int64_t i = 0; i < (R + Vs) * H; i++)
+        h[i] = sph_f32_to_bf16((float)(2.0 * rng_uniform(&g_rng) - 1.0));
+    void *dh = NULL;
+    assert_int_equal(cudaMalloc(&dh, (size_t)((R + Vs) * H) * 2), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dh, h, (size_t)((R + Vs) * H) * 2, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    const void *dw = (const uint16_t *)dh + R * H;
+    float *Lp = sm90_logits_under("1", SPH_BF16, dh, dw, R, Vs, H);
+    float *Lc = sm90_logits_under("0", SPH_BF16, dh, dw, R, Vs, H);
+    for (int64_t i = 0; i < R * Vs; i++)
+        if (memcmp(&Lp[i], &Lc[i], 4) || Lp[i] != Lp[i]) {
+            print_error("test_pingpong: logit (%lld, %lld) is %.9g ping-pong, %.9g cooperative; "
+                        "seed %llu\n", (long long)(i / Vs), (long long)(i % Vs), Lp[i], Lc[i],
+                        (unsigned long long)test_seed());
+            ok = 0;
+            break;
+        }
+    cudaFree(dh), free(h), free(Lp), free(Lc);
+    env_set("SPH_CUDA_PINGPONG", env ? saved : NULL);
+    assert_true(ok);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -960,6 +1033,7 @@ int main(void) {
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
         cmocka_unit_test(test_fused),         cmocka_unit_test(test_sweep),
+        cmocka_unit_test(test_pingpong),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };
