@@ -21,4 +21,10 @@ done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 cp "$root"/scripts/device/run_*.sh "$root"/scripts/device/sm90_check.sh "$root"/scripts/device/ncu_breakdown.sh \
   "$root"/scripts/device/issue6_bench.sh "$out/"
 git -C "$root" rev-parse --short HEAD > "$out/COMMIT"
+"$root"/scripts/device/nccl_gpu.sh stage "$build" "$out" || echo "bundle: gpu_nccl_single not staged"
 du -sh "$out"
+# the statically linked test binaries and OpenBLAS pass the device tool's 64 MiB carry limit
+# together with the tree: carry the xz archive (~7 MB) and unpack it there first:
+#   carry [".devbundle.txz"]; mkdir -p .devbundle && tar xJf .devbundle.txz -C .devbundle
+tar cJf "$out.txz" -C "$out" .
+ls -la "$out.txz"

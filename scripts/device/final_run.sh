@@ -3,16 +3,17 @@
 # compute-sanitizer memcheck), the single-GPU NCCL communicator, `spanhead run --device cuda
 # --check` on several configurations, the Python binding's GPU tests, and the peers benchmark.
 # Everything lands in one tarball under $OUT (the device tool returns at most 8 files).
-#   here:   scripts/device/bundle.sh && scripts/device/nccl_gpu.sh stage &&
+#   here:   scripts/device/bundle.sh (stages gpu_nccl_single too) &&
 #           make python/spanhead/_spanhead.abi3.so && scripts/device/peers_wheels.sh
-#   device: bash scripts/device/final_run.sh     carry [".devbundle", ".whl",
-#           "python/spanhead/_spanhead.abi3.so"]
+#   device: bash scripts/device/final_run.sh     carry [".devbundle.txz", ".whl",
+#           "python/spanhead/_spanhead.abi3.so"]   (the bundle is unpacked first when absent)
 #   QUICK=1 (fewer test variants), SKIP_PYTHON=1, PEERS_BUDGET=<s> shorten it.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 root=$(cd "$(dirname "$0")/../.." && pwd)
 B=$root/.devbundle
+[ -d "$B/bin" ] || { mkdir -p "$B" && tar xJf "$root/.devbundle.txz" -C "$B"; } || exit 1
 OUT=${OUT:-/tmp/out}
 res=$(mktemp -d)
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
