@@ -146,6 +146,9 @@ grep -qF "only in old: A H=2048 V_local=62080 N=16384 active=0.2500 response gen
     || fail "ab_summary unmatched"
 python3 "$ab" "$tmp/a.jsonl" "$tmp/b.jsonl" --mask none >"$tmp/ab" 2>&1 \
     && grep -qF "A faster at 1/1 points" "$tmp/ab" || fail "ab_summary --mask"
+# the bench's own records (with the sustained floor's fields) read as well as the old ones
+python3 "$ab" "$tmp/rl.jsonl" "$tmp/rl.jsonl" >"$tmp/ab" 2>&1 \
+    && grep -qF "A faster at 0/2 points" "$tmp/ab" || fail "ab_summary on bench output"
 { cat "$tmp/a.jsonl"; echo '{"shape":"A","H":2048'; } >"$tmp/bad.jsonl"
 expect_fail ab-malformed 2 "bad.jsonl:4: not JSON" python3 "$ab" "$tmp/bad.jsonl" "$tmp/b.jsonl"
 rec A 8192 1.0000 none general -1 >"$tmp/neg.jsonl"
