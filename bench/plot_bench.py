@@ -5,8 +5,10 @@ usage: plot_bench.py BENCH.jsonl OUT.png [--N 16384] [--peers PEERS.jsonl]
 
 One panel per shape at the chosen N (default: the smallest N in the file): spanhead's general
 path and one-pass for each mask pattern, the active floors (8 and 6 N_active H V at the
-same-run GEMM rate) and, with --peers (bench/cuda/peers.py's peers.jsonl), each peer's time
-on the response mask. Needs matplotlib; exits 2 with a message without it or on bad input.
+same-run burst GEMM rate, dotted; at the sustained rate, dashed, where the records carry
+floor_sustained_ms: older files have only the burst floor) and, with --peers
+(bench/cuda/peers.py's peers.jsonl), each peer's time on the response mask. Needs
+matplotlib; exits 2 with a message without it or on bad input.
 """
 import argparse
 import json
@@ -66,11 +68,15 @@ def main():
             for r in prl:
                 ax.plot(r["active"], r["ms"], "s" if mode == "general" else "D", color="C2",
                         label=f"spanhead {mode}, packed-RL")
-            fl = sorted((r["active"], r["floor_ms"]) for r in rs
-                        if r["mode"] == mode and r["mask"] in ("response", "none"))
-            if fl:
-                ax.plot(*zip(*fl), ":", color="k" if mode == "general" else "grey",
-                        label=f"floor ({'8' if mode == 'general' else '6'} N_act H V)")
+            flops = "8" if mode == "general" else "6"
+            for key, style, what in (("floor_ms", ":", "burst"),
+                                     ("floor_sustained_ms", (0, (5, 3)), "sustained")):
+                fl = sorted((r["active"], r[key]) for r in rs if key in r
+                            and r["mode"] == mode and r["mask"] in ("response", "none"))
+                if fl:
+                    ax.plot(*zip(*fl), linestyle=style,
+                            color="k" if mode == "general" else "grey",
+                            label=f"{what} floor ({flops} N_act H V)")
         for k, impl in enumerate(sorted({p["impl"] for p in peers if p["shape"] == sh
                                          and not p["impl"].startswith("spanhead")})):
             pts = sorted((p["active"], p["ms"]) for p in peers

@@ -566,6 +566,24 @@ SPH_API sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char
 SPH_API sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
                                       int64_t K, int repeats, double *tflops);
 
+/* Sustained dense matrix-product rate of ctx's GPU, the denominator of the sustained floor:
+ * `chain` products of sph_tune_gemm_rate's kind (C (M, N) = A (M, K) . B (N, K)^T, same
+ * dtypes and cuBLAS settings) issued back to back on ctx's stream with no synchronization
+ * between them, the whole chain timed with events; median of `repeats` (0 = 5) chains after
+ * one warm-up chain, in TFLOP/s (chain * 2 M N K flops per chain). Why: a power-limited GPU
+ * runs one product of a few ms at boost clocks, but the head runs its products back to back
+ * (4 of 2 N H V for forward + backward, 3 for the one-pass forward) and its clocks drop; a
+ * chain as long as the head's sees the clocks the head sees. chain = 1 is sph_tune_gemm_rate.
+ * Allocates and frees its own buffers (a benchmark helper, synchronous; like every call on
+ * ctx, one thread at a time). Errors: SPH_ERR_INVALID_ARG (ctx or tflops NULL, chain outside
+ * [1, 64], M, N or K outside [1, 2^31)), SPH_ERR_DTYPE, SPH_ERR_UNSUPPORTED (not a CUDA
+ * context), SPH_ERR_ALLOC, SPH_ERR_CUDA; the arguments are checked before the context, so a
+ * CPU context reports a bad chain as SPH_ERR_INVALID_ARG. A build without CUDA answers every
+ * call with SPH_ERR_UNSUPPORTED. */
+SPH_API sph_status sph_tune_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M,
+                                                int64_t N, int64_t K, int chain, int repeats,
+                                                double *tflops);
+
 #ifdef __cplusplus
 }
 #endif

@@ -88,7 +88,9 @@ typedef struct {
     X(sph_comm_info, sph_status, (sph_comm_t, sph_comm_backend *, int64_t *, int64_t *))     \
     X(sph_tune, sph_status, (sph_ctx_t, const sph_tune_opts *, const char **))               \
     X(sph_tune_gemm_rate, sph_status,                                                         \
-      (sph_ctx_t, sph_dtype, int64_t, int64_t, int64_t, int, double *))
+      (sph_ctx_t, sph_dtype, int64_t, int64_t, int64_t, int, double *))                       \
+    X(sph_tune_gemm_rate_sustained, sph_status,                                               \
+      (sph_ctx_t, sph_dtype, int64_t, int64_t, int64_t, int, int, double *))
 
 #define X_FIELD(name, ret, args) ret(*name) args;
 static struct {
@@ -850,6 +852,30 @@ static PyObject *py_gemm_rate(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(tflops);
 }
 
+/* gemm_rate_sustained(ctx, code, bits, M, N, K, chain, repeats) -> TFLOP/s of `chain` products
+ * back to back */
+static PyObject *py_gemm_rate_sustained(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int code, bits, chain, repeats;
+    long long M, N, K;
+    if (!PyArg_ParseTuple(args, "OiiLLLii", &cap, &code, &bits, &M, &N, &K, &chain, &repeats))
+        return NULL;
+    NEED(sph_tune_gemm_rate_sustained);
+    sph_ctx_t c = ctx_of(cap);
+    if (!c) return NULL;
+    sph_dtype dt = {(uint8_t)code, (uint8_t)bits, 1};
+    double tflops = 0.0;
+    sph_status s;
+    {
+        PyThreadState *ts_ = PyEval_SaveThread();
+        s = lib.sph_tune_gemm_rate_sustained(c, dt, (int64_t)M, (int64_t)N, (int64_t)K, chain,
+                                             repeats, &tflops);
+        PyEval_RestoreThread(ts_);
+    }
+    if (s) return raise_lib(s);
+    return PyFloat_FromDouble(tflops);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* DLPack consumption                                                                         */
 /* ---------------------------------------------------------------------------------------- */
@@ -1155,6 +1181,8 @@ static PyMethodDef methods[] = {
     {"comm_info", py_comm_info, METH_VARARGS, "(backend, rank, size) of a communicator."},
     {"tune", py_tune, METH_VARARGS, "Autotunes the CUDA head for a shape."},
     {"gemm_rate", py_gemm_rate, METH_VARARGS, "Dense GEMM rate of the context's GPU."},
+    {"gemm_rate_sustained", py_gemm_rate_sustained, METH_VARARGS,
+     "Sustained dense GEMM rate of the context's GPU (a chain of products)."},
     {"head", py_head, METH_VARARGS, "Runs the LM head forward (0) or backward (1)."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},
     {NULL, NULL, 0, NULL}};

@@ -130,6 +130,17 @@ class Context:
         code, bits = _dtype_pair(dtype)
         return _ext.gemm_rate(self._live(), code, bits, int(M), int(N), int(K), int(repeats))
 
+    def gemm_rate_sustained(self, dtype: Any = "bfloat16", *, M: int, N: int, K: int,
+                            chain: int = 4, repeats: int = 0) -> float:
+        """TFLOP/s of `chain` (1..64) dense (M, K) x (N, K)^T products issued back to back on
+        the context's GPU, the chain timed as a whole (sph_tune_gemm_rate_sustained: the
+        denominator of the sustained floor). A power-limited GPU runs one product at boost
+        clocks; a chain as long as the head's (4 for forward + backward, 3 one-pass) sees the
+        clocks the head sees. chain=1 is gemm_rate. CUDA contexts only."""
+        code, bits = _dtype_pair(dtype)
+        return _ext.gemm_rate_sustained(self._live(), code, bits, int(M), int(N), int(K),
+                                        int(chain), int(repeats))
+
     def close(self) -> None:
         """Destroys the context now (also done when it is garbage collected)."""
         if self._handle is not None:

@@ -222,5 +222,30 @@ def test_tune_needs_cuda(c):
         c.tune("bfloat16", H=64, V_loc=128, N=32)
     with pytest.raises(spanhead.UnsupportedError):
         c.gemm_rate("bfloat16", M=64, N=64, K=64)
+    with pytest.raises(spanhead.UnsupportedError, match="not a CUDA context|no CUDA"):
+        c.gemm_rate_sustained("bfloat16", M=64, N=64, K=64, chain=4)
     with pytest.raises(spanhead.InvalidArgumentError, match="dtype"):
         c.tune("int8", H=64, V_loc=128, N=32)
+
+
+def test_gemm_rate_sustained_chain(c):
+    """A bad chain is named before the context is looked at (a build with CUDA); a build
+    without CUDA answers every call with UnsupportedError."""
+    for chain in (0, 65):
+        with pytest.raises((spanhead.InvalidArgumentError, spanhead.UnsupportedError),
+                           match=rf"chain {chain}, expected in \[1, 64\]|no CUDA backend"):
+            c.gemm_rate_sustained("bfloat16", M=64, N=64, K=64, chain=chain)
+
+
+def test_gemm_rates_on_gpu():
+    """Burst and sustained rates on the GPU: positive and finite (speeds depend on the card)."""
+    if spanhead.cuda_device_count() == 0:
+        pytest.skip("the loaded libspanhead has no CUDA backend or sees no device")
+    g = spanhead.Context("cuda:0")
+    burst = g.gemm_rate("bfloat16", M=512, N=1024, K=256, repeats=3)
+    sustained = g.gemm_rate_sustained("bfloat16", M=512, N=1024, K=256, chain=4, repeats=3)
+    assert np.isfinite(burst) and burst > 0
+    assert np.isfinite(sustained) and sustained > 0
+    with pytest.raises(spanhead.InvalidArgumentError, match="chain 65"):
+        g.gemm_rate_sustained("bfloat16", M=64, N=64, K=64, chain=65)
+    g.close()

@@ -24,6 +24,20 @@ sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t
     return sph_err(SPH_ERR_UNSUPPORTED,
                    "tune_gemm_rate: this build of spanhead has no CUDA backend");
 }
+
+sph_status sph_tune_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                        int64_t K, int chain, int repeats, double *tflops) {
+    (void)ctx;
+    (void)dtype;
+    (void)M;
+    (void)N;
+    (void)K;
+    (void)chain;
+    (void)repeats;
+    if (tflops) *tflops = 0;
+    return sph_err(SPH_ERR_UNSUPPORTED,
+                   "tune_gemm_rate_sustained: this build of spanhead has no CUDA backend");
+}
 #else
 typedef int sph_nocuda_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -8,6 +8,8 @@
  * creation; the layout (head.cu) uses an entry whose (GPU, dtype, H, V_loc, N bucket) matches
  * and falls back to its defaults otherwise. Only the staging budget (chunk_bytes) is never
  * exceeded: a tuned chunk_rows is an upper bound.
+ * Also the dense cuBLAS rates the benchmark floors divide by: sph_tune_gemm_rate (one product,
+ * the burst rate) and sph_tune_gemm_rate_sustained (a chain of products back to back).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -352,18 +354,32 @@ extern "C" sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const c
 }
 
 // ---- dense GEMM rate -----------------------------------------------------------------------
+// `chain` products C (M, N) = A (M, K) . B (N, K)^T issued back to back on the context's
+// stream, the whole chain timed between two events; median over `repeats` chains after one
+// warm-up chain. chain 1 is the burst rate (sph_tune_gemm_rate): on a power-limited card
+// (the H200 at 700 W) one product of a few ms runs at boost clocks, while the head issues its
+// products back to back for tens of ms and the clocks drop; a chain as long as the head's
+// (sph_tune_gemm_rate_sustained) sees the clocks the head sees. Every product of a chain
+// reuses A, B and C: the operands of the shapes that matter are far larger than L2, and the
+// chain's products are ordered by the stream alone (no host synchronization inside a chain).
 
-extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
-                                         int64_t K, int repeats, double *tflops) {
-    SPH_CHECK(ctx && tflops, SPH_ERR_INVALID_ARG, "gemm_rate: ctx or tflops is NULL");
-    SPH_CHECK(ctx->device.type == SPH_DEVICE_CUDA && ctx->cuda, SPH_ERR_UNSUPPORTED,
-              "gemm_rate: not a CUDA context");
+#define SPH_GEMM_CHAIN_MAX 64
+
+static sph_status gemm_rate_chain(sph_ctx_t ctx, const char *who, sph_dtype dtype, int64_t M,
+                                  int64_t N, int64_t K, int chain, int repeats,
+                                  double *tflops) {
+    SPH_CHECK(ctx && tflops, SPH_ERR_INVALID_ARG, "%s: ctx or tflops is NULL", who);
+    /* the arguments before the context, so that every message can be seen without a GPU */
+    SPH_CHECK(chain >= 1 && chain <= SPH_GEMM_CHAIN_MAX, SPH_ERR_INVALID_ARG,
+              "%s: chain %d, expected in [1, %d]", who, chain, SPH_GEMM_CHAIN_MAX);
     const char *dn = dtype_short(dtype);
     SPH_CHECK(dtype.lanes == 1 && strcmp(dn, "?"), SPH_ERR_DTYPE,
               "dtype: %s, expected bf16, f16 or f32", sph_dtype_name(dtype));
     SPH_CHECK(M > 0 && N > 0 && K > 0 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
-              SPH_ERR_INVALID_ARG, "gemm_rate: M %lld, N %lld, K %lld, expected in [1, 2^31)",
+              SPH_ERR_INVALID_ARG, "%s: M %lld, N %lld, K %lld, expected in [1, 2^31)", who,
               (long long)M, (long long)N, (long long)K);
+    SPH_CHECK(ctx->device.type == SPH_DEVICE_CUDA && ctx->cuda, SPH_ERR_UNSUPPORTED,
+              "%s: not a CUDA context", who);
     if (repeats <= 0) repeats = 5;
     if (repeats > 64) repeats = 64;
     sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
@@ -376,13 +392,13 @@ extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t
         cudaMalloc(&B, (size_t)N * K * es) != cudaSuccess ||
         cudaMalloc(&C, (size_t)M * N * es) != cudaSuccess) {
         cudaGetLastError();
-        s = sph_err(SPH_ERR_ALLOC, "gemm_rate: cannot allocate the %lld x %lld x %lld operands",
+        s = sph_err(SPH_ERR_ALLOC, "%s: cannot allocate the %lld x %lld x %lld operands", who,
                     (long long)M, (long long)N, (long long)K);
     }
     if (s == SPH_OK) s = fill(A, kind, M * K, 11, 1.f);
     if (s == SPH_OK) s = fill(B, kind, N * K, 12, 1.f);
     if (s == SPH_OK && cudaDeviceSynchronize() != cudaSuccess)
-        s = sph_err(SPH_ERR_CUDA, "gemm_rate: %s", cudaGetErrorString(cudaGetLastError()));
+        s = sph_err(SPH_ERR_CUDA, "%s: %s", who, cudaGetErrorString(cudaGetLastError()));
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     cudaDataType_t t = kind == 0 ? CUDA_R_32F : (kind == 1 ? CUDA_R_16BF : CUDA_R_16F);
     cublasComputeType_t ct = kind == 0 && ctx->opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -390,7 +406,7 @@ extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t
     float times[64];
     cudaEvent_t e0 = NULL, e1 = NULL;
     if (s == SPH_OK && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
-        s = sph_err(SPH_ERR_CUDA, "gemm_rate: cudaEventCreate failed");
+        s = sph_err(SPH_ERR_CUDA, "%s: cudaEventCreate failed", who);
     if (s == SPH_OK) {
         cublasSetStream(st->cublas, stream);
         /* the same workspace size the head gives cuBLAS, so the floor is measured alike */
@@ -399,16 +415,18 @@ extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t
     const float one = 1.f, zero = 0.f;
     for (int r = -1; r < repeats && s == SPH_OK; r++) {
         cudaEventRecord(e0, stream);
-        cublasStatus_t b = cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M,
-                                        (int)K, &one, B, t, (int)K, A, t, (int)K, &zero, C, t,
-                                        (int)N, ct, CUBLAS_GEMM_DEFAULT);
-        cudaEventRecord(e1, stream);
-        if (b != CUBLAS_STATUS_SUCCESS) {
-            s = sph_err(SPH_ERR_CUDA, "gemm_rate: cublasGemmEx: %s", cublasGetStatusString(b));
-            break;
+        for (int c = 0; c < chain && s == SPH_OK; c++) {
+            cublasStatus_t b = cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M,
+                                            (int)K, &one, B, t, (int)K, A, t, (int)K, &zero, C,
+                                            t, (int)N, ct, CUBLAS_GEMM_DEFAULT);
+            if (b != CUBLAS_STATUS_SUCCESS)
+                s = sph_err(SPH_ERR_CUDA, "%s: cublasGemmEx: %s", who,
+                            cublasGetStatusString(b));
         }
+        if (s != SPH_OK) break;
+        cudaEventRecord(e1, stream);
         if (cudaEventSynchronize(e1) != cudaSuccess) {
-            s = sph_err(SPH_ERR_CUDA, "gemm_rate: %s", cudaGetErrorString(cudaGetLastError()));
+            s = sph_err(SPH_ERR_CUDA, "%s: %s", who, cudaGetErrorString(cudaGetLastError()));
             break;
         }
         if (r >= 0) cudaEventElapsedTime(&times[r], e0, e1);
@@ -424,6 +442,17 @@ extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t
             times[j - 1] = x;
         }
     double ms = times[repeats / 2];
-    *tflops = 2.0 * (double)M * (double)N * (double)K / (ms * 1e-3) / 1e12;
+    *tflops = chain * 2.0 * (double)M * (double)N * (double)K / (ms * 1e-3) / 1e12;
     return SPH_OK;
+}
+
+extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                         int64_t K, int repeats, double *tflops) {
+    return gemm_rate_chain(ctx, "gemm_rate", dtype, M, N, K, 1, repeats, tflops);
+}
+
+extern "C" sph_status sph_tune_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M,
+                                                   int64_t N, int64_t K, int chain,
+                                                   int repeats, double *tflops) {
+    return gemm_rate_chain(ctx, "gemm_rate_sustained", dtype, M, N, K, chain, repeats, tflops);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CLI test of `spanhead bench` and bench/ab_summary.py, CPU only: the seed matrix's 56 unique
-# points (--list), a packed-RL run on a tiny custom shape with its JSON record checked, error
-# exits, and ab_summary.py on hand-made JSON Lines (wins, mean, unmatched, malformed input).
+# points (--list), a packed-RL run on a tiny custom shape with its JSON record checked (both
+# floors: burst and sustained), a one-pass run's sustained floor, error exits, and
+# ab_summary.py on hand-made JSON Lines (wins, mean, unmatched, malformed input).
 # usage: test_bench.sh PATH_TO_SPANHEAD
 set -u
 cli=${1:?usage: test_bench.sh PATH_TO_SPANHEAD}
@@ -36,14 +37,40 @@ for r in rows:
 PY
 
 # --- packed-rl on CPU: one run, its own active fraction, a complete JSON record
+# check_floors(rec, k): both floors are positive finite numbers, each ratio is ms / its floor
+# and each floor is k N_active H V / its rate, within the rounding of the printed digits (4
+# decimals for ms, floors and ratios, 6 significant digits for the rates).
+cat >"$tmp/floors.py" <<'PY'
+import math
+
+
+def _num(r, k):
+    v = r[k]
+    assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (k, v)
+    return v
+
+
+def check_floors(r, k):
+    ms, h = _num(r, "ms"), 5e-5
+    for floor, ratio, rate in (("floor_ms", "ratio", "rate_tflops"),
+                               ("floor_sustained_ms", "ratio_sustained", "rate_sustained_tflops")):
+        f, q, t = _num(r, floor), _num(r, ratio), _num(r, rate)
+        lo, hi = (ms - h) / (f + h), (ms + h) / (f - h)
+        assert lo - h <= q <= hi + h, (ratio, q, ms, f)
+        want = k * r["n_active"] * r["H"] * r["V_local"] / (t * 1e12) * 1e3
+        assert abs(f - want) <= h + 1e-5 * want, (floor, f, want)
+PY
 "$cli" bench --device cpu --H 64 --V 520 --N 4096 --repeats 1 --warmup 0 --mode general \
     --mask packed-rl --commit abc123 --json "$tmp/rl.jsonl" >"$tmp/rl.md" 2>"$tmp/err" \
     || fail "packed-rl run: $(cat "$tmp/err")"
-python3 - "$tmp/rl.jsonl" "$tmp/rl.md" <<'PY' || fail "packed-rl record"
-import json, sys
+python3 - "$tmp/rl.jsonl" "$tmp/rl.md" "$tmp" <<'PY' || fail "packed-rl record"
+import json, math, sys
+sys.path.insert(0, sys.argv[3])
+from floors import check_floors
 recs = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["mask"] for r in recs] == ["none", "packed-rl"], recs
 need = ("gpu date commit shape H V_local N active mask mode impl ms floor_ms ratio "
+        "floor_sustained_ms ratio_sustained rate_tflops rate_sustained_tflops "
         "peak_extra_bytes tp cp tokens n_active").split()
 for r in recs:
     missing = [k for k in need if k not in r]
@@ -52,10 +79,29 @@ for r in recs:
     assert r["mode"] == "general" and r["impl"] == "spanhead" and r["commit"] == "abc123"
     assert r["tp"] is None and r["cp"] is None and r["tokens"] is None
     assert r["ms"] > 0 and r["floor_ms"] > 0 and r["ratio"] > 0 and r["peak_extra_bytes"] >= 0
+    check_floors(r, 8)
 rl = recs[1]
 assert 0 < rl["active"] < 1, rl["active"]
 assert abs(rl["active"] - rl["n_active"] / 4096) < 1e-4, rl
-assert f"| {rl['active']:.4f} | packed-rl | general |" in open(sys.argv[2]).read()
+md = open(sys.argv[2]).read()
+assert f"| {rl['active']:.4f} | packed-rl | general |" in md
+assert "| sustained floor ms | sustained ratio |" in md, md
+assert "dense GEMM rate, TFLOP/s: burst " in md and "(chain 4, general)" in md, md
+PY
+# one-pass: 6 N_active H V over the chain-3 rate
+"$cli" bench --device cpu --H 64 --V 520 --N 4096 --repeats 1 --warmup 0 --mode one-pass \
+    --active 0.5 --json "$tmp/op.jsonl" >"$tmp/op.md" 2>"$tmp/err" \
+    || fail "one-pass run: $(cat "$tmp/err")"
+python3 - "$tmp/op.jsonl" "$tmp/op.md" "$tmp" <<'PY' || fail "one-pass record"
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from floors import check_floors
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["mask"], r["mode"]) for r in recs] == [("none", "one-pass"), ("response", "one-pass")]
+for r in recs:
+    check_floors(r, 6)
+md = open(sys.argv[2]).read()
+assert "(chain 3, one-pass)" in md and "(chain 4" not in md, md
 PY
 # same seed, same batch; another seed, another batch
 act() {
@@ -100,6 +146,9 @@ grep -qF "only in old: A H=2048 V_local=62080 N=16384 active=0.2500 response gen
     || fail "ab_summary unmatched"
 python3 "$ab" "$tmp/a.jsonl" "$tmp/b.jsonl" --mask none >"$tmp/ab" 2>&1 \
     && grep -qF "A faster at 1/1 points" "$tmp/ab" || fail "ab_summary --mask"
+# the bench's own records (with the sustained floor's fields) read as well as the old ones
+python3 "$ab" "$tmp/rl.jsonl" "$tmp/rl.jsonl" >"$tmp/ab" 2>&1 \
+    && grep -qF "A faster at 0/2 points" "$tmp/ab" || fail "ab_summary on bench output"
 { cat "$tmp/a.jsonl"; echo '{"shape":"A","H":2048'; } >"$tmp/bad.jsonl"
 expect_fail ab-malformed 2 "bad.jsonl:4: not JSON" python3 "$ab" "$tmp/bad.jsonl" "$tmp/b.jsonl"
 rec A 8192 1.0000 none general -1 >"$tmp/neg.jsonl"

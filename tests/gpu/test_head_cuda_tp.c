@@ -10,6 +10,7 @@
  * Tune cache: a hand-written entry for this GPU changes the chunking (visible in the
  * workspace size) and results stay exact; a malformed file is ignored; sph_tune writes an
  * entry that a new context reads.
+ * GEMM rates: sph_tune_gemm_rate and sph_tune_gemm_rate_sustained give positive finite rates.
  */
 #ifndef SPH_HAVE_CUDA
 /* A build without CUDA: nothing to test here (the CUDA headers may not even exist). */
@@ -380,6 +381,40 @@ static void test_tune_cache(void **state) {
     hc_free(&c);
 }
 
+// ---- dense GEMM rates -----------------------------------------------------------------------
+
+/* The floors' denominators: burst (one product) and sustained (a chain) rates are positive and
+ * finite for each dtype, chain 1 and the longest chain run, and a bad chain is refused on a
+ * CUDA context too. Speeds are not asserted: they depend on the card and its clocks. */
+static void test_gemm_rate(void **state) {
+    (void)state;
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.device.type = SPH_DEVICE_CUDA;
+    o.tune_cache = "/nonexistent/tune.json";
+    sph_ctx_t g;
+    expect_ok(sph_ctx_create(&g, &o));
+    const sph_dtype dts[3] = {SPH_BF16, SPH_F16, SPH_F32};
+    for (int k = 0; k < 3; k++) {
+        double burst = 0, s1 = 0, s4 = 0;
+        expect_ok(sph_tune_gemm_rate(g, dts[k], 512, 1024, 256, 3, &burst));
+        expect_ok(sph_tune_gemm_rate_sustained(g, dts[k], 512, 1024, 256, 1, 3, &s1));
+        expect_ok(sph_tune_gemm_rate_sustained(g, dts[k], 512, 1024, 256, 4, 3, &s4));
+        print_message("gemm rate %s 512x1024x256: burst %.1f, chain 1 %.1f, chain 4 %.1f "
+                      "TFLOP/s\n", sph_dtype_name(dts[k]), burst, s1, s4);
+        assert_true(isfinite(burst) && burst > 0);
+        assert_true(isfinite(s1) && s1 > 0);
+        assert_true(isfinite(s4) && s4 > 0);
+    }
+    double s64 = 0;
+    expect_ok(sph_tune_gemm_rate_sustained(g, SPH_BF16, 256, 256, 256, 64, 0, &s64));
+    assert_true(isfinite(s64) && s64 > 0);
+    expect_status(sph_tune_gemm_rate_sustained(g, SPH_BF16, 256, 256, 256, 65, 0, &s64),
+                  SPH_ERR_INVALID_ARG, "chain 65, expected in [1, 64]");
+    expect_status(sph_tune_gemm_rate_sustained(g, SPH_I32, 256, 256, 256, 4, 0, &s64),
+                  SPH_ERR_DTYPE, "dtype");
+    sph_ctx_destroy(g);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -387,7 +422,8 @@ int main(void) {
     }
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_tp),
-                                       cmocka_unit_test(test_tune_cache)};
+                                       cmocka_unit_test(test_tune_cache),
+                                       cmocka_unit_test(test_gemm_rate)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #endif /* SPH_HAVE_CUDA */

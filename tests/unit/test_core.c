@@ -1,4 +1,5 @@
-/* test_core.c - status strings, error messages, tensor view validation, half conversions. */
+/* test_core.c - status strings, error messages, tensor view validation, half conversions,
+ * the dense GEMM rates' argument errors. */
 #include <string.h>
 
 #include "core/internal.h"
@@ -100,11 +101,57 @@ static void test_ctx_cpu(void **state) {
     sph_ctx_destroy(NULL);
 }
 
+/* The dense GEMM rates' argument errors, reachable without a GPU: in a CUDA build the arguments
+ * are checked before the context, so a CPU context shows each message; a build without CUDA
+ * answers every call with SPH_ERR_UNSUPPORTED. */
+static void test_gemm_rate_args(void **state) {
+    (void)state;
+    sph_ctx_t cpu = NULL;
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    expect_ok(sph_ctx_create(&cpu, &o));
+    double tf = -1;
+#ifdef SPH_HAVE_CUDA
+    expect_status(sph_tune_gemm_rate_sustained(NULL, SPH_BF16, 64, 64, 64, 4, 1, &tf),
+                  SPH_ERR_INVALID_ARG, "gemm_rate_sustained: ctx or tflops is NULL");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, 4, 1, NULL),
+                  SPH_ERR_INVALID_ARG, "ctx or tflops is NULL");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, 0, 1, &tf),
+                  SPH_ERR_INVALID_ARG, "gemm_rate_sustained: chain 0, expected in [1, 64]");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, 65, 1, &tf),
+                  SPH_ERR_INVALID_ARG, "chain 65, expected in [1, 64]");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, -3, 1, &tf),
+                  SPH_ERR_INVALID_ARG, "chain -3");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_I32, 64, 64, 64, 4, 1, &tf),
+                  SPH_ERR_DTYPE, "dtype: ");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 0, 64, 64, 4, 1, &tf),
+                  SPH_ERR_INVALID_ARG, "gemm_rate_sustained: M 0, N 64, K 64");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, (int64_t)1 << 31, 64, 4, 1,
+                                               &tf),
+                  SPH_ERR_INVALID_ARG, "N 2147483648");
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, 4, 1, &tf),
+                  SPH_ERR_UNSUPPORTED, "gemm_rate_sustained: not a CUDA context");
+    /* sph_tune_gemm_rate is the chain of one: the same checks under its own name */
+    expect_status(sph_tune_gemm_rate(NULL, SPH_BF16, 64, 64, 64, 1, &tf), SPH_ERR_INVALID_ARG,
+                  "gemm_rate: ctx or tflops is NULL");
+    expect_status(sph_tune_gemm_rate(cpu, SPH_BF16, 64, -1, 64, 1, &tf), SPH_ERR_INVALID_ARG,
+                  "gemm_rate: M 64, N -1, K 64");
+    expect_status(sph_tune_gemm_rate(cpu, SPH_BF16, 64, 64, 64, 1, &tf), SPH_ERR_UNSUPPORTED,
+                  "gemm_rate: not a CUDA context");
+#else
+    expect_status(sph_tune_gemm_rate_sustained(cpu, SPH_BF16, 64, 64, 64, 4, 1, &tf),
+                  SPH_ERR_UNSUPPORTED, "no CUDA backend");
+    assert_true(tf == 0);
+    expect_status(sph_tune_gemm_rate(cpu, SPH_BF16, 64, 64, 64, 1, &tf), SPH_ERR_UNSUPPORTED,
+                  "no CUDA backend");
+#endif
+    sph_ctx_destroy(cpu);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings), cmocka_unit_test(test_error_message),
         cmocka_unit_test(test_view_validation), cmocka_unit_test(test_half_roundtrip),
-        cmocka_unit_test(test_ctx_cpu),
+        cmocka_unit_test(test_ctx_cpu), cmocka_unit_test(test_gemm_rate_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
