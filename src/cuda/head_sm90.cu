@@ -591,7 +591,8 @@ template <typename T, int EPI, bool PP> static int kernel_ready1(void) {
 /* Every epilogue and schedule variant the launcher may pick. */
 template <typename T, bool PP> static int kernel_ready_pp(void) {
     return kernel_ready1<T, SPH_SM90_EPI_L, PP>() && kernel_ready1<T, SPH_SM90_EPI_STATS, PP>() &&
-           kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP>();
+           kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP>() &&
+           kernel_ready1<T, SPH_SM90_EPI_NONE, PP>();
 }
 template <typename T> static int kernel_ready(void) {
     return kernel_ready_pp<T, false>() && kernel_ready_pp<T, true>();
@@ -660,10 +661,19 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
     return SPH_OK;
 }
 
-/* SPH_CUDA_PINGPONG=0 runs the cooperative schedule (A/B switch, read at every launch). */
-static int pingpong_on(void) {
+/* The schedule for hidden size H: ping-pong up to SM90_PINGPONG_MAX_H, cooperative above.
+ * Measured on the H200 (bench/results/2026-11-29-h200-run14, the head at 16K rows): ping-pong
+ * 0-5 % faster at H 2048 (shapes A and D: a tile's main loop is short, so hiding its epilogue
+ * pays), 1-5 % slower at H 4096 and 5120 (B, C: the epilogue weighs half as much and the
+ * W tile, loaded per 64 rows instead of 128, doubles the L2 -> shared traffic).
+ * SPH_CUDA_PINGPONG=1 / =0 forces one (A/B switch, read at every launch). H alone decides,
+ * never the batch: the two give bitwise equal logits anyway (test_pingpong). */
+#define SM90_PINGPONG_MAX_H 3072
+static int pingpong_on(int64_t H) {
     const char *e = getenv("SPH_CUDA_PINGPONG");
-    return !(e && !strcmp(e, "0"));
+    if (e && !strcmp(e, "0")) return 0;
+    if (e && !strcmp(e, "1")) return 1;
+    return H <= SM90_PINGPONG_MAX_H;
 }
 
 template <typename T, bool PP>
@@ -678,6 +688,10 @@ static void launch_pp(int mode, dim3 grid, cudaStream_t stream, const CUtensorMa
         break;
     case SPH_SM90_EPI_STATS:
         head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_NONE:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_NONE, PP>
             <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
     default:
@@ -709,14 +723,15 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               SPH_ERR_INTERNAL, "logits_sm90: operands not TMA-aligned (ld_h=%lld, ld_w=%lld)",
               (long long)ld_h, (long long)ld_w);
     const int mode = epi->mode;
-    SPH_CHECK(mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS || mode == SPH_SM90_EPI_DLOGITS,
+    SPH_CHECK(mode == SPH_SM90_EPI_NONE || mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS ||
+                  mode == SPH_SM90_EPI_DLOGITS,
               SPH_ERR_INTERNAL, "logits_sm90: epilogue mode %d", mode);
     SPH_CHECK(!(mode & SPH_SM90_EPI_L) || epi->L, SPH_ERR_INTERNAL, "logits_sm90: L is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_STATS) || epi->tile_recs, SPH_ERR_INTERNAL,
               "logits_sm90: tile_recs is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
               "logits_sm90: D or stats is NULL");
-    const int pp = pingpong_on();
+    const int pp = pingpong_on(H);
     const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
     const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);
     SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_tiles <= INT32_MAX, SPH_ERR_INTERNAL,

@@ -48,10 +48,11 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
  *                        it, else 0. sph_cuda_sm90_reduce_tiles folds them per row.
  *   SPH_SM90_EPI_DLOGITS D (input dtype, row stride ldD) = du of head.cu's dlogits kernel,
  *                        from the row statistics (stats) and upstream gradients.
+ *   SPH_SM90_EPI_NONE    nothing: the main loop alone (bench_sm90_epi's probe of its rate).
  * One mode per launch. Chunk row r is
  * global row rowmap[r] (gathered chunks) or r0 + r; columns are offset by col_g0 in the
  * vocabulary (targets are global indices). */
-enum { SPH_SM90_EPI_L = 1, SPH_SM90_EPI_STATS = 2, SPH_SM90_EPI_DLOGITS = 4 };
+enum { SPH_SM90_EPI_NONE = 0, SPH_SM90_EPI_L = 1, SPH_SM90_EPI_STATS = 2, SPH_SM90_EPI_DLOGITS = 4 };
 
 typedef struct sph_sm90_epi {
     int mode;
