@@ -9,8 +9,7 @@
  *   stats           + the forward's per-row tile records (SPH_SM90_EPI_STATS)
  *   dlogits         + du in bf16 from the recomputed logits (SPH_SM90_EPI_DLOGITS)
  *   logits          + L in fp32 (SPH_SM90_EPI_L: the one-pass staging and batch-invariant path)
- * each for the ping-pong and the cooperative schedule (SPH_CUDA_PINGPONG=1 / 0), in clusters of
- * 2 with the W tile multicast or alone (SPH_CUDA_CLUSTER=1 / 0). Two timings
+ * each for the ping-pong and the cooperative schedule (SPH_CUDA_PINGPONG=1 / 0). Two timings
  * per row: "burst", one launch per event pair and synchronized (median of reps, after 2
  * warm-up launches), and "chain", 4 launches back to back timed as a whole (median of reps):
  * the H200 is power-limited, and the head issues its products back to back.
@@ -192,13 +191,10 @@ int main(int argc, char **argv) {
                {"stats", SPH_SM90_EPI_STATS},
                {"dlogits", SPH_SM90_EPI_DLOGITS},
                {"logits", SPH_SM90_EPI_L}};
-    const char *sched[4] = {"1", "0", "1", "0"}, *clus[4] = {"1", "1", "0", "0"};
-    const char *sched_name[4] = {"ping-pong, cluster 2", "cooperative, cluster 2", "ping-pong",
-                                 "cooperative"};
+    const char *sched[2] = {"1", "0"}, *sched_name[2] = {"ping-pong", "cooperative"};
     for (int k = 0; k < 4; k++)
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < 2; s++) {
             setenv("SPH_CUDA_PINGPONG", sched[s], 1);
-            setenv("SPH_CUDA_CLUSTER", clus[s], 1);
             op o;
             memset(&o, 0, sizeof o);
             o.h = dh, o.w = dw, o.N = N, o.V = V, o.H = H;
@@ -213,7 +209,6 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     unsetenv("SPH_CUDA_PINGPONG");
-    unsetenv("SPH_CUDA_CLUSTER");
     CK(cudaFree(dh));
     CK(cudaFree(dw));
     CK(cudaFree(dL));

@@ -144,33 +144,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  : "memory");
 }
 
-/* The same box written to the same shared offset of every CTA in ctas (a cluster mask), each
- * CTA's mbarrier at offset bar counting the bytes that land in it. */
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                               int32_t c0, int32_t c1, uint16_t ctas) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
-                 : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* Arrival on the mbarrier at shared offset bar of cluster CTA rank (this CTA included). */
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-                 : "memory");
-}
-/* Every thread of every CTA in the cluster (the barrier inits visible cluster-wide). */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 /* Matrix descriptor of a K-major operand tile in the 128-byte swizzled layout that TMA wrote:
  * rows of 128 bytes (64 halves), 8-row atoms of 1024 bytes, the atom at a 1024-byte aligned
  * address. Start address >> 4 in bits 0-13, leading byte offset (unused for swizzled K-major,
@@ -457,27 +430,6 @@ __device__ __forceinline__ void order_arrive(int id) {
 __device__ __forceinline__ void order_wait(int id) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
-/* A consumer's release of a stage after its wgmma read it: each thread on this CTA's barrier,
- * or with MC (the stage holds the peer's multicast half too) each warp on both CTAs'. */
-template <bool MC> __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
-    if (!MC) {
-        mbar_arrive(bar);
-        return;
-    }
-    __syncwarp();
-    if (lane == 0) {
-        mbar_arrive_cluster(bar, 0);
-        mbar_arrive_cluster(bar, 1);
-    }
-}
-/* SPH_SM90_EPI_NONE: keeps the accumulators live (ptxas drops a wgmma whose result is never
- * read) at the cost of a sum; the store never happens on finite data. */
-__device__ __forceinline__ void epi_none(const float (&acc)[128], const sph_sm90_epi &ep) {
-    float x = 0.f;
-#pragma unroll
-    for (int i = 0; i < 128; i++) x += acc[i];
-    if (x == 1e38f && ep.L) ep.L[0] = x;
-}
 #endif
 
 /* Persistent: grid min(#tiles, #SMs) blocks of 384 threads, sm90_cfg<PP>::SMEM bytes of
@@ -489,18 +441,10 @@ __device__ __forceinline__ void epi_none(const float (&acc)[128], const sph_sm90
  * k tiles are ring slots j nk .. j nk + nk - 1; before its main loop it waits until the other
  * warpgroup has issued tile j - 1's. That order also keeps the mbarrier parities exact: when
  * a warpgroup waits for a slot's fill, every earlier fill of that slot has been waited for.
- * Clusters (MC true, launched as clusters of 2 along x): the unit of the raster is a pair of
- * row tiles under one W tile, CTA rank r taking row tile 2 u + r; each CTA loads its own h box
- * and one half (128 rows) of the W box, multicast into the same stage of both CTAs, so L2
- * serves each W tile once per pair (half the W traffic). A stage is then free only when the
- * consumers of both CTAs released it: each consumer warp arrives on the "empty" barrier of
- * both, and before exiting the producer waits until its last stages are released (no arrival
- * or multicast may reach a CTA that has exited). Row tiles past R (an odd count) still load
- * and release, their rows never stored.
  * map_h: (R rows, H) of the chunk's hidden rows, boxes BM x 64; map_w: (Vs rows, H) of the
- * split's weight rows, boxes 256 x 64 (128 x 64 with MC); zero fill outside. vec2: paired
- * stores allowed (L: 8-byte float2, D: 4-byte half2). */
-template <typename T, int EPI, bool PP, bool MC>
+ * split's weight rows, boxes 256 x 64; zero fill outside. vec2: paired stores allowed (L:
+ * 8-byte float2, D: 4-byte half2). */
+template <typename T, int EPI, bool PP>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     head_logits_sm90_kernel(const __grid_constant__ CUtensorMap map_h,
                             const __grid_constant__ CUtensorMap map_w, const sph_sm90_epi ep,
@@ -515,22 +459,15 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int nk = (int)((H + SM90_BK - 1) / SM90_BK);
     const int wg = threadIdx.x / 128;
     const int64_t n_m = (R + C::BM - 1) / C::BM, n_n = (Vs + SM90_BN - 1) / SM90_BN;
-    /* raster units: tiles, or with MC pairs of row tiles; this block's units u0, u0 + us, ... */
-    const int64_t n_mu = MC ? (n_m + 1) / 2 : n_m, n_units = n_mu * n_n;
-    const int64_t u0 = MC ? blockIdx.x / 2 : blockIdx.x, us = MC ? gridDim.x / 2 : gridDim.x;
-    const uint32_t rank = MC ? cluster_rank() : 0;
-    constexpr int GROUP = MC ? C::GROUP_M / 2 : C::GROUP_M;
+    const int64_t n_tiles = n_m * n_n;
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::STAGES; s++) {
             mbar_init(SM90_FULL(s), 1); /* the producer's expect_tx arrival + the bytes */
-            /* each consumer thread after its wgmma; MC: each consumer warp of both CTAs */
-            mbar_init(SM90_EMPTY(s), MC ? 2 * C::CONSUMERS / 32 : C::CONSUMERS);
+            mbar_init(SM90_EMPTY(s), C::CONSUMERS); /* each consumer thread, after its wgmma */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    /* barriers initialised before anyone waits on or arrives at them (MC: in both CTAs) */
-    if (MC) cluster_sync();
-    else __syncthreads();
+    __syncthreads(); /* barriers initialised before anyone waits on or arrives at them */
 
     if (wg == 0) {
         /* producer: one thread streams the k tiles, the warpgroup's registers go to the
@@ -538,33 +475,20 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             uint32_t it = 0; /* k tiles issued by this block so far */
-            for (int64_t u = u0; u < n_units; u += us) {
+            for (int64_t k = blockIdx.x; k < n_tiles; k += gridDim.x) {
                 int64_t tile_m, tile_n;
-                sm90_tile<GROUP>(u, n_mu, n_n, tile_m, tile_n);
-                if (MC) tile_m = 2 * tile_m + rank;
-                /* MC: a row tile past R (odd count) or a W half past Vs (narrow last tile)
-                 * loads rows 0 instead of an out-of-range box: those rows and columns are
-                 * never stored, and the peer still gets its half */
-                const int32_t row0 = (int32_t)(tile_m < n_m ? tile_m * C::BM : 0);
+                sm90_tile<C::GROUP_M>(k, n_m, n_n, tile_m, tile_n);
+                const int32_t row0 = (int32_t)(tile_m * C::BM);
                 const int32_t col0 = (int32_t)(tile_n * SM90_BN);
-                const int32_t wh = col0 + (int32_t)rank * (SM90_BN / 2);
-                const int32_t wrow = wh < Vs ? wh : 0;
                 for (int kt = 0; kt < nk; kt++, it++) {
                     const uint32_t s = it % C::STAGES, ph = (it / C::STAGES) & 1u;
                     mbar_wait(SM90_EMPTY(s), ph ^ 1u); /* the consumers released this stage */
                     mbar_expect_tx(SM90_FULL(s), C::STAGE_BYTES); /* zero-filled bytes count */
                     const uint32_t a = base + s * C::STAGE_BYTES;
                     tma_load_2d(a, &map_h, SM90_FULL(s), kt * SM90_BK, row0);
-                    if (MC)
-                        tma_load_2d_mc(a + C::A_BYTES + rank * (SM90_B_BYTES / 2), &map_w,
-                                       SM90_FULL(s), kt * SM90_BK, wrow, (uint16_t)3);
-                    else
-                        tma_load_2d(a + C::A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
+                    tma_load_2d(a + C::A_BYTES, &map_w, SM90_FULL(s), kt * SM90_BK, col0);
                 }
             }
-            if (MC) /* the tail: every stage's last fill released by both CTAs' consumers */
-                for (int i = 0; i < C::STAGES; i++, it++)
-                    mbar_wait(SM90_EMPTY(it % C::STAGES), ((it / C::STAGES) & 1u) ^ 1u);
         }
         return;
     }
@@ -573,11 +497,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int c = wg - 1; /* cooperative: rows [64 c, 64 c + 64) of the tile; ping-pong: the
                              block's tiles j with j % 2 == c */
     const int t = threadIdx.x % 128, lane = t % 32;
-    int64_t j = PP ? c : 0; /* the block's unit index */
-    for (int64_t u = u0 + j * us; u < n_units; u += PP ? 2 * us : us, j += PP ? 2 : 1) {
+    const int64_t step = PP ? 2 * (int64_t)gridDim.x : gridDim.x;
+    int64_t j = PP ? c : 0; /* the block's tile index */
+    for (int64_t k = blockIdx.x + j * gridDim.x; k < n_tiles; k += step, j += PP ? 2 : 1) {
         int64_t tile_m, tile_n;
-        sm90_tile<GROUP>(u, n_mu, n_n, tile_m, tile_n);
-        if (MC) tile_m = 2 * tile_m + rank;
+        sm90_tile<C::GROUP_M>(k, n_m, n_n, tile_m, tile_n);
         const int64_t r = tile_m * C::BM + (PP ? 0 : c * 64) + (t / 32) * 16 + lane / 4;
         const int64_t cb = tile_n * SM90_BN + 2 * (lane % 4);
         epi_row_args ra[2];
@@ -605,15 +529,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             /* at most this k tile's group in flight: k tile it - 1's reads are done */
             wgmma_wait<1>();
             acc_fence(acc);
-            if (kt > 0) release_stage<MC>(SM90_EMPTY((it - 1) % C::STAGES), lane);
+            if (kt > 0) mbar_arrive(SM90_EMPTY((it - 1) % C::STAGES));
         }
         /* the other warpgroup's next tile may start (when there is one) */
-        if (PP && u + us < n_units) order_arrive(1 + c);
+        if (PP && k + gridDim.x < n_tiles) order_arrive(1 + c);
         wgmma_wait<0>();
         acc_fence(acc);
-        release_stage<MC>(SM90_EMPTY((it - 1) % C::STAGES), lane); /* the tile's last stage */
+        mbar_arrive(SM90_EMPTY((it - 1) % C::STAGES)); /* the tile's last stage */
 
-        if (EPI == SPH_SM90_EPI_NONE) epi_none(acc, ep);
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
         if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
         if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
@@ -655,27 +578,24 @@ static encode_tiled_fn encoder(void) {
 /* Per device: 0 unknown, 1 the sm_90a kernels load and get their shared memory, 2 no. */
 static std::atomic<int> g_dev_ok[SM90_MAX_DEVICES];
 
-template <typename T, int EPI, bool PP, bool MC> static int kernel_ready1(void) {
+template <typename T, int EPI, bool PP> static int kernel_ready1(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T, EPI, PP, MC>) != cudaSuccess)
-        return 0;
+    if (cudaFuncGetAttributes(&fa, head_logits_sm90_kernel<T, EPI, PP>) != cudaSuccess) return 0;
     /* the sm_90a cubin loads only on an sm_90 device; anything else means the sm_80 stub */
     if (fa.binaryVersion != 90) return 0;
-    return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI, PP, MC>,
+    return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI, PP>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 sm90_cfg<PP>::SMEM) == cudaSuccess;
 }
 
-/* Every epilogue, schedule and cluster variant the launcher may pick. */
-template <typename T, bool PP, bool MC> static int kernel_ready_v(void) {
-    return kernel_ready1<T, SPH_SM90_EPI_L, PP, MC>() &&
-           kernel_ready1<T, SPH_SM90_EPI_STATS, PP, MC>() &&
-           kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP, MC>() &&
-           kernel_ready1<T, SPH_SM90_EPI_NONE, PP, MC>();
+/* Every epilogue and schedule variant the launcher may pick. */
+template <typename T, bool PP> static int kernel_ready_pp(void) {
+    return kernel_ready1<T, SPH_SM90_EPI_L, PP>() && kernel_ready1<T, SPH_SM90_EPI_STATS, PP>() &&
+           kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP>() &&
+           kernel_ready1<T, SPH_SM90_EPI_NONE, PP>();
 }
 template <typename T> static int kernel_ready(void) {
-    return kernel_ready_v<T, false, false>() && kernel_ready_v<T, true, false>() &&
-           kernel_ready_v<T, false, true>() && kernel_ready_v<T, true, true>();
+    return kernel_ready_pp<T, false>() && kernel_ready_pp<T, true>();
 }
 
 extern "C" int sph_cuda_sm90_available(void) {
@@ -756,90 +676,37 @@ static int pingpong_on(int64_t H) {
     return H <= SM90_PINGPONG_MAX_H;
 }
 
-/* Clusters of 2 with the W half multicast (SPH_CUDA_CLUSTER=0 turns them off: A/B switch, read
- * at every launch); a chunk of one row tile has no pair to share with. */
-static int cluster_on(int64_t n_m) {
-    const char *e = getenv("SPH_CUDA_CLUSTER");
-    return !(e && !strcmp(e, "0")) && n_m >= 2;
-}
-
-typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, sph_sm90_epi, int64_t, int64_t, int64_t,
-                               int);
-
-template <typename T, bool PP, bool MC> static sm90_kernel_fn pick_kernel(int mode) {
+template <typename T, bool PP>
+static void launch_pp(int mode, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
+                      const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
+                      int64_t H, int vec2) {
+    const int smem = sm90_cfg<PP>::SMEM;
     switch (mode) {
-    case SPH_SM90_EPI_L: return head_logits_sm90_kernel<T, SPH_SM90_EPI_L, PP, MC>;
-    case SPH_SM90_EPI_STATS: return head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS, PP, MC>;
-    case SPH_SM90_EPI_NONE: return head_logits_sm90_kernel<T, SPH_SM90_EPI_NONE, PP, MC>;
-    default: return head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS, PP, MC>;
+    case SPH_SM90_EPI_L:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_L, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_STATS:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_NONE:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_NONE, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    default:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_DLOGITS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
     }
-}
-
-/* Clusters of 2 of this kernel that fit on the device at once (0: the query failed), per
- * device and schedule, asked once: the persistent grid must not exceed it, or the clusters
- * past it would run after the others. */
-static std::atomic<int> g_max_clusters[SM90_MAX_DEVICES][2];
-
-template <typename T, bool PP> static int max_clusters(int dev) {
-    int n = g_max_clusters[dev][PP].load();
-    if (n > 0) return n;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(2), cfg.blockDim = dim3(SM90_THREADS);
-    cfg.dynamicSmemBytes = sm90_cfg<PP>::SMEM, cfg.attrs = at, cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, (const void *)pick_kernel<T, PP, true>(
-                                                SPH_SM90_EPI_DLOGITS),
-                                       &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    g_max_clusters[dev][PP].store(n);
-    return n;
-}
-
-/* Launches the variant: a persistent grid of one block per SM (MC: clusters of 2, as many as
- * fit) over n_units raster units. */
-template <typename T, bool PP, bool MC>
-static sph_status launch_v(int mode, int dev, int sms, int64_t n_units, cudaStream_t stream,
-                           const CUtensorMap &mh, const CUtensorMap &mw, const sph_sm90_epi &ep,
-                           int64_t R, int64_t Vs, int64_t H, int vec2) {
-    int64_t blocks = n_units < sms ? n_units : sms;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cudaLaunchAttribute at[1];
-    if (MC) {
-        const int64_t cl = max_clusters<T, PP>(dev);
-        SPH_CHECK(cl > 0, SPH_ERR_CUDA, "logits_sm90: no cluster of 2 fits on device %d", dev);
-        blocks = 2 * (n_units < cl ? n_units : cl);
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-        cfg.attrs = at, cfg.numAttrs = 1;
-    }
-    cfg.gridDim = dim3((unsigned)blocks), cfg.blockDim = dim3(SM90_THREADS);
-    cfg.dynamicSmemBytes = sm90_cfg<PP>::SMEM, cfg.stream = stream;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, pick_kernel<T, PP, MC>(mode), mh, mw, ep, R,
-                                             Vs, H, vec2);
-    SPH_CHECK(e == cudaSuccess, SPH_ERR_CUDA, "head_logits_sm90_kernel launch: %s",
-              cudaGetErrorString(e));
-    return SPH_OK;
 }
 
 template <typename T>
-static sph_status launch_epi(int mode, int pp, int mc, int dev, int sms, int64_t n_units,
-                             cudaStream_t stream, const CUtensorMap &mh, const CUtensorMap &mw,
-                             const sph_sm90_epi &ep, int64_t R, int64_t Vs, int64_t H, int vec2) {
-    if (pp && mc)
-        return launch_v<T, true, true>(mode, dev, sms, n_units, stream, mh, mw, ep, R, Vs, H, vec2);
-    if (pp)
-        return launch_v<T, true, false>(mode, dev, sms, n_units, stream, mh, mw, ep, R, Vs, H,
-                                        vec2);
-    if (mc)
-        return launch_v<T, false, true>(mode, dev, sms, n_units, stream, mh, mw, ep, R, Vs, H,
-                                        vec2);
-    return launch_v<T, false, false>(mode, dev, sms, n_units, stream, mh, mw, ep, R, Vs, H, vec2);
+static void launch_epi(int mode, int pp, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
+                       const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
+                       int64_t H, int vec2) {
+    if (pp) launch_pp<T, true>(mode, grid, stream, mh, mw, ep, R, Vs, H, vec2);
+    else launch_pp<T, false>(mode, grid, stream, mh, mw, ep, R, Vs, H, vec2);
 }
 
 extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld_h,
@@ -866,15 +733,13 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: D or stats is NULL");
     const int pp = pingpong_on(H);
     const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
-    const int64_t n_m = (R + bm - 1) / bm, n_n = (Vs + SM90_BN - 1) / SM90_BN;
-    const int mc = cluster_on(n_m);
-    const int64_t n_units = (mc ? (n_m + 1) / 2 : n_m) * n_n;
-    SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_m * n_n <= INT32_MAX, SPH_ERR_INTERNAL,
+    const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);
+    SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_tiles <= INT32_MAX, SPH_ERR_INTERNAL,
               "logits_sm90: %lld x %lld exceeds the grid", (long long)R, (long long)Vs);
     CUtensorMap mh, mw;
     sph_status s = make_map(&mh, dt, h, R, ld_h, H, (uint32_t)bm);
     if (s != SPH_OK) return s;
-    s = make_map(&mw, dt, w, Vs, ld_w, H, mc ? SM90_BN / 2 : SM90_BN); /* MC: one half each */
+    s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
     if (s != SPH_OK) return s;
     /* paired stores: 8-byte float2 into L, 4-byte half2 into D */
     const int vec2 = mode == SPH_SM90_EPI_DLOGITS
@@ -884,14 +749,11 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
     int dev = 0, sms = 0;
     SPH_CUDA_RET(cudaGetDevice(&dev));
     SPH_CUDA_RET(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    SPH_CHECK(dev >= 0 && dev < SM90_MAX_DEVICES, SPH_ERR_INTERNAL, "logits_sm90: device %d",
-              dev);
-    s = dt.code == SPH_DTYPE_BFLOAT
-            ? launch_epi<__nv_bfloat16>(mode, pp, mc, dev, sms, n_units, stream, mh, mw, *epi,
-                                        R, Vs, H, vec2)
-            : launch_epi<__half>(mode, pp, mc, dev, sms, n_units, stream, mh, mw, *epi, R, Vs,
-                                 H, vec2);
-    if (s != SPH_OK) return s;
+    const dim3 grid((unsigned)(n_tiles < sms ? n_tiles : sms)); /* persistent: one per SM */
+    if (dt.code == SPH_DTYPE_BFLOAT)
+        launch_epi<__nv_bfloat16>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
+    else
+        launch_epi<__half>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     SPH_LAUNCH_CHECK("head_logits_sm90_kernel", stream);
     return SPH_OK;
 }

@@ -8,8 +8,8 @@
  * invariance (the same rows inside different batches and positions, bitwise), the same
  * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
  * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
- * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), the kernel's
- * schedules and clusters (SPH_CUDA_PINGPONG=1/0 x SPH_CUDA_CLUSTER=1/0, bitwise equal), both gradient
+ * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), the kernel's two
+ * schedules (ping-pong and cooperative, SPH_CUDA_PINGPONG=1/0, bitwise equal), both gradient
  * sweep orders (SPH_CUDA_COLOUTER=1/0) and the dense-backward ablation,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
@@ -949,15 +949,11 @@ static void test_fused(void **state) {
     assert_true(ok);
 }
 
-/* The sm_90a kernel's variants: SPH_CUDA_PINGPONG x SPH_CUDA_CLUSTER. */
-static const char *const k_var_pp[4] = {"1", "0", "1", "0"}, *const k_var_mc[4] = {"1", "1", "0", "0"};
-
-/* The sm_90a logits of (R x H) . (Vs x H)^T under variant v, copied to the host (R x Vs fp32;
- * the caller frees it). */
-static float *sm90_logits_under(int v, sph_dtype dt, const void *dh, const void *dw, int64_t R,
-                                int64_t Vs, int64_t H) {
-    env_set("SPH_CUDA_PINGPONG", k_var_pp[v]);
-    env_set("SPH_CUDA_CLUSTER", k_var_mc[v]);
+/* The sm_90a logits of (R x H) . (Vs x H)^T under schedule pp ("1" ping-pong, "0"
+ * cooperative), copied to the host (R x Vs fp32; the caller frees it). */
+static float *sm90_logits_under(const char *pp, sph_dtype dt, const void *dh, const void *dw,
+                                int64_t R, int64_t Vs, int64_t H) {
+    env_set("SPH_CUDA_PINGPONG", pp);
     float *L = malloc((size_t)(R * Vs) * 4), *dL = NULL;
     assert_non_null(L);
     assert_int_equal(cudaMalloc((void **)&dL, (size_t)(R * Vs) * 4), cudaSuccess);
@@ -969,33 +965,28 @@ static float *sm90_logits_under(int v, sph_dtype dt, const void *dh, const void 
     return L;
 }
 
-/* The sm_90a kernel's schedules and clusters, each forced by its switch (by default H picks
- * the schedule and clusters are on): ping-pong (SPH_CUDA_PINGPONG=1: a 64 x 256 tile per
- * consumer warpgroup, the epilogue of one under the other's main loop) or cooperative (=0:
- * 128 x 256 tiles shared by both), in clusters of 2 sharing the W tile by multicast
- * (SPH_CUDA_CLUSTER=1) or alone (=0). Each of the four against the float64 reference (the
- * logits kernel and the fused general path, one-pass included), with tile counts below the SM
- * count (the second warpgroup idle), odd and even per block, several per warpgroup, an odd
- * number of row tiles (a cluster's second tile past R), a last W tile narrower than 128
- * columns (its second half past V) and a single row tile (no cluster); and the logits bitwise
- * equal across the four (which one runs must not change a value). */
+/* The two schedules of the sm_90a kernel, each forced by SPH_CUDA_PINGPONG (by default H
+ * picks): ping-pong (=1: a 64 x 256 tile per consumer warpgroup, the epilogue of one under the
+ * other's main loop) and cooperative (=0: 128 x 256 tiles shared by both). Each against the float64 reference
+ * (the logits kernel and the fused general path, one-pass included), with tile counts below
+ * the SM count (one tile per block, the second warpgroup idle), odd and even per block, and
+ * several per warpgroup; and the logits bitwise equal between the schedules (which one runs
+ * must not change a value). */
 static void test_pingpong(void **state) {
     (void)state;
     if (!device_is_sm90()) {
         printf("test_pingpong: device 0 is not sm_90: sm_90a schedules not exercised (skip)\n");
         skip();
     }
-    const char *env = getenv("SPH_CUDA_PINGPONG"), *env_mc = getenv("SPH_CUDA_CLUSTER");
-    char saved[16] = "", saved_mc[16] = "";
+    const char *env = getenv("SPH_CUDA_PINGPONG");
+    char saved[16] = "";
     if (env) snprintf(saved, sizeof saved, "%s", env);
-    if (env_mc) snprintf(saved_mc, sizeof saved_mc, "%s", env_mc);
+    const char *modes[2] = {"1", "0"};
     int ok = 1;
-    for (int v = 0; v < 4; v++) {
-        env_set("SPH_CUDA_PINGPONG", k_var_pp[v]);
-        env_set("SPH_CUDA_CLUSTER", k_var_mc[v]);
-        ok &= sm90_kernel_case(SPH_BF16, 1100, 9000, 136, 9001); /* 18 / 9 row tiles */
-        ok &= sm90_kernel_case(SPH_F16, 150, 300, 64, 300);      /* 3 / 2 row tiles */
-        ok &= sm90_kernel_case(SPH_BF16, 65, 420, 72, 420);      /* 2 / 1 row tiles */
+    for (int m = 0; m < 2; m++) {
+        env_set("SPH_CUDA_PINGPONG", modes[m]);
+        ok &= sm90_kernel_case(SPH_BF16, 1100, 9000, 136, 9001); /* 648 / 324 tiles */
+        ok &= sm90_kernel_case(SPH_F16, 65, 300, 64, 300);       /* 4 / 2 tiles */
         gcfg f = base(SPH_BF16, 1100, 264, 7000); /* gathered spans, ~3 tiles per warpgroup */
         f.mask_frac = 0.6, f.use_spans = 1, f.cap = 5.0, f.temp = 0.8;
         ok &= run_cfg(&f);
@@ -1004,7 +995,7 @@ static void test_pingpong(void **state) {
         f.chunk_bytes = 256 * 1024;
         ok &= run_cfg(&f);
     }
-    /* bitwise: the same operands under the four variants */
+    /* bitwise: the same operands under both schedules */
     const int64_t R = 777, Vs = 3001, H = 136;
     uint16_t *h = malloc((size_t)((R + Vs) * H) * 2);
     assert_non_null(h);
@@ -1015,23 +1006,18 @@ static void test_pingpong(void **state) {
     assert_int_equal(cudaMemcpy(dh, h, (size_t)((R + Vs) * H) * 2, cudaMemcpyHostToDevice),
                      cudaSuccess);
     const void *dw = (const uint16_t *)dh + R * H;
-    float *L0 = sm90_logits_under(0, SPH_BF16, dh, dw, R, Vs, H);
-    for (int v = 1; v < 4 && ok; v++) {
-        float *Lv = sm90_logits_under(v, SPH_BF16, dh, dw, R, Vs, H);
-        for (int64_t i = 0; i < R * Vs; i++)
-            if (memcmp(&L0[i], &Lv[i], 4) || L0[i] != L0[i]) {
-                print_error("test_pingpong: logit (%lld, %lld) is %.9g ping-pong + cluster, "
-                            "%.9g with PINGPONG=%s CLUSTER=%s; seed %llu\n",
-                            (long long)(i / Vs), (long long)(i % Vs), L0[i], Lv[i],
-                            k_var_pp[v], k_var_mc[v], (unsigned long long)test_seed());
-                ok = 0;
-                break;
-            }
-        free(Lv);
-    }
-    cudaFree(dh), free(h), free(L0);
+    float *Lp = sm90_logits_under("1", SPH_BF16, dh, dw, R, Vs, H);
+    float *Lc = sm90_logits_under("0", SPH_BF16, dh, dw, R, Vs, H);
+    for (int64_t i = 0; i < R * Vs; i++)
+        if (memcmp(&Lp[i], &Lc[i], 4) || Lp[i] != Lp[i]) {
+            print_error("test_pingpong: logit (%lld, %lld) is %.9g ping-pong, %.9g cooperative; "
+                        "seed %llu\n", (long long)(i / Vs), (long long)(i % Vs), Lp[i], Lc[i],
+                        (unsigned long long)test_seed());
+            ok = 0;
+            break;
+        }
+    cudaFree(dh), free(h), free(Lp), free(Lc);
     env_set("SPH_CUDA_PINGPONG", env ? saved : NULL);
-    env_set("SPH_CUDA_CLUSTER", env_mc ? saved_mc : NULL);
     assert_true(ok);
 }
 
