@@ -8,7 +8,9 @@
 #   python3 bench/ab_summary.py matrix_default.jsonl matrix_SPH_CUDA_BWD_DENSE_1.jsonl ...
 #   bench/plot_bench.py bench.jsonl plot_16K.png --N 16384 [--peers peers.jsonl]
 # Environment: GRID_TIMEOUT (240 s), MATRIX_TIMEOUT (110 s per variant), MATRIX_SHAPES
-# (default A,B,C,D; e.g. C,D to finish a matrix cut short), SKIP_GRID=1.
+# (default A,B,C,D; e.g. C,D to finish a matrix cut short), MATRIX_VARIANTS (default
+# "default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0"), SKIP_GRID=1, PROBE=1 (first a test_pingpong
+# sanity run and bench_sm90_epi at shapes A to D: the fused kernels against cuBLAS).
 #   device: bash .devbundle/issue6_bench.sh     carry [".devbundle"]
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -20,6 +22,16 @@ R=$(mktemp -d)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
   /usr/local/cuda/bin/nvcc --version | tail -1
 } > "$R/machine.txt" 2>&1
+if [ -n "${PROBE:-}" ]; then
+  SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_pingpong timeout 100 ./bin/gpu_test_head_cuda \
+    > "$R/test_pingpong.txt" 2>&1
+  echo "test_pingpong rc=$?" >> "$R/steps.txt"
+  for s in "2048 62080" "4096 37984" "5120 37984" "2048 151936"; do
+    set -- $s
+    timeout 60 ./bin/bench_sm90_epi --N 16384 --H "$1" --V "$2" --reps 7 >> "$R/epi.md" 2>&1
+  done
+  echo "probe rc=$?" >> "$R/steps.txt"
+fi
 if [ -z "${SKIP_GRID:-}" ]; then
   t0=$(date +%s)
   timeout "${GRID_TIMEOUT:-240}" ./bin/spanhead bench --shape A,B,C,D --N 16K,64K \
@@ -27,7 +39,7 @@ if [ -z "${SKIP_GRID:-}" ]; then
   echo "grid rc=$? $(( $(date +%s) - t0 )) s" >> "$R/steps.txt"
 fi
 M="--matrix seed --shape ${MATRIX_SHAPES:-A,B,C,D} --mask packed-rl --mode general --repeats 3 --warmup 1"
-for v in default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0; do
+for v in ${MATRIX_VARIANTS:-default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0}; do
   t0=$(date +%s)
   n=$(echo "$v" | tr '=' '_')
   if [ "$v" = default ]; then
