@@ -11,7 +11,8 @@
 # (default A,B,C,D; e.g. C,D to finish a matrix cut short), MATRIX_VARIANTS (default
 # "default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0"), SKIP_GRID=1, PROBE=1 (first a test_pingpong
 # sanity run and bench_sm90_epi at shapes A to D: the fused kernels against cuBLAS).
-#   device: bash .devbundle/issue6_bench.sh     carry [".devbundle"]
+#   device: mkdir -p .devbundle && tar xJf .devbundle.txz -C .devbundle &&
+#           bash .devbundle/issue6_bench.sh     carry [".devbundle.txz"]
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SPH_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)

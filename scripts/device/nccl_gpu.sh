@@ -9,7 +9,8 @@
 #     builds tests/mpi/gpu_nccl_single in the bundle's build (same flags: CUDA + NCCL, no MPI)
 #     and copies it, any library it needs that the bundle lacks, and this script into the
 #     bundle (defaults: build-dev, /work/main/.devbundle).
-#   on the device, from the carried bundle (device tool: carry .devbundle):
+#   on the device, from the carried bundle (device tool: carry .devbundle.txz, unpacked into
+#   .devbundle first; bundle.sh stages this itself):
 #       bash .devbundle/nccl_gpu.sh
 #     1. gpu_nccl_single: sph_comm_create_nccl over an ncclComm_t from ncclCommInitAll on
 #        GPU 0 (the config agreement over NCCL itself; tp = 2 on a 1-rank group and a short

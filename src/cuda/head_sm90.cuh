@@ -40,7 +40,8 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
                                 int64_t H, cudaStream_t stream);
 
 /* The fused epilogues (general path, sm_90a): the same main loop, then, instead of (or as well
- * as) storing the fp32 logits, work on the 128 x 256 tile of logits while it is in registers.
+ * as) storing the fp32 logits, work on the tile of logits (64 or 128 rows x 256 columns) while
+ * it is in registers.
  *   SPH_SM90_EPI_L       store L (fp32, row stride ldL)                 (the logits kernel)
  *   SPH_SM90_EPI_STATS   per row and 256-column tile, the record (m, s, b, zt, sz) of the
  *                        transformed logits z: tile_recs[(r * n_tiles + tile) * 5 + f],
@@ -52,7 +53,12 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
  * One mode per launch. Chunk row r is
  * global row rowmap[r] (gathered chunks) or r0 + r; columns are offset by col_g0 in the
  * vocabulary (targets are global indices). */
-enum { SPH_SM90_EPI_NONE = 0, SPH_SM90_EPI_L = 1, SPH_SM90_EPI_STATS = 2, SPH_SM90_EPI_DLOGITS = 4 };
+enum {
+    SPH_SM90_EPI_NONE = 0,
+    SPH_SM90_EPI_L = 1,
+    SPH_SM90_EPI_STATS = 2,
+    SPH_SM90_EPI_DLOGITS = 4
+};
 
 typedef struct sph_sm90_epi {
     int mode;
