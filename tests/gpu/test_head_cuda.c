@@ -968,10 +968,10 @@ static float *sm90_logits_under(const char *pp, sph_dtype dt, const void *dh, co
 /* The two schedules of the sm_90a kernel, each forced by SPH_CUDA_PINGPONG (by default H
  * picks): ping-pong (=1: a 64 x 256 tile per consumer warpgroup, the epilogue of one under
  * the other's main loop) and cooperative (=0: 128 x 256 tiles shared by both). Each against
- * the float64 reference (the logits kernel and the fused general path, one-pass included), with tile counts below
- * the SM count (one tile per block, the second warpgroup idle), odd and even per block, and
- * several per warpgroup; and the logits bitwise equal between the schedules (which one runs
- * must not change a value). */
+ * the float64 reference (the logits kernel and the fused general path, one-pass included),
+ * with tile counts below the SM count (one tile per block, the second warpgroup idle), odd
+ * and even per block, and several per warpgroup; and the logits bitwise equal between the
+ * schedules (which one runs must not change a value). */
 static void test_pingpong(void **state) {
     (void)state;
     if (!device_is_sm90()) {
