@@ -5,12 +5,13 @@
  * layout as sph_cuda_logits_fixed in head_mma.cu), per-row softmax records of each 256-column
  * tile (the general path's forward), or the dlogits du (its backward). Machinery:
  * - operands arrive through TMA (cp.async.bulk.tensor.2d) as 128 (or 64) x 64 (h) and
- *   256 x 64 (W) boxes in the 128-byte swizzled layout, out-of-range rows and k columns zero-filled by the
- *   copy engine; the tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled,
- *   reached through cudaGetDriverEntryPointByVersion: no libcuda link) and passed by value as
- *   __grid_constant__ parameters;
- * - a 4-stage ring of shared-memory buffers, each with a "full" mbarrier (TMA transaction
- *   bytes) and an "empty" mbarrier (the 256 consumer threads release it);
+ *   256 x 64 (W) boxes in the 128-byte swizzled layout, out-of-range rows and k columns
+ *   zero-filled by the copy engine; the tensor maps are encoded on the host per launch
+ *   (cuTensorMapEncodeTiled, reached through cudaGetDriverEntryPointByVersion: no libcuda
+ *   link) and passed by value as __grid_constant__ parameters;
+ * - a 4-stage (5 for ping-pong) ring of shared-memory buffers, each with a "full" mbarrier
+ *   (TMA transaction bytes) and an "empty" mbarrier (the consumer threads that read the stage
+ *   release it);
  * - warpgroup 0 is the producer (one thread issues the copies, registers given back with
  *   setmaxnreg), warpgroups 1 and 2 are the consumers: each owns 64 rows x 256 columns, of a
  *   shared 128 x 256 tile (cooperative) or of its own 64 x 256 tile (ping-pong, sm90_cfg),
