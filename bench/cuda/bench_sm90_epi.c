@@ -31,25 +31,12 @@ int main(void) {
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cuda.h"
 #include "core/internal.h"
 #include "cuda/head_sm90.cuh"
 #include "head/plan.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s failed: %s at %s:%d\n", #x, cudaGetErrorString(e_), __FILE__,   \
-                    __LINE__);                                                                 \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 #define CHAIN 4
-
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
 
 /* Fills n bf16 values (uniform in [-s, s)) on the device through a host buffer. */
 static void fill_bf16(void *d, int64_t n, float s, uint64_t seed) {

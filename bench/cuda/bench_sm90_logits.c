@@ -26,28 +26,15 @@ int main(void) {
 #include <string.h>
 #include <time.h>
 
+#include "bench_cuda.h"
 #include "core/internal.h"
 #include "cuda/head_sm90.cuh"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s failed: %s at %s:%d\n", #x, cudaGetErrorString(e_), __FILE__,   \
-                    __LINE__);                                                                 \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 static uint64_t g_s = 0x9E3779B97F4A7C15ull;
 static double uni(void) { /* xorshift64*, [-1, 1) */
     g_s ^= g_s >> 12, g_s ^= g_s << 25, g_s ^= g_s >> 27;
     return (double)((g_s * 2685821657736338717ull) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
 }
 
 int main(int argc, char **argv) {

@@ -829,14 +829,19 @@ static PyObject *py_tune(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(result ? result : "");
 }
 
-/* gemm_rate(ctx, code, bits, M, N, K, repeats) -> TFLOP/s of the dense product */
-static PyObject *py_gemm_rate(PyObject *self, PyObject *args) {
+/* gemm_rate(ctx, code, bits, M, N, K, repeats) -> TFLOP/s of the dense product, one at a time;
+ * gemm_rate_sustained(ctx, code, bits, M, N, K, chain, repeats) -> of `chain` products back to
+ * back. */
+static PyObject *gemm_rate_of(PyObject *args, int sustained) {
     PyObject *cap;
-    int code, bits, repeats;
+    int code, bits, chain = 1, repeats;
     long long M, N, K;
-    if (!PyArg_ParseTuple(args, "OiiLLLi", &cap, &code, &bits, &M, &N, &K, &repeats))
+    if (sustained ? !PyArg_ParseTuple(args, "OiiLLLii", &cap, &code, &bits, &M, &N, &K, &chain,
+                                      &repeats)
+                  : !PyArg_ParseTuple(args, "OiiLLLi", &cap, &code, &bits, &M, &N, &K, &repeats))
         return NULL;
-    NEED(sph_tune_gemm_rate);
+    if (sustained) NEED(sph_tune_gemm_rate_sustained);
+    else NEED(sph_tune_gemm_rate);
     sph_ctx_t c = ctx_of(cap);
     if (!c) return NULL;
     sph_dtype dt = {(uint8_t)code, (uint8_t)bits, 1};
@@ -844,36 +849,18 @@ static PyObject *py_gemm_rate(PyObject *self, PyObject *args) {
     sph_status s;
     {
         PyThreadState *ts_ = PyEval_SaveThread();
-        s = lib.sph_tune_gemm_rate(c, dt, (int64_t)M, (int64_t)N, (int64_t)K, repeats,
-                                   &tflops);
+        s = sustained ? lib.sph_tune_gemm_rate_sustained(c, dt, (int64_t)M, (int64_t)N,
+                                                         (int64_t)K, chain, repeats, &tflops)
+                      : lib.sph_tune_gemm_rate(c, dt, (int64_t)M, (int64_t)N, (int64_t)K,
+                                               repeats, &tflops);
         PyEval_RestoreThread(ts_);
     }
     if (s) return raise_lib(s);
     return PyFloat_FromDouble(tflops);
 }
-
-/* gemm_rate_sustained(ctx, code, bits, M, N, K, chain, repeats) -> TFLOP/s of `chain` products
- * back to back */
+static PyObject *py_gemm_rate(PyObject *self, PyObject *args) { return gemm_rate_of(args, 0); }
 static PyObject *py_gemm_rate_sustained(PyObject *self, PyObject *args) {
-    PyObject *cap;
-    int code, bits, chain, repeats;
-    long long M, N, K;
-    if (!PyArg_ParseTuple(args, "OiiLLLii", &cap, &code, &bits, &M, &N, &K, &chain, &repeats))
-        return NULL;
-    NEED(sph_tune_gemm_rate_sustained);
-    sph_ctx_t c = ctx_of(cap);
-    if (!c) return NULL;
-    sph_dtype dt = {(uint8_t)code, (uint8_t)bits, 1};
-    double tflops = 0.0;
-    sph_status s;
-    {
-        PyThreadState *ts_ = PyEval_SaveThread();
-        s = lib.sph_tune_gemm_rate_sustained(c, dt, (int64_t)M, (int64_t)N, (int64_t)K, chain,
-                                             repeats, &tflops);
-        PyEval_RestoreThread(ts_);
-    }
-    if (s) return raise_lib(s);
-    return PyFloat_FromDouble(tflops);
+    return gemm_rate_of(args, 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */
