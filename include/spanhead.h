@@ -561,8 +561,8 @@ SPH_API sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char
  * TF32 per opts.allow_tf32), fp32 accumulation, C in dtype, through cuBLAS; median of
  * `repeats` (0 = 5) timed products after a warm-up, in TFLOP/s (2 M N K flops per product).
  * Allocates and frees its own buffers (a benchmark helper, synchronous). CUDA contexts only:
- * SPH_ERR_UNSUPPORTED otherwise (also in builds without CUDA, where the symbol is absent:
- * callers that must run there reference it weakly, as the CLI does). */
+ * SPH_ERR_UNSUPPORTED otherwise; a build without CUDA answers every call with
+ * SPH_ERR_UNSUPPORTED. */
 SPH_API sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
                                       int64_t K, int repeats, double *tflops);
 
