@@ -23,18 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cpu.h"
 #include "spanhead.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng_s = 88172645463325252ull;
 static double urand(void) {

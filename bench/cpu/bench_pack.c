@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cpu.h"
 #include "spanhead.h"
 
 static uint64_t rng_state = 0x5eed5eed12345678ull;
@@ -28,17 +29,6 @@ static double normal01(void) {
     double u1 = uniform01(), u2 = uniform01();
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void machine_record(void) {

@@ -43,6 +43,7 @@ int main(void) {
 
 #include "comm/comm.h"
 #include "head/plan.h"
+#include "bench_cpu.h"
 #include "spanhead.h"
 
 static int g_rank, g_size;
@@ -59,11 +60,6 @@ static int g_rank, g_size;
         sph_status s_ = (call);                                                               \
         if (s_) DIE("%s: %s", #call, sph_last_error());                                       \
     } while (0)
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct stats { double med, p10, p90; } stats;
 

@@ -19,4 +19,13 @@ int sph_cli_tune(int argc, char **argv);
 int sph_cli_fail(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The non-option argument arg of cmd, which takes one FILE (or -): an unknown option or a
+ * second file is a usage error (returns 2 after the message), else *path = arg, returns 0. */
+int sph_cli_file_arg(const char *cmd, const char *arg, const char **path);
+
+/* Seconds on CLOCK_MONOTONIC (wall-clock timings of the run and bench subcommands). */
+double sph_cli_now_s(void);
+/* qsort comparator for doubles, ascending (medians of repeated timings). */
+int sph_cli_cmp_double(const void *a, const void *b);
+
 #endif

@@ -96,16 +96,7 @@ typedef struct bopts {
     const char *commit;
 } bopts;
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+static double now_ms(void) { return 1e3 * sph_cli_now_s(); }
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static inline uint64_t rnd(void) {
@@ -352,7 +343,7 @@ static double sgemm_chain_ms(const float *a, const float *b, float *c, int64_t m
                         c, (int)n);
         if (r >= 0) t[r] = now_ms() - t0;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+    qsort(t, (size_t)reps, sizeof t[0], sph_cli_cmp_double);
     return t[reps / 2];
 }
 
@@ -470,7 +461,7 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const shape *sh, int64_t N,
         }
         if (r >= 0) t[r] = now_ms() - t0;
     }
-    qsort(t, (size_t)o->repeats, sizeof t[0], cmp_d);
+    qsort(t, (size_t)o->repeats, sizeof t[0], sph_cli_cmp_double);
     pt->ms = t[o->repeats / 2];
     free(t);
     double flops = (one_pass ? 6.0 : 8.0) * (double)pt->n_active * sh->H * sh->V;

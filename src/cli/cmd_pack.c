@@ -65,12 +65,9 @@ int sph_cli_pack(int argc, char **argv) {
         } else if (sph_cli_opt(argc, argv, &i, "--bin-multiple", &v)) {
             if (sph_cli_parse_i64(v, 1, INT64_MAX, &o.bin_multiple))
                 return sph_cli_fail("pack", 2, "--bin-multiple: '%s' is not an integer >= 1", v ? v : "");
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            return sph_cli_fail("pack", 2, "unknown option '%s' (see --help)", argv[i]);
-        } else if (path) {
-            return sph_cli_fail("pack", 2, "extra argument '%s': expected one FILE or -", argv[i]);
         } else {
-            path = argv[i];
+            int rc = sph_cli_file_arg("pack", argv[i], &path);
+            if (rc) return rc;
         }
     }
     if (!have_cap) return sph_cli_fail("pack", 2, "--capacity is required (see --help)");

@@ -63,16 +63,6 @@ static void usage(FILE *f) {
             "  --outputs DIR           write logprob entropy lse logit_mean dhidden dweight .npy\n");
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* ---- host-side problem ------------------------------------------------------------------ */
 
@@ -384,13 +374,13 @@ static sph_status dev_pass(devrun *d, double *t_fwd, double *t_bwd) {
     sph_head_args fa = d->a;
     if (!d->one_pass) fa.dhidden = fa.dweight = NULL;
     size_t wb = d->ws_bytes[0] > d->ws_bytes[1] ? d->ws_bytes[0] : d->ws_bytes[1];
-    double t0 = now_s();
+    double t0 = sph_cli_now_s();
     sph_status s = sph_head_forward(d->ctx, &fa, d->ws, wb);
     if (!s) s = sph_ctx_synchronize(d->ctx);
-    double t1 = now_s();
+    double t1 = sph_cli_now_s();
     if (!s && !d->one_pass) s = sph_head_backward(d->ctx, &d->a, d->ws, wb);
     if (!s) s = sph_ctx_synchronize(d->ctx);
-    double t2 = now_s();
+    double t2 = sph_cli_now_s();
     *t_fwd = t1 - t0, *t_bwd = t2 - t1;
     return s;
 }
@@ -416,10 +406,10 @@ static double sgemm_rate(int64_t H, int64_t N, int64_t V) {
         for (size_t i = 0; i < (size_t)m * k; i++) a[i] = (float)(i % 13) * 1e-2f;
         for (size_t i = 0; i < (size_t)n * k; i++) b[i] = (float)(i % 7) * 1e-2f;
         for (int rep = 0; rep < 4; rep++) {
-            double t0 = now_s();
+            double t0 = sph_cli_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c,
                         n);
-            double dt = now_s() - t0, r = 2.0 * m * n * (double)k / dt;
+            double dt = sph_cli_now_s() - t0, r = 2.0 * m * n * (double)k / dt;
             if (rep > 0 && r > best) best = r; /* rep 0 warms up the threads */
         }
     }
@@ -652,8 +642,8 @@ int sph_cli_run(int argc, char **argv) {
         dev_free(&d);
         goto out;
     }
-    qsort(tf, (size_t)reps, sizeof(double), cmp_d);
-    qsort(tb, (size_t)reps, sizeof(double), cmp_d);
+    qsort(tf, (size_t)reps, sizeof(double), sph_cli_cmp_double);
+    qsort(tb, (size_t)reps, sizeof(double), sph_cli_cmp_double);
     double fwd = tf[reps / 2], bwd = tb[reps / 2];
     const double Hd = (double)p.H, Vd = (double)p.V, Na = (double)p.n_act;
     double work = p.K ? (o.one_pass ? 6.0 : 8.0) * Na * Hd * (double)p.K
@@ -702,7 +692,7 @@ int sph_cli_run(int argc, char **argv) {
     }
     if (o.check && !rc) {
         devrun ref;
-        double t0 = now_s(), a_, b_;
+        double t0 = sph_cli_now_s(), a_, b_;
         s = dev_setup(&ref, &p, &o, 0, "ref", 1);
         if (!s) s = dev_pass(&ref, &a_, &b_);
         if (s) {
@@ -717,7 +707,7 @@ int sph_cli_run(int argc, char **argv) {
         const double tol = p.bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
         printf("\n  check against the float64 reference (%.1f s), normwise max|got - ref| / "
                "max|ref|, tolerance %.0e:\n",
-               now_s() - t0, tol);
+               sph_cli_now_s() - t0, tol);
         int ok = 1;
         for (int k = 0; k < 6; k++) {
             if (!have[k]) continue;

@@ -809,11 +809,6 @@ static sph_tensor tens(void *data, sph_dtype dt, int32_t ndim, int64_t *shape, i
 
 /* Runs forward + backward over rows [grow] of the batch with weight rows [v0, v0 + V_loc),
  * one call pair per bin. ctx carries the TP communicator (or none for the reference). */
-static int cmp_dbl(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
 /* --bench: times forward and backward of the bin already on the device, reps times, with the
  * TP context and with a context without communicator (the same per-rank work, no combine),
  * into out->bench_ms (medians of the slowest rank). Every rank calls it at bin 0. dw_d is a
@@ -861,7 +856,7 @@ static int bench_bin(sph_ctx_t ctx, sph_ctx_t local, const sph_head_args *a0, in
     MPI_Reduce(t, mx, reps * 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (g_rank == 0 && mx)
         for (int k = 0; k < 4; k++) {
-            qsort(mx + (size_t)k * (size_t)reps, (size_t)reps, sizeof(double), cmp_dbl);
+            qsort(mx + (size_t)k * (size_t)reps, (size_t)reps, sizeof(double), sph_cli_cmp_double);
             out->bench_ms[k] = mx[(size_t)k * (size_t)reps + (size_t)reps / 2] * 1e3;
         }
     free(t);

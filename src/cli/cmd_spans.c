@@ -53,12 +53,9 @@ int sph_cli_spans(int argc, char **argv) {
         } else if (sph_cli_opt(argc, argv, &i, "--gap", &v)) {
             if (sph_cli_parse_i64(v, 0, INT64_MAX, &o.gap))
                 return sph_cli_fail("spans", 2, "--gap: '%s' is not an integer >= 0", v ? v : "");
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            return sph_cli_fail("spans", 2, "unknown option '%s' (see --help)", argv[i]);
-        } else if (path) {
-            return sph_cli_fail("spans", 2, "extra argument '%s': expected one FILE or -", argv[i]);
         } else {
-            path = argv[i];
+            int rc = sph_cli_file_arg("spans", argv[i], &path);
+            if (rc) return rc;
         }
     }
     if (!path) return sph_cli_fail("spans", 2, "expected a batch description FILE or - (see --help)");

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -15,6 +16,25 @@ int sph_cli_fail(const char *cmd, int code, const char *fmt, ...) {
     va_end(ap);
     fputc('\n', stderr);
     return code;
+}
+
+int sph_cli_file_arg(const char *cmd, const char *arg, const char **path) {
+    if (arg[0] == '-' && arg[1] != '\0')
+        return sph_cli_fail(cmd, 2, "unknown option '%s' (see --help)", arg);
+    if (*path) return sph_cli_fail(cmd, 2, "extra argument '%s': expected one FILE or -", arg);
+    *path = arg;
+    return 0;
+}
+
+double sph_cli_now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int sph_cli_cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static void usage(FILE *f) {

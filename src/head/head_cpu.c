@@ -512,21 +512,26 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
     }
 }
 
+/* lse and mu of row i: from a merged record (m, s, b, ...) when o is given (an empty record,
+ * m = -inf and s = 0, gives 0 and 0), else from the saved stats. */
+static void row_lse_mu(const sph_head_plan *p, int64_t i, const double *o, float *lse,
+                       float *mu) {
+    if (!o) {
+        *lse = p->stats[i * 3 + 1], *mu = p->stats[i * 3 + 2];
+        return;
+    }
+    const int empty = o[0] == -INFINITY && o[1] == 0;
+    *lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
+    *mu = empty ? 0.0f : (float)(o[2] / o[1]);
+}
+
 static void chunk_coefs(const run *r, int64_t c0, int64_t nr, const double *crec) {
     const sph_head_plan *p = r->p;
     coef *cf = at(r, r->L.o_coef);
     for (int64_t q = 0; q < nr; q++) {
         int64_t i = r->rows[c0 + q];
         float lse, mu;
-        if (crec) {
-            const double *o = crec + q * 5;
-            int empty = o[0] == -INFINITY && o[1] == 0;
-            lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
-            mu = empty ? 0.0f : (float)(o[2] / o[1]);
-        } else {
-            lse = p->stats[i * 3 + 1];
-            mu = p->stats[i * 3 + 2];
-        }
+        row_lse_mu(p, i, crec ? crec + q * 5 : NULL, &lse, &mu);
         make_coef(r, i, lse, mu, &cf[q]);
     }
 }
@@ -672,14 +677,7 @@ static sph_status support_backward(const run *r, int from_rec) {
         for (int64_t q = 0; q < L->n_act; q++) {
             int64_t i = r->rows[q];
             float lse, mu;
-            if (from_rec) {
-                const double *o = rec + i * 5;
-                int empty = o[0] == -INFINITY && o[1] == 0;
-                lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
-                mu = empty ? 0.0f : (float)(o[2] / o[1]);
-            } else {
-                lse = p->stats[i * 3 + 1], mu = p->stats[i * 3 + 2];
-            }
+            row_lse_mu(p, i, from_rec ? rec + i * 5 : NULL, &lse, &mu);
             coef c;
             make_coef(r, i, lse, mu, &c);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);

@@ -8,15 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "json_util.h"
 #include "spanhead.h"
-
-#define CHECK(c)                                                                               \
-    do {                                                                                       \
-        if (!(c)) __builtin_trap();                                                            \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 8) return 0;
