@@ -39,6 +39,7 @@
 #include "comm/comm.h"
 #include "head/cpu_kernels.h"
 #include "head/plan.h"
+#include "policy/policy.h"
 
 #define VT_DEFAULT 256
 #define R_DEFAULT 512
@@ -569,6 +570,9 @@ static sph_status full_forward(const run *r) {
         chunk_forward(r, c0, nr, crec);
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
         for (int64_t q = 0; q < nr; q++) finalize_row(r, r->rows[c0 + q], crec + q * 5, 1);
+        /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
+         * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
+        if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
         chunk_coefs(r, c0, nr, crec);
         chunk_backward(r, c0, nr, 1, dw, ld_dw);
     }

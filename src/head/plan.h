@@ -45,6 +45,9 @@ typedef struct sph_head_plan {
     int acc_dh, acc_dw, allreduce_dh;
     int one_pass;                        /* forward also produces the gradients */
     sph_comm_t comm;                     /* TP group or NULL */
+    /* policy loss of the call (src/policy/policy.h) or NULL: the one-pass sweeps compute
+     * dlogprob / dentropy of each row from it right after the row is finalized */
+    const struct sph_policy_plan *policy;
 } sph_head_plan;
 
 /* Validates args for the pass on ctx and fills plan. Checks everything that can be checked
