@@ -517,10 +517,12 @@ SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, v
  * Metrics (f32, SPH_POLICY_N_METRICS entries, indices sph_policy_metric): loss; pg_loss =
  * sum c_i w_i pg_i; kl_loss = sum c_i KL_i; entropy_loss = sum c_i H_i; pg_clipfrac = (rows with
  * -A clip(r) > -A r) / T; pg_clipfrac_lower = (rows where the dual clip binds) / T; ppo_kl =
- * sum(-delta_i) / T; tokens (active rows of the call, or of the seq_comm group); seqs (the S
- * the weights used). Every metric but the counts is a sum over this call's rows with weights
- * fixed before the pass, so with num_tokens / num_seqs of a global batch the metrics of its
- * micro-batches (and of the ranks of seq_comm) add up to the global batch's.
+ * sum(-delta_i) / T; tokens (active rows counted: of the call, or of the seq_comm group);
+ * seqs (sequences counted; 0 when the call groups none: token-mean ppo / cispo). Every metric
+ * but the counts is a sum over this call's rows with weights fixed before the pass, so with
+ * num_tokens / num_seqs of a global batch the metrics of its micro-batches (and of the ranks of
+ * seq_comm) add up to the global batch's. Options a loss or aggregation does not use are
+ * validated and ignored (clip_ratio_c with cispo, norm_length with another aggregation, ...).
  */
 
 typedef enum sph_pg_loss {
@@ -552,8 +554,8 @@ typedef enum sph_policy_metric {
     SPH_METRIC_PG_CLIPFRAC = 4,
     SPH_METRIC_PG_CLIPFRAC_LOWER = 5,
     SPH_METRIC_PPO_KL = 6,
-    SPH_METRIC_TOKENS = 7, /* active rows counted (T before num_tokens overrides it) */
-    SPH_METRIC_SEQS = 8,   /* S as used by the weights (num_seqs when given) */
+    SPH_METRIC_TOKENS = 7, /* active rows counted (before num_tokens overrides T) */
+    SPH_METRIC_SEQS = 8,   /* sequences counted (before num_seqs overrides S) */
     SPH_POLICY_N_METRICS = 9
 } sph_policy_metric;
 
