@@ -40,6 +40,7 @@ from .comm import Comm
 from .head import BACKWARD, FORWARD, Context
 from ._errors import DTypeError, InvalidArgumentError, ShapeError
 from .meta import spans_from_mask
+from ._tensors import int64_pairs
 
 __all__ = ["logprobs", "HeadFunction", "HeadOutputs", "context_for", "weighted_logprob_loss",
            "OnePassLossFunction", "LossOutputs"]
@@ -272,7 +273,7 @@ def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
     mask_dev = None
     host_spans = None
     if spans is not None:
-        host_spans = np.ascontiguousarray(np.asarray(spans, dtype=np.int64).reshape(-1, 2))
+        host_spans = int64_pairs(spans, "spans")
     if loss_mask is not None:
         numel = loss_mask.numel() if isinstance(loss_mask, torch.Tensor) else \
             int(np.asarray(loss_mask).size)

@@ -45,6 +45,11 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         free(st);
         return sph_err(SPH_ERR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
     }
+    sph_status ls = sph_cublas_load(); /* the process's cuBLAS, else one from the search */
+    if (ls != SPH_OK) {
+        free(st);
+        return ls;
+    }
     cublasStatus_t b = cublasCreate(&st->cublas);
     if (b != CUBLAS_STATUS_SUCCESS) {
         free(st);
