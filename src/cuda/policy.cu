@@ -309,18 +309,18 @@ static sph_status cub_bytes_of(sph_ctx_t ctx, int64_t G, size_t *bytes) {
     return SPH_OK;
 }
 
-static sph_status layout_of(sph_ctx_t ctx, const sph_head_plan *hp, const sph_policy_plan *pp,
-                            pol_layout *L) {
+static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout *L) {
+    const sph_head_plan *hp = &pp->head;
     memset(L, 0, sizeof *L);
     if (pp->coef.loss == SPH_PM_GSPO) {
         sph_head_plan f, b;
         gspo_plans(hp, &f, &b);
         size_t a = 0, c = 0;
-        SPH_TRY(sph_head_cuda_workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
-        if (hp->one_pass) SPH_TRY(sph_head_cuda_workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
+        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
+        if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
         L->head = a > c ? a : c;
     } else {
-        SPH_TRY(sph_head_cuda_workspace(ctx, SPH_HEAD_FORWARD, hp, &L->head));
+        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, hp, &L->head));
     }
     const size_t N = (size_t)pp->N, G = (size_t)(pp->group * pp->N);
     const int gspo = pp->coef.loss == SPH_PM_GSPO;
@@ -352,12 +352,12 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_head_plan *hp, const sph_po
     return SPH_OK;
 }
 
-extern "C" sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_head_plan *hp,
-                                                const sph_policy_plan *pp, size_t *bytes) {
-    SPH_CHECK(ctx && hp && pp && bytes, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
+extern "C" sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp,
+                                                size_t *bytes) {
+    SPH_CHECK(ctx && pp && bytes, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
     SPH_CHECK(ctx->cuda != NULL, SPH_ERR_DEVICE, "ctx: not a CUDA context");
     pol_layout L;
-    SPH_TRY(layout_of(ctx, hp, pp, &L));
+    SPH_TRY(layout_of(ctx, pp, &L));
     *bytes = L.total;
     return SPH_OK;
 }
@@ -446,12 +446,15 @@ static sph_status gspo_middle(sph_ctx_t ctx, const sph_policy_plan *pp, cudaStre
     return SPH_OK;
 }
 
-extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp,
-                                          void *ws, size_t bytes) {
-    SPH_CHECK(ctx && hp && pp, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
+extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
+                                          size_t bytes) {
+    SPH_CHECK(ctx && plan, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
     SPH_CHECK(ctx->cuda != NULL, SPH_ERR_DEVICE, "ctx: not a CUDA context");
+    /* a copy of the plan holds the workspace buffers (and is what the hook sees) */
+    sph_policy_plan P = *plan, *pp = &P;
+    sph_head_plan *hp = &P.head;
     pol_layout L;
-    SPH_TRY(layout_of(ctx, hp, pp, &L));
+    SPH_TRY(layout_of(ctx, pp, &L));
     SPH_TRY(need_device(pp->adv, "advantages"));
     SPH_TRY(need_device(pp->old, "old_logprob"));
     SPH_TRY(need_device(pp->ref, "ref_logprob"));
@@ -466,11 +469,8 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, sph_head_plan *hp, sph_
     SPH_CHECK(bytes >= L.total, SPH_ERR_WORKSPACE,
               "workspace: %zu bytes, expected at least %zu (sph_policy_loss_workspace_size)",
               bytes, L.total);
-    SPH_CHECK(ws != NULL, SPH_ERR_WORKSPACE, "workspace: NULL, expected %zu bytes", L.total);
-    SPH_TRY(need_device(ws, "workspace"));
-    SPH_CHECK(((uintptr_t)ws % SPH_WS_ALIGN) == 0, SPH_ERR_WORKSPACE,
-              "workspace: pointer %p is misaligned, expected %d-byte alignment", ws,
-              SPH_WS_ALIGN);
+    SPH_CHECK(ws != NULL || L.total == 0, SPH_ERR_WORKSPACE,
+              "workspace: NULL, expected %zu bytes", L.total);
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     char *base = (char *)ws + L.base;
@@ -498,6 +498,8 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, sph_head_plan *hp, sph_
     s.sum = (double *)AT(L.o_sum);
 #undef AT
     pp->dev = &s;
+    /* the head's own device checks, now that its buffers are bound (before any launch) */
+    if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, hp));
     SPH_TRY(prepass(ctx, hp, pp, stream));
     /* the loss's rows are the head's rows: inactive and ignored-target rows cost nothing */
     hp->mask = pp->act;
@@ -507,19 +509,17 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, sph_head_plan *hp, sph_
     sph_status st;
     if (pp->coef.loss != SPH_PM_GSPO) {
         hp->policy = pp; /* head.cu's finalize_rows calls sph_cuda_policy_rows */
-        st = sph_head_cuda_forward(ctx, hp, ws, L.head);
+        st = ctx->head.forward(ctx, hp, ws, L.head);
     } else {
         sph_head_plan f, b;
         gspo_plans(hp, &f, &b);
-        st = sph_head_cuda_forward(ctx, &f, ws, L.head);
+        st = ctx->head.forward(ctx, &f, ws, L.head);
         if (st == SPH_OK) st = gspo_middle(ctx, pp, stream);
-        if (st == SPH_OK && hp->one_pass) st = sph_head_cuda_backward(ctx, &b, ws, L.head);
+        if (st == SPH_OK && hp->one_pass) st = ctx->head.backward(ctx, &b, ws, L.head);
     }
     if (st == SPH_OK) {
         pol_metrics_kernel<<<1, MET_THREADS, 0, stream>>>(dev_of(pp));
         SPH_LAUNCH_CHECK("pol_metrics_kernel", stream);
     }
-    pp->dev = NULL;
-    hp->policy = NULL;
     return st;
 }

@@ -2,7 +2,8 @@
  * policy.c - the public entry points of the fused RL policy loss (sph_policy_loss_workspace_size,
  * sph_policy_loss): validation of the head's and the policy's argument blocks into a head plan
  * (a one-pass forward whose upstream gradients the loss defines) and a policy plan, then
- * dispatch to the float64 reference (ctx->use_ref on a CPU context), the CPU backend or CUDA.
+ * one indirect call through the context's head table (core/backend.h: the policy slots, filled
+ * by the reference, the CPU backend and CUDA).
  *
  * Every check runs before any output is written: the head's (sph_head_plan_make), the scalar
  * domains of the loss, the per-row tensors' shapes, dtypes and devices, the arguments each
@@ -78,8 +79,7 @@ static sph_status check_values(const sph_head_plan *hp, const sph_policy_plan *p
 // ---- validation --------------------------------------------------------------------------
 
 sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
-                                const sph_policy_args *pol, sph_head_plan *hp,
-                                sph_policy_plan *pp) {
+                                const sph_policy_args *pol, sph_policy_plan *pp) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
     SPH_CHECK(head != NULL, SPH_ERR_INVALID_ARG, "head: NULL");
     SPH_CHECK(pol != NULL, SPH_ERR_INVALID_ARG, "policy: NULL");
@@ -89,7 +89,9 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     SPH_CHECK(pol->struct_size >= sizeof(sph_policy_args), SPH_ERR_INVALID_ARG,
               "policy.struct_size: %zu, expected %zu (use SPH_POLICY_ARGS_INIT)",
               pol->struct_size, sizeof(sph_policy_args));
+    SPH_CHECK(pp != NULL, SPH_ERR_INVALID_ARG, "plan: NULL");
     memset(pp, 0, sizeof *pp);
+    sph_head_plan *hp = &pp->head;
 
     // scalars
     SPH_CHECK(pol->loss == SPH_PG_PPO || pol->loss == SPH_PG_CISPO || pol->loss == SPH_PG_GSPO,
@@ -144,7 +146,8 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
         st_shape[0] = head->hidden->shape[0];
         ha.stats = &st_stub;
     }
-    SPH_TRY(sph_head_plan_make(ctx, SPH_HEAD_FORWARD, &ha, hp));
+    /* the generic checks now; the backend's (device pointers) once its buffers are bound */
+    SPH_TRY(sph_head_plan_fill(ctx, SPH_HEAD_FORWARD, &ha, hp));
     if (ha.stats == &st_stub) hp->stats = NULL; /* bound to the workspace by the backend */
     const int64_t N = hp->N;
     pp->N = N;
@@ -227,57 +230,41 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     }
 
     // values of host data
-    if (ctx->device.type != SPH_DEVICE_CUDA) SPH_TRY(check_values(hp, pp));
+    if (ctx->dev->host_memory) SPH_TRY(check_values(hp, pp));
     return SPH_OK;
 }
 
-// ---- dispatch ------------------------------------------------------------------------------
+// ---- dispatch through the context's table ---------------------------------------------------
 
-static sph_status workspace_of(sph_ctx_t ctx, const sph_head_plan *hp, const sph_policy_plan *pp,
-                               size_t *bytes) {
+static sph_status workspace_of(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     *bytes = 0;
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-#ifdef SPH_HAVE_CUDA
-        return sph_policy_cuda_workspace(ctx, hp, pp, bytes);
-#else
-        return sph_err(SPH_ERR_UNSUPPORTED, "policy: CUDA context in a build without CUDA");
-#endif
-    }
-    if (ctx->use_ref) return SPH_OK; /* the reference allocates its own scratch */
-    return sph_policy_cpu_workspace(ctx, hp, pp, bytes);
+    if (!ctx->head.policy_workspace || !ctx->head.policy)
+        return sph_backend_missing(ctx, "policy loss");
+    return ctx->head.policy_workspace(ctx, pp, bytes);
 }
 
 sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *head,
                                           const sph_policy_args *policy, size_t *bytes) {
     SPH_CHECK(bytes != NULL, SPH_ERR_INVALID_ARG, "bytes: NULL");
     *bytes = 0;
-    sph_head_plan hp;
     sph_policy_plan pp;
-    SPH_TRY(sph_policy_plan_make(ctx, head, policy, &hp, &pp));
-    return workspace_of(ctx, &hp, &pp, bytes);
+    SPH_TRY(sph_policy_plan_make(ctx, head, policy, &pp));
+    return workspace_of(ctx, &pp, bytes);
 }
 
 sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
                            const sph_policy_args *policy, void *workspace,
                            size_t workspace_bytes) {
-    sph_head_plan hp;
     sph_policy_plan pp;
-    SPH_TRY(sph_policy_plan_make(ctx, head, policy, &hp, &pp));
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-#ifdef SPH_HAVE_CUDA
-        /* the CUDA backend checks the workspace after the pointers (as the head does) */
-        return sph_policy_cuda_run(ctx, &hp, &pp, workspace, workspace_bytes);
-#else
-        return sph_err(SPH_ERR_UNSUPPORTED, "policy: CUDA context in a build without CUDA");
-#endif
-    }
+    SPH_TRY(sph_policy_plan_make(ctx, head, policy, &pp));
     size_t need = 0;
-    SPH_TRY(workspace_of(ctx, &hp, &pp, &need));
+    SPH_TRY(workspace_of(ctx, &pp, &need));
     SPH_CHECK(workspace_bytes >= need, SPH_ERR_WORKSPACE,
               "workspace_bytes: %zu, expected >= %zu (sph_policy_loss_workspace_size)",
               workspace_bytes, need);
     SPH_CHECK(need == 0 || workspace != NULL, SPH_ERR_WORKSPACE,
               "workspace: NULL, expected %zu bytes (sph_policy_loss_workspace_size)", need);
-    if (ctx->use_ref) return sph_policy_ref_run(ctx, &hp, &pp);
-    return sph_policy_cpu_run(ctx, &hp, &pp, workspace, workspace_bytes);
+    if (need > 0 && ctx->head.check_workspace)
+        SPH_TRY(ctx->head.check_workspace(ctx, workspace, need));
+    return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
 }

@@ -12,7 +12,8 @@
 #ifndef SPH_POLICY_POLICY_H
 #define SPH_POLICY_POLICY_H
 
-#include "head/plan.h"
+#include "core/backend.h"
+#include "core/ctx.h"
 #include "policy/policy_math.h"
 
 #ifdef __cplusplus
@@ -20,6 +21,10 @@ extern "C" {
 #endif
 
 typedef struct sph_policy_plan {
+    /* the head's plan of the call: a forward (one-pass when dhidden / dweight are given) whose
+     * upstream gradients the backend binds to g / e; stats, logprob, entropy may be NULL (the
+     * backend binds workspace buffers) */
+    sph_head_plan head;
     sph_policy_coef coef;
     int agg;                       /* sph_loss_agg */
     int need_seq;                  /* the weights or rho need the sequence grouping */
@@ -43,41 +48,36 @@ typedef struct sph_policy_plan {
     void *dev;       /* backend scratch (CUDA: counters, sort buffers) */
 } sph_policy_plan;
 
-/* Validation of the pair of argument blocks into the head's plan (every field of a one-pass
- * forward, upstream gradients unset) and the policy plan (workspace pointers unset). */
+/* Validation of the pair of argument blocks into pp: its head plan (every field of a one-pass
+ * forward, upstream gradients unset, the backend's check not yet run) and the policy's fields
+ * (workspace pointers unset). Nothing is written. */
 sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
-                                const sph_policy_args *pol, sph_head_plan *hp,
-                                sph_policy_plan *pp);
+                                const sph_policy_args *pol, sph_policy_plan *pp);
 
 /* Host helpers (policy_cpu.c) shared by the reference and the CPU backend. */
-/* The group rows' (seq_id, active) and, for gspo, delta: this rank's own when group = 1, else
- * gathered over seq_comm (host buffers; MPI or the in-process communicator). */
+/* The group rows' records: this rank's own when group = 1, else gathered over seq_comm (host
+ * buffers: MPI or an in-process communicator), after checking that every rank has N rows. */
 sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, void *recv,
                                   size_t bytes_per_rank);
 
-/* CPU backend: workspace, run, and the hook of head_cpu.c's one-pass sweep: g and e of the
- * listed rows (their logprob and entropy are final). */
-sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_head_plan *hp,
-                                    const sph_policy_plan *pp, size_t *bytes);
-sph_status sph_policy_cpu_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp, void *ws,
-                              size_t bytes);
+/* The backends' table slots (core/backend.h: policy_workspace, policy). Each copies the plan,
+ * binds its workspace buffers into the copy and runs the head's passes through ctx->head. */
+sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+
+/* head_cpu.c's hook in its one-pass sweep: g and e of the listed rows (their logprob and
+ * entropy are final). The CUDA hook is sph_cuda_policy_rows (src/cuda/policy.cuh). */
 void sph_policy_cpu_rows(const sph_policy_plan *pp, const int64_t *rows, int64_t n);
 
-/* The float64 reference (policy_ref.c). run: writes every output like the other backends.
- * f64: the oracle for tests: metrics[SPH_POLICY_N_METRICS], logp/ent (N) and the gradients of
- * the active rows dh (N, H), dw (V_loc, H) in float64 (each may be NULL), no accumulate, no
- * allreduce. Both allocate host scratch. */
-sph_status sph_policy_ref_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp);
-sph_status sph_policy_ref_f64(sph_head_plan *hp, const sph_policy_plan *pp, double *metrics,
-                              double *logp, double *ent, double *dh, double *dw);
-
-/* CUDA backend (src/cuda/policy.cu). rows: the hook after each finalize of the one-pass paths
- * (head.cu's finalize_rows): g and e of rows r0 .. r0 + rows (or rowmap[0 .. rows)); a no-op
- * when the plan carries no policy loss. */
-sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_head_plan *hp,
-                                     const sph_policy_plan *pp, size_t *bytes);
-sph_status sph_policy_cuda_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp, void *ws,
-                               size_t bytes);
+/* The float64 oracle for tests (policy_ref.c): metrics[SPH_POLICY_N_METRICS], logp / ent (N)
+ * and the gradients of the active rows dh (N, H), dw (V_loc, H) in float64 (each may be NULL),
+ * no accumulate, no allreduce. Host plans only; allocates host scratch. */
+sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double *logp,
+                              double *ent, double *dh, double *dw);
 
 #ifdef __cplusplus
 }

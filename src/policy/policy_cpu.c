@@ -14,6 +14,7 @@
  *   3. Metrics: the per-row function once more over the active rows, float64 sums in row
  *      order (every TP rank holds the same rows and statistics: the same bits).
  *
+ * The head's passes run through the context's table (ctx->head: the optimized CPU head).
  * Workspace: the head's (forward, or max of forward and backward for gspo) first, then
  * (64-byte aligned) act (N), c and rho (N doubles), g, e (N floats), logprob / entropy / stats
  * when the caller gave none, the group records (P N + N) and, with sequences, the sorted keys
@@ -99,18 +100,18 @@ static void gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_pla
     bwd->policy = NULL;
 }
 
-static sph_status layout_of(sph_ctx_t ctx, const sph_head_plan *hp, const sph_policy_plan *pp,
-                            cpu_layout *L) {
+static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout *L) {
+    const sph_head_plan *hp = &pp->head;
     memset(L, 0, sizeof *L);
     if (pp->coef.loss == SPH_PM_GSPO) {
         sph_head_plan f, b;
         gspo_plans(hp, &f, &b);
         size_t a = 0, c = 0;
-        SPH_TRY(sph_head_cpu_workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
-        if (hp->one_pass) SPH_TRY(sph_head_cpu_workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
+        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
+        if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
         L->head = a > c ? a : c;
     } else {
-        SPH_TRY(sph_head_cpu_workspace(ctx, SPH_HEAD_FORWARD, hp, &L->head));
+        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, hp, &L->head));
     }
     const size_t N = (size_t)pp->N, G = (size_t)pp->group * N;
     size_t off = 0; /* offsets inside the policy area */
@@ -132,10 +133,9 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_head_plan *hp, const sph_po
     return SPH_OK;
 }
 
-sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_head_plan *hp,
-                                    const sph_policy_plan *pp, size_t *bytes) {
+sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     cpu_layout L;
-    SPH_TRY(layout_of(ctx, hp, pp, &L));
+    SPH_TRY(layout_of(ctx, pp, &L));
     *bytes = L.total;
     return SPH_OK;
 }
@@ -261,10 +261,13 @@ static void write_metrics(const sph_policy_plan *pp, const cpu_run *r) {
 
 // ---- the pass ---------------------------------------------------------------------------
 
-sph_status sph_policy_cpu_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp, void *ws,
+sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
                               size_t bytes) {
+    /* a copy of the plan holds the workspace buffers (and is what the hook sees) */
+    sph_policy_plan P = *plan, *pp = &P;
+    sph_head_plan *hp = &P.head;
     cpu_layout L;
-    SPH_TRY(layout_of(ctx, hp, pp, &L));
+    SPH_TRY(layout_of(ctx, pp, &L));
     SPH_CHECK(bytes >= L.total && ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: %zu bytes, expected >= %zu (sph_policy_loss_workspace_size)", bytes,
               L.total);
@@ -298,14 +301,16 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan 
     hp->dlse = hp->dlogit_mean = NULL;
     if (pp->coef.loss != SPH_PM_GSPO) {
         hp->policy = pp; /* head_cpu.c's one-pass sweep calls sph_policy_cpu_rows */
-        SPH_TRY(sph_head_cpu_forward(ctx, hp, ws, L.head));
+        if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, hp));
+        SPH_TRY(ctx->head.forward(ctx, hp, ws, L.head));
     } else {
         sph_head_plan f, b;
         gspo_plans(hp, &f, &b);
-        SPH_TRY(sph_head_cpu_forward(ctx, &f, ws, L.head));
+        if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, &f));
+        SPH_TRY(ctx->head.forward(ctx, &f, ws, L.head));
         SPH_TRY(gspo_rho(pp, &r));
         for (int64_t i = 0; i < pp->N; i++) sph_policy_cpu_rows(pp, &i, 1);
-        if (hp->one_pass) SPH_TRY(sph_head_cpu_backward(ctx, &b, ws, L.head));
+        if (hp->one_pass) SPH_TRY(ctx->head.backward(ctx, &b, ws, L.head));
     }
     write_metrics(pp, &r);
     return SPH_OK;

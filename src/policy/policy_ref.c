@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "head/host.h"
 #include "policy/policy.h"
 
 static int64_t target_of(const sph_head_plan *p, int64_t i) {
@@ -44,7 +45,8 @@ static void core_free(core_out *o) {
 }
 
 /* Rows, weights, sequence statistics, per-row gradients and metrics, all in float64. */
-static sph_status ref_core(const sph_head_plan *hp, const sph_policy_plan *pp, core_out *o) {
+static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
+    const sph_head_plan *hp = &pp->head;
     const int64_t N = hp->N, P = pp->group, G = P * N;
     memset(o, 0, sizeof *o);
     sph_status st = SPH_OK;
@@ -145,10 +147,11 @@ done:
     return st;
 }
 
-sph_status sph_policy_ref_f64(sph_head_plan *hp, const sph_policy_plan *pp, double *metrics,
-                              double *logp, double *ent, double *dh, double *dw) {
+sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double *logp,
+                              double *ent, double *dh, double *dw) {
+    const sph_head_plan *hp = &pp->head;
     core_out o;
-    SPH_TRY(ref_core(hp, pp, &o));
+    SPH_TRY(ref_core(pp, &o));
     const int64_t N = hp->N;
     if (metrics) memcpy(metrics, o.metrics, sizeof o.metrics);
     if (logp) memcpy(logp, o.logp, (size_t)N * sizeof *logp);
@@ -174,10 +177,17 @@ sph_status sph_policy_ref_f64(sph_head_plan *hp, const sph_policy_plan *pp, doub
     return st;
 }
 
-sph_status sph_policy_ref_run(sph_ctx_t ctx, sph_head_plan *hp, sph_policy_plan *pp) {
-    (void)ctx;
+sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
+    (void)ctx, (void)pp;
+    *bytes = 0; /* the reference allocates its own scratch */
+    return SPH_OK;
+}
+
+sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes) {
+    (void)ctx, (void)ws, (void)bytes;
+    const sph_head_plan *hp = &pp->head;
     core_out o;
-    SPH_TRY(ref_core(hp, pp, &o));
+    SPH_TRY(ref_core(pp, &o));
     const int64_t N = hp->N;
     float *g = malloc(((size_t)N + 1) * sizeof *g), *e = malloc(((size_t)N + 1) * sizeof *e);
     float *stats = hp->stats ? NULL : malloc(((size_t)N * 3 + 1) * sizeof *stats);

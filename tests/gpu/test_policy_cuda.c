@@ -155,10 +155,9 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
          * reference's in the last bits) */
         double *lp = hc_alloc((size_t)N * 8);
         sph_ctx_t rc = hc_ctx("ref", 1, NULL);
-        sph_head_plan hp;
         sph_policy_plan pp;
-        expect_ok(sph_policy_plan_make(rc, &c.h.a, &c.p, &hp, &pp));
-        expect_ok(sph_policy_ref_f64(&hp, &pp, NULL, lp, NULL, NULL, NULL));
+        expect_ok(sph_policy_plan_make(rc, &c.h.a, &c.p, &pp));
+        expect_ok(sph_policy_ref_f64(&pp, NULL, lp, NULL, NULL, NULL));
         pc_place(&c, lp, loss == SPH_PG_GSPO);
         sph_ctx_destroy(rc);
         free(lp);

@@ -8,6 +8,7 @@
 #ifndef SPH_TEST_POLICY_CASE_H
 #define SPH_TEST_POLICY_CASE_H
 
+#include "head/host.h"
 #include "policy/policy.h"
 #include "test_head_case.h"
 

@@ -68,10 +68,9 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
     if (g->place && g->N) {
         double *lp = hc_alloc((size_t)g->N * 8);
         sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
-        sph_head_plan hp;
         sph_policy_plan pp;
-        expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &hp, &pp));
-        expect_ok(sph_policy_ref_f64(&hp, &pp, NULL, lp, NULL, NULL, NULL));
+        expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
+        expect_ok(sph_policy_ref_f64(&pp, NULL, lp, NULL, NULL, NULL));
         pc_place(&c, lp, loss == SPH_PG_GSPO);
         sph_ctx_destroy(ctx);
         free(lp);
@@ -132,11 +131,10 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
     }
     /* inactive rows: exact zeros (overwrite) */
     uint8_t *act = hc_alloc((size_t)g->N + 1);
-    sph_head_plan hp;
     sph_policy_plan pp;
     sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
-    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &hp, &pp));
-    sph_head_active_rows(&hp, act);
+    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
+    sph_head_active_rows(&pp.head, act);
     sph_ctx_destroy(ctx);
     for (int64_t i = 0; i < g->N; i++) {
         if (act[i] && c.h.tgt[i] >= 0) continue;

@@ -118,17 +118,16 @@ static void fd_case(sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg a
     }
     pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK | (isw ? PC_ISW : 0), loss, kl, agg);
     sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
-    sph_head_plan hp;
     sph_policy_plan pp;
-    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &hp, &pp));
+    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
     double *lp0 = hc_alloc((size_t)N * 8), *en0 = hc_alloc((size_t)N * 8);
-    expect_ok(sph_policy_ref_f64(&hp, &pp, NULL, lp0, en0, NULL, NULL));
+    expect_ok(sph_policy_ref_f64(&pp, NULL, lp0, en0, NULL, NULL));
     pc_place(&c, lp0, loss == SPH_PG_GSPO);
-    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &hp, &pp));
+    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
     double met[SPH_POLICY_N_METRICS], dh[9 * 4], dw[6 * 4];
-    expect_ok(sph_policy_ref_f64(&hp, &pp, met, lp0, en0, dh, dw));
+    expect_ok(sph_policy_ref_f64(&pp, met, lp0, en0, dh, dw));
     uint8_t act[9];
-    sph_head_active_rows(&hp, act);
+    sph_head_active_rows(&pp.head, act);
     for (int64_t i = 0; i < N; i++) act[i] = act[i] && c.h.tgt[i] >= 0;
     naive n = {&c, act, lp0, c.p.clip_ratio_c, 1 - c.p.clip_low, 1 + c.p.clip_high,
                kl ? c.p.kl_coef : 0.0, c.p.entropy_coef};
@@ -148,9 +147,9 @@ static void fd_case(sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg a
             for (int64_t k = 0; k < cnt; k++) {
                 float x0 = x[k], xp = (float)(x0 + 1e-3), xm = (float)(x0 - 1e-3);
                 x[k] = xp;
-                double Lp = naive_at(&n, &hp);
+                double Lp = naive_at(&n, &pp.head);
                 x[k] = xm;
-                double Lm = naive_at(&n, &hp);
+                double Lm = naive_at(&n, &pp.head);
                 x[k] = x0;
                 f[k] = (Lp - Lm) / ((double)xp - (double)xm);
             }
@@ -192,13 +191,12 @@ static void test_global_counts(void **state) {
         c.p.num_tokens = 1000;
         c.p.num_seqs = 77;
         sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
-        sph_head_plan hp;
         sph_policy_plan pp;
-        expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &hp, &pp));
+        expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
         double met[SPH_POLICY_N_METRICS], lp[13], en[13], nm[SPH_POLICY_N_METRICS];
-        expect_ok(sph_policy_ref_f64(&hp, &pp, met, lp, en, NULL, NULL));
+        expect_ok(sph_policy_ref_f64(&pp, met, lp, en, NULL, NULL));
         uint8_t act[13];
-        sph_head_active_rows(&hp, act);
+        sph_head_active_rows(&pp.head, act);
         for (int64_t i = 0; i < 13; i++) act[i] = act[i] && c.h.tgt[i] >= 0;
         naive n = {&c, act, lp, 3.0, 0.8, 1.28, 0.1, 0.01};
         naive_loss(&n, lp, en, nm);
