@@ -35,6 +35,7 @@
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
+#include "cuda/head_onepass.cuh"
 #include "cuda/tune.cuh"
 
 // ---- dtype helpers -------------------------------------------------------------------------
@@ -373,8 +374,36 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         if (b < chunk_bytes / 8) b = chunk_bytes / 8;
         lay->onepass_chunks =
             lay->bi || b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS;
-        if (lay->onepass_chunks) lay->fused = 0;
+        if (st->onepass_mode == 2) lay->onepass_chunks = 1; /* forced: staged fp32 logits */
+        if (st->onepass_mode == 3 && !lay->bi) lay->onepass_chunks = 0; /* forced: sweep */
+        /* Staged E (issue 19): with the fused kernels, chunks of whole-shard rows keep E in
+         * f16 (2 bytes per element instead of 6: fp32 logits + half dlogits), written by the
+         * statistics epilogue, and D replaces E in place. Its own budget when the context
+         * keeps the default (SPH_ONEPASS_DEFAULT_BYTES): all the rows in one chunk when they
+         * fit (no dW accumulator then), else chunks beside the fp32 dW accumulator. */
+        if (lay->fused && (st->onepass_mode == 0 || st->onepass_mode == 1) &&
+            !(p->dlogit_mean && p->softcap > 0)) {
+            const int64_t be = ctx->opts.chunk_bytes > 0 ? chunk_bytes
+                                                         : SPH_ONEPASS_DEFAULT_BYTES;
+            const int64_t rows_all = lay->gather ? lay->M : max_span;
+            const int64_t nt = (p->V_loc + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
+            const int64_t row_e =
+                round_up(p->V_loc, 8) * 2 + nt * SPH_PARTIAL_FIELDS * 4 +
+                (lay->gather ? p->H * ((int64_t)dt_size(dk) + (p->dhidden ? 4 : 0)) : 0) +
+                64; /* per-row share of the 256-byte region rounding */
+            int64_t re = rows_all;
+            if (base_fixed + rows_all * row_e > be)
+                re = (be - base_fixed - row_fixed) / row_e;
+            if (re >= SPH_ONEPASS_STAGED_ROWS || re >= rows_all || st->onepass_mode == 1) {
+                lay->onepass_e = 1;
+                lay->onepass_chunks = 1;
+                lay->e_rows = re > 0 ? re : 1;
+                lay->budget = be;
+            }
+        }
+        if (lay->onepass_chunks && !lay->onepass_e) lay->fused = 0;
     }
+    lay->store16 = lay->fused && !st->no_store16;
     lay->col_outer = lay->grads && !lay->bi && !lay->onepass_chunks &&
                      (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
     int64_t fixed = base_fixed + (lay->col_outer ? col_fixed : row_fixed);
@@ -399,6 +428,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      (tile_recs ? ((vs) + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * SPH_PARTIAL_FIELDS * 4 \
                 : 0))
     int64_t Vs = p->V_loc, R = 0;
+    if (!lay->budget) lay->budget = chunk_bytes;
     sph_tune_entry te;
     int tuned = !lay->bi && sph_cuda_tune_lookup(st, p->dtype, p->H, p->V_loc, p->N, &te);
     if (st->forcing) {
@@ -407,7 +437,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         te.chunk_rows = st->force_rows;
         te.split = st->force_split;
     }
-    if (lay->bi) {
+    if (lay->onepass_e) {
+        /* whole-shard rows, sized above */
+    } else if (lay->bi) {
         /* the split width (and so each row's reduction order) depends on V_loc alone */
         Vs = p->V_loc < SPH_BI_SPLIT ? p->V_loc : SPH_BI_SPLIT;
     } else if (tuned && te.split > 0 && te.split < p->V_loc) {
@@ -431,9 +463,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         }
     }
     if (Vs < 1) Vs = 1;
-    R = ROWS_FOR(Vs);
+    R = lay->onepass_e ? lay->e_rows : ROWS_FOR(Vs);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
-    if (!lay->bi && R < want_rows) {
+    if (!lay->bi && !lay->onepass_e && R < want_rows) {
         /* even a minimal chunk of rows exceeds the budget: split the vocabulary (a tile
          * record costs 20 bytes per 256 columns: under 0.1 byte per element) */
         Vs = (budget - want_rows * dh_rowx) / (want_rows * (bpe + 1) + dw_col) / 8 * 8;
@@ -445,7 +477,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
 #undef ROW_BYTES
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
-                                            : (tuned && te.chunk_rows > 0 ? te.chunk_rows : 0);
+                                            : (tuned && !lay->onepass_e && te.chunk_rows > 0
+                                                   ? te.chunk_rows
+                                                   : 0);
     if (user_rows > 0 && user_rows < R) R = user_rows;
     if (R > max_span) R = max_span > 0 ? max_span : 1;
     if (R < max_span) {
@@ -829,14 +863,51 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
 static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
                               int64_t c0, int64_t w, int merge) {
     const sph_head_plan *p = c->p;
-    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_STATS);
+    const int with_e = c->lay->onepass_e;
+    sph_sm90_epi e =
+        fused_args(c, ch, c0, with_e ? SPH_SM90_EPI_STATS | SPH_SM90_EPI_E : SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
     e.tile_recs = T;
+    if (with_e) {
+        /* staged E of the chunk (whole-shard rows) where its D will be */
+        e.E = c->ws + c->lay->off_D;
+        e.ldE = c->lay->ldL;
+        e.store16 = c->lay->store16;
+    }
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     SPH_TRY(sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream));
     float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
     return sph_cuda_sm90_reduce_tiles(T, (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N, ch->rows,
                                       recs, merge, c->stream);
+}
+
+/* Staged E: the chunk's D in place of its E, once the chunk's rows are finalized (stats). */
+static sph_status chunk_e2d(pass_ctx *c, const chunk *ch) {
+    const sph_head_plan *p = c->p;
+    sph_e2d_args a;
+    memset(&a, 0, sizeof a);
+    a.E = c->ws + c->lay->off_D;
+    a.ldE = c->lay->ldL;
+    a.dtype_bf16 = c->dk == DT_BF16;
+    a.tile_recs = (const float *)(c->ws + c->lay->off_T);
+    a.n_tiles = c->lay->n_tiles;
+    a.rows = ch->rows;
+    a.w = p->V_loc;
+    a.r0 = ch->r0;
+    a.rowmap = ch->rowmap;
+    a.col_g0 = p->v0;
+    a.stats = p->stats;
+    a.g = p->dlogprob;
+    a.e = p->dentropy;
+    a.gl = p->dlse;
+    a.gm = p->dlogit_mean;
+    a.mask = p->mask;
+    a.tgt = p->targets;
+    a.tgt_i64 = p->tgt_i64;
+    a.inv_t = (float)(1.0 / p->temperature);
+    a.t_over_cap = p->softcap > 0 ? (float)(p->temperature / p->softcap) : 0.f;
+    a.inv_V = (float)(1.0 / (double)p->V);
+    return sph_cuda_e2d(&a, c->stream);
 }
 
 /* Fused backward of one chunk and split: D (input dtype) = du from the recomputed logits in
@@ -847,6 +918,7 @@ static sph_status fused_dlogits(pass_ctx *c, const char *hp, int64_t ld, const c
     sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_DLOGITS);
     e.D = D;
     e.ldD = c->lay->ldL;
+    e.store16 = c->lay->store16;
     e.stats = p->stats;
     e.g = p->dlogprob;
     e.e = p->dentropy;
@@ -902,20 +974,32 @@ typedef struct gemm_out {
     float beta;
 } gemm_out;
 
-/* D (rows, w) of a chunk and split: from the logits kept in L (reuse_L), recomputed by the
- * fused kernel, or recomputed by cuBLAS into L and turned into D. */
+/* Where a chunk's dlogits come from (grad_chunk, chunk_dlogits). */
+enum { D_RECOMPUTE = 0, D_FROM_L = 1, D_READY = 2 };
+
+/* D (rows, w) of a chunk and split: from the logits kept in L (D_FROM_L), already in place
+ * (D_READY: staged E turned into D), recomputed by the fused kernel, or recomputed by cuBLAS
+ * into L and turned into D. */
 static sph_status chunk_dlogits(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
-                                int64_t c0, int64_t w, float *L, void *D, int reuse_L) {
-    if (reuse_L) return launch_dlogits(c, L, D, ch, c0, w);
+                                int64_t c0, int64_t w, float *L, void *D, int src) {
+    if (src == D_READY) return SPH_OK;
+    if (src == D_FROM_L) return launch_dlogits(c, L, D, ch, c0, w);
     if (c->lay->fused) return fused_dlogits(c, hp, ld, ch, c0, w, D);
     SPH_TRY(gemm_logits(c, hp, ld, ch->rows, c0, w, L));
     return launch_dlogits(c, L, D, ch, c0, w);
 }
 
-/* dH^T (H, rows) (+)= W_split^T (H, w) . D^T (w, rows), column-major terms. */
+/* dH^T (H, rows) (+)= W_split^T (H, w) . D^T (w, rows), column-major terms. Batch-invariant
+ * mode: the fixed-tiling kernel (head_mma_dh.cu), so a row's dH does not depend on rows, the
+ * chunk or cuBLAS's choice of algorithm for them. */
 static sph_status gemm_dh(pass_ctx *c, const char *wp, int64_t rows, int64_t w, const void *D,
                           const gemm_out *o) {
     const sph_head_plan *p = c->p;
+    if (c->lay->bi) {
+        const int ct = o->ct == CUDA_R_32F ? 0 : (o->ct == CUDA_R_16BF ? 1 : 2);
+        return sph_cuda_dh_fixed(p->dtype, D, c->lay->ldL, wp, p->ld_w, o->C, o->ldc, ct,
+                                 o->beta != 0.f, rows, w, p->H, c->stream);
+    }
     const float one = 1.f;
     const cudaDataType_t t = dt_cuda(c->dk);
     SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H, (int)rows,
@@ -959,9 +1043,9 @@ static gemm_out acc32(float *C, int64_t H, int acc) {
 }
 
 /* Gradients of one row chunk from its (recomputed or kept) logits. ci is the chunk's index
- * among the pass's chunks (dW overwrites on the first). reuse_L: L already holds the logits
- * of the only split (one-pass). */
-static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse_L) {
+ * among the pass's chunks (dW overwrites on the first). src: D_RECOMPUTE, D_FROM_L (L holds
+ * the logits of the only split: one-pass, staged fp32) or D_READY (staged E, one split). */
+static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int src) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
     float *L = (float *)(c->ws + lay->off_L);
@@ -975,7 +1059,7 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     const int64_t rows = ch->rows;
     for (int64_t s = 0; s < lay->n_splits; s++) {
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
-        SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, reuse_L));
+        SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, src));
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
         if (p->dhidden) {
             const gemm_out o = dh_via32 ? acc32(dh32, p->H, s > 0)
@@ -1237,7 +1321,12 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size, ch.r0,
                                   ch.rowmap, ch.rows, c.stream));
-            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1));
+            if (lay.onepass_e) {
+                SPH_TRY(chunk_e2d(&c, &ch));
+                SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
+            } else {
+                SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 ? D_FROM_L : D_RECOMPUTE));
+            }
         }
         ci++;
     }
