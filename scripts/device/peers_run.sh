@@ -15,8 +15,9 @@
 #       (about 40 MB with the tree): unpacks the rest of the CuTe DSL peers there, installs
 #       .whl, runs peers.py (--mode logprob, then --mode policy), packs everything into
 #       $OUT/peers.tgz and copies the tables and plots next to it. Without stage 1 (a machine
-#       that went cold between the calls) the CuTe peers are skipped with that reason and the
-#       other peers still run.
+#       that went cold between the calls) it stops at once with exit code 3 and says so
+#       (PEERS_REQUIRE_CUTE=0: the CuTe peers are skipped with that reason and the others
+#       still run).
 #
 # Parameters (environment; defaults in brackets):
 #   PEERS_BUDGET_S [420]       seconds for both modes together (imports included); the policy
@@ -93,6 +94,11 @@ if [ "$cute" = 1 ] && ! stage1_ok <(grep '^stage1_sha256:' .peers/stage2/MANIFES
     echo "#   'peers_run.sh stage', or it was not run): quack and liger-cute will be skipped"
     rm -rf "$SITE/nvidia_cutlass_dsl"     # a clear 'not importable' instead of a broken DSL
     cute=0
+    if [ "${PEERS_REQUIRE_CUTE:-1}" = 1 ]; then
+        echo "# stopping (PEERS_REQUIRE_CUTE=1): run 'peers_run.sh stage' and this call again,"
+        echo "#   back to back; PEERS_REQUIRE_CUTE=0 runs the other peers anyway"
+        exit 3
+    fi
 fi
 # the Triton peers (and liger-kernel, whose CuTe kernel imports the DSL above)
 if compgen -G ".whl/*.whl" >/dev/null; then

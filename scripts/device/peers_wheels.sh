@@ -16,7 +16,9 @@
 #                               dependencies (ray, hydra, ...) are not needed
 # 2. The CuTe DSL peers, staged as a site-packages tree and packed in two archives:
 #      quack-kernels 0.6.5, nvidia-cutlass-dsl 4.8.1 (+ libs-base, libs-core, libs-cu13; the
-#      cu13 flavour: the H200's driver is CUDA 13.0), apache-tvm-ffi 0.1.15.post2
+#      cu13 flavour: the H200's driver is CUDA 13.0), apache-tvm-ffi 0.1.15.post2, and
+#      typing-extensions 4.15.0 (tvm_ffi imports typing_extensions.get_annotations, new in
+#      4.13; torch 2.11 only asks >= 4.10 of the image's copy)
 #    The cu13 libraries wheel is 92 MB (its _cutlass_ir extension alone is 193 MB unpacked):
 #    too much for one call with the tree and the CUDA bundle. So:
 #      .peers/stage1/cutlass_ir.tar.xz  that one extension, xz with the x86 BCJ filter
@@ -62,7 +64,7 @@ fetch() { # dest pin...: one version of each package only (two stop the device's
 triton_pins=(liger-kernel==0.8.5 cut-cross-entropy==25.1.1 verl==0.9.1)
 cute_pins=(quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
            nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
-           apache-tvm-ffi==0.1.15.post2)
+           apache-tvm-ffi==0.1.15.post2 typing-extensions==4.15.0)
 fetch .whl "${triton_pins[@]}"
 [ "$cute" = 1 ] && fetch .peers/wheels "${cute_pins[@]}"
 
@@ -125,7 +127,7 @@ if [ "$cute" = 1 ]; then
        [ -f .peers/stage1/cutlass_ir.tar.xz ] && [ -f .peers/stage2/site.tar.xz ]; then
         echo "peers_wheels: .peers/stage1 and .peers/stage2 are up to date"
     else
-        rm -rf .peers/build .peers/stage1 .peers/stage2 .peers/STAMP
+        rm -rf .peers/build .peers/stage2 .peers/STAMP
         site=.peers/build/site-packages
         # install for CPython 3.12 on manylinux x86-64 whatever python runs here
         "$py" -m pip install -q --no-deps --no-index --no-compile --target "$site" \
@@ -135,14 +137,22 @@ if [ "$cute" = 1 ]; then
         rm -rf "$site/bin"     # console scripts (run-iket), not used
         mkdir -p .peers/stage1 .peers/stage2
         sha=$(sha256sum "$site/$big" | cut -d' ' -f1)
-        echo "peers_wheels: packing stage 1 (the 193 MB extension; xz -9e with the x86 filter" \
-             "takes minutes)"
-        tar -C "$site" -cf - "$big" | xz -T1 --x86 --lzma2=preset=9e,dict=192MiB \
-            > .peers/stage1/cutlass_ir.tar.xz
-        echo "$sha  $big" > .peers/stage1/cutlass_ir.sha256
+        if [ -f .peers/stage1/cutlass_ir.tar.xz ] &&
+           [ "$(cut -d' ' -f1 .peers/stage1/cutlass_ir.sha256 2>/dev/null)" = "$sha" ]; then
+            echo "peers_wheels: stage 1 holds this extension already (sha256 $sha)"
+        else
+            echo "peers_wheels: packing stage 1 (the 193 MB extension; xz -9e with the x86" \
+                 "filter takes minutes)"
+            rm -f .peers/stage1/*
+            tar -C "$site" -cf - "$big" | xz -T1 --x86 --lzma2=preset=9e,dict=192MiB \
+                > .peers/stage1/cutlass_ir.tar.xz.tmp
+            mv .peers/stage1/cutlass_ir.tar.xz.tmp .peers/stage1/cutlass_ir.tar.xz
+            echo "$sha  $big" > .peers/stage1/cutlass_ir.sha256
+        fi
         echo "peers_wheels: packing stage 2"
         tar -C "$site" --exclude="./$big" -cf - . | xz -T1 --x86 --lzma2=preset=9e \
-            > .peers/stage2/site.tar.xz
+            > .peers/stage2/site.tar.xz.tmp
+        mv .peers/stage2/site.tar.xz.tmp .peers/stage2/site.tar.xz
         {
             echo "# the CuTe DSL peers for the GPU machine (scripts/device/peers_wheels.sh)"
             echo "pins: $stamp"
