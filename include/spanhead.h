@@ -239,7 +239,7 @@ SPH_API sph_status sph_ctx_synchronize(sph_ctx_t ctx);
 SPH_API int sph_cuda_device_count(void);
 
 /* ---------------------------------------------------------------------------------------- */
-/* Host metadata: alignment, packed layouts, CP-local rows (DESIGN.md section 2)             */
+/* Host metadata: alignment, packed layouts, CP-local rows (docs/design.md section 3)        */
 /* ---------------------------------------------------------------------------------------- */
 
 typedef enum sph_fp8 {
@@ -384,7 +384,7 @@ typedef enum sph_pack_algo {
     SPH_PACK_BALANCED = 2  /* least-loaded, soft capacity */
 } sph_pack_algo;
 
-/* Bin packing (DESIGN.md section 2; details and the balanced soft cap in docs/metadata.md).
+/* Bin packing (docs/design.md section 3.7; details and the balanced soft cap in docs/metadata.md).
  * A sequence costs its length padded to the sequence alignment of par; bins hold at most
  * capacity rounded down to the total alignment, so every bin's packed layout fits capacity.
  *   FFD: first-fit decreasing. MFFD: Johnson & Garey's modified FFD. BALANCED: by decreasing
@@ -429,7 +429,7 @@ SPH_API sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_op
 SPH_API void sph_pack_free(sph_pack_result *r);
 
 /* ---------------------------------------------------------------------------------------- */
-/* The LM head (DESIGN.md section 1)                                                          */
+/* The LM head (docs/design.md section 2)                                                     */
 /* ---------------------------------------------------------------------------------------- */
 /*
  * One TP rank holds weight rows [vocab_start, vocab_start + V_loc) of vocab_total.

@@ -1,7 +1,7 @@
 /*
  * head.cu - the CUDA LM head: forward (row statistics), backward (dlogits, dHidden, dWeight)
  * and one-pass mode over row chunks of the active spans, with the vocabulary split when one
- * chunk of staged logits would not fit the budget (DESIGN.md sections 1 and 4).
+ * chunk of staged logits would not fit the budget (docs/design.md sections 2 and 5.3).
  *
  * Per chunk of R rows [r0, r0 + R) and vocabulary split [c0, c0 + w) of this shard:
  *   L (R, w) fp32 = h[r0:r0+R] . W[c0:c0+w]^T       cuBLAS, or head_mma.cu (batch-invariant)
