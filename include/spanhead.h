@@ -181,8 +181,20 @@ typedef enum sph_cuda_flag {
                                                portable paths (SPH_CUDA_SM90=0) */
     SPH_CUDA_FLAG_PINGPONG = 1u << 6,       /* the sm_90a kernel's ping-pong schedule whatever H
                                                (SPH_CUDA_PINGPONG=1); default: H picks */
-    SPH_CUDA_FLAG_COOPERATIVE = 1u << 7     /* its cooperative schedule whatever H
+    SPH_CUDA_FLAG_COOPERATIVE = 1u << 7,    /* its cooperative schedule whatever H
                                                (SPH_CUDA_PINGPONG=0); exclusive with PINGPONG */
+    SPH_CUDA_FLAG_NO_STORE16 = 1u << 8,     /* the fused epilogues store half-precision pairs (4
+                                               bytes) instead of 16-byte words
+                                               (SPH_CUDA_STORE16=0) */
+    /* One-pass forward, forced (default: the layout picks; at most one of the three): */
+    SPH_CUDA_FLAG_ONEPASS_E = 1u << 9,      /* staged E: the fused statistics epilogue keeps
+                                               exp(z - m_tile) in f16, turned into dlogits in
+                                               place (SPH_CUDA_ONEPASS=e) */
+    SPH_CUDA_FLAG_ONEPASS_F32 = 1u << 10,   /* staged fp32 logits, unfused kernels
+                                               (SPH_CUDA_ONEPASS=f32) */
+    SPH_CUDA_FLAG_ONEPASS_RECOMPUTE = 1u << 11 /* statistics of every chunk, then the
+                                               backward's sweep recomputing the logits
+                                               (SPH_CUDA_ONEPASS=recompute) */
 } sph_cuda_flag;
 
 typedef struct sph_ctx_opts {
@@ -204,7 +216,8 @@ typedef struct sph_ctx_opts {
     const char *tune_cache;   /* path of the autotuning cache; NULL = default
                                  ($SPH_TUNE_CACHE, else $XDG_CACHE_HOME/spanhead/tune.json) */
     uint32_t cuda_flags;      /* sph_cuda_flag switches, or'd; 0 = the defaults. Unknown bits,
-                                 or PINGPONG with COOPERATIVE, are SPH_ERR_INVALID_ARG */
+                                 PINGPONG with COOPERATIVE, or two ONEPASS flags are
+                                 SPH_ERR_INVALID_ARG */
 } sph_ctx_opts;
 
 #define SPH_CTX_OPTS_INIT { .struct_size = sizeof(sph_ctx_opts), .device = {SPH_DEVICE_CPU, 0} }
@@ -213,9 +226,11 @@ typedef struct sph_ctx_opts {
  * that want them honoured (the library itself never reads them): SPH_CUDA_GATHER,
  * SPH_CUDA_SQUARE, SPH_CUDA_FUSED, SPH_CUDA_COLOUTER and SPH_CUDA_SM90 ("0" sets the switch
  * that turns the choice off, "1" clears it), SPH_CUDA_BWD_DENSE ("1" sets DENSE_BACKWARD, "0"
- * clears it), SPH_CUDA_PINGPONG ("1" ping-pong, "0" cooperative). A variable that is unset or
- * empty leaves its switch as it is. Errors: SPH_ERR_INVALID_ARG (opts NULL or too short, a value
- * other than "0" or "1", naming the variable and the value; opts unchanged then). */
+ * clears it), SPH_CUDA_PINGPONG ("1" ping-pong, "0" cooperative), SPH_CUDA_STORE16 ("0" sets
+ * NO_STORE16), SPH_CUDA_ONEPASS ("e", "f32", "recompute", or "auto" for none of them). A
+ * variable that is unset or empty leaves its switch as it is. Errors: SPH_ERR_INVALID_ARG
+ * (opts NULL or too short, a value other than those, naming the variable and the value; opts
+ * unchanged then). */
 SPH_API sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts);
 
 /* Creates a context: picks the kernel set (CPU ISA or GPU capability), creates library
@@ -523,6 +538,43 @@ SPH_API sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, vo
  * accumulating). */
 SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                                      size_t workspace_bytes);
+
+/* How a pass would run for these arguments: the workspace, how the rows and the vocabulary
+ * are cut, and the path taken, so that a benchmark row or a log can say when a budget forced
+ * the slower path (a one-pass forward that recomputes its logits does 8 N H V flops instead
+ * of 6). Same validation and answer as sph_head_workspace_size; host-only, no device work.
+ * path, one word:
+ *   "reference"   the float64 reference (force_kernel "ref")
+ *   "cpu"         the optimized CPU backend
+ *   "cublas"      CUDA: cuBLAS logits + elementwise kernels (logits staged in fp32)
+ *   "fused"       CUDA sm_90a: statistics / dlogits epilogues on the logits in registers
+ *   "staged-e"    CUDA one-pass: E = exp(z - m_tile) staged in f16, gradients per chunk
+ *   "staged-f32"  CUDA one-pass: fp32 logits staged, gradients per chunk
+ *   "recompute"   CUDA one-pass: statistics first, then the backward's sweep (8 N H V)
+ *   "support"     sample support (candidates given)
+ * flags: SPH_PASS_* below. */
+#define SPH_PASS_GATHERED 1u       /* chunks take rows across spans */
+#define SPH_PASS_VOCAB_OUTER 2u    /* gradient sweep vocabulary-outer */
+#define SPH_PASS_RECOMPUTES 4u     /* one-pass whose logits are computed twice (8 N H V) */
+#define SPH_PASS_OVER_BUDGET 8u    /* the workspace exceeds the budget (fixed accumulators) */
+#define SPH_PASS_BATCH_INVARIANT 16u
+
+typedef struct sph_head_pass_info {
+    size_t struct_size;       /* sizeof(sph_head_pass_info); set by SPH_HEAD_PASS_INFO_INIT */
+    size_t workspace_bytes;   /* = sph_head_workspace_size */
+    int64_t budget_bytes;     /* the budget the layout was cut to (0: not budgeted) */
+    int64_t chunk_rows;       /* rows per chunk (0: the backend does not chunk) */
+    int64_t n_chunks;
+    int64_t vocab_split;      /* columns per vocabulary split (V_loc: none) */
+    int64_t n_splits;
+    uint32_t flags;           /* SPH_PASS_* */
+    char path[24];            /* NUL-terminated */
+} sph_head_pass_info;
+
+#define SPH_HEAD_PASS_INFO_INIT {sizeof(sph_head_pass_info), 0, 0, 0, 0, 0, 0, 0, {0}}
+
+SPH_API sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass,
+                                     const sph_head_args *args, sph_head_pass_info *info);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */

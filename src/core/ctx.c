@@ -44,24 +44,34 @@ sph_cpu_isa sph_cpu_isa_detect(void) {
     return g_isa;
 }
 
+#define SPH_CUDA_FLAGS_ONEPASS                                                                \
+    ((uint32_t)(SPH_CUDA_FLAG_ONEPASS_E | SPH_CUDA_FLAG_ONEPASS_F32 |                           \
+                SPH_CUDA_FLAG_ONEPASS_RECOMPUTE))
 #define SPH_CUDA_FLAGS_ALL                                                                    \
     ((uint32_t)(SPH_CUDA_FLAG_NO_GATHER | SPH_CUDA_FLAG_NO_SQUARE | SPH_CUDA_FLAG_NO_FUSED |     \
                 SPH_CUDA_FLAG_NO_COLOUTER | SPH_CUDA_FLAG_DENSE_BACKWARD | SPH_CUDA_FLAG_NO_SM90 | \
-                SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE))
+                SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE | SPH_CUDA_FLAG_NO_STORE16 |    \
+                SPH_CUDA_FLAGS_ONEPASS))
 
-/* The SPH_CUDA_* variables of the benchmark scripts and the switches each one drives: "0" sets
- * when_0_set and clears when_1_set, "1" the reverse. */
+/* The SPH_CUDA_* variables of the benchmark scripts, the values each takes and the switches
+ * each value sets; a value clears the switches of the variable's other values. */
+#define ENV_VALUES 4
 static const struct env_switch {
     const char *name;
-    uint32_t when_0_set, when_1_set; /* bits a "0" / "1" sets (the other value clears them) */
+    const char *value[ENV_VALUES]; /* NULL-terminated */
+    uint32_t sets[ENV_VALUES];
 } g_env_switches[] = {
-    {"SPH_CUDA_GATHER", SPH_CUDA_FLAG_NO_GATHER, 0},
-    {"SPH_CUDA_SQUARE", SPH_CUDA_FLAG_NO_SQUARE, 0},
-    {"SPH_CUDA_FUSED", SPH_CUDA_FLAG_NO_FUSED, 0},
-    {"SPH_CUDA_COLOUTER", SPH_CUDA_FLAG_NO_COLOUTER, 0},
-    {"SPH_CUDA_SM90", SPH_CUDA_FLAG_NO_SM90, 0},
-    {"SPH_CUDA_BWD_DENSE", 0, SPH_CUDA_FLAG_DENSE_BACKWARD},
-    {"SPH_CUDA_PINGPONG", SPH_CUDA_FLAG_COOPERATIVE, SPH_CUDA_FLAG_PINGPONG},
+    {"SPH_CUDA_GATHER", {"0", "1"}, {SPH_CUDA_FLAG_NO_GATHER, 0}},
+    {"SPH_CUDA_SQUARE", {"0", "1"}, {SPH_CUDA_FLAG_NO_SQUARE, 0}},
+    {"SPH_CUDA_FUSED", {"0", "1"}, {SPH_CUDA_FLAG_NO_FUSED, 0}},
+    {"SPH_CUDA_COLOUTER", {"0", "1"}, {SPH_CUDA_FLAG_NO_COLOUTER, 0}},
+    {"SPH_CUDA_SM90", {"0", "1"}, {SPH_CUDA_FLAG_NO_SM90, 0}},
+    {"SPH_CUDA_BWD_DENSE", {"0", "1"}, {0, SPH_CUDA_FLAG_DENSE_BACKWARD}},
+    {"SPH_CUDA_PINGPONG", {"0", "1"}, {SPH_CUDA_FLAG_COOPERATIVE, SPH_CUDA_FLAG_PINGPONG}},
+    {"SPH_CUDA_STORE16", {"0", "1"}, {SPH_CUDA_FLAG_NO_STORE16, 0}},
+    {"SPH_CUDA_ONEPASS",
+     {"e", "f32", "recompute", "auto"},
+     {SPH_CUDA_FLAG_ONEPASS_E, SPH_CUDA_FLAG_ONEPASS_F32, SPH_CUDA_FLAG_ONEPASS_RECOMPUTE, 0}},
 };
 
 sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts) {
@@ -76,10 +86,19 @@ sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts) {
         const struct env_switch *w = &g_env_switches[k];
         const char *v = getenv(w->name);
         if (!v || !*v) continue;
-        SPH_CHECK(!strcmp(v, "0") || !strcmp(v, "1"), SPH_ERR_INVALID_ARG,
-                  "%s: '%.32s', expected 0 or 1", w->name, v);
-        const uint32_t set = v[0] == '0' ? w->when_0_set : w->when_1_set;
-        f = (f & ~(w->when_0_set | w->when_1_set)) | set;
+        uint32_t all = 0;
+        int hit = -1;
+        char expected[64] = "";
+        for (int q = 0; q < ENV_VALUES && w->value[q]; q++) {
+            all |= w->sets[q];
+            if (!strcmp(v, w->value[q])) hit = q;
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s",
+                     q ? (q + 1 < ENV_VALUES && w->value[q + 1] ? ", " : " or ") : "",
+                     w->value[q]);
+        }
+        SPH_CHECK(hit >= 0, SPH_ERR_INVALID_ARG, "%s: '%.32s', expected %s", w->name, v,
+                  expected);
+        f = (f & ~all) | w->sets[hit];
     }
     opts->cuda_flags = f;
     return SPH_OK;
@@ -142,6 +161,10 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
               SPH_ERR_INVALID_ARG,
               "opts.cuda_flags is 0x%x: SPH_CUDA_FLAG_PINGPONG and SPH_CUDA_FLAG_COOPERATIVE "
               "exclude each other", flags);
+    const uint32_t op = flags & SPH_CUDA_FLAGS_ONEPASS;
+    SPH_CHECK((op & (op - 1)) == 0, SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: the SPH_CUDA_FLAG_ONEPASS_* switches exclude each other",
+              flags);
 
     sph_ctx_t ctx = calloc(1, sizeof *ctx);
     SPH_CHECK(ctx != NULL, SPH_ERR_ALLOC, "ctx: out of host memory");

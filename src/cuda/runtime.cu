@@ -70,6 +70,11 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->schedule = (fl & SPH_CUDA_FLAG_PINGPONG)      ? SPH_SM90_SCHED_PINGPONG
                    : (fl & SPH_CUDA_FLAG_COOPERATIVE) ? SPH_SM90_SCHED_COOPERATIVE
                                                       : SPH_SM90_SCHED_AUTO;
+    st->onepass_mode = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? 1
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? 2
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
+                                                                : 0;
+    st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
     ctx->cuda = st;
     /* force_kernel "ref" runs the float64 reference on host copies (head_ref_stage.c) */
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,

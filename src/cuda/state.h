@@ -34,6 +34,9 @@ typedef struct sph_cuda_state {
     int dense_bwd;                   /* DENSE_BACKWARD: backward over every row (ablation) */
     int no_sm90;                     /* NO_SM90: no sm_90a kernel (fused or batch-invariant) */
     int schedule;                    /* PINGPONG / COOPERATIVE: SPH_SM90_SCHED_* (head_sm90.cuh) */
+    int onepass_mode;                /* ONEPASS_*: 0 auto, 1 staged E, 2 staged fp32 logits
+                                        (unfused), 3 recompute (the fused sweep) */
+    int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
     int assume_sm90;                 /* layout tests without a GPU: plan as on an sm_90 device */
     int forcing;                     /* 1 while sph_tune times a candidate: */
     int64_t force_rows, force_split; /* its configuration (0 = automatic) */

@@ -11,9 +11,9 @@
 #include "core/ctx.h"
 #include "testutil.h"
 
-static const char *g_vars[] = {"SPH_CUDA_GATHER", "SPH_CUDA_SQUARE",    "SPH_CUDA_FUSED",
-                               "SPH_CUDA_COLOUTER", "SPH_CUDA_SM90", "SPH_CUDA_BWD_DENSE",
-                               "SPH_CUDA_PINGPONG"};
+static const char *g_vars[] = {"SPH_CUDA_GATHER",    "SPH_CUDA_SQUARE",   "SPH_CUDA_FUSED",
+                               "SPH_CUDA_COLOUTER",  "SPH_CUDA_SM90",     "SPH_CUDA_BWD_DENSE",
+                               "SPH_CUDA_PINGPONG",  "SPH_CUDA_STORE16",  "SPH_CUDA_ONEPASS"};
 #define N_VARS (sizeof g_vars / sizeof g_vars[0])
 
 static void clear_env(void) {
@@ -34,6 +34,11 @@ static void test_flags_validated(void **state) {
     assert_null(c);
     o.cuda_flags = SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE;
     expect_status(sph_ctx_create(&c, &o), SPH_ERR_INVALID_ARG, "exclude each other");
+    o.cuda_flags = SPH_CUDA_FLAG_ONEPASS_E | SPH_CUDA_FLAG_ONEPASS_F32;
+    expect_status(sph_ctx_create(&c, &o), SPH_ERR_INVALID_ARG, "ONEPASS_* switches exclude");
+    o.cuda_flags = SPH_CUDA_FLAG_ONEPASS_F32 | SPH_CUDA_FLAG_NO_STORE16;
+    expect_ok(sph_ctx_create(&c, &o));
+    sph_ctx_destroy(c);
 }
 
 /* A caller compiled against the header before cuda_flags existed: its struct ends at
@@ -75,6 +80,11 @@ static void test_apply_env(void **state) {
         {"SPH_CUDA_BWD_DENSE", "1", SPH_CUDA_FLAG_DENSE_BACKWARD},
         {"SPH_CUDA_PINGPONG", "1", SPH_CUDA_FLAG_PINGPONG},
         {"SPH_CUDA_PINGPONG", "0", SPH_CUDA_FLAG_COOPERATIVE},
+        {"SPH_CUDA_STORE16", "0", SPH_CUDA_FLAG_NO_STORE16},
+        {"SPH_CUDA_ONEPASS", "e", SPH_CUDA_FLAG_ONEPASS_E},
+        {"SPH_CUDA_ONEPASS", "f32", SPH_CUDA_FLAG_ONEPASS_F32},
+        {"SPH_CUDA_ONEPASS", "recompute", SPH_CUDA_FLAG_ONEPASS_RECOMPUTE},
+        {"SPH_CUDA_ONEPASS", "auto", 0},
         {"SPH_CUDA_FUSED", "1", 0},
         {"SPH_CUDA_BWD_DENSE", "0", 0},
         {"SPH_CUDA_GATHER", "", 0},
@@ -103,6 +113,14 @@ static void test_apply_env(void **state) {
     expect_status(sph_ctx_opts_apply_env(&o), SPH_ERR_INVALID_ARG,
                   "SPH_CUDA_SQUARE: 'off', expected 0 or 1");
     assert_int_equal(o.cuda_flags, SPH_CUDA_FLAG_NO_SM90);
+    clear_env();
+    assert_int_equal(setenv("SPH_CUDA_ONEPASS", "fast", 1), 0);
+    expect_status(sph_ctx_opts_apply_env(&o), SPH_ERR_INVALID_ARG,
+                  "SPH_CUDA_ONEPASS: 'fast', expected e, f32, recompute or auto");
+    assert_int_equal(setenv("SPH_CUDA_ONEPASS", "recompute", 1), 0); /* replaces e */
+    o.cuda_flags = SPH_CUDA_FLAG_ONEPASS_E;
+    expect_ok(sph_ctx_opts_apply_env(&o));
+    assert_int_equal(o.cuda_flags, SPH_CUDA_FLAG_ONEPASS_RECOMPUTE);
     expect_status(sph_ctx_opts_apply_env(NULL), SPH_ERR_INVALID_ARG, "opts: NULL");
     clear_env();
     /* the library itself never reads them: a context made without apply_env has none */
