@@ -1,7 +1,9 @@
 /*
  * ctx.c - context lifetime, kernel selection and the memory helpers of the public API.
  * CPU kernels are picked once per process from the CPU's features (SPH_KERNEL or
- * opts.force_kernel override); CUDA contexts hand their setup to src/cuda.
+ * opts.force_kernel override). The device's table (registry.c) sets the context up on its
+ * device; the head table is filled once here: the reference first, then the device's kernels
+ * slot by slot unless the reference is forced (core/backend.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,66 @@ static void detect_isa(void) {
 sph_cpu_isa sph_cpu_isa_detect(void) {
     call_once(&g_isa_once, detect_isa);
     return g_isa;
+}
+
+#define SPH_CUDA_FLAGS_ONEPASS                                                                \
+    ((uint32_t)(SPH_CUDA_FLAG_ONEPASS_E | SPH_CUDA_FLAG_ONEPASS_F32 |                           \
+                SPH_CUDA_FLAG_ONEPASS_RECOMPUTE))
+#define SPH_CUDA_FLAGS_ALL                                                                    \
+    ((uint32_t)(SPH_CUDA_FLAG_NO_GATHER | SPH_CUDA_FLAG_NO_SQUARE | SPH_CUDA_FLAG_NO_FUSED |     \
+                SPH_CUDA_FLAG_NO_COLOUTER | SPH_CUDA_FLAG_DENSE_BACKWARD | SPH_CUDA_FLAG_NO_SM90 | \
+                SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE | SPH_CUDA_FLAG_NO_STORE16 |    \
+                SPH_CUDA_FLAGS_ONEPASS))
+
+/* The SPH_CUDA_* variables of the benchmark scripts, the values each takes and the switches
+ * each value sets; a value clears the switches of the variable's other values. */
+#define ENV_VALUES 4
+static const struct env_switch {
+    const char *name;
+    const char *value[ENV_VALUES]; /* NULL-terminated */
+    uint32_t sets[ENV_VALUES];
+} g_env_switches[] = {
+    {"SPH_CUDA_GATHER", {"0", "1"}, {SPH_CUDA_FLAG_NO_GATHER, 0}},
+    {"SPH_CUDA_SQUARE", {"0", "1"}, {SPH_CUDA_FLAG_NO_SQUARE, 0}},
+    {"SPH_CUDA_FUSED", {"0", "1"}, {SPH_CUDA_FLAG_NO_FUSED, 0}},
+    {"SPH_CUDA_COLOUTER", {"0", "1"}, {SPH_CUDA_FLAG_NO_COLOUTER, 0}},
+    {"SPH_CUDA_SM90", {"0", "1"}, {SPH_CUDA_FLAG_NO_SM90, 0}},
+    {"SPH_CUDA_BWD_DENSE", {"0", "1"}, {0, SPH_CUDA_FLAG_DENSE_BACKWARD}},
+    {"SPH_CUDA_PINGPONG", {"0", "1"}, {SPH_CUDA_FLAG_COOPERATIVE, SPH_CUDA_FLAG_PINGPONG}},
+    {"SPH_CUDA_STORE16", {"0", "1"}, {SPH_CUDA_FLAG_NO_STORE16, 0}},
+    {"SPH_CUDA_ONEPASS",
+     {"e", "f32", "recompute", "auto"},
+     {SPH_CUDA_FLAG_ONEPASS_E, SPH_CUDA_FLAG_ONEPASS_F32, SPH_CUDA_FLAG_ONEPASS_RECOMPUTE, 0}},
+};
+
+sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts) {
+    SPH_CHECK(opts != NULL, SPH_ERR_INVALID_ARG, "opts: NULL");
+    SPH_CHECK(opts->struct_size >= offsetof(sph_ctx_opts, cuda_flags) + sizeof(opts->cuda_flags),
+              SPH_ERR_INVALID_ARG,
+              "opts.struct_size is %zu, expected >= %zu (a struct with cuda_flags; use "
+              "SPH_CTX_OPTS_INIT)", opts->struct_size,
+              offsetof(sph_ctx_opts, cuda_flags) + sizeof(opts->cuda_flags));
+    uint32_t f = opts->cuda_flags;
+    for (size_t k = 0; k < sizeof g_env_switches / sizeof g_env_switches[0]; k++) {
+        const struct env_switch *w = &g_env_switches[k];
+        const char *v = getenv(w->name);
+        if (!v || !*v) continue;
+        uint32_t all = 0;
+        int hit = -1;
+        char expected[64] = "";
+        for (int q = 0; q < ENV_VALUES && w->value[q]; q++) {
+            all |= w->sets[q];
+            if (!strcmp(v, w->value[q])) hit = q;
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s",
+                     q ? (q + 1 < ENV_VALUES && w->value[q + 1] ? ", " : " or ") : "",
+                     w->value[q]);
+        }
+        SPH_CHECK(hit >= 0, SPH_ERR_INVALID_ARG, "%s: '%.32s', expected %s", w->name, v,
+                  expected);
+        f = (f & ~all) | w->sets[hit];
+    }
+    opts->cuda_flags = f;
+    return SPH_OK;
 }
 
 static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
@@ -87,11 +149,28 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
               SPH_DEVICE_CUDA);
     SPH_CHECK(opts->device.id >= 0, SPH_ERR_INVALID_ARG, "opts.device.id is %d, expected >= 0",
               (int)opts->device.id);
+    /* fields appended after tune_cache: read only when the caller's struct has them */
+    const uint32_t flags = opts->struct_size >= offsetof(sph_ctx_opts, cuda_flags) +
+                                                    sizeof(opts->cuda_flags)
+                               ? opts->cuda_flags
+                               : 0;
+    SPH_CHECK((flags & ~SPH_CUDA_FLAGS_ALL) == 0, SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: bits 0x%x are not sph_cuda_flag switches", flags,
+              flags & ~SPH_CUDA_FLAGS_ALL);
+    SPH_CHECK(!((flags & SPH_CUDA_FLAG_PINGPONG) && (flags & SPH_CUDA_FLAG_COOPERATIVE)),
+              SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: SPH_CUDA_FLAG_PINGPONG and SPH_CUDA_FLAG_COOPERATIVE "
+              "exclude each other", flags);
+    const uint32_t op = flags & SPH_CUDA_FLAGS_ONEPASS;
+    SPH_CHECK((op & (op - 1)) == 0, SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: the SPH_CUDA_FLAG_ONEPASS_* switches exclude each other",
+              flags);
 
     sph_ctx_t ctx = calloc(1, sizeof *ctx);
     SPH_CHECK(ctx != NULL, SPH_ERR_ALLOC, "ctx: out of host memory");
     memcpy(&ctx->opts, opts, sizeof *opts < opts->struct_size ? sizeof *opts : opts->struct_size);
     ctx->opts.struct_size = sizeof ctx->opts;
+    ctx->opts.cuda_flags = flags;
     ctx->device = opts->device;
     ctx->stream = opts->stream;
     ctx->num_threads = opts->num_threads > 0 ? opts->num_threads : omp_get_max_threads();
@@ -116,31 +195,28 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     const char *k = opts->force_kernel ? opts->force_kernel : getenv("SPH_KERNEL");
     sph_status s = SPH_OK;
     if (k) s = parse_kernel(k, ctx);
-    if (s == SPH_OK && dt == SPH_DEVICE_CUDA) {
-#ifdef SPH_HAVE_CUDA
-        s = sph_cuda_ctx_init(ctx);
-#else
+    ctx->dev = sph_registry_device(dt);
+    if (s == SPH_OK && !ctx->dev)
         s = sph_err(SPH_ERR_UNSUPPORTED, "opts.device: CUDA requested but spanhead was built "
                                          "without CUDA");
-#endif
-    }
+    if (s == SPH_OK && ctx->dev->ctx_init) s = ctx->dev->ctx_init(ctx);
     if (s != SPH_OK) {
+        if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
         free(ctx);
         return s;
     }
-    if (dt == SPH_DEVICE_CPU)
-        snprintf(ctx->describe, sizeof ctx->describe, "cpu %s threads=%d openblas",
-                 sph_cpu_isa_name(ctx->isa), ctx->num_threads);
-    sph_log(3, "context: %s", ctx->describe);
+    /* the head table: the reference in every slot (staged when the device's memory is not
+     * host memory), then the device's kernels over it unless the reference is forced */
+    sph_head_ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
+    if (!ctx->use_ref && ctx->dev->head_fill) ctx->dev->head_fill(ctx, &ctx->head);
+    sph_log(3, "context: %s (head: %s)", ctx->describe, ctx->head.name);
     *out = ctx;
     return SPH_OK;
 }
 
 void sph_ctx_destroy(sph_ctx_t ctx) {
     if (!ctx) return;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) sph_cuda_ctx_fini(ctx);
-#endif
+    if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
     free(ctx);
 }
 
@@ -149,59 +225,29 @@ const char *sph_ctx_describe(sph_ctx_t ctx) { return ctx ? ctx->describe : "(nul
 sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
     SPH_CHECK(ctx && ptr, SPH_ERR_INVALID_ARG, "ctx_malloc: ctx or ptr is NULL");
     *ptr = NULL;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_malloc(ctx, bytes, ptr);
-#endif
-    *ptr = malloc(bytes ? bytes : 1);
-    SPH_CHECK(*ptr != NULL, SPH_ERR_ALLOC, "ctx_malloc: %zu bytes of host memory", bytes);
-    return SPH_OK;
+    return ctx->dev->malloc(ctx, bytes, ptr);
 }
 
 void sph_ctx_free(sph_ctx_t ctx, void *ptr) {
     if (!ctx || !ptr) return;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-        sph_cuda_free(ctx, ptr);
-        return;
-    }
-#endif
-    free(ptr);
+    ctx->dev->free(ctx, ptr);
 }
 
 sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memcpy: ctx is NULL");
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst && src, SPH_ERR_INVALID_ARG, "ctx_memcpy: dst or src is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memcpy(ctx, dst, src, bytes);
-#endif
-    memmove(dst, src, bytes);
-    return SPH_OK;
+    return ctx->dev->memcpy(ctx, dst, src, bytes);
 }
 
 sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: ctx is NULL");
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: dst is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memset(ctx, dst, value, bytes);
-#endif
-    memset(dst, value, bytes);
-    return SPH_OK;
+    return ctx->dev->memset(ctx, dst, value, bytes);
 }
 
 sph_status sph_ctx_synchronize(sph_ctx_t ctx) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_synchronize: ctx is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_synchronize(ctx);
-#endif
-    return SPH_OK;
-}
-
-int sph_cuda_device_count(void) {
-#ifdef SPH_HAVE_CUDA
-    return sph_cuda_count();
-#else
-    return 0;
-#endif
+    return ctx->dev->synchronize(ctx);
 }
