@@ -16,9 +16,10 @@ typedef struct shape {
     int64_t H, V; /* V: the per-rank vocabulary V_loc */
 } shape;
 
-/* Per rank at TP4 (the seed's layout): A 2048x62080, B 4096x37984, C 5120x37984, D 2048x151936. */
-extern const shape bench_shapes[4];
-extern const char *const bench_shape_names[];  /* "A".."D", for option tables */
+/* Per rank at TP4 (the seed's layout): A 2048x62080, B 4096x37984, C 5120x37984, D 2048x151936;
+ * E 4096x128256 (a whole 128K vocabulary). The seed's matrix uses A-D. */
+extern const shape bench_shapes[5];
+extern const char *const bench_shape_names[];  /* "A".."E", for option tables */
 extern const char *const bench_mask_names[];   /* response, fragmented, packed-rl */
 
 /* One (shape, per-rank N) the bench allocates buffers for. tp, cp and tokens (the total

@@ -9,9 +9,10 @@
 
 #include "bench.h"
 
-const shape bench_shapes[4] = {
-    {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936}};
-const char *const bench_shape_names[] = {"A", "B", "C", "D", NULL};
+const shape bench_shapes[5] = {
+    {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936},
+    {"E", 4096, 128256}};
+const char *const bench_shape_names[] = {"A", "B", "C", "D", "E", NULL};
 const char *const bench_mask_names[] = {"response", "fragmented", "packed-rl", NULL};
 
 // ---- response and fragmented masks -----------------------------------------------------------

@@ -58,9 +58,10 @@ static const sph_cli_opt k_opts[] = {
      "(default cuda when a GPU is present, else cpu)"},
     {"--dtype", "bf16|f16|f32", SPH_OPT_CHOICE, O(dtype_opt), 0, 0, 0, 0, k_dtypes, 0,
      "(default bf16 on cuda, f32 on cpu)"},
-    {"--shape", "A,B,C,D", SPH_OPT_CHOICES, O(shape_list), 0, 0, 0, 0, bench_shape_names, 0,
+    {"--shape", "A,B,C,D,E", SPH_OPT_CHOICES, O(shape_list), 0, 0, 0, 0, bench_shape_names, 0,
      "model shapes per rank at TP4 (A 2048x62080, B 4096x37984,\n"
-     "C 5120x37984, D 2048x151936); default on cuda A,B (matrix: all)"},
+     "C 5120x37984, D 2048x151936; E 4096x128256, a whole 128K\n"
+     "vocabulary); default on cuda A,B (matrix: A-D)"},
     {"--H", "N", SPH_OPT_COUNT, O(H), 1, INT32_MAX, 0, 0, NULL, 0,
      "a custom shape instead, with --V (default on cpu: 256 x 4096)"},
     {"--V", "N", SPH_OPT_COUNT, O(V), 1, INT32_MAX, 0, 0, NULL, 0, "local vocabulary of the custom shape"},
@@ -186,6 +187,8 @@ typedef struct point {
     double rate, rate_sus;          /* TFLOP/s, burst and sustained (this mode's chain) */
     size_t peak;
     int64_t n_active;
+    char path[56]; /* sph_head_describe's path (forward, then backward for the general path),
+                      with "+recompute" when a one-pass forward recomputes its logits */
 } point;
 
 /* Times one configuration; returns 0 and fills pt, or an exit code. */
@@ -218,6 +221,14 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const shape *sh, int64_t N,
         (!one_pass && sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &bw, &wb) != SPH_OK))
         return sph_cli_fail("bench", 1, "workspace size: %s", sph_last_error());
     size_t need = wf > wb ? wf : wb;
+    sph_head_pass_info fi = SPH_HEAD_PASS_INFO_INIT, bi = SPH_HEAD_PASS_INFO_INIT;
+    if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &f, &fi) != SPH_OK ||
+        (!one_pass && sph_head_describe(ctx, SPH_HEAD_BACKWARD, &bw, &bi) != SPH_OK))
+        return sph_cli_fail("bench", 1, "describe: %s", sph_last_error());
+    if (one_pass)
+        snprintf(pt->path, sizeof pt->path, "%s", fi.path);
+    else
+        snprintf(pt->path, sizeof pt->path, "%s/%s", fi.path, bi.path);
     if (need > b->ws_bytes) {
         sph_ctx_free(ctx, b->ws);
         b->ws = NULL, b->ws_bytes = 0;
@@ -264,18 +275,18 @@ static void table_head(const bopts *o, int timed) {
     printf("| shape | H | V_loc | N |%s active | mask | mode |", o->matrix ? " tp | cp | tokens |" : "");
     if (timed)
         printf(" ms | GEMM TFLOP/s | floor ms | ratio | sustained TFLOP/s | sustained floor ms | "
-               "sustained ratio | extra MiB |");
+               "sustained ratio | extra MiB | path |");
     printf("\n|---|---|---|---|%s---|---|---|%s\n", o->matrix ? "---|---|---|" : "",
-           timed ? "---|---|---|---|---|---|---|---|" : "");
+           timed ? "---|---|---|---|---|---|---|---|---|" : "");
 }
 
 static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char *date, const work *w,
                  const point *p) {
     const char *mode = p->one_pass ? "one-pass" : "general";
     print_where(o, w);
-    printf(" %.4f | %s | %s | %.3f | %.4g | %.3f | %.3f | %.4g | %.3f | %.3f | %.1f |\n", p->act,
-           p->mask, mode, p->ms, p->rate, p->floor_ms, p->ratio, p->rate_sus, p->floor_sus_ms,
-           p->ratio_sus, p->peak / 1048576.0);
+    printf(" %.4f | %s | %s | %.3f | %.4g | %.3f | %.3f | %.4g | %.3f | %.3f | %.1f | %s |\n",
+           p->act, p->mask, mode, p->ms, p->rate, p->floor_ms, p->ratio, p->rate_sus,
+           p->floor_sus_ms, p->ratio_sus, p->peak / 1048576.0, p->path);
     fflush(stdout);
     char tp[24] = "null", cp[24] = "null", tokens[24] = "null";
     if (w->tp) {
@@ -292,10 +303,10 @@ static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char 
             "\"dtype\":\"%s\",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64 ",\"ms\":%.4f,"
             "\"floor_ms\":%.4f,\"ratio\":%.4f,\"floor_sustained_ms\":%.4f,"
             "\"ratio_sustained\":%.4f,\"rate_tflops\":%.6g,\"rate_sustained_tflops\":%.6g,"
-            "\"peak_extra_bytes\":%zu}\n",
+            "\"peak_extra_bytes\":%zu,\"path\":\"%s\"}\n",
             gpu, date, o->commit, w->sh.name, w->sh.H, w->sh.V, w->N, tp, cp, tokens, p->act,
             p->mask, mode, o->dt_name, o->gap, p->n_active, p->ms, p->floor_ms, p->ratio,
-            p->floor_sus_ms, p->ratio_sus, p->rate, p->rate_sus, p->peak);
+            p->floor_sus_ms, p->ratio_sus, p->rate, p->rate_sus, p->peak, p->path);
         fflush(js[k]);
     }
 }
