@@ -34,7 +34,9 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     co.device.type = on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
     co.num_threads = (int)threads; /* bounded by the CPU count in cmd_run.c */
     co.force_kernel = kernel;
-    sph_status s = sph_ctx_create(&d->ctx, &co);
+    /* the SPH_CUDA_* A/B switches of the scripts under scripts/device (not for the reference) */
+    sph_status s = kernel && !strcmp(kernel, "ref") ? SPH_OK : sph_ctx_opts_apply_env(&co);
+    if (!s) s = sph_ctx_create(&d->ctx, &co);
     if (s) return s;
     sph_device dev = co.device;
     const int64_t N = p->N, H = p->H, V = p->V;

@@ -346,6 +346,8 @@ int sph_cli_run_dist(int argc, char **argv) {
         io.device.type = SPH_DEVICE_CUDA;
         io.device.id = n_dev > 0 ? local % n_dev : 0;
     }
+    /* the SPH_CUDA_* A/B switches of the scripts under scripts/device */
+    if (ok && sph_ctx_opts_apply_env(&io)) ok = dist_fail("%s", sph_last_error());
     if (ok && sph_ctx_create(&d.io, &io)) ok = dist_fail("context: %s", sph_last_error());
     d.cuda = o.cuda;
     if (!dist_agree(ok)) goto out;
