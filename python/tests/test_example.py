@@ -1,12 +1,14 @@
 """The policy-gradient example runs, learns, and its head log-probs match its sampler."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "policy_gradient.py")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EXAMPLE = os.path.join(ROOT, "examples", "policy_gradient.py")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
@@ -20,3 +22,16 @@ def test_policy_gradient_example(backend):
     rewards = [float(line.split()[3]) for line in p.stdout.splitlines()
                if line.startswith("step")]
     assert rewards[-1] > rewards[0] + 0.3, p.stdout
+
+
+def test_readme_python_quick_start():
+    """The Python block of README.md's "Python quick start" runs as written."""
+    pytest.importorskip("torch")
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text.split("## Python quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks, "README.md: no python block in the quick start"
+    p = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "torch.Size([8])" in p.stdout
