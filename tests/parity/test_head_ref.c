@@ -4,7 +4,8 @@
  * and off, sample support), z-loss and label-smoothed cross-entropy written from scratch,
  * masking rules, and TP sharding through an in-process communicator (each rank a thread).
  */
-#include "head/plan.h"
+#include "core/plan.h"
+#include "head/host.h"
 #include "test_head_case.h"
 
 // ---- finite differences -------------------------------------------------------------------
