@@ -35,3 +35,18 @@ def test_readme_python_quick_start():
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "torch.Size([8])" in p.stdout
+
+
+def test_grpo_hf_example():
+    """examples/grpo_hf.py: spanhead's GRPO step (general path, and the fused policy loss
+    where this spanhead has it) gives plain torch's loss and gradients, and the loss falls."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "grpo_hf.py"),
+                        "--device", "cpu", "--steps", "2"], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "general  loss" in p.stdout and "MISMATCH" not in p.stdout
+    first = float(p.stdout.split("step 0: loss ")[1].split()[0])
+    after = float(p.stdout.split("after 2 steps: loss ")[1].split()[0])
+    assert after < first, p.stdout
