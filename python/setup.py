@@ -112,6 +112,30 @@ class BuildExt(build_ext):
         dest = os.path.join(self.build_lib, "spanhead", "libspanhead.so")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(lib, dest)
+        if os.environ.get("SPANHEAD_WHEEL_LIBS") == "auto":
+            _vendor(dest, os.path.join(self.build_lib, "spanhead", ".libs"))
+
+
+# Libraries every Linux has (glibc and the C++ runtime): never carried. CUDA libraries are not
+# in the list because libspanhead does not need any (docs/python.md, coexistence).
+_SYSTEM = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "ld-linux",
+           "libstdc++.so", "libgcc_s.so", "linux-vdso")
+
+
+def _vendor(lib, dest):
+    """SPANHEAD_WHEEL_LIBS=auto: copies the shared libraries libspanhead needs beyond glibc
+    (OpenBLAS, its Fortran runtime, libgomp, MPI when built with it) into spanhead/.libs, for
+    a wheel that goes to a machine without them; the package loads them only where the
+    machine lacks a library of that soname (spanhead/_lib.py)."""
+    out = subprocess.run(["ldd", lib], capture_output=True, text=True, check=True).stdout
+    os.makedirs(dest, exist_ok=True)
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/"):
+            name, path = parts[0], parts[2]
+            if not name.startswith(_SYSTEM):
+                shutil.copyfile(path, os.path.join(dest, name))
+                print(f"spanhead: carrying {name} ({path}) in the wheel", file=sys.stderr)
 
 
 ext = Extension(

@@ -46,7 +46,8 @@ def wheel(tmp_path_factory):
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
            "-w", str(out), os.path.join(ROOT, "python")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                       env=_clean_env(SPANHEAD_BUILD_DIR=BUILD, SPANHEAD_QUIET="1"))
+                       env=_clean_env(SPANHEAD_BUILD_DIR=BUILD, SPANHEAD_QUIET="1",
+                                      SPANHEAD_WHEEL_LIBS="auto"))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     found = glob.glob(str(out / "spanhead-*.whl"))
     assert len(found) == 1, found
@@ -59,6 +60,11 @@ def test_wheel_carries_library_and_stable_abi_extension(wheel):
     for f in ("spanhead/libspanhead.so", "spanhead/_spanhead.abi3.so", "spanhead/torch.py",
               "spanhead/hf.py", "spanhead/_torch_ops.py"):
         assert f in names, f"{f} missing from {names}"
+    # SPANHEAD_WHEEL_LIBS=auto: the non-glibc libraries libspanhead needs ride along
+    carried = {os.path.basename(n) for n in names if n.startswith("spanhead/.libs/")}
+    assert "libopenblas.so.0" in carried and "libgomp.so.1" in carried, carried
+    assert not any(n.startswith(("libc.so", "libstdc++", "libcudart", "libcublas", "libnccl"))
+                   for n in carried), carried
 
 
 def test_wheel_installs_and_runs_without_ld_library_path(wheel, tmp_path):
