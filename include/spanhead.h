@@ -199,7 +199,7 @@ SPH_API sph_status sph_ctx_synchronize(sph_ctx_t ctx);
 SPH_API int sph_cuda_device_count(void);
 
 /* ---------------------------------------------------------------------------------------- */
-/* Host metadata: alignment, packed layouts, CP-local rows (DESIGN.md section 2)             */
+/* Host metadata: alignment, packed layouts, CP-local rows (docs/design.md section 3)        */
 /* ---------------------------------------------------------------------------------------- */
 
 typedef enum sph_fp8 {
@@ -342,7 +342,7 @@ typedef enum sph_pack_algo {
     SPH_PACK_BALANCED = 2  /* least-loaded, soft capacity */
 } sph_pack_algo;
 
-/* Bin packing (DESIGN.md section 2; details and the balanced soft cap in docs/metadata.md).
+/* Bin packing (docs/design.md section 3.7; details and the balanced soft cap in docs/metadata.md).
  * A sequence costs its length padded to the sequence alignment of par; bins hold at most
  * capacity rounded down to the total alignment, so every bin's packed layout fits capacity.
  *   FFD: first-fit decreasing. MFFD: Johnson & Garey's modified FFD. BALANCED: by decreasing
@@ -383,7 +383,7 @@ SPH_API sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_op
 SPH_API void sph_pack_free(sph_pack_result *r);
 
 /* ---------------------------------------------------------------------------------------- */
-/* The LM head (DESIGN.md section 1)                                                          */
+/* The LM head (docs/design.md section 2)                                                     */
 /* ---------------------------------------------------------------------------------------- */
 /*
  * One TP rank holds weight rows [vocab_start, vocab_start + V_loc) of vocab_total.
@@ -480,6 +480,43 @@ SPH_API sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, vo
  * accumulating). */
 SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                                      size_t workspace_bytes);
+
+/* How a pass would run for these arguments: the workspace, how the rows and the vocabulary
+ * are cut, and the path taken, so that a benchmark row or a log can say when a budget forced
+ * the slower path (a one-pass forward that recomputes its logits does 8 N H V flops instead
+ * of 6). Same validation and answer as sph_head_workspace_size; host-only, no device work.
+ * path, one word:
+ *   "reference"   the float64 reference (force_kernel "ref")
+ *   "cpu"         the optimized CPU backend
+ *   "cublas"      CUDA: cuBLAS logits + elementwise kernels (logits staged in fp32)
+ *   "fused"       CUDA sm_90a: statistics / dlogits epilogues on the logits in registers
+ *   "staged-e"    CUDA one-pass: E = exp(z - m_tile) staged in f16, gradients per chunk
+ *   "staged-f32"  CUDA one-pass: fp32 logits staged, gradients per chunk
+ *   "recompute"   CUDA one-pass: statistics first, then the backward's sweep (8 N H V)
+ *   "support"     sample support (candidates given)
+ * flags: SPH_PASS_* below. */
+#define SPH_PASS_GATHERED 1u       /* chunks take rows across spans */
+#define SPH_PASS_VOCAB_OUTER 2u    /* gradient sweep vocabulary-outer */
+#define SPH_PASS_RECOMPUTES 4u     /* one-pass whose logits are computed twice (8 N H V) */
+#define SPH_PASS_OVER_BUDGET 8u    /* the workspace exceeds the budget (fixed accumulators) */
+#define SPH_PASS_BATCH_INVARIANT 16u
+
+typedef struct sph_head_pass_info {
+    size_t struct_size;       /* sizeof(sph_head_pass_info); set by SPH_HEAD_PASS_INFO_INIT */
+    size_t workspace_bytes;   /* = sph_head_workspace_size */
+    int64_t budget_bytes;     /* the budget the layout was cut to (0: not budgeted) */
+    int64_t chunk_rows;       /* rows per chunk (0: the backend does not chunk) */
+    int64_t n_chunks;
+    int64_t vocab_split;      /* columns per vocabulary split (V_loc: none) */
+    int64_t n_splits;
+    uint32_t flags;           /* SPH_PASS_* */
+    char path[24];            /* NUL-terminated */
+} sph_head_pass_info;
+
+#define SPH_HEAD_PASS_INFO_INIT {sizeof(sph_head_pass_info), 0, 0, 0, 0, 0, 0, 0, {0}}
+
+SPH_API sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass,
+                                     const sph_head_args *args, sph_head_pass_info *info);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */

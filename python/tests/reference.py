@@ -1,4 +1,5 @@
-"""The LM head in float64 NumPy, written from the formulas of DESIGN.md / spanhead.h:
+"""The LM head in float64 NumPy, written from the formulas of docs/design.md section 2 and
+spanhead.h:
 
     u = h w^T ; z = (c tanh(u / c) if c > 0 else u) / T
     lse = log sum exp z ; p = exp(z - lse) ; logprob = z[t] - lse ; mu = sum p z

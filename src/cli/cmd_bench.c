@@ -53,7 +53,8 @@ typedef struct shape {
 
 /* Per rank at TP4 (the seed's layout); seed_matrix derives the other TP sizes from them. */
 static const shape k_shapes[] = {
-    {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936}};
+    {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936},
+    {"E", 4096, 128256}};
 
 /* One (shape, per-rank N) the bench allocates buffers for. tp, cp and tokens (the total
  * tokens over the CP group) are 0 for grid points, which have no parallel layout: the JSON
@@ -409,6 +410,8 @@ typedef struct point {
     double rate, rate_sus;          /* TFLOP/s, burst and sustained (this mode's chain) */
     size_t peak;
     int64_t n_active;
+    char path[56]; /* sph_head_describe's path (forward, then backward for the general path),
+                      with "+recompute" when a one-pass forward recomputes its logits */
 } point;
 
 /* Times one configuration; returns 0 and fills pt, or an exit code. */
@@ -441,6 +444,14 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const shape *sh, int64_t N,
         (!one_pass && sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &bw, &wb) != SPH_OK))
         return sph_cli_fail("bench", 1, "workspace size: %s", sph_last_error());
     size_t need = wf > wb ? wf : wb;
+    sph_head_pass_info fi = SPH_HEAD_PASS_INFO_INIT, bi = SPH_HEAD_PASS_INFO_INIT;
+    if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &f, &fi) != SPH_OK ||
+        (!one_pass && sph_head_describe(ctx, SPH_HEAD_BACKWARD, &bw, &bi) != SPH_OK))
+        return sph_cli_fail("bench", 1, "describe: %s", sph_last_error());
+    if (one_pass)
+        snprintf(pt->path, sizeof pt->path, "%s", fi.path);
+    else
+        snprintf(pt->path, sizeof pt->path, "%s/%s", fi.path, bi.path);
     if (need > b->ws_bytes) {
         sph_ctx_free(ctx, b->ws);
         b->ws = NULL, b->ws_bytes = 0;
@@ -506,9 +517,9 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
                  const point *p) {
     const char *mode = p->one_pass ? "one-pass" : "general";
     print_where(o, w);
-    printf(" %.4f | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f |\n", p->act, p->mask,
-           mode, p->ms, p->floor_ms, p->ratio, p->floor_sus_ms, p->ratio_sus,
-           p->peak / 1048576.0);
+    printf(" %.4f | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %s |\n", p->act,
+           p->mask, mode, p->ms, p->floor_ms, p->ratio, p->floor_sus_ms, p->ratio_sus,
+           p->peak / 1048576.0, p->path);
     fflush(stdout);
     if (!js) return;
     char tp[24] = "null", cp[24] = "null", tokens[24] = "null";
@@ -524,10 +535,10 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
             "\"dtype\":\"%s\",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64 ",\"ms\":%.4f,"
             "\"floor_ms\":%.4f,\"ratio\":%.4f,\"floor_sustained_ms\":%.4f,"
             "\"ratio_sustained\":%.4f,\"rate_tflops\":%.6g,\"rate_sustained_tflops\":%.6g,"
-            "\"peak_extra_bytes\":%zu}\n",
+            "\"peak_extra_bytes\":%zu,\"path\":\"%s\"}\n",
             gpu, date, o->commit, w->sh.name, w->sh.H, w->sh.V, w->N, tp, cp, tokens, p->act,
             p->mask, mode, o->dt_name, o->gap, p->n_active, p->ms, p->floor_ms, p->ratio,
-            p->floor_sus_ms, p->ratio_sus, p->rate, p->rate_sus, p->peak);
+            p->floor_sus_ms, p->ratio_sus, p->rate, p->rate_sus, p->peak, p->path);
     fflush(js);
 }
 
@@ -609,8 +620,9 @@ static void usage(FILE *f) {
             "usage: spanhead bench [options]\n"
             "  --device cpu|cuda       (default cuda when a GPU is present, else cpu)\n"
             "  --dtype bf16|f16|f32    (default bf16 on cuda, f32 on cpu)\n"
-            "  --shape A,B,C,D         model shapes per rank at TP4 (A 2048x62080, B 4096x37984,\n"
-            "                          C 5120x37984, D 2048x151936); default A,B (matrix: all)\n"
+            "  --shape A,B,C,D,E       model shapes per rank at TP4 (A 2048x62080, B 4096x37984,\n"
+            "                          C 5120x37984, D 2048x151936; E 4096x128256, a whole\n"
+            "                          128K vocabulary); default A,B (matrix: A-D)\n"
             "  --H N --V N             a custom shape instead\n"
             "  --N 16K,64K             tokens per rank (default 16K,64K)\n"
             "  --matrix seed           instead of the --shape x --N grid, the seed's matrix as\n"
@@ -777,14 +789,14 @@ int sph_cli_bench(int argc, char **argv) {
             int found = 0;
             for (size_t k = 0; k < sizeof k_shapes / sizeof k_shapes[0]; k++)
                 if (!strcmp(t, k_shapes[k].name)) found = 1 + (int)k;
-            if (!found) return sph_cli_fail("bench", 2, "--shape %s: expected A, B, C or D", t);
+            if (!found) return sph_cli_fail("bench", 2, "--shape %s: expected A, B, C, D or E", t);
             for (int k = 0; k < o.n_shapes; k++)
                 if (!strcmp(o.shapes[k].name, t))
                     return sph_cli_fail("bench", 2, "--shape %s: %s given twice", shapes, t);
             o.shapes[o.n_shapes++] = k_shapes[found - 1];
         }
         if (!o.n_shapes)
-            return sph_cli_fail("bench", 2, "--shape %s: expected A, B, C or D", shapes);
+            return sph_cli_fail("bench", 2, "--shape %s: expected A, B, C, D or E", shapes);
     }
 
     work ws[MAX_WORK];
@@ -813,8 +825,8 @@ int sph_cli_bench(int argc, char **argv) {
            o.commit, sph_version());
     if (o.matrix) printf("# matrix seed: %d unique points\n", n_work);
     printf("\n| shape | H | V_loc | N |%s active | mask | mode | ms | floor ms | ratio | "
-           "sustained floor ms | sustained ratio | extra MiB |\n"
-           "|---|---|---|---|%s---|---|---|---|---|---|---|---|---|\n",
+           "sustained floor ms | sustained ratio | extra MiB | path |\n"
+           "|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|\n",
            o.matrix ? " tp | cp | tokens |" : "", o.matrix ? "---|---|---|" : "");
     for (int wi = 0; wi < n_work && !rc; wi++) {
         const work *w = &ws[wi];

@@ -49,15 +49,23 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
  *                        it, else 0. sph_cuda_sm90_reduce_tiles folds them per row.
  *   SPH_SM90_EPI_DLOGITS D (input dtype, row stride ldD) = du of head.cu's dlogits kernel,
  *                        from the row statistics (stats) and upstream gradients.
+ *   SPH_SM90_EPI_STATS | SPH_SM90_EPI_E
+ *                        the records, and E = exp(z - m_tile) as f16 (row stride ldE), m_tile
+ *                        the row's max over the tile (the record's m): the one-pass forward
+ *                        stages E instead of the logits (2 bytes per element; p = E
+ *                        exp(m_tile - lse) once lse is known, z = m_tile + log E).
  *   SPH_SM90_EPI_NONE    nothing: the main loop alone (bench_sm90_epi's probe of its rate).
- * One mode per launch. Chunk row r is
+ * One mode per launch. store16: the half-precision stores of D and E go out as 16-byte
+ * stores after a transpose inside each quad of threads (4x fewer store instructions, whole
+ * 32-byte sectors) instead of 4-byte pairs. Chunk row r is
  * global row rowmap[r] (gathered chunks) or r0 + r; columns are offset by col_g0 in the
  * vocabulary (targets are global indices). */
 enum {
     SPH_SM90_EPI_NONE = 0,
     SPH_SM90_EPI_L = 1,
     SPH_SM90_EPI_STATS = 2,
-    SPH_SM90_EPI_DLOGITS = 4
+    SPH_SM90_EPI_DLOGITS = 4,
+    SPH_SM90_EPI_E = 8
 };
 
 typedef struct sph_sm90_epi {
@@ -67,6 +75,9 @@ typedef struct sph_sm90_epi {
     float *tile_recs;
     void *D;
     int64_t ldD;
+    void *E; /* f16 (R, ldE) */
+    int64_t ldE;
+    int store16; /* 16-byte stores of D / E (ldD, ldE multiples of 8, bases 16-byte aligned) */
     int64_t r0, col_g0;
     const int64_t *rowmap;
     const void *tgt;

@@ -68,6 +68,11 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->no_colouter = co && !strcmp(co, "0");
     const char *bd = getenv("SPH_CUDA_BWD_DENSE");
     st->dense_bwd = bd && !strcmp(bd, "1");
+    const char *om = getenv("SPH_CUDA_ONEPASS");
+    st->onepass_mode = !om ? 0 : !strcmp(om, "e") ? 1 : !strcmp(om, "f32") ? 2
+                                : !strcmp(om, "recompute") ? 3 : 0;
+    const char *s16 = getenv("SPH_CUDA_STORE16");
+    st->no_store16 = s16 && !strcmp(s16, "0");
     ctx->cuda = st;
     /* force_kernel "ref" runs the float64 reference on host copies (head_ref_stage.c) */
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,

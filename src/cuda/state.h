@@ -30,6 +30,10 @@ typedef struct sph_cuda_state {
     int no_fused;                    /* SPH_CUDA_FUSED=0: no sm_90a fused epilogues (A/B) */
     int no_colouter;                 /* SPH_CUDA_COLOUTER=0: gradient sweep row-outer (A/B) */
     int dense_bwd;                   /* SPH_CUDA_BWD_DENSE=1: backward over every row (ablation) */
+    int onepass_mode;                /* SPH_CUDA_ONEPASS: 0 auto, 1 staged E, 2 staged fp32
+                                        logits (unfused), 3 recompute (the fused sweep) */
+    int no_store16;                  /* SPH_CUDA_STORE16=0: 4-byte pair stores in the fused
+                                        epilogues (A/B) */
     int assume_sm90;                 /* layout tests without a GPU: plan as on an sm_90 device */
     int forcing;                     /* 1 while sph_tune times a candidate: */
     int64_t force_rows, force_split; /* its configuration (0 = automatic) */
