@@ -112,6 +112,8 @@ class BuildExt(build_ext):
         dest = os.path.join(self.build_lib, "spanhead", "libspanhead.so")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(lib, dest)
+        # a previous build's carried libraries (setuptools reuses build/) never ride along
+        shutil.rmtree(os.path.join(self.build_lib, "spanhead", ".libs"), ignore_errors=True)
         if os.environ.get("SPANHEAD_WHEEL_LIBS") == "auto":
             _vendor(dest, os.path.join(self.build_lib, "spanhead", ".libs"))
 
