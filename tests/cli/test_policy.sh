@@ -88,6 +88,23 @@ else
     bad "--json: $(cat "$tmp/json" "$tmp/err")"
 fi
 
+# bench --mode policy: the three variants of every point, in the table and the JSON lines
+if "$cli" bench --device cpu --mode policy --H 48 --V 300 --N 512 --active 0.5 --repeats 1 \
+    --warmup 0 --json "$tmp/bench.jsonl" >"$tmp/bench.md" 2>"$tmp/err" &&
+    python3 - "$tmp/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+modes = [r["mode"] for r in rows]
+assert modes == ["policy", "one-pass", "general+loss"] * 2, modes
+assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in rows)
+assert all(abs(r["vs_one_pass"] - 1) < 1e-9 for r in rows if r["mode"] == "one-pass")
+PY
+then
+    ok "bench --mode policy"
+else
+    bad "bench --mode policy: $(cat "$tmp/err")"; cat "$tmp/bench.md"
+fi
+
 # ---- bad input: the message, the exit code, the outputs directory untouched -----------------
 mkdir -p "$tmp/keep" && echo keep >"$tmp/keep/loss.json"
 R=("$cli" run --inputs "$tmp/in" --outputs "$tmp/keep")
