@@ -47,7 +47,7 @@ step run_bf16 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --entropy --so
 step run_onepass 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --one-pass --check
 step run_support 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --support 16 --check
 if [ -z "${SKIP_PYTHON:-}" ]; then
-    OUT=$res step python 120 bash scripts/device/python_gpu.sh
+    OUT=$res step python 420 bash scripts/device/python_gpu.sh  # compile + HF on CUDA: minutes
     dedup python python_gpu.txt
 fi
 if [ -n "${SKIP_PEERS:-}" ]; then
