@@ -5,15 +5,15 @@
  *      else 1) and target_i >= 0 (the head's mask for the pass); the group rows (this rank's,
  *      or gathered over seq_comm by one allgather of (seq_id, active, delta) records); with
  *      sequences, a CUB radix sort of the group rows by seq_id (stable, values = group row:
- *      rows of a sequence stay in row order), then one thread per sequence head walks its
- *      sequence in that order: T_j, the sequence's delta sum (gspo) and the counters T, S
- *      (integer atomics: order-independent, so deterministic); then c_i per row.
+ *      rows of a sequence stay in row order), each position's sequence head by a max-scan,
+ *      T_j, T and S by integer atomics (exact in any order: deterministic); then c_i per row.
  *   2. ppo / cispo: head.cu's one-pass forward with this plan attached. Its finalize_rows
  *      calls sph_cuda_policy_rows after each finalize launch (staged-chunk path: per chunk,
  *      before the chunk's dlogits; recomputing path: per span, before the gradient sweep),
  *      which writes g_i = dL/dlogp_i and e_i = dL/dH_i into the workspace arrays the dlogits
  *      read as dlogprob / dentropy. Cost: the one-pass weighted loss's sweep plus O(N).
- *      gspo: the head's forward, delta gathered, rho_j per sequence (same walk, fixed order),
+ *      gspo: the head's forward, delta gathered, rho_j per sequence (each head sums its
+ *      sequence's deltas in row order),
  *      g and e of every row, then the head's backward sweep (8 N H V).
  *   3. Metrics: one block walks the rows in a fixed stride order with float64 accumulators
  *      and a fixed tree: the same bits for the same inputs, on every TP rank.
@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "comm/comm.h"
 #include "cuda/head.cuh"
@@ -47,7 +48,10 @@ struct grec {
 /* Scratch of one call, bound by sph_policy_cuda_run (pp->dev points at it). */
 struct pol_scratch {
     grec *mine, *all;             /* (N), (G) group records (all == mine without a group) */
-    int64_t *keys, *keys2, *vals, *vals2; /* (G) sort buffers */
+    int64_t *keys, *keys2, *vals, *vals2; /* (G) sort buffers; after the sort keys holds the
+                                             head flags and vals the heads (headpos) */
+    int64_t *headpos;             /* (G) == vals: each sorted position's sequence head */
+    unsigned long long *segact, *seglen; /* (G) per head: active rows, positions */
     void *cub_temp;
     size_t cub_bytes;
     int64_t *cnt;                 /* (G) active rows of the group row's sequence */
@@ -147,29 +151,64 @@ __global__ void pol_count_kernel(pdev d) {
     if (threadIdx.x == 0 && sh[0]) atomicAdd(&d.s.counters[0], sh[0]);
 }
 
-/* One thread per sorted position; a sequence's first position walks the sequence in sorted
- * (= group-row) order: active count (count pass: also T and S) or delta sum (gspo pass). */
-__global__ void pol_seq_kernel(pdev d, int with_delta) {
+/* Sequences over the sorted group rows, in parallel and deterministically:
+ *   heads:  hp[k] = k where a sequence starts in the sorted order (else 0), then an inclusive
+ *           max-scan (CUB; integer max is exact, so any evaluation order gives the same
+ *           result) gives every position its sequence's first position h = headpos[k];
+ *   counts: integer atomics per head (segact: active rows T_j, seglen: positions): exact in
+ *           any order; then each group row reads its T_j, each head adds to T and S;
+ *   gspo:   each head sums delta over its positions in sorted (= group-row) order, 8 loads
+ *           in flight per step (latency, not bandwidth, bounds one thread per sequence). */
+__global__ void pol_heads_kernel(pdev d) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d.G;
+         k += (int64_t)gridDim.x * blockDim.x)
+        d.s.keys[k] = (k == 0 || d.s.keys2[k - 1] != d.s.keys2[k]) ? k : 0;
+}
+
+__global__ void pol_segcount_kernel(pdev d) {
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d.G;
          k += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t key = d.s.keys2[k];
-        if (k > 0 && d.s.keys2[k - 1] == key) continue;
-        int64_t end = k, cnt = 0;
-        double sum = 0.0;
-        while (end < d.G && d.s.keys2[end] == key) {
-            const grec r = d.s.all[d.s.vals2[end]];
-            cnt += r.act != 0;
-            if (with_delta && r.act) sum += r.delta;
-            end++;
-        }
-        for (int64_t m = k; m < end; m++) {
-            if (with_delta) d.s.sum[d.s.vals2[m]] = sum;
-            else d.s.cnt[d.s.vals2[m]] = cnt;
-        }
-        if (!with_delta && cnt > 0) {
-            atomicAdd(&d.s.counters[0], (unsigned long long)cnt);
+        const int64_t h = d.s.headpos[k];
+        if (d.s.all[d.s.vals2[k]].act) atomicAdd(&d.s.segact[h], 1ull);
+        atomicAdd(&d.s.seglen[h], 1ull);
+    }
+}
+
+__global__ void pol_segfinish_kernel(pdev d) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d.G;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = d.s.headpos[k];
+        const unsigned long long n = d.s.segact[h];
+        d.s.cnt[d.s.vals2[k]] = (int64_t)n;
+        if (k == h && n > 0) {
+            atomicAdd(&d.s.counters[0], n);
             atomicAdd(&d.s.counters[1], 1ull);
         }
+    }
+}
+
+__global__ void pol_segsum_kernel(pdev d) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d.G;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        if (d.s.headpos[k] != k) continue;
+        const int64_t end = k + (int64_t)d.s.seglen[k];
+        double sum = 0.0;
+        int64_t m = k;
+        for (; m + 8 <= end; m += 8) {
+            double v[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const grec r = d.s.all[d.s.vals2[m + q]];
+                v[q] = r.act ? r.delta : 0.0;
+            }
+#pragma unroll
+            for (int q = 0; q < 8; q++) sum += v[q]; /* in order */
+        }
+        for (; m < end; m++) {
+            const grec r = d.s.all[d.s.vals2[m]];
+            if (r.act) sum += r.delta;
+        }
+        for (m = k; m < end; m++) d.s.sum[d.s.vals2[m]] = sum;
     }
 }
 
@@ -274,7 +313,7 @@ sph_status sph_cuda_policy_rows(const sph_head_plan *p, int64_t r0, const int64_
 typedef struct pol_layout {
     size_t head, base; /* the head's bytes; where the policy area starts */
     size_t o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_cnt_ctr, o_mine, o_all, o_keys,
-        o_keys2, o_vals, o_vals2, o_cub, o_cnt, o_sum, cub_bytes, total;
+        o_keys2, o_vals, o_vals2, o_cub, o_cnt, o_sum, o_segact, o_seglen, cub_bytes, total;
 } pol_layout;
 
 static size_t take(size_t *off, size_t bytes) {
@@ -295,17 +334,28 @@ static void gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_pla
     bwd->policy = NULL;
 }
 
+struct pol_max {
+    __host__ __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
+};
+
+/* CUB's temporary bytes: the larger of the sort's and the heads' max-scan's (the same buffer,
+ * used one after the other). */
 static sph_status cub_bytes_of(sph_ctx_t ctx, int64_t G, size_t *bytes) {
     *bytes = 0;
     int old = 0;
     SPH_CUDA_RET(cudaGetDevice(&old));
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
+    size_t a = 0, b = 0;
     cudaError_t e = cub::DeviceRadixSort::SortPairs(
-        NULL, *bytes, (const int64_t *)NULL, (int64_t *)NULL, (const int64_t *)NULL,
+        NULL, a, (const int64_t *)NULL, (int64_t *)NULL, (const int64_t *)NULL,
         (int64_t *)NULL, G, 0, 64, (cudaStream_t)ctx->stream);
+    if (e == cudaSuccess)
+        e = cub::DeviceScan::InclusiveScan(NULL, b, (const int64_t *)NULL, (int64_t *)NULL,
+                                           pol_max(), G, (cudaStream_t)ctx->stream);
     cudaSetDevice(old);
-    SPH_CHECK(e == cudaSuccess, SPH_ERR_CUDA, "cub::DeviceRadixSort::SortPairs (size query): %s",
+    SPH_CHECK(e == cudaSuccess, SPH_ERR_CUDA, "CUB size query (sort / scan): %s",
               cudaGetErrorString(e));
+    *bytes = a > b ? a : b;
     return SPH_OK;
 }
 
@@ -347,6 +397,8 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout
     L->o_cub = take(&off, pp->need_seq ? L->cub_bytes : 0);
     L->o_cnt = take(&off, sq);
     L->o_sum = take(&off, gspo ? G * 8 : 0);
+    L->o_segact = take(&off, sq);
+    L->o_seglen = take(&off, sq);
     L->base = sph_ws_round(L->head);
     L->total = L->base + off;
     return SPH_OK;
@@ -413,8 +465,20 @@ static sph_status prepass(sph_ctx_t ctx, const sph_head_plan *hp, const sph_poli
         SPH_CHECK(e == cudaSuccess, SPH_ERR_CUDA, "cub::DeviceRadixSort::SortPairs: %s",
                   cudaGetErrorString(e));
         SPH_LAUNCH_CHECK("cub::DeviceRadixSort::SortPairs", stream);
-        pol_seq_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d, 0);
-        SPH_LAUNCH_CHECK("pol_seq_kernel", stream);
+        pol_heads_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d);
+        SPH_LAUNCH_CHECK("pol_heads_kernel", stream);
+        tb = d.s.cub_bytes;
+        e = cub::DeviceScan::InclusiveScan(d.s.cub_temp, tb, d.s.keys, d.s.headpos, pol_max(), G,
+                                           stream);
+        SPH_CHECK(e == cudaSuccess, SPH_ERR_CUDA, "cub::DeviceScan::InclusiveScan: %s",
+                  cudaGetErrorString(e));
+        SPH_LAUNCH_CHECK("cub::DeviceScan::InclusiveScan", stream);
+        SPH_CUDA_RET(cudaMemsetAsync(d.s.segact, 0, (size_t)G * 8, stream));
+        SPH_CUDA_RET(cudaMemsetAsync(d.s.seglen, 0, (size_t)G * 8, stream));
+        pol_segcount_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d);
+        SPH_LAUNCH_CHECK("pol_segcount_kernel", stream);
+        pol_segfinish_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d);
+        SPH_LAUNCH_CHECK("pol_segfinish_kernel", stream);
     } else {
         pol_count_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d);
         SPH_LAUNCH_CHECK("pol_count_kernel", stream);
@@ -436,8 +500,8 @@ static sph_status gspo_middle(sph_ctx_t ctx, const sph_policy_plan *pp, cudaStre
         if (pp->group > 1)
             SPH_TRY(pp->seq_comm->ops->allgather(pp->seq_comm, d.s.mine, d.s.all,
                                                  (size_t)N * sizeof(grec), ctx->stream));
-        pol_seq_kernel<<<blocks_for(d.G, 256), 256, 0, stream>>>(d, 1);
-        SPH_LAUNCH_CHECK("pol_seq_kernel", stream);
+        pol_segsum_kernel<<<blocks_for(d.G, 256), 256, 0, stream>>>(d);
+        SPH_LAUNCH_CHECK("pol_segsum_kernel", stream);
         pol_rho_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(d);
         SPH_LAUNCH_CHECK("pol_rho_kernel", stream);
         pol_rows_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(d, 0, NULL, N);
@@ -496,6 +560,9 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
     s.cub_bytes = L.cub_bytes;
     s.cnt = (int64_t *)AT(L.o_cnt);
     s.sum = (double *)AT(L.o_sum);
+    s.headpos = s.vals; /* the sort's input values are free once it ran */
+    s.segact = (unsigned long long *)AT(L.o_segact);
+    s.seglen = (unsigned long long *)AT(L.o_seglen);
 #undef AT
     pp->dev = &s;
     /* the head's own device checks, now that its buffers are bound (before any launch) */
