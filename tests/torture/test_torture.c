@@ -5,7 +5,8 @@
  * (CPU, reference), the head's forward and backward on the reference, the optimized CPU
  * backend and the staged reference (full vocabulary and sample support, masks, spans,
  * one-pass, TP shard, candidates' host checks), bin packing (FFD, MFFD, balanced with bin
- * targets), masks and spans of packed and CP layouts, the none communicator.
+ * targets), masks and spans of packed and CP layouts, the none communicator, and the fused
+ * policy loss (reference and CPU; PPO with a KL term, GSPO).
  *
  * Each failure must give a clean status (SPH_ERR_ALLOC, a message), no partial output (the
  * head's outputs stay poisoned, result pointers stay NULL) and no leak: the ASan build
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../parity/test_head_case.h"
+#include "../parity/test_policy_case.h"
 #include "core/ctx.h"
 
 static sph_rng g_rng;
@@ -145,6 +146,44 @@ static sph_status sc_cpu_support(int *clean) { return head_case(NULL, 4, 0, 1, 0
 static sph_status sc_staged(int *clean) { return head_case("ref", 0, 1, 0, 1, clean); }
 static sph_status sc_staged_support(int *clean) { return head_case("ref", 3, 0, 1, 1, clean); }
 
+// ---- the policy loss --------------------------------------------------------------------
+
+static sph_status policy_case(const char *kernel, sph_pg_loss loss, sph_kl_kind kl,
+                              int *clean) {
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.force_kernel = kernel;
+    o.num_threads = 2;
+    sph_ctx_t ctx = NULL;
+    sph_status s = sph_ctx_create(&ctx, &o);
+    if (s != SPH_OK) {
+        if (ctx) *clean = 0;
+        return s;
+    }
+    pcase c;
+    sph_rng r = g_rng;
+    pc_init(&c, &r, 14, 6, 11, 11, 0, SPH_F32);
+    hc_mask(&c.h, &r, 0.7);
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK | PC_ISW, loss, kl,
+            SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    pc_poison(&c);
+    float lp0 = c.h.lp[0], m0 = c.metrics[0];
+    s = pc_run(ctx, &c);
+    if (s != SPH_OK && (memcmp(&lp0, &c.h.lp[0], 4) || memcmp(&m0, &c.metrics[0], 4)))
+        *clean = 0;
+    sph_ctx_destroy(ctx);
+    pc_free(&c);
+    return s;
+}
+static sph_status sc_policy_ref(int *clean) {
+    return policy_case("ref", SPH_PG_PPO, SPH_KL_K3, clean);
+}
+static sph_status sc_policy_cpu(int *clean) {
+    return policy_case(NULL, SPH_PG_PPO, SPH_KL_K2, clean);
+}
+static sph_status sc_policy_gspo(int *clean) {
+    return policy_case(NULL, SPH_PG_GSPO, SPH_KL_NONE, clean);
+}
+
 // ---- metadata --------------------------------------------------------------------------
 
 static sph_status sc_pack(int *clean) {
@@ -258,6 +297,9 @@ static void test_torture(void **state) {
         {"head cpu support", sc_cpu_support},
         {"head staged ref", sc_staged},
         {"head staged support", sc_staged_support},
+        {"policy ref ppo+k3", sc_policy_ref},
+        {"policy cpu ppo+k2", sc_policy_cpu},
+        {"policy cpu gspo", sc_policy_gspo},
         {"pack", sc_pack},
         {"spans", sc_spans},
         {"comm none", sc_comm_none},
