@@ -29,7 +29,7 @@
  * --peers, the peers). A terminal sees progress on stderr (runs done/total, elapsed, ETA).
  *
  * Defaults serve the device: on a GPU the model shapes A,B at 16K and 64K tokens; on the CPU
- * (no GPU, or --device cpu) one small shape, H 256 x V_loc 4096 at N = 2K with 3 repeats,
+ * (no GPU, or --device cpu) one small shape, H 256 x V_loc 4096 at N = 1K with 3 repeats,
  * which finishes in seconds on 2 cores.
  */
 #include <errno.h>
@@ -355,7 +355,7 @@ static const char k_about[] =
     "active floor (8 or 6 N_active H V flops at the dense GEMM rate measured in the same run)\n"
     "and the dense path, over a grid of shapes, token counts, mask patterns and active\n"
     "fractions. Defaults: on a GPU shapes A,B at 16K and 64K tokens; on the CPU one small\n"
-    "shape (H 256, V_loc 4096, N 2K), seconds on 2 cores.";
+    "shape (H 256, V_loc 4096, N 1K), seconds on 2 cores.";
 
 /* Fills the derived fields; 0 or the usage exit code. */
 static int settle(bopts *o, const sph_cli_parsed *pp) {
@@ -387,7 +387,7 @@ static int settle(bopts *o, const sph_cli_parsed *pp) {
     } else if (cpu && !shape_given && !o->matrix) {
         o->shapes[0] = (bench_shape){"custom", 256, 4096}; /* seconds on 2 cores */
         o->n_shapes = 1;
-        if (!N_given) o->N_list = (sph_cli_list){.n = 1, .i = {2048}};
+        if (!N_given) o->N_list = (sph_cli_list){.n = 1, .i = {1024}};
     } else {
         if (!shape_given) {
             o->shape_list.n = o->matrix ? 4 : 2;
