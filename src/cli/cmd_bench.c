@@ -457,6 +457,10 @@ int sph_cli_bench(int argc, char **argv) {
     printf("# spanhead bench: %s, %s, dtype %s, commit %s, %s\n", gpu, date, o.dt_name,
            o.commit, sph_version());
     if (o.matrix) printf("# matrix seed: %d unique points\n", n_work);
+    if (o.mode == 3) { /* --mode policy: its own table (bench_policy.c) */
+        rc = bench_policy(ctx, &o, ws, n_work, gpu, date, js[0]);
+        goto finish;
+    }
     printf("# rates: dense GEMM TFLOP/s at the point's shape, burst (one product) and sustained "
            "(a chain of %s products); floor = %s N_active H V at that rate\n\n",
            o.modes == 1 ? "4" : o.modes == 2 ? "3" : "4 general / 3 one-pass",
@@ -519,6 +523,7 @@ int sph_cli_bench(int argc, char **argv) {
         bufs_free(ctx, &b);
     }
     sph_cli_progress_end(&pr);
+finish:
     if (js[0] && fclose(js[0]) != 0 && !rc)
         rc = sph_cli_fail("bench", 1, "--json %s: write failed: %s", o.json, strerror(errno));
     if (js[1] && fclose(js[1]) != 0 && !rc)

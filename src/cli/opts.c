@@ -94,7 +94,7 @@ const sph_cli_opt sph_cli_tune_opts[] = {
 static const char *const k_bench_devices[] = {"cpu", "cuda", NULL};
 const char *const bench_dtype_names[] = {"bf16", "f16", "f32", NULL};
 static const char *const k_bench_matrix[] = {"seed", NULL};
-static const char *const k_bench_modes[] = {"general", "one-pass", "both", NULL};
+static const char *const k_bench_modes[] = {"general", "one-pass", "both", "policy", NULL};
 #define O(f) offsetof(bopts, f)
 const sph_cli_opt sph_cli_bench_opts[] = {
     {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_bench_devices, 0,
@@ -136,8 +136,10 @@ const sph_cli_opt sph_cli_bench_opts[] = {
      "and reports its own fraction (n_active / N)"},
     {"--seed", "N", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
      "packed-rl length draws (default 1; same seed, same batch)"},
-    {"--mode", "general|one-pass|both", SPH_OPT_CHOICE, O(mode), 0, 0, 0, 0, k_bench_modes, 0,
-     "(default both)"},
+    {"--mode", "general|one-pass|both|policy", SPH_OPT_CHOICE, O(mode), 0, 0, 0, 0, k_bench_modes, 0,
+     "(default both); policy: the fused RL policy loss next to the\n"
+     "one-pass weighted loss and the general path + the loss on the\n"
+     "host, same run (bench_policy.c)"},
     {"--repeats", "N", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
      "timed runs per point (default 5 on cuda, 3 on cpu)"},
     {"--warmup", "N", SPH_OPT_I64, O(warmup), 0, 1000, 0, 0, NULL, 0,

@@ -103,7 +103,7 @@ typedef struct bopts {
     int n_shapes;
     const char *masks[3];
     int n_masks;
-    int modes; /* 1 general, 2 one-pass, 3 both */
+    int modes; /* 1 general, 2 one-pass, 3 both (4: policy, bench_policy.c) */
 } bopts;
 
 // ---- the tables ------------------------------------------------------------------------------
