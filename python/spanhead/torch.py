@@ -171,6 +171,15 @@ def _comm_for(group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
     return comm
 
 
+def _tp_constant(fn):
+    """torch.compile runs the communicator lookup at trace time and keeps its result (an int
+    key and vocab_total) as a constant of the graph: the lookup calls into the extension and
+    torch.distributed, which dynamo cannot trace; the result is fixed for a given group."""
+    mark = getattr(getattr(torch, "_dynamo", None), "assume_constant_result", None)
+    return mark(fn) if mark is not None else fn
+
+
+@_tp_constant
 def _tp(tp_group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
         dtype: torch.dtype, temperature: float):
     """(communicator key, vocab_total) of a tp_group (None, a spanhead.Comm or a

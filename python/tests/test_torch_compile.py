@@ -306,3 +306,23 @@ def test_compile_policy_loss_equals_eager(loss_type, kl, mask_kind):
         assert_close("policy vs torch loss", y_e, y_t.detach(), F32)
         assert_close("policy vs torch dhidden", gh_e, h2.grad, F32)
         assert_close("policy vs torch dweight", gw_e, w2.grad, F32)
+
+
+def test_compile_with_a_spanhead_comm():
+    """tp_group=spanhead.Comm: the communicator lookup runs at trace time (a constant of the
+    graph), the call itself is the operator; one rank (Comm.none) equals no group."""
+    torch._dynamo.reset()
+    h, w, t, m = case(51)
+    h.requires_grad_(True)
+    comm = spanhead.Comm.none()
+
+    def f(h, w, t, m):
+        return (sht.logprobs(h, w, t, loss_mask=m, tp_group=comm).sum() +
+                sht.weighted_logprob_loss(h, w, t, 0.1, loss_mask=m, tp_group=comm))
+
+    y_c, (g_c,) = grads(lambda: torch.compile(f, fullgraph=True, backend="aot_eager")(h, w, t, m),
+                        h)
+    y_e, (g_e,) = grads(lambda: (sht.logprobs(h, w, t, loss_mask=m).sum() +
+                                 sht.weighted_logprob_loss(h, w, t, 0.1, loss_mask=m)), h)
+    assert_close("loss", y_c, y_e, 1e-6)
+    assert_close("dhidden", g_c, g_e, 1e-6)
