@@ -326,3 +326,37 @@ def test_compile_with_a_spanhead_comm():
                                  sht.weighted_logprob_loss(h, w, t, 0.1, loss_mask=m)), h)
     assert_close("loss", y_c, y_e, 1e-6)
     assert_close("dhidden", g_c, g_e, 1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_library_errors_arrive_as_spanhead_exceptions(compiled):
+    """What the C API rejects inside an operator is the same spanhead exception, eager or
+    compiled (the fake implementation does not validate; the real one runs the library)."""
+    torch._dynamo.reset()
+    h, w, t, _ = case(61)
+
+    def f(h, w, t, temperature):
+        return sht.logprobs(h, w, t, temperature=temperature)
+
+    g = torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f
+    with pytest.raises(spanhead.InvalidArgumentError, match="temperature"):
+        g(h, w, t, 0.0)
+    with pytest.raises(spanhead.Error):
+        g(h, w, torch.full_like(t, w.shape[0] + 5), 1.0)  # a target beyond the vocabulary
+
+
+def test_compile_dynamic_shapes_and_scalars():
+    """One compiled function over changing N, V, temperature and coefficients (dynamo makes
+    them symbolic after the first change): no graph break, each call equals eager."""
+    torch._dynamo.reset()
+
+    def f(h, w, t, temperature, coef, eps):
+        return (sht.logprobs(h, w, t, temperature=temperature).sum() +
+                sht.weighted_logprob_loss(h, w, t, 0.1, entropy_coef=coef) +
+                sht.linear_cross_entropy(h, w, t, label_smoothing=eps))
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for i, (N, V, T, c, e) in enumerate([(5, 7, 1.0, 0.0, 0.0), (9, 11, 0.7, 0.1, 0.1),
+                                         (13, 17, 1.3, 0.2, 0.0), (21, 19, 0.9, 0.3, 0.2)]):
+        h, w, t, _ = case(70 + i, N=N, H=8, V=V)
+        assert_close(f"N={N} V={V} T={T}", cf(h, w, t, T, c, e), f(h, w, t, T, c, e), 1e-6)
