@@ -20,25 +20,50 @@
  *   - Sizes, indices and offsets are int64_t; token ids are int32 or int64.
  *   - GPU calls enqueue on the context's stream and return; faults surface at the next sync.
  *
- * Example (CPU, one process):
+ * Example (examples/head_forward_backward.c, a program the tests build against an installed
+ * prefix and run; N, H, V are its compile-time sizes): the forward gives logp, the backward
+ * the gradients of sum_i g_i logp_i.
  *
- *   sph_ctx_opts o = SPH_CTX_OPTS_INIT;            // CPU, all threads
- *   sph_ctx_t ctx;  if (sph_ctx_create(&ctx, &o)) { puts(sph_last_error()); return 1; }
- *   int64_t hs[2] = {N, H}, ws_[2] = {V, H}, ns[1] = {N}, ss[2] = {N, 3};
- *   sph_tensor hid = {h, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, hs, NULL, 0};
- *   sph_tensor w   = {w_, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ws_, NULL, 0};
- *   sph_tensor tgt = {t, {SPH_DEVICE_CPU, 0}, 1, SPH_I64, ns, NULL, 0};
- *   sph_tensor lp  = {logp, {SPH_DEVICE_CPU, 0}, 1, SPH_F32, ns, NULL, 0};
- *   sph_tensor st  = {stats, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ss, NULL, 0};
- *   sph_head_args a = SPH_HEAD_ARGS_INIT;
- *   a.hidden = &hid; a.weight = &w; a.targets = &tgt; a.logprob = &lp; a.stats = &st;
- *   size_t bytes; sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
- *   void *ws = malloc(bytes);
- *   sph_head_forward(ctx, &a, ws, bytes);            // logp[i] = log p(t_i | h_i)
- *   ... a.dlogprob = &g; a.dhidden = &dh; a.dweight = &dw;
- *   sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &bytes); ...
- *   sph_head_backward(ctx, &a, ws, bytes);
- *   sph_ctx_destroy(ctx);
+ *   static int run(float *h, float *w, int64_t *t, float *g, float *logp, float *dh, float *dw) {
+ *       sph_ctx_opts o = SPH_CTX_OPTS_INIT; // CPU, all threads
+ *       sph_ctx_t ctx;
+ *       if (sph_ctx_create(&ctx, &o) != SPH_OK) {
+ *           fprintf(stderr, "spanhead: %s\n", sph_last_error());
+ *           return 1;
+ *       }
+ *       int64_t hs[2] = {N, H}, vs[2] = {V, H}, ns[1] = {N}, ss[2] = {N, 3};
+ *       float stats[N * 3]; // (max, lse, mu) per row: the forward writes it, the backward reads it
+ *       const sph_device cpu = {SPH_DEVICE_CPU, 0};
+ *       sph_tensor hid = {.data = h, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = hs};
+ *       sph_tensor wt = {.data = w, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = vs};
+ *       sph_tensor tgt = {.data = t, .device = cpu, .ndim = 1, .dtype = SPH_I64, .shape = ns};
+ *       sph_tensor lp = {.data = logp, .device = cpu, .ndim = 1, .dtype = SPH_F32, .shape = ns};
+ *       sph_tensor st = {.data = stats, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = ss};
+ *       sph_tensor up = {.data = g, .device = cpu, .ndim = 1, .dtype = SPH_F32, .shape = ns};
+ *       sph_tensor dht = {.data = dh, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = hs};
+ *       sph_tensor dwt = {.data = dw, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = vs};
+ *
+ *       sph_head_args a = SPH_HEAD_ARGS_INIT;
+ *       a.hidden = &hid, a.weight = &wt, a.targets = &tgt, a.logprob = &lp, a.stats = &st;
+ *       size_t bytes = 0, need = 0; // the caller owns the workspace, sized by the same arguments
+ *       void *ws = NULL;
+ *       sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
+ *       if (s == SPH_OK && !(ws = malloc(bytes ? bytes : 1))) s = SPH_ERR_ALLOC;
+ *       if (s == SPH_OK) s = sph_head_forward(ctx, &a, ws, bytes); // logp[i] = log p(t_i | h_i)
+ *
+ *       a.dlogprob = &up, a.dhidden = &dht, a.dweight = &dwt; // gradients of sum_i g_i logp_i
+ *       if (s == SPH_OK) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &need);
+ *       if (s == SPH_OK && need > bytes) {
+ *           free(ws);
+ *           if (!(ws = malloc(need))) s = SPH_ERR_ALLOC;
+ *           bytes = need;
+ *       }
+ *       if (s == SPH_OK) s = sph_head_backward(ctx, &a, ws, bytes);
+ *       if (s != SPH_OK) fprintf(stderr, "%s: %s\n", sph_status_str(s), sph_last_error());
+ *       free(ws);
+ *       sph_ctx_destroy(ctx);
+ *       return s != SPH_OK;
+ *   }
  */
 #ifndef SPANHEAD_H
 #define SPANHEAD_H
