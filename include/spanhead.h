@@ -801,8 +801,10 @@ SPH_API sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_
  * missing seq_id with a seq-* aggregation or gspo, negative or non-finite coefficients,
  * clip_low outside [0, 1], clip_ratio_c <= 1, num_tokens / num_seqs < 0, norm_length <= 0
  * with seq-mean-token-sum-norm, NaN / inf in advantages, old_logprob, ref_logprob or is_weight
- * on an active row (host memory: checked here; device memory: the values propagate into the
- * loss and metrics as NaN), upstream gradients given; SPH_ERR_SHAPE / SPH_ERR_DTYPE /
+ * on an active row (host memory: checked here; device memory, the non-finite policy: the pass
+ * returns SPH_OK with a NaN loss and metrics and the rows are counted for sph_ctx_nonfinite),
+ * upstream gradients given; SPH_ERR_MISMATCH when the ranks of a host TP group make different
+ * calls (the head's and the loss's arguments are compared before any output is written); SPH_ERR_SHAPE / SPH_ERR_DTYPE /
  * SPH_ERR_DEVICE for per-row tensors not (N) f32 (seq_id i64) on the head's device; plus
  * every error of sph_head_forward. */
 SPH_API sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,

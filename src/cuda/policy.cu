@@ -21,8 +21,9 @@
  * Per-row math in float64 (policy_math.h, shared with the CPU backends): a row costs a few
  * dozen flops against its 6 H V of the sweep.
  *
- * Non-finite advantages / old / reference log-probs in device memory are not checked (that
- * would need a host sync); they propagate into the loss and metrics as NaN.
+ * Non-finite advantages / old / reference log-probs / weights of active rows in device memory
+ * are counted in the context's non-finite counter (sph_ctx_nonfinite, the library's policy
+ * for device data: no host sync in the pass); they propagate into the loss and metrics as NaN.
  */
 #include <math.h>
 #include <stdint.h>
@@ -57,6 +58,7 @@ struct pol_scratch {
     int64_t *cnt;                 /* (G) active rows of the group row's sequence */
     double *sum;                  /* (G) gspo: delta sum of the group row's sequence */
     unsigned long long *counters; /* [0] T (active group rows), [1] S (sequences) */
+    unsigned long long *nf;       /* the context's non-finite counter (count, lowest row) */
 };
 
 struct pdev {
@@ -116,6 +118,14 @@ __global__ void pol_act_kernel(pdev d, const uint8_t *mask, int from_act, const 
         int a = mask ? mask[i] != 0 : (from_act ? d.act[i] != 0 : 1);
         int64_t t = tgt_i64 ? ((const int64_t *)tgt)[i] : (int64_t)((const int32_t *)tgt)[i];
         a = a && t >= 0;
+        /* the non-finite policy: a NaN / inf per-row input of an active row is counted on the
+         * device (sph_ctx_nonfinite reports it; the loss and metrics come out NaN) */
+        if (a && d.s.nf &&
+            !(isfinite(d.adv[i]) && isfinite(d.old[i]) && (!d.ref || isfinite(d.ref[i])) &&
+              (!d.isw || isfinite(d.isw[i])))) {
+            atomicAdd(&d.s.nf[0], 1ull);
+            atomicMin(&d.s.nf[1], (unsigned long long)i);
+        }
         d.act[i] = (uint8_t)a;
         d.s.mine[i].seq = d.seq ? d.seq[i] : 0;
         d.s.mine[i].act = a;
@@ -562,6 +572,7 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
     s.sum = (double *)AT(L.o_sum);
     s.headpos = s.vals; /* the sort's input values are free once it ran */
     s.segact = (unsigned long long *)AT(L.o_segact);
+    s.nf = ((sph_cuda_state *)ctx->cuda)->nf;
     s.seglen = (unsigned long long *)AT(L.o_seglen);
 #undef AT
     pp->dev = &s;

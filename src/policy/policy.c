@@ -11,6 +11,7 @@
  * the active rows (finite). The math is in spanhead.h and policy_math.h.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,7 +81,7 @@ static sph_status check_values(const sph_head_plan *hp, const sph_policy_plan *p
 
 sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
                                 const sph_policy_args *pol, sph_policy_plan *pp) {
-    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
+    SPH_TRY(sph_ctx_check(ctx, "policy_loss"));
     SPH_CHECK(head != NULL, SPH_ERR_INVALID_ARG, "head: NULL");
     SPH_CHECK(pol != NULL, SPH_ERR_INVALID_ARG, "policy: NULL");
     SPH_CHECK(head->struct_size >= sizeof(sph_head_args), SPH_ERR_INVALID_ARG,
@@ -252,13 +253,10 @@ sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *he
     return workspace_of(ctx, &pp, bytes);
 }
 
-sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
-                           const sph_policy_args *policy, void *workspace,
-                           size_t workspace_bytes) {
-    sph_policy_plan pp;
-    SPH_TRY(sph_policy_plan_make(ctx, head, policy, &pp));
+static sph_status check_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, void *workspace,
+                                  size_t workspace_bytes) {
     size_t need = 0;
-    SPH_TRY(workspace_of(ctx, &pp, &need));
+    SPH_TRY(workspace_of(ctx, pp, &need));
     SPH_CHECK(workspace_bytes >= need, SPH_ERR_WORKSPACE,
               "workspace_bytes: %zu, expected >= %zu (sph_policy_loss_workspace_size)",
               workspace_bytes, need);
@@ -266,5 +264,105 @@ sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
               "workspace: NULL, expected %zu bytes (sph_policy_loss_workspace_size)", need);
     if (need > 0 && ctx->head.check_workspace)
         SPH_TRY(ctx->head.check_workspace(ctx, workspace, need));
+    return SPH_OK;
+}
+
+// ---- the TP group agrees on the call ------------------------------------------------------
+
+/* The policy's part of the tensor-parallel consistency check (the head's part is
+ * sph_head_tp_agree): every rank of a host TP group allgathers a record of the loss's scalars
+ * and hashes of its per-row host arrays, and all compare, before any output is written.
+ * Different advantages on two ranks would give each its own gradients (and a wrong sum of
+ * dhidden) with SPH_OK. Device groups: the caller's duty (spanhead.h, "Policies"). */
+enum {
+    PR_TAG, PR_LOSS, PR_KL, PR_AGG, PR_LO, PR_HI, PR_C, PR_BETA, PR_ETA, PR_TOKENS, PR_SEQS,
+    PR_NORM, PR_FLAGS, PR_ROWS, PR_WORDS
+};
+static const char *const g_pr_field[PR_WORDS] = {
+    "validation", "loss", "kl", "agg", "clip_low", "clip_high", "clip_ratio_c", "kl_coef",
+    "entropy_coef", "num_tokens", "num_seqs", "norm_length",
+    "per-row inputs given (ref_logprob, is_weight, seq_id, seq_comm)",
+    "per-row inputs (advantages, old_logprob, ref_logprob, is_weight, seq_id)"};
+#define PR_VALID INT64_C(0x3130594c4f505053) /* "SPPOLY01" */
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(0x100000001b3);
+    return h;
+}
+
+static int64_t bits_of(double x) {
+    int64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+static sph_status policy_tp_agree(sph_ctx_t ctx, const sph_policy_plan *pp, sph_status local) {
+    sph_comm_t comm = ctx->tp_comm;
+    if (!comm || !comm->ops || comm->size <= 1 || comm->rank < 0 || comm->rank >= comm->size ||
+        comm->device_buffers)
+        return local;
+    int64_t mine[PR_WORDS] = {0}, *all = sph_malloc((size_t)comm->size * sizeof mine);
+    if (local == SPH_OK) {
+        const sph_policy_coef *k = &pp->coef;
+        mine[PR_TAG] = PR_VALID, mine[PR_LOSS] = k->loss, mine[PR_KL] = k->kl;
+        mine[PR_AGG] = pp->agg, mine[PR_LO] = bits_of(k->lo), mine[PR_HI] = bits_of(k->hi);
+        mine[PR_C] = bits_of(k->clip_c), mine[PR_BETA] = bits_of(k->beta);
+        mine[PR_ETA] = bits_of(k->eta), mine[PR_TOKENS] = pp->num_tokens;
+        mine[PR_SEQS] = pp->num_seqs, mine[PR_NORM] = bits_of(pp->norm_length);
+        mine[PR_FLAGS] = (pp->ref != NULL) | (pp->isw != NULL) << 1 | (pp->seq != NULL) << 2 |
+                         pp->group << 3;
+        const size_t n = (size_t)pp->N;
+        uint64_t h = UINT64_C(0xcbf29ce484222325);
+        h = fnv(h, pp->adv, n * 4), h = fnv(h, pp->old, n * 4);
+        if (pp->ref) h = fnv(h, pp->ref, n * 4);
+        if (pp->isw) h = fnv(h, pp->isw, n * 4);
+        if (pp->seq) h = fnv(h, pp->seq, n * 8);
+        mine[PR_ROWS] = (int64_t)h;
+    }
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", sph_last_error());
+    if (!all) /* cannot join: fail here, the others fail in their collective */
+        return local != SPH_OK ? local
+                               : sph_err(SPH_ERR_ALLOC, "tp_comm: no host memory for the policy "
+                                                        "loss's consistency records");
+    sph_status s = comm->ops->allgather(comm, mine, all, sizeof mine, NULL);
+    sph_status verdict = SPH_OK;
+    if (s != SPH_OK)
+        verdict = sph_err_prefix(s, "policy: tensor-parallel consistency check: ");
+    for (int64_t r = 0; r < comm->size && s == SPH_OK && verdict == SPH_OK; r++)
+        if (all[r * PR_WORDS + PR_TAG] != PR_VALID)
+            verdict = sph_err(SPH_ERR_INVALID_ARG,
+                              "tp_comm: rank %lld of the group refused its policy-loss call "
+                              "(see that rank's message); every rank fails with it",
+                              (long long)r);
+    for (int64_t r = 1; r < comm->size && s == SPH_OK && verdict == SPH_OK; r++)
+        for (int f = 0; f < PR_WORDS && verdict == SPH_OK; f++)
+            if (all[f] != all[r * PR_WORDS + f])
+                verdict = sph_err(SPH_ERR_MISMATCH,
+                                  "tp_comm: rank %lld's policy loss differs from rank 0's in "
+                                  "%s (0x%llx, 0x%llx): every rank of the group must make the "
+                                  "same call",
+                                  (long long)r, g_pr_field[f],
+                                  (unsigned long long)all[r * PR_WORDS + f],
+                                  (unsigned long long)all[f]);
+    sph_free(all);
+    if (local != SPH_OK) return sph_err(local, "%s", saved);
+    return verdict;
+}
+
+sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
+                           const sph_policy_args *policy, void *workspace,
+                           size_t workspace_bytes) {
+    sph_policy_plan pp;
+    sph_status s = sph_policy_plan_make(ctx, head, policy, &pp);
+    if (s == SPH_OK) s = check_workspace(ctx, &pp, workspace, workspace_bytes);
+    /* a TP group agrees on the call (or on one rank's failure) before any output is written:
+     * the head's part, then the loss's */
+    if (ctx && ctx->magic == SPH_CTX_MAGIC) {
+        s = sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, s == SPH_OK ? &pp.head : NULL, s);
+        s = policy_tp_agree(ctx, &pp, s);
+    }
+    SPH_TRY(s);
     return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
 }

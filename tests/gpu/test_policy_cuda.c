@@ -282,6 +282,28 @@ static void test_bad_device(void **state) {
     pc_free(&c);
 }
 
+/* A NaN advantage of an active row in device memory: SPH_OK, a NaN loss, and the row counted
+ * for sph_ctx_nonfinite (the library's non-finite policy on CUDA). */
+static void test_nonfinite_device(void **state) {
+    (void)state;
+    pcase c;
+    pc_init(&c, &g_rng, 40, 16, 50, 50, 0, SPH_F32);
+    for (int64_t i = 0; i < 40; i++) c.h.tgt[i] = i % 50;
+    c.adv[7] = NAN, c.adv[3] = HUGE_VAL;
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    sph_ctx_t g = gpu_ctx(0);
+    int64_t count = -1, first = -2;
+    expect_ok(sph_ctx_nonfinite(g, &count, &first)); /* reset */
+    pc_poison(&c);
+    gpu_run(g, &c);
+    expect_ok(sph_ctx_nonfinite(g, &count, &first));
+    assert_int_equal(count, 2);
+    assert_int_equal(first, 3);
+    assert_true(isnan(c.metrics[SPH_METRIC_LOSS]));
+    sph_ctx_destroy(g);
+    pc_free(&c);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -292,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_every_combination),
         cmocka_unit_test(test_awkward),
         cmocka_unit_test(test_bad_device),
+        cmocka_unit_test(test_nonfinite_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

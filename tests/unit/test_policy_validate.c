@@ -206,11 +206,79 @@ static void test_group_mismatch(void **state) {
     }
 }
 
+/* TP ranks whose policy arguments differ: SPH_ERR_MISMATCH on every rank, nothing written. */
+typedef struct tpm_job {
+    tp_group *g;
+    int64_t rank;
+    int what; /* 0: advantages differ, 1: clip_high differs, 2: rank 1 refuses its call */
+    sph_status st;
+    char msg[256];
+    int untouched;
+} tpm_job;
+
+static void *tpm_main(void *arg) {
+    tpm_job *j = arg;
+    sph_rng r;
+    rng_seed(&r, 77);
+    pcase c;
+    pc_init(&c, &r, 10, 4, 6, 12, 6 * j->rank, SPH_F32);
+    pc_wire(&c, HC_LP | HC_DH | HC_DW, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    if (j->rank == 1 && j->what == 0) c.adv[2] += 1.0f;
+    if (j->rank == 1 && j->what == 1) c.p.clip_high = 0.3;
+    if (j->rank == 1 && j->what == 2) c.p.kl_coef = -1, c.p.kl = SPH_KL_K1;
+    pc_poison(&c);
+    float lp0 = c.h.lp[0];
+    struct sph_comm comm = tp_comm_of(j->g, j->rank);
+    sph_ctx_t ctx = hc_ctx(NULL, 1, &comm);
+    /* the pass itself even when this rank's workspace query fails: every rank must reach the
+     * group's agreement (a caller that stops after a failed query leaves the others waiting,
+     * as with any collective) */
+    size_t bytes = 0;
+    void *ws = NULL;
+    if (sph_policy_loss_workspace_size(ctx, &c.h.a, &c.p, &bytes) == SPH_OK) ws = hc_alloc(bytes);
+    j->st = sph_policy_loss(ctx, &c.h.a, &c.p, ws, bytes);
+    free(ws);
+    snprintf(j->msg, sizeof j->msg, "%s", sph_last_error());
+    j->untouched = memcmp(&lp0, &c.h.lp[0], 4) == 0;
+    sph_ctx_destroy(ctx);
+    pc_free(&c);
+    return NULL;
+}
+
+static void test_tp_mismatch(void **state) {
+    (void)state;
+    for (int what = 0; what < 3; what++) {
+        tp_group g;
+        tp_group_init(&g, 2);
+        tpm_job jobs[2];
+        memset(jobs, 0, sizeof jobs);
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+            jobs[k].g = &g, jobs[k].rank = k, jobs[k].what = what;
+            pthread_create(&th[k], NULL, tpm_main, &jobs[k]);
+        }
+        for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+        pthread_barrier_destroy(&g.bar);
+        for (int k = 0; k < 2; k++) {
+            assert_true(jobs[k].untouched);
+            if (what == 2) {
+                /* the refusing rank keeps its message, the other is told */
+                assert_int_equal(jobs[k].st, SPH_ERR_INVALID_ARG);
+                assert_non_null(strstr(jobs[k].msg, k == 1 ? "kl_coef: -1" : "refused"));
+            } else {
+                assert_int_equal(jobs[k].st, SPH_ERR_MISMATCH);
+                assert_non_null(strstr(jobs[k].msg, what == 0 ? "per-row inputs" : "clip_high"));
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs_ref),
         cmocka_unit_test(test_bad_inputs_cpu),
         cmocka_unit_test(test_group_mismatch),
+        cmocka_unit_test(test_tp_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
