@@ -124,9 +124,15 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     p->v0 = a->vocab_start;
     SPH_CHECK(p->V > 0, SPH_ERR_INVALID_ARG, "vocab_total: %lld, expected > 0 (or 0 = V_loc)",
               (long long)a->vocab_total);
+    /* said without v0 + V_loc, which can overflow for a hostile v0 */
+    SPH_CHECK(p->V >= p->V_loc, SPH_ERR_INVALID_ARG,
+              "vocab_total: %lld, smaller than the shard's V_loc = %lld rows", (long long)p->V,
+              (long long)p->V_loc);
     SPH_CHECK(p->v0 >= 0 && p->v0 <= p->V - p->V_loc, SPH_ERR_INVALID_ARG,
-              "vocab_start: shard [%lld, %lld) lies outside [0, vocab_total = %lld)",
-              (long long)p->v0, (long long)p->v0 + (long long)p->V_loc, (long long)p->V);
+              "vocab_start: %lld, expected in [0, vocab_total - V_loc] = [0, %lld] (vocab_total "
+              "%lld, V_loc %lld)",
+              (long long)p->v0, (long long)(p->V - p->V_loc), (long long)p->V,
+              (long long)p->V_loc);
 
     // scalars
     p->temperature = a->temperature;
