@@ -82,7 +82,11 @@ static void test_bad_inputs(void **state) {
         expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "targets[2]: 8, expected < vocab_total");
         setup_case();
         C.a.vocab_total = 10, C.a.vocab_start = 3;
-        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "vocab_start: shard [3, 11)");
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG,
+                   "vocab_start: 3, expected in [0, vocab_total - V_loc] = [0, 2]");
+        C.a.vocab_start = INT64_MAX; /* the message computes nothing that overflows */
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG,
+                   "vocab_start: 9223372036854775807, expected in [0, vocab_total - V_loc]");
         C.a.vocab_start = -1;
         expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "vocab_start");
         setup_case();
