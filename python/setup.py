@@ -15,6 +15,7 @@ _spanhead.abi3.so, imports on every CPython >= 3.9 (3.11 here, 3.12 on the GPU m
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,19 @@ HEADER = os.path.join(ROOT, "include", "spanhead.h")
 if not os.path.exists(HEADER):
     sys.exit(f"spanhead: cannot find include/spanhead.h under {ROOT}; build from the repository "
              "checkout (pip install ./python) or set SPANHEAD_SOURCE_DIR")
+
+
+def _version():
+    """The package's version: the library's, SPH_VERSION_MAJOR/MINOR/PATCH of spanhead.h."""
+    with open(HEADER) as f:
+        text = f.read()
+    parts = []
+    for part in ("MAJOR", "MINOR", "PATCH"):
+        m = re.search(r"^#define SPH_VERSION_%s +([0-9]+)" % part, text, re.M)
+        if not m:
+            sys.exit(f"spanhead: {HEADER} has no SPH_VERSION_{part}")
+        parts.append(m.group(1))
+    return ".".join(parts)
 
 
 def _cmake_library():
@@ -78,6 +92,7 @@ ext = Extension(
 )
 
 setup(
+    version=_version(),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
 log=$out/python_gpu.txt
 lib=${SPANHEAD_LIB:-}
-for c in build/libspanhead.so build/libspanhead.so.0 build/libspanhead.so.0.1.0 \
+for c in build/libspanhead.so build/libspanhead.so.0 build/libspanhead.so.*.*.* \
          python/spanhead/libspanhead.so; do
     [ -z "$lib" ] && [ -e "$c" ] && lib=$PWD/$c
 done

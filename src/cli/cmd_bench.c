@@ -809,6 +809,9 @@ int sph_cli_bench(int argc, char **argv) {
     sph_ctx_opts co = SPH_CTX_OPTS_INIT;
     co.device.type = o.dev;
     co.chunk_bytes = o.chunk_bytes;
+    /* the SPH_CUDA_* A/B switches the scripts under scripts/device set */
+    if (sph_ctx_opts_apply_env(&co) != SPH_OK)
+        return sph_cli_fail("bench", 2, "%s", sph_last_error());
     sph_ctx_t ctx;
     if (sph_ctx_create(&ctx, &co) != SPH_OK)
         return sph_cli_fail("bench", 1, "context: %s", sph_last_error());

@@ -99,9 +99,17 @@ static sph_status gemm_logits(pass_ctx *c, const char *hp, int64_t ld, int64_t r
     if (c->lay->bi) {
         /* sm_90a wgmma kernel or the mma.sync one: decided from the user's tensors, never
          * the chunk, so a row gets the same kernel (and bits) in every batch */
-        if (sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w, p->H))
-            return sph_cuda_logits_sm90(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
-                                        p->H, c->stream);
+        if (!c->st->no_sm90 &&
+            sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w, p->H)) {
+            sph_sm90_epi e;
+            memset(&e, 0, sizeof e);
+            e.mode = SPH_SM90_EPI_L;
+            e.schedule = c->st->schedule;
+            e.L = L;
+            e.ldL = c->lay->ldL;
+            return sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, rows, w, p->H, &e,
+                                      c->stream);
+        }
         return sph_cuda_logits_fixed(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
                                      p->H, c->stream);
     }
@@ -135,6 +143,7 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
     sph_sm90_epi e;
     memset(&e, 0, sizeof e);
     e.mode = mode;
+    e.schedule = c->st->schedule;
     e.r0 = ch->r0;
     e.rowmap = ch->rowmap;
     e.col_g0 = p->v0 + c0;
@@ -474,7 +483,7 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     return SPH_OK;
 }
 
-/* Ablation (SPH_CUDA_BWD_DENSE=1): the backward ignores the spans and computes every row, the
+/* Ablation (SPH_CUDA_FLAG_DENSE_BACKWARD): the backward ignores the spans and computes every row, the
  * mask zeroing the inactive rows' dlogits: the dense baseline of the seed's same-run A/B of
  * dlogit-tile skipping, span-restricted dHidden and active-row dW (all three come from the
  * backward's row space being the active rows). Results are the same; only the cost differs. */

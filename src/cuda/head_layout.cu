@@ -66,7 +66,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
                  sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                            p->H) &&
-                 (st->assume_sm90 || sph_cuda_sm90_available());
+                 !st->no_sm90 && (st->assume_sm90 || sph_cuda_sm90_available());
     /* Gradient sweep order. Row-outer (every split of a row chunk, then the next chunk) keeps
      * an fp32 dW accumulator of the whole shard (V_loc x H) when dW is half precision;
      * vocabulary-outer (every row chunk of a split, then the next split) keeps an fp32 dH

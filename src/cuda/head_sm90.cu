@@ -736,8 +736,6 @@ template <typename T> static int kernel_ready(void) {
 }
 
 extern "C" int sph_cuda_sm90_available(void) {
-    const char *e = getenv("SPH_CUDA_SM90");
-    if (e && !strcmp(e, "0")) return 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SM90_MAX_DEVICES) {
         (void)cudaGetLastError();
@@ -803,13 +801,12 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
  * 0-5 % faster at H 2048 (shapes A and D: a tile's main loop is short, so hiding its epilogue
  * pays), 1-5 % slower at H 4096 and 5120 (B, C: the epilogue weighs half as much and the
  * W tile, loaded per 64 rows instead of 128, doubles the L2 -> shared traffic).
- * SPH_CUDA_PINGPONG=1 / =0 forces one (A/B switch, read at every launch). H alone decides,
- * never the batch: the two give bitwise equal logits anyway (test_pingpong). */
+ * A context's SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE forces one (epi.schedule). H alone
+ * decides, never the batch: the two give bitwise equal logits anyway (test_pingpong). */
 #define SM90_PINGPONG_MAX_H 3072
-static int pingpong_on(int64_t H) {
-    const char *e = getenv("SPH_CUDA_PINGPONG");
-    if (e && !strcmp(e, "0")) return 0;
-    if (e && !strcmp(e, "1")) return 1;
+static int pingpong_on(int64_t H, int schedule) {
+    if (schedule == SPH_SM90_SCHED_COOPERATIVE) return 0;
+    if (schedule == SPH_SM90_SCHED_PINGPONG) return 1;
     return H <= SM90_PINGPONG_MAX_H;
 }
 
@@ -880,7 +877,7 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: tile_recs is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
               "logits_sm90: D or stats is NULL");
-    const int pp = pingpong_on(H);
+    const int pp = pingpong_on(H, epi->schedule);
     const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
     const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);
     SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_tiles <= INT32_MAX, SPH_ERR_INTERNAL,
@@ -936,8 +933,7 @@ extern "C" sph_status sph_cuda_logits_variant(int variant, sph_dtype dt, const v
                                               int64_t H, cudaStream_t stream) {
     if (variant == 1) {
         SPH_CHECK(sph_cuda_logits_sm90_usable(dt, h, ld_h, w, ld_w, H), SPH_ERR_UNSUPPORTED,
-                  "variant: 1 (sm_90a) is not available for dtype %s, H=%lld on this device "
-                  "(or SPH_CUDA_SM90=0)",
+                  "variant: 1 (sm_90a) is not available for dtype %s, H=%lld on this device",
                   sph_dtype_name(dt), (long long)H);
         return sph_cuda_logits_sm90(dt, h, ld_h, w, ld_w, L, ldL, R, Vs, H, stream);
     }

@@ -227,6 +227,7 @@ static void invariance_case(sph_ctx_t gpu, sph_ctx_t ref, sph_dtype dt, sph_dtyp
 static void test_bi_dhidden(void **state) {
     (void)state;
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    expect_ok(sph_ctx_opts_apply_env(&o)); /* the device scripts' SPH_CUDA_* reruns */
     o.device.type = SPH_DEVICE_CUDA;
     o.batch_invariant = 1;
     sph_ctx_t gpu = NULL, ref = NULL;
