@@ -346,11 +346,13 @@ typedef struct sph_spans_opts {
     size_t struct_size;
     sph_parallel par;
     int64_t cp_rank;  /* 0 <= cp_rank < par.cp */
-    int64_t gap;      /* coalesce active runs across inactive gaps of at most gap rows; default 128 */
+    int64_t gap;      /* coalesce active runs across inactive gaps of at most gap rows; default
+                         0: exact spans, which alone say which rows are active. A gap > 0 gives
+                         fewer spans that cover inactive rows too: pass the mask beside them */
 } sph_spans_opts;
 
 #define SPH_SPANS_OPTS_INIT                                                                   \
-    { .struct_size = sizeof(sph_spans_opts), .par = SPH_PARALLEL_INIT, .cp_rank = 0, .gap = 128 }
+    { .struct_size = sizeof(sph_spans_opts), .par = SPH_PARALLEL_INIT, .cp_rank = 0, .gap = 0 }
 
 /* Result of sph_spans_build; freed by sph_spans_free. */
 typedef struct sph_spans {

@@ -148,7 +148,7 @@ static void test_init_defaults(void **state) {
     sph_pack_opts p = SPH_PACK_OPTS_INIT;
     assert_true(p.par.tp == 1 && p.par.cp == 1 && p.bin_multiple == 1 && p.algorithm == SPH_PACK_FFD);
     sph_spans_opts s = SPH_SPANS_OPTS_INIT;
-    assert_true(s.gap == 128 && s.par.tp == 1 && s.cp_rank == 0);
+    assert_true(s.gap == 0 && s.par.tp == 1 && s.cp_rank == 0); /* exact spans */
     sph_batch_desc b = SPH_BATCH_DESC_INIT;
     assert_true(b.struct_size == sizeof b && b.layout == SPH_LAYOUT_UNPACKED);
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
