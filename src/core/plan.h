@@ -47,6 +47,9 @@ typedef struct sph_head_plan {
     int acc_dh, acc_dw, allreduce_dh;
     int one_pass;                        /* forward also produces the gradients */
     sph_comm_t comm;                     /* TP group or NULL */
+    /* policy loss of the call (src/policy/policy.h) or NULL: the one-pass sweeps compute
+     * dlogprob / dentropy of each row from it right after the row is finalized */
+    const struct sph_policy_plan *policy;
 } sph_head_plan;
 
 /* Validates args for the pass on ctx and fills plan (src/head/head.c). Checks everything that
@@ -54,6 +57,11 @@ typedef struct sph_head_plan {
  * check slot); host-resident targets/candidates/masks are also checked for range, duplicates
  * and support membership (sph_head_plan_check_data). */
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                              sph_head_plan *plan);
+/* The generic part of sph_head_plan_make, without the backend's check: for callers that
+ * complete the plan first (the policy loss binds workspace buffers into it, then runs the
+ * check). */
+sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
 /* The data checks of a plan whose mask, targets and candidates are in host memory: mask
  * values 0/1, spans covering every active row, targets < V, candidates < V without
@@ -65,6 +73,24 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p);
  * active (mask, else spans, else all); the count of active rows. */
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
 int64_t sph_head_count_active(const sph_head_plan *p);
+
+/* Non-finite policy (spanhead.h, "Policies"), host plans. scan_backward_inputs: the active rows
+ * whose stats (lse, mu) or upstream gradients are not finite (*first: the first, -1: none).
+ * nonfinite_error: records count and first on ctx (sph_ctx_nonfinite) and returns
+ * SPH_ERR_NONFINITE with the message of the pass; partial: what was written already (NULL:
+ * nothing). */
+int64_t sph_head_scan_backward_inputs(const sph_head_plan *p, int64_t *first);
+sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t count,
+                                    int64_t first, const char *partial);
+
+/* The tensor-parallel consistency check of a pass (head_tp.c; spanhead.h, "Policies"): with a
+ * TP group, every rank allgathers a record of its call and all compare them; local is this
+ * rank's validation status (p unused unless SPH_OK). Returns local when it failed (its message
+ * kept), SPH_ERR_MISMATCH naming the field and ranks when the calls differ,
+ * SPH_ERR_INVALID_ARG when another rank's validation failed, SPH_OK otherwise. Without a
+ * group, or with a device communicator in a release build, returns local at once. */
+sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                             sph_status local);
 
 #ifdef __cplusplus
 }
