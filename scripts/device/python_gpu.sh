@@ -30,12 +30,6 @@ if [ "${1:-}" = prepare ]; then
     set -e
     py=${PYTHON:-python3}
     [ -x build-venv/bin/python ] && py=build-venv/bin/python
-    if ! "$py" -c 'import setuptools.command.bdist_wheel' 2>/dev/null &&
-       ! "$py" -c 'import wheel' 2>/dev/null; then
-        echo "python_gpu prepare: $py cannot build wheels (setuptools < 70 without 'wheel');" \
-             "run scripts/setup.sh (it makes build-venv) or PYTHON=<a python with them>" >&2
-        exit 1
-    fi
     cmake -S . -B build-pywheel -DCMAKE_BUILD_TYPE=Release -DSPH_MPI=OFF -DSPH_BUILD_TESTS=OFF \
         -DSPH_BUILD_BENCH=OFF -DSPH_BUILD_CLI=OFF -DSPH_WERROR=ON >/dev/null
     rm -rf .pywhl && mkdir -p .pywhl
