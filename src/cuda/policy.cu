@@ -6,7 +6,9 @@
  *      or gathered over seq_comm by one allgather of (seq_id, active, delta) records); with
  *      sequences, a CUB radix sort of the group rows by seq_id (stable, values = group row:
  *      rows of a sequence stay in row order), each position's sequence head by a max-scan,
- *      T_j, T and S by integer atomics (exact in any order: deterministic); then c_i per row.
+ *      T_j, T and S by integer atomics (exact in any order: deterministic). The weights c_i
+ *      are computed where they are used, from T, S and T_j. Token-mean without a group: one
+ *      kernel (the active rows and T).
  *   2. ppo / cispo: head.cu's one-pass forward with this plan attached. Its finalize_rows
  *      calls sph_cuda_policy_rows after each finalize launch (staged-chunk path: per chunk,
  *      before the chunk's dlogits; recomputing path: per span, before the gradient sweep),
@@ -70,7 +72,7 @@ struct pdev {
     const float *adv, *old, *ref, *isw;
     const int64_t *seq;
     uint8_t *act;
-    double *c, *rho;
+    double *rho;
     float *g, *e;
     const float *logp, *ent;
     float *metrics;
@@ -85,7 +87,7 @@ static pdev dev_of(const sph_policy_plan *pp) {
     d.num_tokens = pp->num_tokens, d.num_seqs = pp->num_seqs, d.norm_length = pp->norm_length;
     d.N = pp->N, d.G = pp->group * pp->N, d.rank = pp->rank;
     d.adv = pp->adv, d.old = pp->old, d.ref = pp->ref, d.isw = pp->isw, d.seq = pp->seq;
-    d.act = pp->act, d.c = pp->c, d.rho = pp->rho, d.g = pp->g, d.e = pp->e;
+    d.act = pp->act, d.rho = pp->rho, d.g = pp->g, d.e = pp->e;
     d.logp = pp->logp, d.ent = pp->ent, d.metrics = pp->metrics;
     if (pp->dev) d.s = *(const pol_scratch *)pp->dev;
     return d;
@@ -110,9 +112,12 @@ __global__ void pol_span_kernel(pol_spans sp, uint8_t *act) {
     for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x) act[i] = 1;
 }
 
-/* The active rows, this rank's group records, and zeroed per-row arrays. */
-__global__ void pol_act_kernel(pdev d, const uint8_t *mask, int from_act, const void *tgt,
-                               int tgt_i64) {
+/* The active rows, this rank's group records, and zeroed per-row arrays; with count set (no
+ * sequences, no group) also T: block sums of the active rows, one integer atomic per block. */
+__global__ void __launch_bounds__(256) pol_act_kernel(pdev d, const uint8_t *mask, int from_act,
+                                                      const void *tgt, int tgt_i64, int count) {
+    __shared__ unsigned long long sh[256];
+    unsigned long long n = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.N;
          i += (int64_t)gridDim.x * blockDim.x) {
         int a = mask ? mask[i] != 0 : (from_act ? d.act[i] != 0 : 1);
@@ -127,12 +132,33 @@ __global__ void pol_act_kernel(pdev d, const uint8_t *mask, int from_act, const 
             atomicMin(&d.s.nf[1], (unsigned long long)i);
         }
         d.act[i] = (uint8_t)a;
+        n += a;
         d.s.mine[i].seq = d.seq ? d.seq[i] : 0;
         d.s.mine[i].act = a;
         d.s.mine[i].delta = 0.0;
         d.g[i] = d.e[i] = 0.f;
-        d.c[i] = 0.0;
         if (d.rho) d.rho[i] = 0.0;
+    }
+    if (!count) return; /* uniform in the grid: no thread skips a barrier below */
+    sh[threadIdx.x] = n;
+    __syncthreads(); /* every thread's count visible */
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads(); /* this level done before the next reads it */
+    }
+    if (threadIdx.x == 0 && sh[0]) atomicAdd(&d.s.counters[0], sh[0]);
+}
+
+/* The aggregation weight of active row i, from the counters of the pre-pass (T, S) and the
+ * row's T_j: computed where it is used (a division), not stored. */
+__device__ __forceinline__ double pol_coef(const pdev &d, int64_t i) {
+    const double T = d.num_tokens > 0 ? (double)d.num_tokens : (double)d.s.counters[0];
+    const double S = d.num_seqs > 0 ? (double)d.num_seqs : (double)d.s.counters[1];
+    switch (d.agg) {
+    case SPH_AGG_TOKEN_MEAN: return 1.0 / T;
+    case SPH_AGG_SEQ_MEAN_TOKEN_SUM: return 1.0 / S;
+    case SPH_AGG_SEQ_MEAN_TOKEN_MEAN: return 1.0 / (S * (double)d.s.cnt[d.rank * d.N + i]);
+    default: return 1.0 / (S * d.norm_length);
     }
 }
 
@@ -222,25 +248,6 @@ __global__ void pol_segsum_kernel(pdev d) {
     }
 }
 
-/* The aggregation weight of each active row. */
-__global__ void pol_coef_kernel(pdev d) {
-    const double T = d.num_tokens > 0 ? (double)d.num_tokens : (double)d.s.counters[0];
-    const double S = d.num_seqs > 0 ? (double)d.num_seqs : (double)d.s.counters[1];
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.N;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        if (!d.act[i]) continue;
-        const double tj = d.seq ? (double)d.s.cnt[d.rank * d.N + i] : 0.0;
-        double c;
-        switch (d.agg) {
-        case SPH_AGG_TOKEN_MEAN: c = 1.0 / T; break;
-        case SPH_AGG_SEQ_MEAN_TOKEN_SUM: c = 1.0 / S; break;
-        case SPH_AGG_SEQ_MEAN_TOKEN_MEAN: c = 1.0 / (S * tj); break;
-        default: c = 1.0 / (S * d.norm_length); break;
-        }
-        d.c[i] = c;
-    }
-}
-
 /* gspo, after the forward: this rank's deltas into its records. */
 __global__ void pol_delta_kernel(pdev d) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.N;
@@ -263,7 +270,7 @@ __global__ void pol_rows_kernel(pdev d, int64_t r0, const int64_t *rowmap, int64
         const int64_t i = rowmap ? rowmap[k] : r0 + k;
         double g = 0.0, e = 0.0;
         if (d.act[i])
-            sph_policy_row_full(&d.coef, d.c[i], d.isw ? (double)d.isw[i] : 1.0,
+            sph_policy_row_full(&d.coef, pol_coef(d, i), d.isw ? (double)d.isw[i] : 1.0,
                                 (double)d.logp[i], (double)d.ent[i], (double)d.adv[i],
                                 (double)d.old[i], d.ref ? (double)d.ref[i] : 0.0,
                                 d.rho ? d.rho[i] : 0.0, &g, &e, NULL);
@@ -280,7 +287,8 @@ __global__ void __launch_bounds__(MET_THREADS) pol_metrics_kernel(pdev d) {
     double acc[SPH_PM_N_ACC] = {0}, row[SPH_PM_N_ACC], g, e;
     for (int64_t i = threadIdx.x; i < d.N; i += MET_THREADS) {
         if (!d.act[i]) continue;
-        sph_policy_row_full(&d.coef, d.c[i], d.isw ? (double)d.isw[i] : 1.0, (double)d.logp[i],
+        sph_policy_row_full(&d.coef, pol_coef(d, i), d.isw ? (double)d.isw[i] : 1.0,
+                            (double)d.logp[i],
                             (double)d.ent[i], (double)d.adv[i], (double)d.old[i],
                             d.ref ? (double)d.ref[i] : 0.0, d.rho ? d.rho[i] : 0.0, &g, &e, row);
         for (int f = 0; f < SPH_PM_N_ACC; f++) acc[f] += row[f];
@@ -322,7 +330,7 @@ sph_status sph_cuda_policy_rows(const sph_head_plan *p, int64_t r0, const int64_
 
 typedef struct pol_layout {
     size_t head, base; /* the head's bytes; where the policy area starts */
-    size_t o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_cnt_ctr, o_mine, o_all, o_keys,
+    size_t o_act, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_cnt_ctr, o_mine, o_all, o_keys,
         o_keys2, o_vals, o_vals2, o_cub, o_cnt, o_sum, o_segact, o_seglen, cub_bytes, total;
 } pol_layout;
 
@@ -389,7 +397,6 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout
     if (pp->need_seq && G > 0) SPH_TRY(cub_bytes_of(ctx, (int64_t)G, &L->cub_bytes));
     size_t off = 0;
     L->o_act = take(&off, N);
-    L->o_c = take(&off, N * 8);
     L->o_rho = take(&off, gspo ? N * 8 : 0);
     L->o_g = take(&off, N * 4);
     L->o_e = take(&off, N * 4);
@@ -440,6 +447,8 @@ static sph_status prepass(sph_ctx_t ctx, const sph_head_plan *hp, const sph_poli
     const pdev d = dev_of(pp);
     const int64_t N = pp->N, G = d.G;
     SPH_CUDA_RET(cudaMemsetAsync(d.s.counters, 0, 4 * sizeof(unsigned long long), stream));
+    /* without sequences and without a group, the active-row kernel counts T itself */
+    const int local_count = !pp->need_seq && pp->group == 1;
     if (N > 0) {
         int from_act = 0;
         if (!hp->mask && hp->spans) {
@@ -459,9 +468,11 @@ static sph_status prepass(sph_ctx_t ctx, const sph_head_plan *hp, const sph_poli
             from_act = 1;
         }
         pol_act_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(d, hp->mask, from_act,
-                                                                hp->targets, hp->tgt_i64);
+                                                                hp->targets, hp->tgt_i64,
+                                                                local_count);
         SPH_LAUNCH_CHECK("pol_act_kernel", stream);
     }
+    if (local_count) return SPH_OK; /* T counted with the active rows; nothing else needed */
     if (pp->group > 1 && N > 0)
         SPH_TRY(pp->seq_comm->ops->allgather(pp->seq_comm, d.s.mine, d.s.all,
                                              (size_t)N * sizeof(grec), ctx->stream));
@@ -492,10 +503,6 @@ static sph_status prepass(sph_ctx_t ctx, const sph_head_plan *hp, const sph_poli
     } else {
         pol_count_kernel<<<blocks_for(G, 256), 256, 0, stream>>>(d);
         SPH_LAUNCH_CHECK("pol_count_kernel", stream);
-    }
-    if (N > 0) {
-        pol_coef_kernel<<<blocks_for(N, 256), 256, 0, stream>>>(d);
-        SPH_LAUNCH_CHECK("pol_coef_kernel", stream);
     }
     return SPH_OK;
 }
@@ -552,7 +559,7 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
     pol_scratch s;
     memset(&s, 0, sizeof s);
     pp->act = (uint8_t *)AT(L.o_act);
-    pp->c = (double *)AT(L.o_c);
+    pp->c = NULL; /* the weights are computed where they are used (pol_coef) */
     pp->rho = pp->coef.loss == SPH_PM_GSPO ? (double *)AT(L.o_rho) : NULL;
     pp->g = (float *)AT(L.o_g);
     pp->e = (float *)AT(L.o_e);

@@ -41,7 +41,8 @@ typedef struct sph_policy_plan {
     int64_t rank;                       /* this rank in seq_comm (0 without) */
     /* bound to the workspace by the backend (device memory on CUDA) */
     uint8_t *act;    /* (N) active: head-active and target >= 0; the head's mask */
-    double *c;       /* (N) aggregation weights, 0 on inactive rows */
+    double *c;       /* (N) aggregation weights, 0 on inactive rows (CPU; CUDA computes
+                      * them where they are used) */
     double *rho;     /* (N) gspo: the row's sequence mean delta */
     float *g, *e;    /* (N) dL/dlogp, dL/dH: the head's dlogprob and dentropy */
     const float *logp, *ent; /* (N) where the head writes logprob and entropy */
