@@ -3,7 +3,7 @@
 # they need (cmocka, cJSON, OpenBLAS and its Fortran runtime, libgomp), into a folder the
 # device tool carries (default /work/main/.devbundle, git-ignored there), with the scripts
 # that run inside it (run_tests.sh, bench_grid.sh, bench_ab.sh, sm90_check.sh,
-# ncu_breakdown.sh, nccl_gpu.sh) and its commit (COMMIT). cudart, cuBLAS and NCCL are not copied: the device
+# ncu_breakdown.sh, core_check.sh, nccl_gpu.sh) and its commit (COMMIT). cudart, cuBLAS and NCCL are not copied: the device
 # image has them. scripts/device/README.md lists what runs where.
 #   usage: scripts/device/bundle.sh [build-dir] [bundle-dir]   (defaults build-dev, above)
 set -euo pipefail

@@ -203,14 +203,17 @@ static void invariance_case(sph_ctx_t gpu, sph_ctx_t ref, sph_dtype dt, sph_dtyp
             batch r;
             batch_make(&r, dt, N, at, H, V, hp, tp, gp, ep);
             batch_run(ref, 0, &r, dt, SPH_F32, w, H, V, one_pass);
-            const double tol = dt.bits == 32 ? 2e-5 : 2e-2;
+            /* normwise: |got - ref| <= tol (max |ref| + |ref|). 16-bit inputs: the dlogits
+             * are rounded to the input dtype before the dH product (2^-9 relative in bf16),
+             * whatever dhidden's dtype; f32 inputs: fp32 sums over V = 20000 terms */
+            const double tol = dt.bits == 32 ? 5e-5 : 1e-2;
             double *rl = malloc(PROBES * 8), *rd = malloc((size_t)(PROBES * H) * 8);
             assert_non_null(rl), assert_non_null(rd);
-            for (int k = 0; k < PROBES; k++) rl[k] = r.lp[k];
-            for (int64_t k = 0; k < PROBES * H; k++) rd[k] = r.dh32[k];
-            ok = check_close("logprob", cs, b.lp, rl, PROBES, tol, tol) &&
-                 check_close("dhidden", cs, b.dh32, rd, (size_t)(PROBES * H),
-                             dh_dt.bits == 32 ? tol * 1e-2 : 2e-3, dh_dt.bits == 32 ? tol : 3e-2);
+            double ml = 0, md = 0;
+            for (int k = 0; k < PROBES; k++) rl[k] = r.lp[k], ml = fmax(ml, fabs(rl[k]));
+            for (int64_t k = 0; k < PROBES * H; k++) rd[k] = r.dh32[k], md = fmax(md, fabs(rd[k]));
+            ok = check_close("logprob", cs, b.lp, rl, PROBES, tol * ml, tol) &&
+                 check_close("dhidden", cs, b.dh32, rd, (size_t)(PROBES * H), tol * md, tol);
             free(rl), free(rd);
             batch_free(&r);
             b0 = b;
