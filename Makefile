@@ -1,7 +1,7 @@
 # spanhead - the two commands of the README:
 #   make demo   set up, build, and run the main job on an embedded default
 #   make test   set up, build, and pass every test (plus one run under ASan + UBSan)
-# Other targets: build, bench, fuzz, python-test, clean.
+# Other targets: build, bench, fuzz, python-test, mutants, clean.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -10,7 +10,7 @@ PYTHON     ?= python3
 WERROR     ?= $(if $(CI),ON,OFF)
 CMAKE_ARGS ?=
 
-.PHONY: all setup build demo test test-main test-asan python-test bench fuzz clean
+.PHONY: all setup build demo test test-main test-asan python-test bench fuzz mutants clean
 
 all: build
 
@@ -65,6 +65,11 @@ fuzz: setup
 	  -DSPH_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug
 	cmake --build build-fuzz -j $(JOBS)
 	@bash scripts/fuzz.sh build-fuzz $${FUZZ_SECONDS:-60}
+
+# Mutation check (slow, not part of `make test`): each bug of tests/mutants.txt planted alone in
+# a scratch copy, CPU build, the ctest suite; every mutant must make a test fail.
+mutants: setup
+	$(PYTHON) scripts/mutants.py --jobs $(JOBS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

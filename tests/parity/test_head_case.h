@@ -223,19 +223,21 @@ static inline void hc_mask_ragged(hcase *c, sph_rng *r, double frac) {
     hc_spans_of_mask(c, 0);
 }
 
-/* Row i is active under the args' rule (mask, else spans, else all). */
-static inline void hc_active(const hcase *c, uint8_t *act) {
-    const sph_head_args *a = &c->a;
+/* Row i is active under the args' rule (mask, else spans, else all), from the args alone. */
+static inline void hc_active_of(const sph_head_args *a, int64_t N, uint8_t *act) {
     if (a->active_mask) {
-        for (int64_t i = 0; i < c->N; i++) act[i] = c->mask[i] != 0;
+        const uint8_t *m = a->active_mask->data;
+        for (int64_t i = 0; i < N; i++) act[i] = m[i] != 0;
     } else if (a->spans) {
-        memset(act, 0, (size_t)c->N);
+        memset(act, 0, (size_t)N);
         for (int64_t s = 0; s < a->n_spans; s++)
             for (int64_t i = a->spans[2 * s]; i < a->spans[2 * s + 1]; i++) act[i] = 1;
     } else {
-        memset(act, 1, (size_t)c->N);
+        memset(act, 1, (size_t)N);
     }
 }
+
+static inline void hc_active(const hcase *c, uint8_t *act) { hc_active_of(&c->a, c->N, act); }
 
 static inline void hc_poison(hcase *c) {
     poison_f32(c->lp, (size_t)c->N), poison_f32(c->ent, (size_t)c->N);
@@ -355,9 +357,23 @@ static inline void hc_expect(sph_ctx_t ref_ctx, const sph_head_args *a, hexp *x)
     x->rows = hc_alloc((size_t)N * 7 * 8 + 8);
     x->active = hc_alloc((size_t)N + 1);
     expect_ok(sph_head_ref_rows_f64(&p, x->rows));
-    sph_head_active_rows(&p, x->active);
+    /* the active rows by the rule of spanhead.h, computed here (hc_active), must be the ones
+     * the library derives (sph_head_active_rows): the expectation never trusts the latter */
+    uint8_t *lib = hc_alloc((size_t)N + 1);
+    sph_head_active_rows(&p, lib);
+    hc_active_of(a, N, x->active);
     x->n_active = 0;
-    for (int64_t i = 0; i < N; i++) x->n_active += x->active[i];
+    for (int64_t i = 0; i < N; i++) {
+        x->n_active += x->active[i];
+        if (lib[i] != x->active[i]) {
+            fprintf(stderr, "FAIL sph_head_active_rows: row %lld is %s by the library, %s by the "
+                            "rule (mask, else spans, else all); seed %llu\n",
+                    (long long)i, lib[i] ? "active" : "inactive",
+                    x->active[i] ? "active" : "inactive", (unsigned long long)test_seed());
+            fail();
+        }
+    }
+    free(lib);
     x->dh = x->dw = NULL;
     if (p.one_pass) {
         double *st = hc_alloc((size_t)N * 24 + 8);
