@@ -95,7 +95,7 @@ static const char *USAGE =
     "  --pack ffd|mffd|balanced  bin packing algorithm (default ffd)\n"
     "  --gap G                   span coalescing gap (default 4)\n"
     "  --kernel NAME             force the per-rank kernel (ref, generic, avx2, ...)\n"
-    "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)\n"
+    "  --atol a --rtol r         pass if |got - ref| <= a + r |ref| (1e-4; bf16 on cuda 2e-2)\n"
     "  --dhidden allreduce|partial  allreduce: the head sums dhidden over the TP group\n"
     "                            (allreduce_dhidden, default); partial: each rank keeps its\n"
     "                            shard's partial and rank 0 sums the gathered partials\n"
@@ -250,8 +250,10 @@ static int parse_opts(int argc, char **argv, dopts *o, int rank) {
                                     (long long)o->max_len, (long long)o->min_len);
         return 2;
     }
-    if (o->atol < 0) o->atol = o->bf16 ? 2e-2 : 1e-4;
-    if (o->rtol < 0) o->rtol = o->bf16 ? 2e-2 : 1e-4;
+    /* CPU kernels widen bf16 inputs once and compute in f32 (the single-process check's 1e-4);
+     * only the GPU rounds dlogits to bf16 before its products */
+    if (o->atol < 0) o->atol = o->bf16 && o->cuda ? 2e-2 : 1e-4;
+    if (o->rtol < 0) o->rtol = o->bf16 && o->cuda ? 2e-2 : 1e-4;
     return 0;
 }
 
