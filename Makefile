@@ -7,6 +7,10 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 PYTHON     ?= python3
+# the Python tests' interpreter: the virtual environment scripts/setup.sh makes (PyPI torch +
+# transformers), else $(PYTHON)
+VENV       ?= build-venv
+PYTEST_PY   = $$(if [ -x $(VENV)/bin/python ]; then echo $(VENV)/bin/python; else echo $(PYTHON); fi)
 WERROR     ?= $(if $(CI),ON,OFF)
 CMAKE_ARGS ?=
 
@@ -49,12 +53,15 @@ PY_EXT     = python/spanhead/_spanhead.abi3.so
 PY_CFLAGS  = -std=gnu11 -O2 -fPIC -shared -DPy_LIMITED_API=0x03090000 -Wall -Wextra \
              -Wno-unused-parameter -Wno-missing-field-initializers $(if $(filter ON,$(WERROR)),-Werror)
 
-$(PY_EXT): python/csrc/_spanhead.c include/spanhead.h
-	$(CC) $(PY_CFLAGS) -Iinclude -I$(PY_INCLUDE) $< -o $@ -ldl
+PY_SRC     = $(wildcard python/csrc/*.c)
+
+$(PY_EXT): $(PY_SRC) python/csrc/_spanhead.h include/spanhead.h
+	$(CC) $(PY_CFLAGS) -Iinclude -I$(PY_INCLUDE) $(PY_SRC) -o $@ -ldl
 
 python-test: build $(PY_EXT)
 	SPANHEAD_LIB=$(CURDIR)/$(BUILD)/libspanhead.so PYTHONPATH=$(CURDIR)/python \
-	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead $(PYTHON) -m pytest -q python/tests
+	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead SPANHEAD_BUILD_DIR=$(CURDIR)/$(BUILD) \
+	  $(PYTEST_PY) -m pytest -q -rs python/tests
 
 bench: build
 	@echo "benchmarks are in $(BUILD)/bench_*; see bench/README.md"

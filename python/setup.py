@@ -67,7 +67,8 @@ class BuildExt(build_ext):
 
 ext = Extension(
     "spanhead._spanhead",
-    sources=[os.path.relpath(os.path.join(HERE, "csrc", "_spanhead.c"), HERE)],
+    sources=sorted(os.path.join("csrc", f) for f in os.listdir(os.path.join(HERE, "csrc"))
+                   if f.endswith(".c")),
     include_dirs=[os.path.join(ROOT, "include")],
     define_macros=[("Py_LIMITED_API", "0x03090000")],
     py_limited_api=True,

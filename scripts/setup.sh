@@ -25,3 +25,22 @@ if ! $py -c 'import numpy, pytest' >/dev/null 2>&1; then
     echo "setup: installing numpy and pytest"
     $py -m pip install -q numpy pytest
 fi
+
+# The Python tests run in a virtual environment with PyPI's default torch wheel (the CUDA one,
+# with its nvidia-* wheels: its own NCCL 2.30, cuBLAS and cudart beside the system's CUDA 13.0
+# ones, which is the coexistence case of docs/python.md the import-order tests need) and
+# transformers (tiny models built from configs, no hub). About 3 GB of wheels, 3-5 minutes.
+# SPH_VENV=none skips it (the torch and Hugging Face tests then skip, saying so).
+venv=${SPH_VENV:-$(cd "$(dirname "$0")/.." && pwd)/build-venv}
+torch_req=${SPH_TORCH_REQ:-torch==2.15.*}
+hf_req=${SPH_HF_REQ:-transformers==5.17.*}
+if [ "$venv" != none ]; then
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "setup: creating $venv"
+        $py -m venv "$venv"
+    fi
+    if ! "$venv/bin/python" -c 'import numpy, pytest, torch, transformers, setuptools' >/dev/null 2>&1; then
+        echo "setup: installing numpy, pytest, $torch_req, $hf_req into $venv (~3 GB)"
+        "$venv/bin/python" -m pip install -q numpy pytest setuptools "$torch_req" "$hf_req"
+    fi
+fi

@@ -34,7 +34,7 @@ int main(void) {
 #include "bench_cuda.h"
 #include "core/internal.h"
 #include "cuda/head_sm90.cuh"
-#include "head/plan.h"
+#include "core/plan.h"
 
 #define CHAIN 4
 

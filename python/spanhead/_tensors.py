@@ -13,7 +13,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._errors import DeviceError, DTypeError, InvalidArgumentError
+from ._errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, SizeOverflowError
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3
 _DEVICE_NAMES = {CPU: "cpu", CUDA: "cuda", CUDA_HOST: "cuda_host"}
@@ -70,6 +70,35 @@ def from_bf16_bits(b: Any) -> np.ndarray:
     if isinstance(b, bfloat16):
         b = b.bits
     return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def int64_pairs(x: Any, name: str) -> np.ndarray:
+    """A contiguous (n, 2) int64 array of integer pairs (spans): anything that is not made of
+    integers is refused, never truncated ([[0.5, 3.2]] is a DTypeError, not [[0, 3]])."""
+    if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray) and framework(x) == "torch":
+        x = x.detach().cpu().numpy()
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise ShapeError(f"{name}: not an (n, 2) array of integers ({e})") from None
+    if a.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if a.dtype == object:
+        for v in a.reshape(-1):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise DTypeError(f"{name}: {v!r} is not an integer")
+            if not -2**63 <= int(v) < 2**63:
+                raise SizeOverflowError(f"{name}: {v} does not fit in a signed 64-bit integer")
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise DTypeError(f"{name}: dtype is {a.dtype}, expected integers (spans are row indices;"
+                         f" got e.g. {a.reshape(-1)[0].item()!r})")
+    if a.dtype == np.uint64 and a.size and int(a.max()) >= 2**63:
+        raise SizeOverflowError(f"{name}: {int(a.max())} does not fit in a signed 64-bit "
+                                f"integer")
+    if a.ndim != 2 or a.shape[1] != 2:
+        raise ShapeError(f"{name}: shape is {a.shape}, expected (n_spans, 2)")
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def is_capsule(x: Any) -> bool:

@@ -41,8 +41,8 @@ def _dtype(dtype: Any) -> Tuple[int, int]:
 
 
 def _cfg(tp, cp, dp, vocab_total, vocab_start, vocab_local, dtype, temperature):
-    return (int(tp), int(cp), int(dp), int(vocab_total), int(vocab_start), int(vocab_local),
-            _dtype(dtype), float(temperature))
+    # as given: the extension refuses non-integers and values outside int64, naming them
+    return (tp, cp, dp, vocab_total, vocab_start, vocab_local, _dtype(dtype), temperature)
 
 
 class Comm:
@@ -95,7 +95,7 @@ class Comm:
                   cp: int = 1, dp: int = 1, keepalive: Any = None) -> "Comm":
         """From an existing ncclComm_t (its pointer value as an int) of the TP group."""
         cfg = _cfg(tp, cp, dp, vocab_total, vocab_start, vocab_local, dtype, temperature)
-        return cls(_ext.comm_create(2, int(nccl_comm), cfg), keepalive)
+        return cls(_ext.comm_create(2, nccl_comm, cfg), keepalive)
 
     @classmethod
     def from_torch(cls, group: Any, *, vocab_total: int, vocab_start: int, vocab_local: int,

@@ -102,9 +102,11 @@ class Context:
         handle = comm._handle if comm is not None else None
         if comm is not None and handle is None:
             raise InvalidArgumentError("comm: the communicator was closed")
-        self._handle = _ext.ctx_create(self.device[0], self.device[1], self.stream, int(threads),
+        # integers go to the extension as given: it refuses floats and values that do not fit
+        # the C field with spanhead's exceptions, naming the argument
+        self._handle = _ext.ctx_create(self.device[0], self.device[1], self.stream, threads,
                                        kernel, int(bool(allow_tf32)), int(bool(batch_invariant)),
-                                       int(chunk_rows), int(chunk_bytes), handle, tune_cache)
+                                       chunk_rows, chunk_bytes, handle, tune_cache)
         _live.add(self)
 
     def describe(self) -> str:
@@ -120,15 +122,14 @@ class Context:
         """Autotunes the CUDA head for a shape and stores the winner in the context's tune
         cache (sph_tune); returns a description of the winner. CUDA contexts only."""
         code, bits = _dtype_pair(dtype)
-        return _ext.tune(self._live(), code, bits, int(H), int(V_loc), int(N), int(repeats),
-                         int(bool(verbose)))
+        return _ext.tune(self._live(), code, bits, H, V_loc, N, repeats, int(bool(verbose)))
 
     def gemm_rate(self, dtype: Any = "bfloat16", *, M: int, N: int, K: int,
                   repeats: int = 0) -> float:
         """TFLOP/s of a dense (M, K) x (N, K)^T product on the context's GPU through cuBLAS
         (sph_tune_gemm_rate: the denominator of the active floor). CUDA contexts only."""
         code, bits = _dtype_pair(dtype)
-        return _ext.gemm_rate(self._live(), code, bits, int(M), int(N), int(K), int(repeats))
+        return _ext.gemm_rate(self._live(), code, bits, M, N, K, repeats)
 
     def gemm_rate_sustained(self, dtype: Any = "bfloat16", *, M: int, N: int, K: int,
                             chain: int = 4, repeats: int = 0) -> float:
@@ -138,8 +139,7 @@ class Context:
         clocks; a chain as long as the head's (4 for forward + backward, 3 one-pass) sees the
         clocks the head sees. chain=1 is gemm_rate. CUDA contexts only."""
         code, bits = _dtype_pair(dtype)
-        return _ext.gemm_rate_sustained(self._live(), code, bits, int(M), int(N), int(K),
-                                        int(chain), int(repeats))
+        return _ext.gemm_rate_sustained(self._live(), code, bits, M, N, K, chain, repeats)
 
     def close(self) -> None:
         """Destroys the context now (also done when it is garbage collected)."""
@@ -239,12 +239,7 @@ def _spans_array(spans: Any) -> Optional[np.ndarray]:
         if spans.__dlpack_device__()[0] not in (T.CPU, T.CUDA_HOST):
             raise DeviceError("spans: must be a host array (spans are built on the host before "
                               "the device copy)")
-    a = np.asarray(spans, dtype=np.int64)
-    if a.size == 0:
-        a = a.reshape(0, 2)
-    if a.ndim != 2 or a.shape[1] != 2:
-        raise ShapeError(f"spans: shape is {a.shape}, expected (n_spans, 2)")
-    return np.ascontiguousarray(a)
+    return T.int64_pairs(spans, "spans")
 
 
 def _rows_shape(x: Any, name: str) -> Tuple[int, ...]:
@@ -287,9 +282,8 @@ def _run(pass_: int, tensors: dict, *, spans, context: Optional[Context], vocab_
     caps = tuple(T.export(tensors.get(n), n, s) for n in _SLOTS)
     sp = _spans_array(spans)
     return _ext.head(context._live(), pass_, caps, None if sp is None else T.export(sp, "spans"),
-                     context._workspace_alloc(hidden), int(vocab_start), int(vocab_total),
-                     float(temperature), float(softcap), int(bool(acc_dh)), int(bool(acc_dw)),
-                     int(bool(allreduce_dh)))
+                     context._workspace_alloc(hidden), vocab_start, vocab_total, temperature,
+                     softcap, int(bool(acc_dh)), int(bool(acc_dw)), int(bool(allreduce_dh)))
 
 
 def _out(spec: Any, ref: Any, shape: Tuple[int, ...], dt: Tuple[int, int], name: str) -> Any:

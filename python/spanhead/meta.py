@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _spanhead as _ext
 from ._errors import InvalidArgumentError, ParseError, ShapeError
+from ._tensors import int64_pairs
 
 _FP8 = {"none": 0, "blockwise": 1, "mxfp8": 2}
 _ALGO = {"ffd": 0, "mffd": 1, "balanced": 2}
@@ -175,7 +176,7 @@ def spans_from_mask(mask: Any, gap: int = 128) -> np.ndarray:
 
 def validate_spans(spans_: Any, n: int, mask: Any = None) -> None:
     """Raises unless spans are ordered, disjoint, inside [0, n) and cover every 1 of mask."""
-    a = np.asarray(spans_, dtype=np.int64).reshape(-1)
+    a = int64_pairs(spans_, "spans").reshape(-1)
     mb = None if mask is None else (np.asarray(mask).reshape(-1) != 0).astype(np.uint8).tobytes()
     _ext.spans_validate(a.tolist(), _int(n, "n"), mb)
 

@@ -1,50 +1,59 @@
-"""PyTorch adapter: a ``torch.autograd.Function`` over the spanhead forward and backward.
+"""PyTorch adapter: spanhead's LM head as torch.library operators, with autograd.
 
     import spanhead.torch as sht
     logp = sht.logprobs(hidden, lm_head.weight, targets, loss_mask=mask)      # (N,)
     loss = -(logp * advantages).sum() / mask.sum()
     loss.backward()            # dhidden and dweight from the spanhead backward
 
-Tensors stay on their device and are passed through DLPack without copies. The calls are
-enqueued on PyTorch's current CUDA stream and never synchronize with the host, so a forward and
-backward can be captured in a CUDA graph (warm up once on the capture stream first, as PyTorch
-asks for any captured code: the first call on a stream creates its spanhead context).
+    loss = sht.linear_cross_entropy(hidden, lm_head.weight, labels)          # F.cross_entropy
+                                                                              # on the logits
+
+Every call is a custom operator (``torch.ops.spanhead.*``, see ``_torch_ops.py``) with a fake
+implementation and an autograd formula, so ``torch.compile(fullgraph=True)`` traces code that
+calls these functions without a graph break, with host or device masks and spans, and the
+compiled step computes what the eager one does. Tensors stay on their device and are passed
+through DLPack without copies. The calls are enqueued on PyTorch's current CUDA stream and
+never synchronize with the host, so a forward and backward can be captured in a CUDA graph
+(warm up once on the capture stream first, as PyTorch asks for any captured code: the first
+call on a stream creates its spanhead context).
+
+Autocast: inside ``torch.autocast`` the hidden states and the weight are cast to the autocast
+dtype as ``F.linear`` would cast them (float32 master weight -> bf16); the weight's gradient
+flows back through the cast, so it keeps the weight's dtype.
 
 Masks and spans: a *host* loss mask (CPU tensor or NumPy array) is turned into spans on the
 host, then copied to the device asynchronously (from pinned memory); a *device* mask is used as
 it is (no spans: the library derives the active tiles from it). Pass ``spans=`` (a host (n, 2)
-int64 array, e.g. from :func:`spanhead.spans`) together with a device mask to get both without
-any host work in the step.
+int64 array or CPU tensor, e.g. from :func:`spanhead.spans`) together with a device mask to get
+both without any host work in the step.
 
 One-pass losses: when the loss is a fixed weighting of the per-token log-probs (SFT,
-REINFORCE, + an entropy bonus), :func:`weighted_logprob_loss` returns the scalar loss with its
-gradients already computed by the same sweep (6NHV flops instead of 8NHV):
-
-    loss = sht.weighted_logprob_loss(hidden, lm_head.weight, targets, advantages / n,
-                                     loss_mask=mask)
-    loss.backward()            # no second spanhead call: the forward's dhidden and dweight
+REINFORCE, + an entropy bonus, cross-entropy with label smoothing),
+:func:`weighted_logprob_loss` and :func:`linear_cross_entropy` return the scalar loss with its
+gradients already computed by the same sweep (6NHV flops instead of 8NHV).
 
 Importing :mod:`spanhead` never imports torch; importing :mod:`spanhead.torch` does.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
 
-from . import _spanhead as _ext
+from . import _torch_ops as _ops
+from ._errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, SizeOverflowError
+from ._tensors import int64_pairs
+from ._torch_ops import context_for
 from .comm import Comm
-from .head import BACKWARD, FORWARD, Context
-from ._errors import DTypeError, InvalidArgumentError, ShapeError
-from .meta import spans_from_mask
 
-__all__ = ["logprobs", "HeadFunction", "HeadOutputs", "context_for", "weighted_logprob_loss",
-           "OnePassLossFunction", "LossOutputs"]
+__all__ = ["logprobs", "HeadOutputs", "context_for", "weighted_logprob_loss", "LossOutputs",
+           "linear_cross_entropy", "LinearCrossEntropyLoss"]
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 class HeadOutputs(NamedTuple):
@@ -57,43 +66,103 @@ class HeadOutputs(NamedTuple):
     logit_mean: Optional[torch.Tensor]
 
 
-# ---- contexts and communicators, cached per thread -----------------------------------------
+class LossOutputs(NamedTuple):
+    """What :func:`weighted_logprob_loss` returns when per-row outputs are asked for: the
+    differentiable scalar loss and the detached float32 per-row log-probs / entropy (shaped
+    like targets; None when not requested)."""
 
-_local = threading.local()
-
-
-def _cache() -> dict:
-    c = getattr(_local, "cache", None)
-    if c is None:
-        c = _local.cache = {}
-    return c
+    loss: torch.Tensor
+    logprob: Optional[torch.Tensor]
+    entropy: Optional[torch.Tensor]
 
 
-def context_for(device: torch.device, comm: Optional[Comm] = None, **options: Any) -> Context:
-    """This thread's spanhead context for a torch device, bound to the current CUDA stream
-    (contexts are cached per device, stream, communicator and options)."""
-    if device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(idx).cuda_stream
-        key = ("cuda", idx, stream, id(comm), tuple(sorted(options.items())))
-        make = lambda: Context(("cuda", idx), stream=stream or None, comm=comm,  # noqa: E731
-                               **options)
-    elif device.type == "cpu":
-        key = ("cpu", 0, 0, id(comm), tuple(sorted(options.items())))
-        make = lambda: Context("cpu", comm=comm, **options)  # noqa: E731
+# ---- argument preparation (traceable by torch.compile: metadata and torch ops only) ---------
+
+def _i64(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise DTypeError(f"{name}: expected an integer, got {v!r}")
+    if not -2**63 <= int(v) < 2**63:
+        raise SizeOverflowError(f"{name}: {int(v)} does not fit in a signed 64-bit integer")
+    return int(v)
+
+
+def _real(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise DTypeError(f"{name}: expected a real number, got {v!r}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise InvalidArgumentError(f"{name}: {v} is too large for a double") from None
+
+
+def _autocast(hidden: torch.Tensor, weight: torch.Tensor):
+    """hidden and weight as F.linear sees them under torch.autocast (both in the autocast
+    dtype; float64 is left alone, as autocast does)."""
+    dev = hidden.device.type
+    if dev not in ("cuda", "cpu"):
+        return hidden, weight
+    try:
+        on = torch.is_autocast_enabled(dev)
+    except TypeError:  # torch < 2.4: no device_type argument
+        on = torch.is_autocast_enabled() if dev == "cuda" else torch.is_autocast_cpu_enabled()
+    if not on:
+        return hidden, weight
+    try:
+        dt = torch.get_autocast_dtype(dev)
+    except AttributeError:
+        dt = torch.get_autocast_gpu_dtype() if dev == "cuda" else torch.get_autocast_cpu_dtype()
+    if hidden.is_floating_point() and hidden.dtype not in (dt, torch.float64):
+        hidden = hidden.to(dt)
+    if weight.is_floating_point() and weight.dtype not in (dt, torch.float64):
+        weight = weight.to(dt)
+    return hidden, weight
+
+
+def _spans_tensor(spans: Any) -> Optional[torch.Tensor]:
+    """Spans as a host int64 (n, 2) tensor; floats are refused, never truncated."""
+    if spans is None:
+        return None
+    if not isinstance(spans, torch.Tensor):
+        if torch.compiler.is_compiling():
+            t = torch.from_numpy(spans) if isinstance(spans, np.ndarray) else torch.tensor(spans)
+        else:
+            t = torch.from_numpy(int64_pairs(spans, "spans"))
     else:
-        raise InvalidArgumentError(f"device: spanhead runs on cpu and cuda, not {device}")
-    cache = _cache()
-    ctx = cache.get(key)
-    if ctx is None:
-        ctx = cache[key] = make()
-    return ctx
+        t = spans
+    if t.dtype not in _INT_DTYPES:
+        raise DTypeError(f"spans: dtype is {t.dtype}, expected integers (row indices)")
+    if t.device.type != "cpu":
+        raise DeviceError(f"spans: on {t.device}; spans are host metadata (a CPU tensor or "
+                          f"NumPy array)")
+    if t.numel() == 0:
+        return t.new_zeros((0, 2), dtype=torch.int64)
+    if t.dim() != 2 or t.shape[1] != 2:
+        raise ShapeError(f"spans: shape is {tuple(t.shape)}, expected (n_spans, 2)")
+    return t.to(torch.int64)
+
+
+def _mask_tensor(mask: Any, N: int, lead: tuple, device: torch.device) -> Optional[torch.Tensor]:
+    if mask is None:
+        return None
+    if isinstance(mask, torch.Tensor):
+        m = mask
+    elif isinstance(mask, np.ndarray):
+        m = torch.from_numpy(mask)
+    else:
+        m = torch.as_tensor(mask)
+    if m.numel() != N:
+        raise ShapeError(f"loss_mask: shape is {tuple(m.shape)} ({m.numel()} rows), expected "
+                         f"{tuple(lead)} ({N} rows, hidden's leading dimensions)")
+    m = m.reshape(-1)
+    if m.device.type != "cpu" and m.device != device:
+        raise InvalidArgumentError(f"loss_mask is on {m.device} but hidden is on {device}")
+    return m
 
 
 def _comm_for(group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
               dtype: torch.dtype, temperature: float) -> Comm:
     key = ("comm", id(group), vocab_total, vocab_start, vocab_local, str(dtype), temperature)
-    cache = _cache()
+    cache = _ops._cache()
     comm = cache.get(key)
     if comm is None:
         comm = cache[key] = Comm.from_torch(group, vocab_total=vocab_total,
@@ -102,124 +171,21 @@ def _comm_for(group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
     return comm
 
 
-# ---- DLPack -------------------------------------------------------------------------------
-
-_to_dlpack = getattr(torch.utils.dlpack, "to_dlpack", None)
-
-
-def _cap(t: Optional[torch.Tensor]) -> Any:
-    """A DLPack capsule of t without any stream synchronization (everything runs on the
-    context's stream, which is the current stream)."""
-    if t is None:
-        return None
-    t = t.detach()
-    if _to_dlpack is not None:
-        return _to_dlpack(t)
-    return t.__dlpack__(stream=-1 if t.is_cuda else None)
-
-
-def _call(pass_: int, cfg: "_Config", ctx: Context, tensors: dict) -> None:
-    order = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
-             "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-             "dhidden", "dweight")
-    caps = tuple(_cap(tensors.get(k)) for k in order)
-    dev = tensors["hidden"].device
-
-    def alloc(nbytes: int):
-        # torch's caching allocator: stream-ordered, no host sync, graph-capture safe
-        return _cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
-
-    spans = None if cfg.spans is None else _ext_spans(cfg.spans)
-    # the TP all-reduce of dhidden: wherever dhidden is written (the backward, or a one-pass
-    # forward); never without a dhidden output (the library refuses that)
-    allreduce = bool(cfg.reduce_dhidden) and tensors.get("dhidden") is not None
-    _ext.head(ctx._live(), pass_, caps, spans, alloc, cfg.vocab_start, cfg.vocab_total,
-              cfg.temperature, cfg.softcap, 0, 0, int(allreduce))
-
-
-def _ext_spans(spans: np.ndarray) -> Any:
-    return spans.__dlpack__()
-
-
-class _Config:
-    """Non-tensor arguments of one call (carried from forward to backward)."""
-
-    __slots__ = ("spans", "vocab_start", "vocab_total", "temperature", "softcap", "want",
-                 "comm", "reduce_dhidden", "options", "entropy_coef", "want_entropy")
-
-    def __init__(self, **kw: Any):
-        for k, v in kw.items():
-            setattr(self, k, v)
-
-
-class HeadFunction(torch.autograd.Function):
-    """autograd.Function: (hidden, weight, targets, candidates, active_mask, config) ->
-    (logprob, entropy, lse, logit_mean). Outputs that were not requested are empty tensors
-    marked non-differentiable. Use :func:`logprobs` rather than calling this directly."""
-
-    @staticmethod
-    def forward(fctx, hidden, weight, targets, candidates, active_mask, cfg):  # noqa: D102
-        N = hidden.shape[0]
-        f32 = dict(dtype=torch.float32, device=hidden.device)
-        outs = {name: (torch.empty(N, **f32) if want else None)
-                for name, want in zip(("logprob", "entropy", "lse", "logit_mean"), cfg.want)}
-        stats = torch.empty((N, 3), **f32)
-        ctx = context_for(hidden.device, cfg.comm, **cfg.options)
-        _call(FORWARD, cfg, ctx, dict(hidden=hidden, weight=weight, targets=targets,
-                                      candidates=candidates, active_mask=active_mask,
-                                      stats=stats, **outs))
-        fctx.save_for_backward(hidden, weight, targets, candidates, active_mask, stats)
-        fctx.cfg = cfg
-        fctx.set_materialize_grads(False)
-        result, unused = [], []
-        for name in ("logprob", "entropy", "lse", "logit_mean"):
-            t = outs[name]
-            if t is None:
-                t = torch.empty(0, **f32)
-                unused.append(t)
-            result.append(t)
-        if unused:
-            fctx.mark_non_differentiable(*unused)  # one call: each call replaces the last
-        return tuple(result)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(fctx, g_lp, g_ent, g_lse, g_mean):  # noqa: D102
-        hidden, weight, targets, candidates, active_mask, stats = fctx.saved_tensors
-        cfg = fctx.cfg
-        need_h, need_w = fctx.needs_input_grad[0], fctx.needs_input_grad[1]
-        ups = {}
-        for name, g, want in zip(("dlogprob", "dentropy", "dlse", "dlogit_mean"),
-                                 (g_lp, g_ent, g_lse, g_mean), cfg.want):
-            if g is not None and want:
-                ups[name] = g.to(torch.float32).contiguous()
-        if not (need_h or need_w) or not ups:
-            return None, None, None, None, None, None
-        dh = dw = None
-        if need_h:
-            # the TP all-reduce of dhidden runs in float32 (the library's requirement)
-            dt = torch.float32 if cfg.reduce_dhidden else hidden.dtype
-            dh = torch.empty(hidden.shape, dtype=dt, device=hidden.device)
-        if need_w:
-            dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-        ctx = context_for(hidden.device, cfg.comm, **cfg.options)
-        _call(BACKWARD, cfg, ctx, dict(hidden=hidden, weight=weight, targets=targets,
-                                       candidates=candidates, active_mask=active_mask,
-                                       stats=stats, dhidden=dh, dweight=dw, **ups))
-        if dh is not None and dh.dtype != hidden.dtype:
-            dh = dh.to(hidden.dtype)
-        return dh, dw, None, None, None, None
-
-
-def _host_mask(mask: Any) -> Optional[np.ndarray]:
-    """The mask as a host uint8 NumPy array, or None when it lives on a GPU."""
-    if isinstance(mask, np.ndarray):
-        return (mask.reshape(-1) != 0).astype(np.uint8)
-    if isinstance(mask, torch.Tensor) and mask.device.type == "cpu":
-        return (mask.detach().reshape(-1) != 0).to(torch.uint8).numpy()
-    if isinstance(mask, (list, tuple)):
-        return (np.asarray(mask).reshape(-1) != 0).astype(np.uint8)
-    return None
+def _tp(tp_group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
+        dtype: torch.dtype, temperature: float):
+    """(communicator key, vocab_total) of a tp_group (None, a spanhead.Comm or a
+    torch.distributed group)."""
+    if tp_group is None:
+        return 0, vocab_total
+    if isinstance(tp_group, Comm):
+        if not vocab_total:
+            vocab_total = vocab_local * tp_group.info()[2]
+        return _ops.comm_key(tp_group), vocab_total
+    import torch.distributed as dist
+    if not vocab_total:
+        vocab_total = vocab_local * dist.get_world_size(tp_group)
+    comm = _comm_for(tp_group, vocab_total, vocab_start, vocab_local, dtype, temperature)
+    return _ops.comm_key(comm), vocab_total
 
 
 class _Prepared(NamedTuple):
@@ -228,29 +194,27 @@ class _Prepared(NamedTuple):
     weight: torch.Tensor          # (V_loc, H), rows contiguous
     targets: Optional[torch.Tensor]
     candidates: Optional[torch.Tensor]
-    mask: Optional[torch.Tensor]  # (N,) on hidden's device
-    spans: Optional[np.ndarray]   # host (n, 2) int64
-    comm: Optional[Comm]
-    vocab_total: int
-    reduce_dhidden: Optional[bool]
+    mask: Optional[torch.Tensor]  # (N,): on the host (-> spans in the operator) or hidden's device
+    spans: Optional[torch.Tensor]  # host (n, 2) int64
+    tail: tuple                   # the operators' trailing arguments (_ops._FWD_TAIL)
 
 
 def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
              candidates: Optional[torch.Tensor], loss_mask: Any, spans: Any, gap: int,
              tp_group: Any, vocab_start: int, vocab_total: int, temperature: float,
-             reduce_dhidden: Optional[bool]) -> _Prepared:
-    """The checks and conversions shared by :func:`logprobs` and
-    :func:`weighted_logprob_loss`: 2-D views, host mask -> host spans + device mask,
-    communicator."""
+             softcap: float, reduce_dhidden: Optional[bool], options: dict) -> _Prepared:
+    """The checks and conversions every entry point shares: autocast, 2-D views, mask and
+    spans as tensors, communicator key, context options."""
     if not isinstance(hidden, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise DTypeError("hidden and weight must be torch tensors")
+    hidden, weight = _autocast(hidden, weight)
     if hidden.dtype not in _INPUT_DTYPES:
         raise DTypeError(f"hidden: dtype is {hidden.dtype}, expected float32, bfloat16 or "
                          f"float16 (cast float64 inputs with .float())")
     if weight.dim() != 2 or hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
         raise ShapeError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)}: "
                          f"expected (..., H) and (V_loc, H)")
-    lead = hidden.shape[:-1]
+    lead = tuple(hidden.shape[:-1])
     H = hidden.shape[-1]
     h2 = hidden.reshape(-1, H)
     if h2.stride(-1) != 1:
@@ -259,63 +223,40 @@ def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
     N = h2.shape[0]
     t1 = None
     if targets is not None:
-        if tuple(targets.shape) != tuple(lead):
+        if not isinstance(targets, torch.Tensor):
+            raise DTypeError(f"targets: expected a torch tensor, got {type(targets).__name__}")
+        if tuple(targets.shape) != lead:
             raise ShapeError(f"targets: shape is {tuple(targets.shape)}, expected "
-                             f"{tuple(lead)} (hidden's leading dimensions)")
+                             f"{lead} (hidden's leading dimensions)")
         t1 = targets.reshape(-1)
     c2 = None
     if candidates is not None:
-        if tuple(candidates.shape[:-1]) != tuple(lead):
+        if tuple(candidates.shape[:-1]) != lead:
             raise ShapeError(f"candidates: shape is {tuple(candidates.shape)}, expected "
-                             f"{tuple(lead)} + (K,)")
+                             f"{lead} + (K,)")
         c2 = candidates.reshape(N, candidates.shape[-1])
-    mask_dev = None
-    host_spans = None
-    if spans is not None:
-        host_spans = np.ascontiguousarray(np.asarray(spans, dtype=np.int64).reshape(-1, 2))
-    if loss_mask is not None:
-        numel = loss_mask.numel() if isinstance(loss_mask, torch.Tensor) else \
-            int(np.asarray(loss_mask).size)
-        if numel != N:
-            shape = tuple(getattr(loss_mask, "shape", (numel,)))
-            raise ShapeError(f"loss_mask: shape is {shape} ({numel} rows), expected "
-                             f"{tuple(lead)} ({N} rows, hidden's leading dimensions)")
-        hm = _host_mask(loss_mask)
-        if hm is not None:
-            if host_spans is None:
-                host_spans = spans_from_mask(hm, gap)
-            mt = torch.from_numpy(hm)
-            if h2.is_cuda:
-                mt = mt.pin_memory().to(h2.device, non_blocking=True)
-            mask_dev = mt
-        else:
-            m = loss_mask.reshape(-1)
-            if m.device != h2.device:
-                raise InvalidArgumentError(f"loss_mask is on {m.device} but hidden is on "
-                                           f"{h2.device}")
-            mask_dev = m if m.dtype in (torch.bool, torch.uint8) else (m != 0)
-    comm = None
-    if isinstance(tp_group, Comm):
-        comm = tp_group  # e.g. Comm.from_mpi4py: CPU tensor parallelism over MPI
-        if not vocab_total:
-            vocab_total = w2.shape[0] * comm.info()[2]
-    elif tp_group is not None:
-        import torch.distributed as dist
-        if not vocab_total:
-            vocab_total = w2.shape[0] * dist.get_world_size(tp_group)
-        comm = _comm_for(tp_group, vocab_total, vocab_start, w2.shape[0], h2.dtype,
-                         temperature)
-    if comm is not None and reduce_dhidden is None:
-        reduce_dhidden = True
-    return _Prepared(tuple(lead), h2, w2, t1, c2, mask_dev, host_spans, comm, int(vocab_total),
-                     reduce_dhidden)
+    mask = _mask_tensor(loss_mask, N, lead, h2.device)
+    sp = _spans_tensor(spans)
+    vocab_start = _i64(vocab_start, "vocab_start")
+    temperature = _real(temperature, "temperature")
+    softcap = 0.0 if softcap is None else _real(softcap, "softcap")
+    key, vocab_total = _tp(tp_group, _i64(vocab_total, "vocab_total"), vocab_start,
+                           w2.shape[0], h2.dtype, temperature)
+    if reduce_dhidden is None:
+        reduce_dhidden = key != 0
+    opts = _ops.opts_from(options)
+    tail = (_i64(gap, "gap"), vocab_start, vocab_total, temperature, softcap,
+            bool(reduce_dhidden), key) + tuple(opts)
+    return _Prepared(lead, h2, w2, t1, c2, mask, sp, tail)
 
+
+# ---- logprobs --------------------------------------------------------------------------------
 
 def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
              loss_mask: Any = None, spans: Any = None, temperature: float = 1.0,
              entropy: bool = False, tp_group: Any = None, vocab_start: int = 0, *,
              vocab_total: int = 0, lse: bool = False, logit_mean: bool = False,
-             softcap: float = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
+             softcap: Optional[float] = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
              reduce_dhidden: Optional[bool] = None, **context_options: Any) -> Any:
     """Per-token log-probs of ``targets`` under ``softmax((hidden @ weight.T) / temperature)``,
     differentiable w.r.t. hidden and weight, without materializing the logits.
@@ -351,104 +292,18 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others.
     """
     p = _prepare(hidden, weight, targets, candidates, loss_mask, spans, gap, tp_group,
-                 vocab_start, vocab_total, temperature, reduce_dhidden)
-    lead, h2, w2, t1, c2, mask_dev, host_spans, comm, vocab_total, reduce_dhidden = p
-    want = (t1 is not None, bool(entropy), bool(lse), bool(logit_mean))
-    cfg = _Config(spans=host_spans, vocab_start=int(vocab_start), vocab_total=int(vocab_total),
-                  temperature=float(temperature), softcap=float(softcap), want=want, comm=comm,
-                  reduce_dhidden=bool(reduce_dhidden), options=context_options)
-    outs = HeadFunction.apply(h2, w2, t1, c2, mask_dev, cfg)
-    outs = [o.reshape(lead) if w else None for o, w in zip(outs, want)]
-    if want[1:] == (False, False, False):
-        return outs[0]
-    return HeadOutputs(*outs)
+                 vocab_start, vocab_total, temperature, softcap, reduce_dhidden,
+                 context_options)
+    want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean)]
+    outs = _ops.head_fwd(p.hidden, p.weight, p.targets, p.candidates, p.mask, p.spans, want,
+                         *p.tail)
+    res = [o.reshape(p.lead) if w else None for o, w in zip(outs[:4], want)]
+    if not (want[1] or want[2] or want[3]):
+        return res[0]
+    return HeadOutputs(*res)
 
 
 # ---- one-pass weighted log-prob loss -------------------------------------------------------
-
-
-class LossOutputs(NamedTuple):
-    """What :func:`weighted_logprob_loss` returns when per-row outputs are asked for: the
-    differentiable scalar loss and the detached float32 per-row log-probs / entropy (shaped
-    like targets; None when not requested)."""
-
-    loss: torch.Tensor
-    logprob: Optional[torch.Tensor]
-    entropy: Optional[torch.Tensor]
-
-
-class OnePassLossFunction(torch.autograd.Function):
-    """autograd.Function: (hidden, weight, targets, active_mask, weights, cfg) -> (loss,
-    logprob, entropy). The forward makes ONE spanhead call in one-pass mode: the upstream
-    gradients of the loss are known before it (dlogprob = -weights, dentropy =
-    -entropy_coef), so dhidden and dweight come out of the forward's sweep and are kept until
-    the backward, which only scales them by the loss's incoming gradient. logprob and entropy
-    are detached outputs. Use :func:`weighted_logprob_loss` rather than calling this."""
-
-    @staticmethod
-    def forward(fctx, hidden, weight, targets, active_mask, weights, cfg):  # noqa: D102
-        N = hidden.shape[0]
-        dev = hidden.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        need_h, need_w, need_wt = (fctx.needs_input_grad[0], fctx.needs_input_grad[1],
-                                   fctx.needs_input_grad[4])
-        coef = cfg.entropy_coef
-        lp = torch.empty(N, **f32)
-        ent = torch.empty(N, **f32) if (coef != 0.0 or cfg.want_entropy) else None
-        stats = torch.empty((N, 3), **f32)
-        t = dict(hidden=hidden, weight=weight, targets=targets, active_mask=active_mask,
-                 logprob=lp, entropy=ent, stats=stats)
-        dh = dw = None
-        if need_h or need_w:
-            # one-pass mode: L = -sum w_i logprob_i - coef sum entropy_i, so the upstream
-            # gradients are dL/dlogprob = -w and dL/dentropy = -coef, known before the sweep
-            t["dlogprob"] = torch.neg(weights)
-            if coef != 0.0:
-                t["dentropy"] = torch.full((N,), -coef, **f32)
-            if need_h:
-                # the TP all-reduce of dhidden runs in float32 (the library's requirement)
-                dt = torch.float32 if cfg.reduce_dhidden else hidden.dtype
-                dh = t["dhidden"] = torch.empty(hidden.shape, dtype=dt, device=dev)
-            if need_w:
-                dw = t["dweight"] = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
-        ctx = context_for(dev, cfg.comm, **cfg.options)
-        _call(FORWARD, cfg, ctx, t)
-        # the loss over the active rows (the library writes 0 on inactive / ignored rows)
-        loss = -torch.dot(weights, lp)
-        if coef != 0.0:
-            loss = loss - coef * ent.sum()
-        if dh is not None and dh.dtype != hidden.dtype:
-            dh = dh.to(hidden.dtype)
-        fctx.grads = (dh, dw)
-        fctx.logprob = lp if need_wt else None     # dL/dw_i = -logprob_i
-        fctx.used = False
-        ent_out = ent if ent is not None else torch.empty(0, **f32)
-        fctx.mark_non_differentiable(lp, ent_out)
-        return loss, lp, ent_out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(fctx, g_loss, g_lp, g_ent):  # noqa: D102
-        if fctx.used:
-            raise RuntimeError("weighted_logprob_loss: backward called a second time; the "
-                               "one-pass gradients were computed in the forward and are "
-                               "handed over once (retain_graph is not supported)")
-        fctx.used = True
-        dh, dw = fctx.grads
-        lp = fctx.logprob
-        fctx.grads, fctx.logprob = (None, None), None
-        if g_loss is None:
-            return None, None, None, None, None, None
-        # the stored gradients are this Function's own tensors: scale them in place (no second
-        # dweight-sized allocation); g_loss stays on the device (no host sync)
-        g = g_loss.reshape(())
-        if dh is not None:
-            dh = dh.mul_(g.to(dh.dtype))
-        if dw is not None:
-            dw = dw.mul_(g.to(dw.dtype))
-        dwt = None if lp is None else lp * -g.to(torch.float32)   # lp is also the caller's
-        return dh, dw, None, None, dwt, None
-
 
 def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           weights: Any, loss_mask: Any = None, spans: Any = None,
@@ -498,16 +353,30 @@ def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     """
     if targets is None:
         raise InvalidArgumentError("targets: required (the loss weights log-probs of targets)")
-    if not isinstance(targets, torch.Tensor):
-        raise DTypeError(f"targets: expected a torch tensor, got {type(targets).__name__}")
+    coef = _real(entropy_coef, "entropy_coef")
+    if not math.isfinite(coef):
+        raise InvalidArgumentError(f"entropy_coef: {entropy_coef}, expected a finite number")
+    loss, lp, ent = _one_pass(hidden, weight, targets, weights, loss_mask, spans, temperature,
+                              softcap, tp_group, vocab_start, vocab_total, gap, reduce_dhidden,
+                              context_options, c_lp=-1.0, c_lse=0.0, c_mean=0.0, c_ent=-coef,
+                              want_entropy=bool(return_entropy))
+    if not (return_logprobs or return_entropy):
+        return loss
+    return LossOutputs(loss, lp if return_logprobs else None, ent if return_entropy else None)
+
+
+def _one_pass(hidden, weight, targets, weights, loss_mask, spans, temperature, softcap,
+              tp_group, vocab_start, vocab_total, gap, reduce_dhidden, options, *, c_lp,
+              c_lse, c_mean, c_ent, want_entropy):
+    """spanhead::weighted_loss with the checks of the weights; (loss, logprob, entropy)."""
     p = _prepare(hidden, weight, targets, None, loss_mask, spans, gap, tp_group, vocab_start,
-                 vocab_total, temperature, reduce_dhidden)
+                 vocab_total, temperature, softcap, reduce_dhidden, options)
     h2 = p.hidden
     N = h2.shape[0]
     if isinstance(weights, torch.Tensor):
-        if tuple(weights.shape) != tuple(p.lead):
+        if tuple(weights.shape) != p.lead:
             raise ShapeError(f"weights: shape is {tuple(weights.shape)}, expected "
-                             f"{tuple(p.lead)} (targets' shape)")
+                             f"{p.lead} (targets' shape)")
         if weights.device != h2.device:
             raise InvalidArgumentError(f"weights are on {weights.device} but hidden is on "
                                        f"{h2.device}")
@@ -519,16 +388,102 @@ def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     else:
         raise DTypeError(f"weights: expected a tensor of targets' shape or a number, got "
                          f"{type(weights).__name__}")
-    coef = float(entropy_coef)
-    if not np.isfinite(coef):
-        raise InvalidArgumentError(f"entropy_coef: {entropy_coef}, expected a finite number")
-    cfg = _Config(spans=p.spans, vocab_start=int(vocab_start), vocab_total=p.vocab_total,
-                  temperature=float(temperature), softcap=float(softcap),
-                  want=(True, coef != 0.0 or bool(return_entropy), False, False), comm=p.comm,
-                  reduce_dhidden=bool(p.reduce_dhidden), options=context_options,
-                  entropy_coef=coef, want_entropy=bool(return_entropy))
-    loss, lp, ent = OnePassLossFunction.apply(h2, p.weight, p.targets, p.mask, w1, cfg)
-    if not (return_logprobs or return_entropy):
-        return loss
-    return LossOutputs(loss, lp.reshape(p.lead) if return_logprobs else None,
-                       ent.reshape(p.lead) if return_entropy else None)
+    grad = torch.is_grad_enabled()
+    need_h = grad and h2.requires_grad
+    need_w = grad and p.weight.requires_grad
+    out = _ops.weighted_loss(h2, p.weight, p.targets, p.mask, p.spans, w1, c_lp, c_lse, c_mean,
+                             c_ent, want_entropy, need_h, need_w, *p.tail)
+    loss, lp, ent = out[0], out[1], out[2]
+    return (loss, lp.detach().reshape(p.lead),
+            ent.detach().reshape(p.lead) if ent.numel() or N == 0 else None)
+
+
+# ---- drop-in cross-entropy -------------------------------------------------------------------
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         ignore_index: int = -100, reduction: str = "mean",
+                         temperature: float = 1.0, softcap: Optional[float] = None,
+                         label_smoothing: float = 0.0, *, loss_mask: Any = None,
+                         tp_group: Any = None, vocab_start: int = 0, vocab_total: int = 0,
+                         reduce_dhidden: Optional[bool] = None,
+                         **context_options: Any) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, ignore_index=, reduction=, label_smoothing=)`` of
+    ``logits = z(hidden @ weight.T)`` (with ``softcap``: ``softcap * tanh(u / softcap)``, then
+    divided by ``temperature``), without materializing the logits and computed on the
+    non-ignored rows only.
+
+    ``hidden`` (..., H), ``weight`` (V, H), ``targets`` (...) int ids; rows whose target equals
+    ``ignore_index`` cost nothing, add 0 and get no gradient (other negative ids are ignored
+    too, where F.cross_entropy would raise). ``reduction="mean"`` divides by the number of
+    non-ignored rows (NaN when there are none, as F.cross_entropy), ``"sum"`` adds them, both in
+    spanhead's one-pass mode (the gradients come out of the forward; the backward can run
+    once); ``"none"`` returns the per-row losses (targets' shape, 0 on ignored rows) through
+    :func:`logprobs`. ``label_smoothing`` eps mixes in the mean over the vocabulary of
+    -log p: ``(1 - eps) * nll + eps * (lse - mean_j z_j)``. ``loss_mask`` (optional) further
+    restricts the rows (rows outside it are treated as ignored). ``tp_group`` and the rest:
+    as :func:`logprobs`.
+    """
+    if reduction not in _REDUCTIONS:
+        raise InvalidArgumentError(f"reduction: {reduction!r}, expected one of {_REDUCTIONS}")
+    if not isinstance(targets, torch.Tensor):
+        raise DTypeError(f"targets: expected a torch tensor, got {type(targets).__name__}")
+    eps = _real(label_smoothing, "label_smoothing")
+    if not 0.0 <= eps <= 1.0:
+        raise InvalidArgumentError(f"label_smoothing: {label_smoothing}, expected 0 <= eps <= 1")
+    ignore = _i64(ignore_index, "ignore_index")
+    valid = targets != ignore
+    if loss_mask is not None:
+        m = loss_mask if isinstance(loss_mask, torch.Tensor) else torch.as_tensor(loss_mask)
+        valid = valid & (m.to(valid.device).reshape(valid.shape) != 0)
+    tgt = torch.where(valid, targets, torch.full_like(targets, -1)) if ignore >= 0 else targets
+    if reduction == "none":
+        out = logprobs(hidden, weight, tgt, loss_mask=valid, temperature=temperature,
+                       softcap=softcap, lse=eps != 0.0, logit_mean=eps != 0.0,
+                       tp_group=tp_group, vocab_start=vocab_start, vocab_total=vocab_total,
+                       reduce_dhidden=reduce_dhidden, **context_options)
+        if eps == 0.0:
+            return -out
+        return -(1.0 - eps) * out.logprob + eps * (out.lse - out.logit_mean)
+    w = valid.to(torch.float32)
+    if reduction == "mean":
+        w = w / valid.sum()   # on the device: no host sync (0/0 = NaN when every row is ignored)
+    loss, _, _ = _one_pass(hidden, weight, tgt, w, valid, None, temperature, softcap, tp_group,
+                           vocab_start, vocab_total, 0, reduce_dhidden, context_options,
+                           c_lp=-(1.0 - eps), c_lse=eps, c_mean=-eps, c_ent=0.0,
+                           want_entropy=False)
+    return loss
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`linear_cross_entropy` (the fused ``lm_head`` +
+    ``nn.CrossEntropyLoss``): ``LinearCrossEntropyLoss(ignore_index=-100)(hidden, weight,
+    targets)``. Keyword arguments as the function's; context options (``threads=``,
+    ``kernel=``, ...) are passed through."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 temperature: float = 1.0, softcap: Optional[float] = None,
+                 label_smoothing: float = 0.0, **context_options: Any):
+        super().__init__()
+        if reduction not in _REDUCTIONS:
+            raise InvalidArgumentError(f"reduction: {reduction!r}, expected one of "
+                                       f"{_REDUCTIONS}")
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.temperature = temperature
+        self.softcap = softcap
+        self.label_smoothing = label_smoothing
+        self.context_options = context_options
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, targets, self.ignore_index, self.reduction,
+                                    self.temperature, self.softcap, self.label_smoothing,
+                                    **self.context_options)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"temperature={self.temperature}, softcap={self.softcap}, "
+                f"label_smoothing={self.label_smoothing}")

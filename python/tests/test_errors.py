@@ -249,3 +249,61 @@ def test_gemm_rates_on_gpu():
     with pytest.raises(spanhead.InvalidArgumentError, match="chain 65"):
         g.gemm_rate_sustained("bfloat16", M=64, N=64, K=64, chain=65)
     g.close()
+
+# ---- issue 18: Python values the C types cannot hold -> spanhead's exceptions, named --------
+
+@pytest.mark.parametrize("kw, cls, words", [
+    (dict(vocab_start=2**63), spanhead.SizeOverflowError, ["vocab_start", str(2**63)]),
+    (dict(vocab_total=-2**63 - 1), spanhead.SizeOverflowError, ["vocab_total", str(-2**63 - 1)]),
+    (dict(vocab_start=1.5), spanhead.DTypeError, ["vocab_start", "1.5"]),
+    (dict(temperature=10**400), spanhead.InvalidArgumentError, ["temperature"]),
+    (dict(temperature="hot"), spanhead.DTypeError, ["temperature", "hot"]),
+    (dict(spans=[[0.5, 3.2]]), spanhead.DTypeError, ["spans", "0.5"]),
+    (dict(spans=np.array([[0.0, 3.0]])), spanhead.DTypeError, ["spans", "float64"]),
+    (dict(spans=[[0, 2**64]]), spanhead.SizeOverflowError, ["spans", str(2**64)]),
+    (dict(spans=np.array([[0, 2**63]], dtype=np.uint64)), spanhead.SizeOverflowError,
+     ["spans", str(2**63)]),
+])
+def test_head_arguments_out_of_c_range(c, kw, cls, words):
+    h, w, t = inputs()
+    lp = np.full(len(t), 7.0, np.float32)
+    with pytest.raises(cls) as e:
+        spanhead.head_forward(h, w, t, logprob=lp, context=c, **kw)
+    assert isinstance(e.value, spanhead.Error) and e.value.status == cls.status
+    for word in words:
+        assert word in str(e.value)
+    assert (lp == 7.0).all()  # refused before any write
+
+
+@pytest.mark.parametrize("kw, cls, words", [
+    (dict(threads=2**40), spanhead.InvalidArgumentError, ["threads", str(2**40)]),
+    (dict(threads=2**70), spanhead.SizeOverflowError, ["threads", str(2**70)]),
+    (dict(threads=2.5), spanhead.DTypeError, ["threads", "2.5"]),
+    (dict(chunk_rows=2**63), spanhead.SizeOverflowError, ["chunk_rows"]),
+    (dict(chunk_bytes=-2**64), spanhead.SizeOverflowError, ["chunk_bytes"]),
+])
+def test_context_arguments_out_of_c_range(kw, cls, words):
+    with pytest.raises(cls) as e:
+        spanhead.Context(**kw)
+    for word in words:
+        assert word in str(e.value)
+
+
+def test_metadata_integers_out_of_range():
+    with pytest.raises(spanhead.SizeOverflowError, match=r"lengths\[1\]"):
+        spanhead.layout([4, 2**63])
+    with pytest.raises(spanhead.SizeOverflowError, match="capacity"):
+        spanhead.pack([4, 5], capacity=2**64)
+    with pytest.raises(spanhead.SizeOverflowError, match="tp"):
+        spanhead.alignment(tp=2**63)
+    with pytest.raises(spanhead.DTypeError, match="spans"):
+        spanhead.validate_spans([[0.5, 3.2]], 4)
+    spanhead.validate_spans([[0, 3]], 4)  # integers still pass
+    spanhead.validate_spans([], 4)
+
+
+def test_comm_config_out_of_range():
+    with pytest.raises(spanhead.SizeOverflowError, match="vocab_total"):
+        spanhead.Comm.from_nccl(1, tp=1, vocab_total=2**63, vocab_start=0, vocab_local=4)
+    with pytest.raises(spanhead.InvalidArgumentError, match="handle"):
+        spanhead.Comm.from_nccl(-1, tp=1, vocab_total=4, vocab_start=0, vocab_local=4)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bundle.sh - build the CUDA binaries here and stage them, with the non-CUDA shared libraries
 # they need (cmocka, cJSON, OpenBLAS and its Fortran runtime, libgomp), into a folder the
-# device tool carries (default /work/main/.devbundle, git-ignored there). cudart, cuBLAS and
-# NCCL are not copied: the device image has them.
-#   usage: scripts/device/bundle.sh [build-dir] [bundle-dir]
+# device tool carries (default /work/main/.devbundle, git-ignored there), with the scripts
+# that run inside it (run_tests.sh, bench_grid.sh, sm90_check.sh, ncu_breakdown.sh,
+# nccl_gpu.sh) and its commit (COMMIT). cudart, cuBLAS and NCCL are not copied: the device
+# image has them. scripts/device/README.md lists what runs where.
+#   usage: scripts/device/bundle.sh [build-dir] [bundle-dir]   (defaults build-dev, above)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-dev}
@@ -19,8 +21,10 @@ cp -L "$build"/libspanhead.so.0 "$out/lib/"
 for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-cp "$root"/scripts/device/run_*.sh "$root"/scripts/device/sm90_check.sh "$root"/scripts/device/ncu_breakdown.sh \
-  "$root"/scripts/device/issue6_bench.sh "$out/"
+# the scripts that run inside the bundle (scripts/device/README.md); nccl_gpu.sh comes below
+for s in run_tests.sh bench_grid.sh sm90_check.sh ncu_breakdown.sh; do
+  cp "$root/scripts/device/$s" "$out/"
+done
 git -C "$root" rev-parse --short HEAD > "$out/COMMIT"
 "$root"/scripts/device/nccl_gpu.sh stage "$build" "$out" || echo "bundle: gpu_nccl_single not staged"
 du -sh "$out"

@@ -19,6 +19,9 @@
  * the communicator's asynchronous error state are checked at enqueue time and become
  * SPH_ERR_NCCL with ncclGetErrorString and ncclGetLastError.
  *
+ * NCCL itself is opened at the first communicator (nccl_shim.h): the process's own copy when
+ * it has one (PyTorch's), so an ncclComm_t from torch is driven by the NCCL that made it.
+ *
  * NVLink SHARP / multicast (NVLS) is left to the environment: the scripts and docs set
  * NCCL_NVLS_ENABLE=0 on the lent machines (docs/distributed.md).
  */
@@ -34,6 +37,8 @@
 #ifdef SPH_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "comm/nccl_shim.h" /* the nccl* calls below go through the run-time loaded table */
 
 typedef struct nccl_impl {
     ncclComm_t comm;
@@ -194,6 +199,7 @@ sph_status sph_comm_create_nccl(sph_comm_t *comm, void *nccl_comm, const sph_com
     if (comm) *comm = NULL;
     SPH_CHECK(nccl_comm != NULL, SPH_ERR_INVALID_ARG,
               "%s: nccl_comm is NULL, expected an ncclComm_t", who);
+    SPH_TRY(sph_nccl_load(who));
     ncclComm_t nc = (ncclComm_t)nccl_comm;
     int rank = -1, size = 0, device = -1;
     SPH_NCCL_TRY(ncclCommUserRank(nc, &rank), nc, -1);
@@ -227,6 +233,9 @@ sph_status sph_comm_create_nccl_mpi(sph_comm_t *comm, const void *mpi_comm,
     sph_status local = SPH_OK;
     if (ce != cudaSuccess) {
         local = cuda_error(ce, "cudaGetDevice(&device)", rank, __FILE__, __LINE__);
+        flags |= SPH_REC_F_BACKEND;
+    } else if ((local = sph_nccl_load(NULL)) != SPH_OK) {
+        local = sph_err_prefix(local, "rank %d: ", rank); /* no NCCL here: nobody enters init */
         flags |= SPH_REC_F_BACKEND;
     }
     char local_msg[512];

@@ -1,7 +1,9 @@
 /*
  * ctx.c - context lifetime, kernel selection and the memory helpers of the public API.
  * CPU kernels are picked once per process from the CPU's features (SPH_KERNEL or
- * opts.force_kernel override); CUDA contexts hand their setup to src/cuda.
+ * opts.force_kernel override). The device's table (registry.c) sets the context up on its
+ * device; the head table is filled once here: the reference first, then the device's kernels
+ * slot by slot unless the reference is forced (core/backend.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,31 +118,28 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     const char *k = opts->force_kernel ? opts->force_kernel : getenv("SPH_KERNEL");
     sph_status s = SPH_OK;
     if (k) s = parse_kernel(k, ctx);
-    if (s == SPH_OK && dt == SPH_DEVICE_CUDA) {
-#ifdef SPH_HAVE_CUDA
-        s = sph_cuda_ctx_init(ctx);
-#else
+    ctx->dev = sph_registry_device(dt);
+    if (s == SPH_OK && !ctx->dev)
         s = sph_err(SPH_ERR_UNSUPPORTED, "opts.device: CUDA requested but spanhead was built "
                                          "without CUDA");
-#endif
-    }
+    if (s == SPH_OK && ctx->dev->ctx_init) s = ctx->dev->ctx_init(ctx);
     if (s != SPH_OK) {
+        if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
         free(ctx);
         return s;
     }
-    if (dt == SPH_DEVICE_CPU)
-        snprintf(ctx->describe, sizeof ctx->describe, "cpu %s threads=%d openblas",
-                 sph_cpu_isa_name(ctx->isa), ctx->num_threads);
-    sph_log(3, "context: %s", ctx->describe);
+    /* the head table: the reference in every slot (staged when the device's memory is not
+     * host memory), then the device's kernels over it unless the reference is forced */
+    sph_head_ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
+    if (!ctx->use_ref && ctx->dev->head_fill) ctx->dev->head_fill(ctx, &ctx->head);
+    sph_log(3, "context: %s (head: %s)", ctx->describe, ctx->head.name);
     *out = ctx;
     return SPH_OK;
 }
 
 void sph_ctx_destroy(sph_ctx_t ctx) {
     if (!ctx) return;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) sph_cuda_ctx_fini(ctx);
-#endif
+    if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
     free(ctx);
 }
 
@@ -149,59 +148,29 @@ const char *sph_ctx_describe(sph_ctx_t ctx) { return ctx ? ctx->describe : "(nul
 sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
     SPH_CHECK(ctx && ptr, SPH_ERR_INVALID_ARG, "ctx_malloc: ctx or ptr is NULL");
     *ptr = NULL;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_malloc(ctx, bytes, ptr);
-#endif
-    *ptr = malloc(bytes ? bytes : 1);
-    SPH_CHECK(*ptr != NULL, SPH_ERR_ALLOC, "ctx_malloc: %zu bytes of host memory", bytes);
-    return SPH_OK;
+    return ctx->dev->malloc(ctx, bytes, ptr);
 }
 
 void sph_ctx_free(sph_ctx_t ctx, void *ptr) {
     if (!ctx || !ptr) return;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-        sph_cuda_free(ctx, ptr);
-        return;
-    }
-#endif
-    free(ptr);
+    ctx->dev->free(ctx, ptr);
 }
 
 sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memcpy: ctx is NULL");
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst && src, SPH_ERR_INVALID_ARG, "ctx_memcpy: dst or src is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memcpy(ctx, dst, src, bytes);
-#endif
-    memmove(dst, src, bytes);
-    return SPH_OK;
+    return ctx->dev->memcpy(ctx, dst, src, bytes);
 }
 
 sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: ctx is NULL");
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: dst is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_memset(ctx, dst, value, bytes);
-#endif
-    memset(dst, value, bytes);
-    return SPH_OK;
+    return ctx->dev->memset(ctx, dst, value, bytes);
 }
 
 sph_status sph_ctx_synchronize(sph_ctx_t ctx) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_synchronize: ctx is NULL");
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return sph_cuda_synchronize(ctx);
-#endif
-    return SPH_OK;
-}
-
-int sph_cuda_device_count(void) {
-#ifdef SPH_HAVE_CUDA
-    return sph_cuda_count();
-#else
-    return 0;
-#endif
+    return ctx->dev->synchronize(ctx);
 }

@@ -1,11 +1,12 @@
 /*
- * ctx.h - the context behind sph_ctx_t: device, stream, threads, chosen kernels, backend
- * state and the communicator. Shared by every backend (hidden).
+ * ctx.h - the context behind sph_ctx_t: device, stream, threads, the device table and the
+ * head table (core/backend.h), backend state and the communicator. Shared by every backend
+ * (hidden).
  */
 #ifndef SPH_CORE_CTX_H
 #define SPH_CORE_CTX_H
 
-#include "core/internal.h"
+#include "core/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,30 +26,21 @@ struct sph_ctx {
     void *stream;           /* cudaStream_t */
     int num_threads;
     sph_cpu_isa isa;        /* CPU kernel set */
-    int use_ref;            /* force the reference path (CPU or, for tests, CUDA) */
+    int use_ref;            /* force_kernel "ref": the head table keeps the reference in every
+                               slot (staged through host copies on CUDA) */
     int64_t chunk_rows;
     int64_t chunk_bytes;
     sph_comm_t tp_comm;
     char tune_cache[1024];
     char describe[256];
     void *cuda;             /* backend state owned by src/cuda (cuBLAS handle, props, ...) */
+    const sph_device_ops *dev; /* the device's table (registry.c) */
+    sph_head_backend head;  /* the head's entry points, filled once at creation */
 };
 
 const char *sph_cpu_isa_name(sph_cpu_isa isa);
 /* Best ISA this CPU supports (detected once per process). */
 sph_cpu_isa sph_cpu_isa_detect(void);
-
-/* CUDA backend hooks, implemented in src/cuda when built with CUDA. */
-sph_status sph_cuda_ctx_init(sph_ctx_t ctx);
-void sph_cuda_ctx_fini(sph_ctx_t ctx);
-sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr);
-void sph_cuda_free(sph_ctx_t ctx, void *ptr);
-sph_status sph_cuda_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes);
-sph_status sph_cuda_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes);
-sph_status sph_cuda_synchronize(sph_ctx_t ctx);
-int sph_cuda_count(void);
-/* Where a pointer lives: 1 device memory, 0 host (pageable or pinned), -1 unknown. */
-int sph_cuda_pointer_is_device(const void *p);
 
 #ifdef __cplusplus
 }

@@ -124,6 +124,11 @@ sph_status sph_view_of(const sph_tensor *t, const char *name, int32_t ndim, sph_
     SPH_CHECK(elems == 0 || t->data != NULL, SPH_ERR_INVALID_ARG, "%s: data pointer is NULL",
               name);
     v->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+    /* every kernel reads whole elements (vector loads, TMA, cuBLAS) */
+    const size_t es = t->dtype.bits / 8;
+    SPH_CHECK(v->data == NULL || (uintptr_t)v->data % es == 0, SPH_ERR_INVALID_ARG,
+              "%s: pointer %p is misaligned, expected a multiple of %zu bytes (%s elements)",
+              name, v->data, es, sph_dtype_name(t->dtype));
     return SPH_OK;
 }
 

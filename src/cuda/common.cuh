@@ -7,7 +7,7 @@
 #define SPH_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
-#include <cublas_v2.h>
+#include "cuda/cublas_shim.h" /* cuBLAS types + the run-time loaded calls */
 
 #include "core/ctx.h"
 #include "core/internal.h"

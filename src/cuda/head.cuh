@@ -1,10 +1,16 @@
 /*
- * head.cuh - internals shared by the CUDA LM-head sources (head.cu: driver, row-statistics,
- * dlogit and finalize kernels; head_mma.cu: the fixed-tiling mma.sync logits kernel of the
- * batch-invariant / sm_80 path; head_sample.cu: sample-support forward and backward).
+ * head.cuh - internals shared by the CUDA LM-head sources:
+ *   head.cu          the table's entry points (sph_head_cuda_fill) and the order of a pass:
+ *                    chunks, products (cuBLAS, fused sm_90a, fixed tiling), gradient sweeps
+ *   head_layout.cu   where the buffers of a pass live and how rows / vocabulary are cut
+ *   head_kernels.cu  elementwise kernels (row statistics, finalize, dlogits, conversions,
+ *                    gathered rows) and their launchers
+ *   head_mma.cu      the fixed-tiling mma.sync logits kernel of the batch-invariant path
+ *   head_sample.cu   sample-support forward and backward
+ *   head_sm90*.cu    the Hopper wgmma/TMA kernels
  *
- * Nothing here is visible outside src/cuda; the entry points are the extern "C" functions of
- * src/head/plan.h (sph_head_cuda_workspace / _forward / _backward).
+ * Nothing here is visible outside src/cuda: the library reaches the CUDA head through the
+ * context's head table (core/backend.h), filled by sph_head_cuda_fill.
  */
 #ifndef SPH_CUDA_HEAD_CUH
 #define SPH_CUDA_HEAD_CUH
@@ -12,9 +18,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
+#include "core/plan.h"
 #include "cuda/common.cuh"
 #include "cuda/state.h"
-#include "head/plan.h"
 
 /* Workspace regions are aligned to this many bytes (cudaMalloc gives 256). */
 #define SPH_WS_ALIGN 256
@@ -62,9 +69,102 @@ extern "C" {
 /* C linkage: tests/unit/test_cuda_layout.c checks the layouts on a machine without a GPU. */
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);
+/* The CUDA head's slots over the reference (the device table's head_fill), and the
+ * full-vocabulary entries it puts there (head.cu; sph_tune times them directly). */
+void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be);
+sph_status sph_head_cuda_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                                   size_t *bytes);
+sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes);
+sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes);
+/* Where a pointer lives: 1 device (or managed) memory, 0 host, -1 unknown (runtime.cu). */
+int sph_cuda_pointer_is_device(const void *p);
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+// ---- dtype kinds -----------------------------------------------------------------------
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_OTHER = 3 };
+
+static inline int dt_kind(sph_dtype d) {
+    if (d.lanes != 1) return DT_OTHER;
+    if (d.code == SPH_DTYPE_FLOAT && d.bits == 32) return DT_F32;
+    if (d.code == SPH_DTYPE_BFLOAT && d.bits == 16) return DT_BF16;
+    if (d.code == SPH_DTYPE_FLOAT && d.bits == 16) return DT_F16;
+    return DT_OTHER;
+}
+static inline size_t dt_size(int k) { return k == DT_F32 ? 4 : 2; }
+static inline cudaDataType_t dt_cuda(int k) {
+    return k == DT_F32 ? CUDA_R_32F : (k == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F);
+}
+
+// ---- row ranges of a pass --------------------------------------------------------------
+
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Row ranges the pass computes: the host spans, or [0, N) when there are none. */
+static inline void spans_get(const sph_head_plan *p, int64_t k, int64_t *a, int64_t *b) {
+    if (p->spans) {
+        *a = p->spans[2 * k];
+        *b = p->spans[2 * k + 1];
+    } else {
+        *a = 0;
+        *b = p->N;
+    }
+}
+static inline int64_t spans_count(const sph_head_plan *p) { return p->spans ? p->n_spans : 1; }
+
+static inline int64_t comm_size_of(const sph_head_plan *p) { return p->comm ? p->comm->size : 1; }
+
+// ---- one pass --------------------------------------------------------------------------
+
+/* One chunk of rows: global rows [r0, r0 + rows) of one span, or (gathered) the rows
+ * rowmap[0 .. rows) taken across spans. k0 indexes the pass's records: the global row, or
+ * the position in the gathered row space. */
+typedef struct chunk {
+    int64_t r0, k0, rows;
+    const int64_t *rowmap; /* device; NULL when the chunk is a plain row range */
+} chunk;
+
+typedef struct pass_ctx {
+    sph_ctx_t ctx;
+    const sph_head_plan *p;
+    const sph_cuda_layout *lay;
+    sph_cuda_state *st;
+    cudaStream_t stream;
+    char *ws;
+    int dk;
+    size_t es;
+    int64_t it_k, it_pos;  /* chunk iterator: span index, next row */
+    int64_t gathered_k0;   /* the chunk whose rows hg holds (-1: none) */
+} pass_ctx;
+
+/* Launchers of head_kernels.cu (asynchronous on the pass's stream; a launch error comes back
+ * with the kernel's name). */
+/* The chunk's hidden rows as a matrix (pointer, row stride): in place for a row range, else
+ * gathered into hg (once per chunk). */
+sph_status sph_cuda_chunk_h(pass_ctx *c, const chunk *ch, const char **hp, int64_t *ld);
+/* Records of the chunk's rows (merged after an earlier split's when merge) from staged L. */
+sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, int64_t c0,
+                                 int64_t w, int merge);
+/* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);
+ * row k is global row rowmap[k] or r0 + k. */
+sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int64_t rank_stride,
+                                  int64_t comm_size, int64_t r0, const int64_t *rowmap,
+                                  int64_t rows, cudaStream_t stream);
+/* D (rows, w) = du of the chunk from the logits in L (D may alias L when fp32). */
+sph_status sph_cuda_launch_dlogits(pass_ctx *c, const float *L, void *D, const chunk *ch,
+                                   int64_t c0, int64_t w);
+/* dst (rows, cols; dtype kind) = (acc ? dst : 0) + src (fp32, row stride ld_src). */
+sph_status sph_cuda_launch_convert(int kind, void *dst, int64_t ld_dst, const float *src,
+                                   int64_t ld_src, int64_t rows, int64_t cols, int acc,
+                                   cudaStream_t stream);
+/* dH rows of a gathered chunk (or of the whole row space) from its fp32 rows dhg. */
+sph_status sph_cuda_launch_scatter(pass_ctx *c, const chunk *ch, const float *dhg);
+/* Gathered mode: the row map (global row of each position of the row space). */
+sph_status sph_cuda_build_act_rows(pass_ctx *c);
+#endif /* __cplusplus */
 
 /* Batch-invariant logits: L[r, c] = sum_k h[r, k] w[c, k] for r < R, c < Vs, fp32 out with
  * row stride ldL. Fixed tiling, no split-K: an element's value depends on its two input rows
@@ -73,7 +173,8 @@ sph_status sph_cuda_logits_fixed(sph_dtype dt, const void *h, int64_t ld_h, cons
                                  int64_t ld_w, float *L, int64_t ldL, int64_t R, int64_t Vs,
                                  int64_t H, cudaStream_t stream);
 
-/* Sample-support mode (head_sample.cu). */
+/* Sample-support mode (head_sample.cu). check: its limits (K, N * K), run by validation. */
+sph_status sph_cuda_sample_check(const sph_head_plan *p);
 size_t sph_cuda_sample_ws(const sph_head_plan *p, int grads);
 sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
                                    float *part, float *recv, int64_t comm_size);

@@ -4,7 +4,7 @@
  * [v0, v0 + V_loc). Only K weight rows per token are read, never the whole vocabulary.
  *
  *   forward : z_ik = transform(h_i . w_{c_ik}) by one warp per candidate (lanes over H,
- *             shuffle tree: a fixed order), then the row's partial record (plan.h) by one
+ *             shuffle tree: a fixed order), then the row's partial record (core/plan.h) by one
  *             thread in candidate order, the TP combine and head.cu's finalize.
  *   backward: du_ik = dz_ik / T * cap', dz = g (delta - q) + e q (mu - z) + gl q;
  *             dH_i = sum_k du_ik w_{c_ik} (k ascending), and dW by a deterministic scatter:
@@ -222,7 +222,8 @@ size_t sph_cuda_sample_ws(const sph_head_plan *p, int grads) {
 
 static size_t smem_bytes(int64_t K, int bwd) { return (size_t)K * (8 + 4 + 4 + (bwd ? 4 : 0)); }
 
-static sph_status check_k(const sph_head_plan *p) {
+/* The limits of this path (validation calls it through the CUDA head's check slot). */
+sph_status sph_cuda_sample_check(const sph_head_plan *p) {
     SPH_CHECK(smem_bytes(p->K, 1) <= 48 * 1024, SPH_ERR_UNSUPPORTED,
               "candidates: K = %lld, the CUDA sample path supports K <= %d", (long long)p->K,
               48 * 1024 / 20);
@@ -235,7 +236,6 @@ static sph_status check_k(const sph_head_plan *p) {
 sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
                                               float *part, float *recv, int64_t comm_size) {
     (void)ws;
-    SPH_TRY(check_k(p));
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     sample_args a = make_args(p);
     int64_t n_spans = p->spans ? p->n_spans : 1;
@@ -260,7 +260,6 @@ sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *
 sph_status sph_cuda_sample_backward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
                                                size_t ws_bytes) {
     cudaStream_t stream = (cudaStream_t)ctx->stream;
-    SPH_TRY(check_k(p));
     if (!p->dhidden && !p->dweight) return SPH_OK;
     const int64_t n = p->N * p->K;
     const size_t r4 = sph_ws_round((size_t)n * 4);

@@ -1,17 +1,19 @@
 /*
- * runtime.cu - CUDA context state and the memory helpers behind sph_ctx_malloc and friends.
- * The per-context state (device properties, cuBLAS handle) lives here; kernels live in their
- * own files.
+ * runtime.cu - the CUDA device table (core/backend.h, reached through registry.c): context
+ * state and the memory helpers behind sph_ctx_malloc and friends. The per-context state
+ * (device properties, cuBLAS handle) lives here; kernels live in their own files, and the
+ * head's slots are filled by sph_head_cuda_fill (head.cu).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/head.cuh"
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
 
-extern "C" int sph_cuda_count(void) {
+static int sph_cuda_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky "no device" error */
@@ -29,7 +31,7 @@ extern "C" int sph_cuda_pointer_is_device(const void *p) {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? 1 : 0;
 }
 
-extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
+static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     int n = sph_cuda_count();
     if (n == 0) return sph_err(SPH_ERR_NO_DEVICE, "opts.device: no CUDA device is present");
     if (ctx->device.id >= n)
@@ -42,6 +44,11 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     if (e != cudaSuccess) {
         free(st);
         return sph_err(SPH_ERR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+    }
+    sph_status ls = sph_cublas_load(); /* the process's cuBLAS, else one from the search */
+    if (ls != SPH_OK) {
+        free(st);
+        return ls;
     }
     cublasStatus_t b = cublasCreate(&st->cublas);
     if (b != CUBLAS_STATUS_SUCCESS) {
@@ -62,12 +69,14 @@ extern "C" sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     const char *bd = getenv("SPH_CUDA_BWD_DENSE");
     st->dense_bwd = bd && !strcmp(bd, "1");
     ctx->cuda = st;
+    /* force_kernel "ref" runs the float64 reference on host copies (head_ref_stage.c) */
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
-             st->prop.multiProcessorCount, ctx->use_ref ? " (reference kernels)" : "");
+             st->prop.multiProcessorCount,
+             ctx->use_ref ? " (float64 reference on the host, staged, synchronous)" : "");
     return SPH_OK;
 }
 
-extern "C" void sph_cuda_ctx_fini(sph_ctx_t ctx) {
+static void sph_cuda_ctx_fini(sph_ctx_t ctx) {
     sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
     if (!st) return;
     if (st->cublas) cublasDestroy(st->cublas);
@@ -75,7 +84,7 @@ extern "C" void sph_cuda_ctx_fini(sph_ctx_t ctx) {
     ctx->cuda = NULL;
 }
 
-extern "C" sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
+static sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
     cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -87,23 +96,51 @@ extern "C" sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
     return SPH_OK;
 }
 
-extern "C" void sph_cuda_free(sph_ctx_t ctx, void *ptr) {
+static void sph_cuda_free(sph_ctx_t ctx, void *ptr) {
     (void)ctx;
     cudaFree(ptr);
 }
 
-extern "C" sph_status sph_cuda_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+static sph_status sph_cuda_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
     SPH_CUDA_RET(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)ctx->stream));
     SPH_CUDA_RET(cudaStreamSynchronize((cudaStream_t)ctx->stream));
     return SPH_OK;
 }
 
-extern "C" sph_status sph_cuda_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
+static sph_status sph_cuda_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
     SPH_CUDA_RET(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)ctx->stream));
     return SPH_OK;
 }
 
-extern "C" sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
+static sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
     SPH_CUDA_RET(cudaStreamSynchronize((cudaStream_t)ctx->stream));
     return SPH_OK;
+}
+
+// ---- the device table -----------------------------------------------------------------------
+
+static sph_device_ops make_ops(void) {
+    sph_device_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.host_memory = 0;
+    o.ctx_init = sph_cuda_ctx_init;
+    o.ctx_fini = sph_cuda_ctx_fini;
+    o.head_fill = sph_head_cuda_fill;
+    o.malloc = sph_cuda_malloc;
+    o.free = sph_cuda_free;
+    o.memcpy = sph_cuda_memcpy;
+    o.memset = sph_cuda_memset;
+    o.synchronize = sph_cuda_synchronize;
+    o.count = sph_cuda_count;
+    o.pointer_is_device = sph_cuda_pointer_is_device;
+    o.tune = sph_cuda_tune;
+    o.gemm_rate = sph_cuda_gemm_rate;
+    o.gemm_rate_sustained = sph_cuda_gemm_rate_sustained;
+    return o;
+}
+
+extern "C" const sph_device_ops *sph_cuda_device_ops(void) {
+    static const sph_device_ops ops = make_ops(); /* thread-safe initialization (C++11) */
+    return &ops;
 }

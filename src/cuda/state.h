@@ -4,7 +4,7 @@
 #define SPH_CUDA_STATE_H
 
 #include <cuda_runtime.h>
-#include <cublas_v2.h>
+#include "cuda/cublas_shim.h" /* cuBLAS types + the run-time loaded calls */
 #include <stdint.h>
 
 #define SPH_TUNE_MAX_ENTRIES 256

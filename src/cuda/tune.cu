@@ -5,11 +5,12 @@
  * split width. sph_tune times each candidate's forward + backward (bf16/f16/f32 random data,
  * every row active, median of `repeats` after one warm-up, cudaEvents) for one shape and
  * appends the winner to the cache file (format in tune.cuh). Contexts read the file once at
- * creation; the layout (head.cu) uses an entry whose (GPU, dtype, H, V_loc, N bucket) matches
+ * creation; the layout (head_layout.cu) uses an entry whose (GPU, dtype, H, V_loc, N bucket) matches
  * and falls back to its defaults otherwise. Only the staging budget (chunk_bytes) is never
  * exceeded: a tuned chunk_rows is an upper bound.
  * Also the dense cuBLAS rates the benchmark floors divide by: sph_tune_gemm_rate (one product,
  * the burst rate) and sph_tune_gemm_rate_sustained (a chain of products back to back).
+ * The public calls reach these through the CUDA device table (runtime.cu, registry.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -228,7 +229,8 @@ static sph_status time_config(sph_ctx_t ctx, sph_head_plan *fw, sph_head_plan *b
     return SPH_OK;
 }
 
-extern "C" sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result) {
+extern "C" sph_status sph_cuda_tune(sph_ctx_t ctx, const sph_tune_opts *opts,
+                                    const char **result) {
     static thread_local char desc[256];
     SPH_CHECK(ctx && opts, SPH_ERR_INVALID_ARG, "tune: ctx or opts is NULL");
     SPH_CHECK(opts->struct_size >= sizeof(sph_tune_opts), SPH_ERR_INVALID_ARG,
@@ -446,12 +448,12 @@ static sph_status gemm_rate_chain(sph_ctx_t ctx, const char *who, sph_dtype dtyp
     return SPH_OK;
 }
 
-extern "C" sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+extern "C" sph_status sph_cuda_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
                                          int64_t K, int repeats, double *tflops) {
     return gemm_rate_chain(ctx, "gemm_rate", dtype, M, N, K, 1, repeats, tflops);
 }
 
-extern "C" sph_status sph_tune_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M,
+extern "C" sph_status sph_cuda_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M,
                                                    int64_t N, int64_t K, int chain,
                                                    int repeats, double *tflops) {
     return gemm_rate_chain(ctx, "gemm_rate_sustained", dtype, M, N, K, chain, repeats, tflops);

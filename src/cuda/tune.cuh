@@ -23,6 +23,13 @@ void sph_cuda_tune_load(sph_ctx_t ctx, sph_cuda_state *st);
 /* 1 and *e filled when the table has an entry for this GPU and shape. */
 int sph_cuda_tune_lookup(const sph_cuda_state *st, sph_dtype dt, int64_t H, int64_t V_loc,
                          int64_t N, sph_tune_entry *e);
+/* sph_tune, sph_tune_gemm_rate, sph_tune_gemm_rate_sustained of spanhead.h (the CUDA device
+ * table's slots). */
+sph_status sph_cuda_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
+sph_status sph_cuda_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N, int64_t K,
+                              int repeats, double *tflops);
+sph_status sph_cuda_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                        int64_t K, int chain, int repeats, double *tflops);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /*
- * combine.c - the exact combine of per-row softmax partials (plan.h's record), across vocab
- * tiles inside a backend and across the ranks of a tensor-parallel group.
+ * combine.c - the exact combine of per-row softmax partials (core/plan.h's record), across
+ * vocab tiles inside a backend and across the ranks of a tensor-parallel group.
  *
  * A record over a set J of columns is (m, s, b, zt, sz):
  *   m = max_J z,  s = sum_J e^(z - m),  b = sum_J e^(z - m) z,  zt = z_target or 0,
@@ -15,9 +15,10 @@
 #include <math.h>
 
 #include "comm/comm.h"
-#include "head/plan.h"
+#include "head/host.h"
 
-void sph_head_partial_merge(double acc[5], const double add[5]) {
+void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS],
+                            const double add[SPH_PARTIAL_FIELDS]) {
     if (add[0] == -INFINITY && add[1] == 0) { /* empty set: only the sums can carry */
         acc[3] += add[3];
         acc[4] += add[4];
@@ -65,7 +66,7 @@ sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *ga
     sph_status s = comm->ops->allgather(comm, local, gathered, bytes, NULL);
     if (s != SPH_OK) return sph_err_prefix(s, "head: TP combine (allgather of %zu bytes): ", bytes);
     for (int64_t i = 0; i < N; i++) {
-        double acc[5] = {-INFINITY, 0, 0, 0, 0};
+        double acc[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
         for (int64_t r = 0; r < comm->size; r++)
             sph_head_partial_merge(acc, gathered + ((size_t)r * (size_t)N + (size_t)i) * rec);
         for (size_t f = 0; f < rec; f++) out[(size_t)i * rec + f] = acc[f];

@@ -1,19 +1,23 @@
 /*
  * head.c - the public entry points of the LM head (sph_head_workspace_size, sph_head_forward,
- * sph_head_backward): validation of sph_head_args into a sph_head_plan, then dispatch to the
- * reference (ctx->use_ref), the optimized CPU backend, or CUDA.
+ * sph_head_backward): validation of sph_head_args into a sph_head_plan, then one indirect call
+ * through the context's head table (core/backend.h), which holds the reference, the
+ * optimized CPU backend or CUDA, slot by slot.
  *
- * Every check runs before any output is written: shapes, dtypes, strides, devices, scalar
- * domains (temperature, softcap, vocab shard), and, when the data lives in host memory, the
- * contents of targets (< vocab_total), candidates (no duplicates, target inside the support)
- * and spans (ordered, non-overlapping, in range, covering every active row of the mask).
+ * Validation happens here, once: every check runs before any output is written: shapes,
+ * dtypes, strides, element alignment, devices, scalar domains (temperature, softcap, vocab
+ * shard), the communicator, and, when the data lives in host memory, the contents of targets
+ * (< vocab_total), candidates (no duplicates, target inside the support) and spans (ordered,
+ * non-overlapping, in range, covering every active row of the mask). Then the backend's own
+ * conditions (ctx->head.check: device pointers, capability, kernel limits), the workspace
+ * (ctx->head.workspace, ctx->head.check_workspace), and the pass.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
-#include "head/plan.h"
+#include "core/ctx.h"
 
 // ---- small helpers ---------------------------------------------------------------------
 
@@ -86,7 +90,7 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
               "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
     memset(p, 0, sizeof *p);
     p->device = ctx->device;
-    const int host = ctx->device.type != SPH_DEVICE_CUDA;
+    const int host = ctx->dev->host_memory; /* data readable here (content checks) */
 
     // hidden and weight
     sph_view hv, wv;
@@ -141,21 +145,16 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                   sph_dtype_name(mv.dtype));
         SPH_TRY(sph_view_expect_dim(&mv, "active_mask", 0, p->N, "N, rows of hidden"));
         p->mask = (const uint8_t *)mv.data;
-        if (host)
-            for (int64_t i = 0; i < p->N; i++)
-                SPH_CHECK(p->mask[i] <= 1, SPH_ERR_INVALID_ARG,
-                          "active_mask[%lld]: %u, expected 0 or 1", (long long)i, p->mask[i]);
     }
     // spans (host memory always)
     if (a->spans || a->n_spans) {
-#ifdef SPH_HAVE_CUDA
         /* spans are read here, on the host: device memory would fault, so say so instead */
-        SPH_CHECK(!a->spans || sph_cuda_pointer_is_device(a->spans) != 1, SPH_ERR_DEVICE,
+        SPH_CHECK(!sph_registry_pointer_is_device(a->spans), SPH_ERR_DEVICE,
                   "spans: device pointer %p, expected host memory (spans are host metadata)",
                   (const void *)a->spans);
-#endif
-        /* ordered, disjoint, inside [0, N), covering every active row of a host mask */
-        SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, host ? p->mask : NULL));
+        /* ordered, disjoint, inside [0, N); covering every active row of a host mask is a
+         * data check (sph_head_plan_check_data) */
+        if (!host) SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, NULL));
         p->spans = a->spans;
         p->n_spans = a->n_spans;
     }
@@ -171,14 +170,6 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         SPH_TRY(sph_view_expect_dim(&tv, "targets", 0, p->N, "N, rows of hidden"));
         p->targets = tv.data;
         p->tgt_i64 = tv.dtype.bits == 64;
-        if (host)
-            for (int64_t i = 0; i < p->N; i++) {
-                int64_t t = id_at(p->targets, p->tgt_i64, i);
-                SPH_CHECK(t < p->V, SPH_ERR_INVALID_ARG,
-                          "targets[%lld]: %lld, expected < vocab_total = %lld (negative = "
-                          "ignored)",
-                          (long long)i, (long long)t, (long long)p->V);
-            }
     }
 
     // candidates (sample support)
@@ -195,41 +186,6 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         p->cand = cv.data;
         p->cand_i64 = cv.dtype.bits == 64;
         p->ld_c = cv.stride[0];
-        if (host && p->N > 0) {
-            int64_t *row = malloc((size_t)p->K * sizeof *row);
-            SPH_CHECK(row != NULL, SPH_ERR_ALLOC, "candidates: out of host memory (K = %lld)",
-                      (long long)p->K);
-            sph_status st = SPH_OK;
-            for (int64_t i = 0; i < p->N && st == SPH_OK; i++) {
-                int64_t n = 0;
-                for (int64_t k = 0; k < p->K && st == SPH_OK; k++) {
-                    int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
-                    if (c >= p->V)
-                        st = sph_err(SPH_ERR_INVALID_ARG,
-                                     "candidates[%lld, %lld]: %lld, expected < vocab_total = "
-                                     "%lld (negative = padding)",
-                                     (long long)i, (long long)k, (long long)c, (long long)p->V);
-                    if (c >= 0) row[n++] = c;
-                }
-                if (st != SPH_OK) break;
-                qsort(row, (size_t)n, sizeof *row, cmp_i64);
-                for (int64_t k = 1; k < n && st == SPH_OK; k++)
-                    if (row[k] == row[k - 1])
-                        st = sph_err(SPH_ERR_INVALID_ARG,
-                                     "candidates[%lld, :]: id %lld appears twice", (long long)i,
-                                     (long long)row[k]);
-                if (st == SPH_OK && p->targets) {
-                    int64_t t = id_at(p->targets, p->tgt_i64, i);
-                    if (t >= 0 && !bsearch(&t, row, (size_t)n, sizeof *row, cmp_i64))
-                        st = sph_err(SPH_ERR_INVALID_ARG,
-                                     "targets[%lld]: %lld is not among candidates[%lld, :] (the "
-                                     "target must be in its support)",
-                                     (long long)i, (long long)t, (long long)i);
-                }
-            }
-            free(row);
-            SPH_TRY(st);
-        }
     }
 
     // per-row outputs and stats
@@ -331,37 +287,71 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                       (long long)p->comm->size);
         }
     }
+    if (host) SPH_TRY(sph_head_plan_check_data(p));
+    /* the backend's own conditions, after the generic ones */
+    if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, pass, p));
     return SPH_OK;
 }
 
-// ---- host helpers shared by the CPU backends ------------------------------------------
-
-void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
-    if (p->mask) {
-        for (int64_t i = 0; i < p->N; i++) active[i] = p->mask[i] != 0;
-    } else if (p->spans) {
-        memset(active, 0, (size_t)p->N);
-        for (int64_t k = 0; k < p->n_spans; k++)
-            memset(active + p->spans[2 * k], 1, (size_t)(p->spans[2 * k + 1] - p->spans[2 * k]));
-    } else {
-        memset(active, 1, (size_t)p->N);
+sph_status sph_head_plan_check_data(const sph_head_plan *p) {
+    if (p->mask)
+        for (int64_t i = 0; i < p->N; i++)
+            SPH_CHECK(p->mask[i] <= 1, SPH_ERR_INVALID_ARG,
+                      "active_mask[%lld]: %u, expected 0 or 1", (long long)i, p->mask[i]);
+    /* ordered, disjoint, inside [0, N), covering every active row of the mask */
+    if (p->spans || p->n_spans) SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
+    if (p->targets)
+        for (int64_t i = 0; i < p->N; i++) {
+            int64_t t = id_at(p->targets, p->tgt_i64, i);
+            SPH_CHECK(t < p->V, SPH_ERR_INVALID_ARG,
+                      "targets[%lld]: %lld, expected < vocab_total = %lld (negative = ignored)",
+                      (long long)i, (long long)t, (long long)p->V);
+        }
+    if (p->cand && p->N > 0) {
+        int64_t *row = malloc((size_t)p->K * sizeof *row);
+        SPH_CHECK(row != NULL, SPH_ERR_ALLOC, "candidates: out of host memory (K = %lld)",
+                  (long long)p->K);
+        sph_status st = SPH_OK;
+        for (int64_t i = 0; i < p->N && st == SPH_OK; i++) {
+            int64_t n = 0;
+            for (int64_t k = 0; k < p->K && st == SPH_OK; k++) {
+                int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+                if (c >= p->V)
+                    st = sph_err(SPH_ERR_INVALID_ARG,
+                                 "candidates[%lld, %lld]: %lld, expected < vocab_total = "
+                                 "%lld (negative = padding)",
+                                 (long long)i, (long long)k, (long long)c, (long long)p->V);
+                if (c >= 0) row[n++] = c;
+            }
+            if (st != SPH_OK) break;
+            qsort(row, (size_t)n, sizeof *row, cmp_i64);
+            for (int64_t k = 1; k < n && st == SPH_OK; k++)
+                if (row[k] == row[k - 1])
+                    st = sph_err(SPH_ERR_INVALID_ARG,
+                                 "candidates[%lld, :]: id %lld appears twice", (long long)i,
+                                 (long long)row[k]);
+            if (st == SPH_OK && p->targets) {
+                int64_t t = id_at(p->targets, p->tgt_i64, i);
+                if (t >= 0 && !bsearch(&t, row, (size_t)n, sizeof *row, cmp_i64))
+                    st = sph_err(SPH_ERR_INVALID_ARG,
+                                 "targets[%lld]: %lld is not among candidates[%lld, :] (the "
+                                 "target must be in its support)",
+                                 (long long)i, (long long)t, (long long)i);
+            }
+        }
+        free(row);
+        SPH_TRY(st);
     }
+    return SPH_OK;
 }
 
 // ---- public entry points ---------------------------------------------------------------
 
-static sph_status workspace_of(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
-                               size_t *bytes) {
-    *bytes = 0;
-    if (p->device.type == SPH_DEVICE_CUDA) {
-#ifdef SPH_HAVE_CUDA
-        return sph_head_cuda_workspace(ctx, pass, p, bytes);
-#else
-        return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
-#endif
-    }
-    if (ctx->use_ref) return SPH_OK; /* the reference allocates its own scratch */
-    return sph_head_cpu_workspace(ctx, pass, p, bytes);
+/* The pass's slot of the table: full vocabulary or sample support (candidates given). */
+static sph_head_pass_fn pass_slot(const sph_head_backend *be, sph_head_pass pass,
+                                  const sph_head_plan *p) {
+    if (pass == SPH_HEAD_FORWARD) return p->K ? be->support_forward : be->forward;
+    return p->K ? be->support_backward : be->backward;
 }
 
 sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
@@ -370,34 +360,24 @@ sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass, const sph_
     *bytes = 0;
     sph_head_plan p;
     SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
-    return workspace_of(ctx, pass, &p, bytes);
+    return ctx->head.workspace(ctx, pass, &p, bytes);
 }
 
 static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                            void *ws, size_t ws_bytes) {
     sph_head_plan p;
     SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
-    if (p.device.type == SPH_DEVICE_CUDA) {
-        /* the CUDA backend checks the workspace itself, after the pointers: its layout
-         * depends on their alignment (the sm_90a kernels need 16-byte operands), so a
-         * misaligned pointer is reported as such rather than as a workspace mismatch */
-#ifdef SPH_HAVE_CUDA
-        return pass == SPH_HEAD_FORWARD ? sph_head_cuda_forward(ctx, &p, ws, ws_bytes)
-                                        : sph_head_cuda_backward(ctx, &p, ws, ws_bytes);
-#else
-        return sph_err(SPH_ERR_UNSUPPORTED, "head: CUDA context in a build without CUDA");
-#endif
-    }
+    const sph_head_backend *be = &ctx->head;
     size_t need = 0;
-    SPH_TRY(workspace_of(ctx, pass, &p, &need));
+    SPH_TRY(be->workspace(ctx, pass, &p, &need));
     SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
               "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
     SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
-    if (ctx->use_ref)
-        return pass == SPH_HEAD_FORWARD ? sph_head_ref_forward(&p) : sph_head_ref_backward(&p);
-    return pass == SPH_HEAD_FORWARD ? sph_head_cpu_forward(ctx, &p, ws, ws_bytes)
-                                    : sph_head_cpu_backward(ctx, &p, ws, ws_bytes);
+    if (need > 0 && be->check_workspace) SPH_TRY(be->check_workspace(ctx, ws, need));
+    sph_head_pass_fn fn = pass_slot(be, pass, &p);
+    if (!fn) return sph_backend_missing(ctx, p.K ? "head (sample support)" : "head");
+    return fn(ctx, &p, ws, ws_bytes);
 }
 
 sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,

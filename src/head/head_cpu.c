@@ -25,8 +25,9 @@
  *   K dots, softmax over the set. dH per row; dW scatter-added by per-thread ownership of
  *   vocab ranges, each range visiting rows in order (deterministic for any thread count).
  *
- * Workspace (exact, queried): the active-row list (N), per-row records (N x 5 doubles, and
- *   x TP size for the gather), Hc and dHc (R x H), D (R x V_loc, backward / one-pass),
+ * Workspace (exact, queried): the active-row list (N), per-row records (N x
+ *   SPH_PARTIAL_FIELDS doubles, and x TP size for the gather), Hc and dHc (R x H),
+ *   D (R x V_loc, backward / one-pass),
  *   per thread one logits tile (R x vt) and one converted weight tile (vt x H), and, when
  *   dweight is bf16/f16, an f32 accumulator of dweight's shape (rounded once at the end).
  *   Never O(N x V).
@@ -38,7 +39,7 @@
 
 #include "comm/comm.h"
 #include "head/cpu_kernels.h"
-#include "head/plan.h"
+#include "head/host.h"
 
 #define VT_DEFAULT 256
 #define R_DEFAULT 512
@@ -56,20 +57,6 @@ typedef struct layout {
     size_t tile_floats, wt_floats; /* per thread */
     size_t total;
 } layout;
-
-static int64_t count_active(const sph_head_plan *p) {
-    if (p->mask) {
-        int64_t n = 0;
-        for (int64_t i = 0; i < p->N; i++) n += p->mask[i] != 0;
-        return n;
-    }
-    if (p->spans) {
-        int64_t n = 0;
-        for (int64_t k = 0; k < p->n_spans; k++) n += p->spans[2 * k + 1] - p->spans[2 * k];
-        return n;
-    }
-    return p->N;
-}
 
 /* Bytes per thread of the tile area: the logits tile, then (64-byte aligned) the converted
  * weight tile. */
@@ -94,7 +81,7 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
               "head: H = %lld, V_loc = %lld or a row stride exceeds the int range of BLAS",
               (long long)p->H, (long long)p->V_loc);
     const int grads = pass == SPH_HEAD_BACKWARD || p->one_pass;
-    L->n_act = count_active(p);
+    L->n_act = sph_head_count_active(p);
     L->T = ctx->num_threads > 0 ? ctx->num_threads : 1;
     L->ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
     L->half = p->dtype.bits == 16;
@@ -119,9 +106,9 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     const size_t f4 = sizeof(float), d8 = sizeof(double);
     size_t Nz = (size_t)p->N, H = (size_t)p->H, Rz = (size_t)R, Vl = (size_t)p->V_loc;
     L->o_rows = take(&off, Nz * sizeof(int64_t));
-    L->o_rec = take(&off, (Nz > 8 ? Nz : 8) * 5 * d8);
-    L->o_crec = take(&off, Rz * 5 * d8);
-    ok &= sph_mul_size(Nz > Rz ? Nz : Rz, 5 * d8 * (size_t)L->ranks, &n);
+    L->o_rec = take(&off, (Nz > 8 ? Nz : 8) * SPH_PARTIAL_FIELDS * d8);
+    L->o_crec = take(&off, Rz * SPH_PARTIAL_FIELDS * d8);
+    ok &= sph_mul_size(Nz > Rz ? Nz : Rz, SPH_PARTIAL_FIELDS * d8 * (size_t)L->ranks, &n);
     L->o_gath = take(&off, L->ranks > 1 ? n : 0);
     L->o_coef = take(&off, Rz * sizeof(coef));
     if (p->K == 0) {
@@ -132,7 +119,7 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         L->o_d = take(&off, L->need_D ? n : 0);
         L->tile_floats = pass == SPH_HEAD_FORWARD && !p->one_pass ? Rz * (size_t)L->vt : 0;
         L->wt_floats = L->half ? (size_t)L->vt * H : 0;
-        ok &= sph_mul_size(Rz * (size_t)L->n_vt, 5 * f4, &n);
+        ok &= sph_mul_size(Rz * (size_t)L->n_vt, SPH_PARTIAL_FIELDS * f4, &n);
         L->o_part = take(&off, pass == SPH_HEAD_FORWARD ? n : 0);
     } else {
         L->tile_floats = 3 * (size_t)p->K + 1; /* z of the candidates + their int64 columns */
@@ -280,7 +267,7 @@ static void make_coef(const run *r, int64_t i, float lse, float mu, coef *c) {
 static void clear_outputs(const run *r) {
     const sph_head_plan *p = r->p;
     for (int64_t i = 0; i < p->N; i++) {
-        static const double empty[5] = {-INFINITY, 0, 0, 0, 0};
+        static const double empty[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
         finalize_row(r, i, empty, 0);
     }
 }
@@ -340,9 +327,8 @@ static sph_status setup(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
                         size_t bytes, run *r) {
     memset(r, 0, sizeof *r);
     r->p = p;
+    /* head.c checked the workspace against this layout's total */
     SPH_TRY(make_layout(ctx, pass, p, &r->L));
-    SPH_CHECK(bytes >= r->L.total && ws != NULL, SPH_ERR_WORKSPACE,
-              "workspace: %zu bytes, expected >= %zu", bytes, r->L.total);
     r->ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     r->rows = at(r, r->L.o_rows);
     uint8_t *act = (uint8_t *)at(r, r->L.o_rec); /* scratch before the records are used */
@@ -352,20 +338,7 @@ static sph_status setup(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
         if (act[i]) r->rows[n++] = i;
     SPH_CHECK(n == r->L.n_act, SPH_ERR_INTERNAL, "head: %lld active rows, counted %lld",
               (long long)n, (long long)r->L.n_act);
-    switch (ctx->isa) {
-    case SPH_ISA_AVX512:
-    case SPH_ISA_AVX512BF16:
-        r->k = (sph_head_kern){sph_head_tile_stats_avx512, sph_head_tile_grad_avx512,
-                               sph_head_cvt_avx512};
-        break;
-    case SPH_ISA_AVX2:
-        r->k = (sph_head_kern){sph_head_tile_stats_avx2, sph_head_tile_grad_avx2,
-                               sph_head_cvt_avx2};
-        break;
-    default:
-        r->k = (sph_head_kern){sph_head_tile_stats_generic, sph_head_tile_grad_generic,
-                               sph_head_cvt_generic};
-    }
+    r->k = *ctx->head.cpu_kern; /* the ISA's tile loops, picked at context creation */
     r->inv_t = (float)(1.0 / p->temperature);
     r->cap = (float)p->softcap;
     return SPH_OK;
@@ -415,7 +388,7 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, (int)w, (int)p->H,
                         1.0f, hc, (int)p->H, wt, (int)ldw, 0.0f, lt, (int)ldl);
             for (int64_t q = 0; q < nr; q++) {
-                float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * 5;
+                float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
                 stats_row(r, x, w, o);
                 int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
                 o[4] = t >= 0 && t < w ? x[t] : 0.0f;
@@ -423,14 +396,15 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
         }
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < nr; q++) {
-            double acc[5] = {-INFINITY, 0, 0, 0, 0};
+            double acc[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
             for (int64_t tv = 0; tv < L->n_vt; tv++) {
-                const float *o = part + (q * L->n_vt + tv) * 5;
+                const float *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
                 /* (m, s, b, zt, sz); b = d + m s in float64 (cpu_kernels.h) */
-                double add[5] = {o[0], o[1], (double)o[2] + (double)o[0] * o[1], o[4], o[3]};
+                double add[SPH_PARTIAL_FIELDS] = {o[0], o[1], (double)o[2] + (double)o[0] * o[1],
+                                                 o[4], o[3]};
                 sph_head_partial_merge(acc, add);
             }
-            memcpy(rec + q * 5, acc, sizeof acc);
+            memcpy(rec + q * SPH_PARTIAL_FIELDS, acc, sizeof acc);
         }
     }
 }
@@ -531,7 +505,7 @@ static void chunk_coefs(const run *r, int64_t c0, int64_t nr, const double *crec
     for (int64_t q = 0; q < nr; q++) {
         int64_t i = r->rows[c0 + q];
         float lse, mu;
-        row_lse_mu(p, i, crec ? crec + q * 5 : NULL, &lse, &mu);
+        row_lse_mu(p, i, crec ? crec + q * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
         make_coef(r, i, lse, mu, &cf[q]);
     }
 }
@@ -544,7 +518,7 @@ static sph_status full_forward(const run *r) {
     if (!p->one_pass) {
         /* records of every row (inactive rows: empty), one combine for the whole forward */
         for (int64_t i = 0; i < p->N; i++) {
-            double *o = rec + i * 5;
+            double *o = rec + i * SPH_PARTIAL_FIELDS;
             o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
         }
         for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
@@ -552,11 +526,12 @@ static sph_status full_forward(const run *r) {
             gather_chunk(r, c0, nr);
             chunk_forward(r, c0, nr, crec);
             for (int64_t q = 0; q < nr; q++)
-                memcpy(rec + r->rows[c0 + q] * 5, crec + q * 5, 5 * sizeof(double));
+                memcpy(rec + r->rows[c0 + q] * SPH_PARTIAL_FIELDS, crec + q * SPH_PARTIAL_FIELDS,
+                       SPH_PARTIAL_FIELDS * sizeof(double));
         }
         SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
         for (int64_t q = 0; q < L->n_act; q++)
-            finalize_row(r, r->rows[q], rec + r->rows[q] * 5, 1);
+            finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
         return SPH_OK;
     }
     /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place */
@@ -568,7 +543,8 @@ static sph_status full_forward(const run *r) {
         gather_chunk(r, c0, nr);
         chunk_forward(r, c0, nr, crec);
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
-        for (int64_t q = 0; q < nr; q++) finalize_row(r, r->rows[c0 + q], crec + q * 5, 1);
+        for (int64_t q = 0; q < nr; q++)
+            finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
         chunk_coefs(r, c0, nr, crec);
         chunk_backward(r, c0, nr, 1, dw, ld_dw);
     }
@@ -623,7 +599,7 @@ static sph_status support_forward_rows(const run *r) {
     const layout *L = &r->L;
     double *rec = at(r, L->o_rec), *gath = at(r, L->o_gath);
     for (int64_t i = 0; i < p->N; i++) {
-        double *o = rec + i * 5;
+        double *o = rec + i * SPH_PARTIAL_FIELDS;
         o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
     }
 #pragma omp parallel num_threads(L->T)
@@ -652,7 +628,7 @@ static sph_status support_forward_rows(const run *r) {
                     b += e * z[k];
                     if (cols[k] + p->v0 == t) zt = z[k];
                 }
-            double *o = rec + i * 5;
+            double *o = rec + i * SPH_PARTIAL_FIELDS;
             if (n) o[0] = m, o[1] = s, o[2] = b, o[3] = zt;
         }
     }
@@ -677,7 +653,7 @@ static sph_status support_backward(const run *r, int from_rec) {
         for (int64_t q = 0; q < L->n_act; q++) {
             int64_t i = r->rows[q];
             float lse, mu;
-            row_lse_mu(p, i, from_rec ? rec + i * 5 : NULL, &lse, &mu);
+            row_lse_mu(p, i, from_rec ? rec + i * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
             coef c;
             make_coef(r, i, lse, mu, &c);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
@@ -736,21 +712,67 @@ static sph_status support_forward(const run *r) {
     clear_outputs(r);
     SPH_TRY(support_forward_rows(r));
     const double *rec = at(r, r->L.o_rec);
-    for (int64_t q = 0; q < r->L.n_act; q++) finalize_row(r, r->rows[q], rec + r->rows[q] * 5, 1);
+    for (int64_t q = 0; q < r->L.n_act; q++)
+        finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
     if (!p->one_pass) return SPH_OK;
     return support_backward(r, 1);
 }
 
 // ---- entry points ------------------------------------------------------------------------
 
-sph_status sph_head_cpu_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
-    run r;
-    SPH_TRY(setup(ctx, SPH_HEAD_FORWARD, p, ws, bytes, &r));
-    return p->K ? support_forward(&r) : full_forward(&r);
+static sph_status cpu_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                                size_t *bytes) {
+    layout L;
+    SPH_TRY(make_layout(ctx, pass, p, &L));
+    *bytes = L.total;
+    return SPH_OK;
 }
 
-sph_status sph_head_cpu_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
+static sph_status cpu_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
+    run r;
+    SPH_TRY(setup(ctx, SPH_HEAD_FORWARD, p, ws, bytes, &r));
+    return full_forward(&r);
+}
+
+static sph_status cpu_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
     run r;
     SPH_TRY(setup(ctx, SPH_HEAD_BACKWARD, p, ws, bytes, &r));
-    return p->K ? support_backward(&r, 0) : full_backward(&r);
+    return full_backward(&r);
+}
+
+static sph_status cpu_support_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
+                                      size_t bytes) {
+    run r;
+    SPH_TRY(setup(ctx, SPH_HEAD_FORWARD, p, ws, bytes, &r));
+    return support_forward(&r);
+}
+
+static sph_status cpu_support_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
+                                       size_t bytes) {
+    run r;
+    SPH_TRY(setup(ctx, SPH_HEAD_BACKWARD, p, ws, bytes, &r));
+    return support_backward(&r, 0);
+}
+
+/* The tile loops of each ISA (cpu_kernels.h); AVX-512 BF16 parts run the AVX-512 loops. */
+static const sph_head_kern g_kern_generic = {sph_head_tile_stats_generic,
+                                             sph_head_tile_grad_generic, sph_head_cvt_generic};
+static const sph_head_kern g_kern_avx2 = {sph_head_tile_stats_avx2, sph_head_tile_grad_avx2,
+                                          sph_head_cvt_avx2};
+static const sph_head_kern g_kern_avx512 = {sph_head_tile_stats_avx512,
+                                            sph_head_tile_grad_avx512, sph_head_cvt_avx512};
+
+void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be) {
+    be->name = "cpu";
+    be->workspace = cpu_workspace;
+    be->forward = cpu_forward;
+    be->backward = cpu_backward;
+    be->support_forward = cpu_support_forward;
+    be->support_backward = cpu_support_backward;
+    switch (ctx->isa) {
+    case SPH_ISA_AVX512:
+    case SPH_ISA_AVX512BF16: be->cpu_kern = &g_kern_avx512; break;
+    case SPH_ISA_AVX2: be->cpu_kern = &g_kern_avx2; break;
+    default: be->cpu_kern = &g_kern_generic;
+    }
 }

@@ -13,13 +13,18 @@
  *   dhidden_i = sum_j du_ij w_j,  dweight_j = sum_i du_ij h_i   (active rows only)
  * Sample support: j runs over the row's candidates inside this shard; no logit_mean term.
  * The reference allocates its float64 scratch with malloc: it is never a hot path.
+ *
+ * Table (core/backend.h): sph_head_ref_fill puts the reference in every slot of a context's
+ * head table, plain for host memory, staged (head_ref_stage.c) for device memory; the CPU and
+ * CUDA backends then override the slots they implement, unless the reference is forced.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
-#include "head/plan.h"
+#include "core/backend.h"
+#include "head/host.h"
 
 // ---- element access --------------------------------------------------------------------
 
@@ -279,4 +284,46 @@ sph_status sph_head_ref_backward(const sph_head_plan *p) {
     sph_status st = backward_from(p, st64);
     free(st64);
     return st;
+}
+
+// ---- table entries ---------------------------------------------------------------------
+
+static sph_status ref_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                                size_t *bytes) {
+    (void)ctx, (void)pass, (void)p;
+    *bytes = 0; /* the reference allocates its own scratch */
+    return SPH_OK;
+}
+
+static sph_status ref_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
+    (void)ctx, (void)ws, (void)bytes;
+    return sph_head_ref_forward(p);
+}
+
+static sph_status ref_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
+    (void)ctx, (void)ws, (void)bytes;
+    return sph_head_ref_backward(p);
+}
+
+static sph_status staged_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
+                                 size_t bytes) {
+    (void)ws, (void)bytes;
+    return sph_head_ref_stage_pass(ctx, SPH_HEAD_FORWARD, p);
+}
+
+static sph_status staged_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
+                                  size_t bytes) {
+    (void)ws, (void)bytes;
+    return sph_head_ref_stage_pass(ctx, SPH_HEAD_BACKWARD, p);
+}
+
+void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged) {
+    (void)ctx;
+    memset(be, 0, sizeof *be);
+    be->name = staged ? "ref (staged)" : "ref";
+    be->check = staged ? sph_head_ref_stage_check : NULL;
+    be->workspace = ref_workspace;
+    /* the reference handles sample support in the same loops (row_columns) */
+    be->forward = be->support_forward = staged ? staged_forward : ref_forward;
+    be->backward = be->support_backward = staged ? staged_backward : ref_backward;
 }

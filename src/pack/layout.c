@@ -1,5 +1,6 @@
 /*
- * layout.c - token alignment, packed segment layouts and CP-local rows (DESIGN.md section 2).
+ * layout.c - token alignment, packed segment layouts and CP-local rows (docs/design.md
+ * sections 3.2-3.4).
  *
  * With TP size T and CP size C:
  *   sequence alignment  a_s = 2TC if C > 1 else 1

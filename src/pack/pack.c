@@ -1,5 +1,5 @@
 /*
- * pack.c - bin packing of sequence lengths (DESIGN.md section 2).
+ * pack.c - bin packing of sequence lengths (docs/design.md section 3.7).
  *
  * A sequence of raw length L costs its padded length c = ceil(L / a_s) a_s (a_s the sequence
  * alignment of par). Bins hold at most K_eff = floor(capacity / a_t) a_t tokens (a_t the total

@@ -1,5 +1,6 @@
 /*
- * spans.c - active masks and active spans from an RL loss mask (DESIGN.md section 2).
+ * spans.c - active masks and active spans from an RL loss mask (docs/design.md sections
+ * 3.5 and 3.6).
  *
  * A length-S row carries loss_mask[b, 0..A-1] on its last A token positions S-A .. S-1.
  * Prediction row s of a sequence predicts the sequence's token s+1, so the token at offset

@@ -19,7 +19,8 @@
 
 #include "comm/comm.h"
 #include "core/internal.h"
-#include "head/plan.h"
+#include "core/plan.h"
+#include "head/host.h"
 #include "testutil.h"
 
 typedef struct hcase {

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# issue6_bench.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh):
-# issue 6's measurements in one call, as run 13 took them. The grid (shapes A-D, 16K and 64K
-# rows, response / fragmented / packed-RL masks, general and one-pass), then the seed's matrix
-# (packed-RL, general) three times: default, SPH_CUDA_BWD_DENSE=1 (the dense-backward
-# ablation) and SPH_CUDA_FUSED=0 (fused kernels off). Everything lands in one tarball
-# ($OUT/issue6.tgz: the device tool returns few files); then, here:
+# bench_grid.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh):
+# the benchmark grid and the seed's matrix in one call (runs 13 and 17 were taken this way).
+# The grid: shapes A-D, 16K and 64K rows, response / fragmented / packed-RL masks, general and
+# one-pass. Then the seed's matrix (packed-RL, general path) once per variant: by default
+# as is, under SPH_CUDA_BWD_DENSE=1 (the dense-backward ablation) and under SPH_CUDA_FUSED=0
+# (fused kernels off); any other switch of docs/design.md section 5.5 can be a variant.
+# Everything lands in one tarball ($OUT/bench_grid.tgz: the device tool returns few files);
+# steps.txt inside lists each step's exit code and seconds. Then, here:
 #   python3 bench/ab_summary.py matrix_default.jsonl matrix_SPH_CUDA_BWD_DENSE_1.jsonl ...
-#   bench/plot_bench.py bench.jsonl plot_16K.png --N 16384 [--peers peers.jsonl]
+#   python3 bench/plot_bench.py bench.jsonl plot_16K.png --N 16384 [--peers peers.jsonl]
 # Environment: GRID_TIMEOUT (240 s), MATRIX_TIMEOUT (110 s per variant), MATRIX_SHAPES
 # (default A,B,C,D; e.g. C,D to finish a matrix cut short), MATRIX_VARIANTS (default
-# "default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0"), SKIP_GRID=1, PROBE=1 (first a test_pingpong
-# sanity run and bench_sm90_epi at shapes A to D: the fused kernels against cuBLAS).
+# "default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0"; "default" alone for one matrix), SKIP_GRID=1,
+# PROBE=1 (first a test_pingpong sanity run and bench_sm90_epi at shapes A to D: the fused
+# kernels against cuBLAS). The device tool's 600 s per command bounds the sum of the timeouts.
 #   device: mkdir -p .devbundle && tar xJf .devbundle.txz -C .devbundle &&
-#           bash .devbundle/issue6_bench.sh     carry [".devbundle.txz"]
+#           bash .devbundle/bench_grid.sh     carry [".devbundle.txz"]
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SPH_COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
-OUT=${OUT:-/tmp/out}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=$(mktemp -d)
 {
   echo "commit $SPH_COMMIT"; date -u
@@ -52,5 +55,5 @@ for v in ${MATRIX_VARIANTS:-default SPH_CUDA_BWD_DENSE=1 SPH_CUDA_FUSED=0}; do
   fi
   echo "matrix $v rc=$? $(( $(date +%s) - t0 )) s" >> "$R/steps.txt"
 done
-tar czf "$OUT/issue6.tgz" -C "$R" .
+tar czf "$OUT/bench_grid.tgz" -C "$R" .
 cat "$R/steps.txt"

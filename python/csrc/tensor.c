@@ -1,0 +1,299 @@
+/*
+ * tensor.c - DLPack consumption ("dltensor" and "dltensor_versioned" capsules turned into
+ * sph_tensor views, kept alive for the call, their deleters called afterwards as the protocol
+ * asks of a consumer) and the head call (forward / backward).
+ */
+#include "_spanhead.h"
+
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* DLPack structures (the protocol's ABI, written from the specification)                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    sph_tensor dl_tensor; /* DLTensor */
+    void *manager_ctx;
+    void (*deleter)(void *self);
+} dlpack_managed; /* DLManagedTensor */
+
+typedef struct {
+    uint32_t major, minor;
+} dlpack_version;
+
+typedef struct {
+    dlpack_version version;
+    void *manager_ctx;
+    void (*deleter)(void *self);
+    uint64_t flags;
+    sph_tensor dl_tensor;
+} dlpack_managed_v1; /* DLManagedTensorVersioned */
+
+#define DLPACK_FLAG_READ_ONLY (UINT64_C(1) << 0)
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* DLPack consumption                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+
+void release(consumed *c) {
+    if (c->managed && c->deleter) c->deleter(c->managed);
+    c->managed = NULL;
+    c->deleter = NULL;
+}
+
+/* Consumes obj: None (-> 0, nothing), a "dltensor"/"dltensor_versioned" capsule, or a tuple
+ * (capsule, dtype_code, dtype_bits) that reinterprets the element type (same size). Returns
+ * 1 when a tensor was consumed, 0 for None, -1 with an exception set. */
+int consume(PyObject *obj, const char *name, consumed *c) {
+    memset(c, 0, sizeof *c);
+    if (obj == Py_None) return 0;
+    PyObject *cap = obj;
+    int override = 0, ocode = 0, obits = 0;
+    if (PyTuple_Check(obj)) {
+        if (!PyArg_ParseTuple(obj, "Oii", &cap, &ocode, &obits)) return -1;
+        override = 1;
+    }
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        dlpack_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (!m) return -1;
+        if (PyCapsule_SetName(cap, "used_dltensor") < 0) return -1;
+        c->t = m->dl_tensor;
+        c->managed = m;
+        c->deleter = m->deleter;
+    } else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        dlpack_managed_v1 *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (!m) return -1;
+        if (m->version.major != 1) {
+            raise_fmt(SPH_ERR_UNSUPPORTED,
+                      "%s: DLPack major version %u is not supported (expected 1)", name,
+                      (unsigned)m->version.major);
+            return -1;
+        }
+        if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0) return -1;
+        c->t = m->dl_tensor;
+        c->managed = m;
+        c->deleter = m->deleter;
+        c->read_only = (m->flags & DLPACK_FLAG_READ_ONLY) != 0;
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected an unconsumed DLPack capsule (the capsule was already used, "
+                     "or this is not a tensor)",
+                     name);
+        return -1;
+    }
+    /* A tensor without elements has no meaningful strides (NumPy exports 0 for them): drop
+     * them, so an empty batch passes the library's row-stride checks. */
+    for (int32_t d = 0; c->t.shape && d < c->t.ndim; d++)
+        if (c->t.shape[d] == 0) c->t.strides = NULL;
+    if (override) {
+        if (c->t.dtype.lanes != 1 || c->t.dtype.bits != obits) {
+            release(c);
+            raise_fmt(SPH_ERR_DTYPE, "%s: cannot reinterpret %u-bit elements as %d-bit ones", name,
+                      (unsigned)c->t.dtype.bits, obits);
+            return -1;
+        }
+        c->t.dtype.code = (uint8_t)ocode;
+    }
+    return 1;
+}
+
+/* Tensor slots of the head call, in the order the Python layer passes them. */
+enum {
+    S_HIDDEN, S_WEIGHT, S_TARGETS, S_CAND, S_MASK, S_LOGPROB, S_ENTROPY, S_LSE, S_MEAN, S_STATS,
+    S_DLOGPROB, S_DENTROPY, S_DLSE, S_DMEAN, S_DHIDDEN, S_DWEIGHT, S_COUNT
+};
+static const char *const slot_names[S_COUNT] = {
+    "hidden",   "weight",   "targets", "candidates", "active_mask", "logprob",
+    "entropy",  "lse",      "logit_mean", "stats",   "dlogprob",    "dentropy",
+    "dlse",     "dlogit_mean", "dhidden", "dweight"};
+static int slot_is_output(int i) {
+    return (i >= S_LOGPROB && i <= S_STATS) || i == S_DHIDDEN || i == S_DWEIGHT;
+}
+
+/* head(ctx, pass, tensors: tuple of 16, spans, workspace_alloc, vocab_start, vocab_total,
+ *      temperature, softcap, acc_dh, acc_dw, allreduce_dh) -> workspace bytes used
+ * The stats slot is an output of the forward and an input of the backward. workspace_alloc is
+ * called with the byte count when it is > 0 and returns a capsule of at least that many bytes
+ * on the context's device. spans is None or a capsule of a host int64 (n, 2) tensor. */
+PyObject *py_head(PyObject *self, PyObject *args) {
+    PyObject *ctx_obj, *tensors, *spans_obj, *alloc, *v0_obj, *vt_obj, *temp_obj, *cap_obj;
+    int pass, acc_dh, acc_dw, allred;
+    if (!PyArg_ParseTuple(args, "OiO!OOOOOOiii", &ctx_obj, &pass, &PyTuple_Type, &tensors,
+                          &spans_obj, &alloc, &v0_obj, &vt_obj, &temp_obj, &cap_obj, &acc_dh,
+                          &acc_dw, &allred))
+        return NULL;
+    int64_t v0, vt;
+    double temp, softcap;
+    if (arg_i64(v0_obj, "vocab_start", &v0) < 0 || arg_i64(vt_obj, "vocab_total", &vt) < 0 ||
+        arg_double(temp_obj, "temperature", &temp) < 0 ||
+        arg_double(cap_obj, "softcap", &softcap) < 0)
+        return NULL;
+    NEED(sph_head_workspace_size);
+    if (pass == SPH_HEAD_FORWARD) NEED(sph_head_forward);
+    else NEED(sph_head_backward);
+    sph_ctx_t ctx = ctx_of(ctx_obj);
+    if (!ctx) return NULL;
+    if (PyTuple_Size(tensors) != S_COUNT) {
+        PyErr_Format(PyExc_TypeError, "head: expected %d tensor slots", (int)S_COUNT);
+        return NULL;
+    }
+    consumed slots[S_COUNT], sp, ws;
+    memset(slots, 0, sizeof slots);
+    memset(&sp, 0, sizeof sp);
+    memset(&ws, 0, sizeof ws);
+    PyObject *res = NULL, *ws_cap = NULL;
+    int have[S_COUNT];
+    for (int i = 0; i < S_COUNT; i++) {
+        have[i] = consume(PyTuple_GetItem(tensors, i), slot_names[i], &slots[i]);
+        if (have[i] < 0) goto done;
+        if (have[i] && slot_is_output(i) && !(i == S_STATS && pass == SPH_HEAD_BACKWARD) &&
+            slots[i].read_only) {
+            raise_fmt(SPH_ERR_INVALID_ARG,
+                      "%s: output tensor is read-only", slot_names[i]);
+            goto done;
+        }
+    }
+    const int64_t *spans = NULL;
+    int64_t n_spans = 0;
+    int have_sp = consume(spans_obj, "spans", &sp);
+    if (have_sp < 0) goto done;
+    if (have_sp) {
+        sph_tensor *t = &sp.t;
+        int ok = (t->device.type == SPH_DEVICE_CPU || t->device.type == SPH_DEVICE_CUDA_HOST) &&
+                 t->ndim == 2 && t->shape[1] == 2 && t->dtype.code == SPH_DTYPE_INT &&
+                 t->dtype.bits == 64 && t->dtype.lanes == 1 &&
+                 (t->strides == NULL || t->shape[0] <= 1 ||
+                  (t->strides[0] == 2 && t->strides[1] == 1)) &&
+                 (t->strides == NULL || t->shape[0] != 1 || t->strides[1] == 1);
+        if (!ok) {
+            raise_status(SPH_ERR_INVALID_ARG, "spans: expected a contiguous host int64 array of "
+                                              "shape (n_spans, 2)");
+            goto done;
+        }
+        spans = (const int64_t *)((const char *)t->data + t->byte_offset);
+        n_spans = t->shape[0];
+    }
+
+    sph_head_args a = SPH_HEAD_ARGS_INIT;
+#define T(i) (have[i] ? &slots[i].t : NULL)
+    a.hidden = T(S_HIDDEN);
+    a.weight = T(S_WEIGHT);
+    a.targets = T(S_TARGETS);
+    a.candidates = T(S_CAND);
+    a.active_mask = T(S_MASK);
+    a.logprob = T(S_LOGPROB);
+    a.entropy = T(S_ENTROPY);
+    a.lse = T(S_LSE);
+    a.logit_mean = T(S_MEAN);
+    a.stats = T(S_STATS);
+    a.dlogprob = T(S_DLOGPROB);
+    a.dentropy = T(S_DENTROPY);
+    a.dlse = T(S_DLSE);
+    a.dlogit_mean = T(S_DMEAN);
+    a.dhidden = T(S_DHIDDEN);
+    a.dweight = T(S_DWEIGHT);
+#undef T
+    a.vocab_start = v0;
+    a.vocab_total = vt;
+    a.temperature = temp;
+    a.softcap = softcap;
+    a.spans = spans;
+    a.n_spans = n_spans;
+    a.accumulate_dhidden = acc_dh;
+    a.accumulate_dweight = acc_dw;
+    a.allreduce_dhidden = allred;
+
+    size_t bytes = 0;
+    sph_status s = lib.sph_head_workspace_size(ctx, (sph_head_pass)pass, &a, &bytes);
+    if (s) {
+        raise_lib(s);
+        goto done;
+    }
+    void *wptr = NULL;
+    size_t wbytes = 0;
+    if (bytes > 0) {
+        if (alloc == Py_None) {
+            raise_status(SPH_ERR_WORKSPACE, "head: the pass needs a workspace and no allocator "
+                                            "was given");
+            goto done;
+        }
+        ws_cap = PyObject_CallFunction(alloc, "K", (unsigned long long)bytes);
+        if (!ws_cap) goto done;
+        int hw = consume(ws_cap, "workspace", &ws);
+        if (hw < 0) goto done;
+        if (hw == 0 || ws.t.ndim != 1 || ws.t.dtype.bits != 8 || ws.t.dtype.lanes != 1 ||
+            ws.t.shape[0] < (int64_t)bytes ||
+            (ws.t.strides && ws.t.shape[0] > 1 && ws.t.strides[0] != 1)) {
+            raise_status(SPH_ERR_WORKSPACE,
+                         "head: the workspace allocator must return a contiguous 1-d byte "
+                         "tensor of at least the requested size");
+            goto done;
+        }
+        wptr = (char *)ws.t.data + ws.t.byte_offset;
+        wbytes = (size_t)ws.t.shape[0];
+    }
+    /* The library validates before writing and never calls back into Python: release the GIL
+     * for the (possibly long) CPU compute. Errors are thread-local and this OS thread is the
+     * one that reads them. */
+    SPH_NOGIL(s = pass == SPH_HEAD_FORWARD ? lib.sph_head_forward(ctx, &a, wptr, wbytes)
+                                           : lib.sph_head_backward(ctx, &a, wptr, wbytes));
+    if (s) {
+        raise_lib(s);
+        goto done;
+    }
+    res = PyLong_FromUnsignedLongLong((unsigned long long)bytes);
+done:
+    /* Deleters may run Python code of the producer (e.g. NumPy drops its array reference);
+     * the GIL is held here and any pending exception is preserved around them. */
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        for (int i = 0; i < S_COUNT; i++) release(&slots[i]);
+        release(&sp);
+        release(&ws);
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_XDECREF(ws_cap);
+    return res;
+}
+
+/* tensor_info(capsule) -> (device_type, device_id, ndim, (code, bits, lanes), shape, strides,
+ * byte_offset, read_only); consumes the capsule. A debugging and test aid. */
+PyObject *py_tensor_info(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "O", &obj)) return NULL;
+    consumed c;
+    int h = consume(obj, "tensor", &c);
+    if (h < 0) return NULL;
+    if (h == 0) Py_RETURN_NONE;
+    PyObject *shape = NULL, *strides = NULL, *res = NULL;
+    if (c.t.ndim < 0 || (c.t.ndim > 0 && !c.t.shape)) {
+        PyErr_SetString(PyExc_ValueError, "tensor: malformed DLTensor");
+        goto done;
+    }
+    shape = list_from_i64(c.t.shape, c.t.ndim);
+    if (!shape) goto done;
+    if (c.t.strides) {
+        strides = list_from_i64(c.t.strides, c.t.ndim);
+        if (!strides) goto done;
+    } else {
+        strides = Py_None;
+        Py_INCREF(strides);
+    }
+    res = Py_BuildValue("(ii i(iii) OOKi)", (int)c.t.device.type, (int)c.t.device.id,
+                        (int)c.t.ndim, (int)c.t.dtype.code, (int)c.t.dtype.bits,
+                        (int)c.t.dtype.lanes, shape, strides,
+                        (unsigned long long)c.t.byte_offset, c.read_only);
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        release(&c);
+        PyErr_Restore(et, ev, tb);
+    }
+    return res;
+}

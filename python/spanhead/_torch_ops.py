@@ -1,0 +1,410 @@
+"""The torch.library operators behind :mod:`spanhead.torch` (namespace ``spanhead``).
+
+Every spanhead call that PyTorch sees is one of these custom operators, registered with
+``torch.library.custom_op`` (the real implementation: DLPack into the C library), a fake
+implementation (``register_fake``: output shapes and dtypes only, so ``torch.compile`` traces
+them without data and without a graph break) and an autograd formula (``register_autograd``).
+
+    spanhead::head_fwd     forward: logprob, entropy, lse, logit_mean (each (N,) or empty), stats
+    spanhead::head_bwd     backward: dhidden, dweight from stats and the upstream gradients
+    spanhead::weighted_loss one-pass: the loss  sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i)
+                            + c_ent sum_i H_i  with dhidden, dweight from the same sweep
+
+The pattern for a new operator (e.g. a policy loss):
+  1. its tensors are op arguments (``Tensor`` / ``Tensor?``), host metadata too (spans are a CPU
+     int64 (n, 2) tensor; a host mask is a CPU tensor and becomes spans + a device copy inside
+     the implementation, where data may be read);
+  2. everything else is a plain argument: ``int``, ``float``, ``bool``, ``str?`` - the context
+     options travel as :class:`Opts` fields, a communicator as an integer key (:func:`comm_key`);
+  3. the implementation calls :func:`run` (one spanhead call on the context of the inputs'
+     device and torch's current stream); the fake returns empty tensors of the output shapes;
+  4. ``register_autograd``: saved tensors through ``ctx.save_for_backward``; a one-pass
+     operator returns its gradients as extra outputs and its backward scales them by the
+     incoming gradient (in place in eager mode, a new tensor under compile).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import _spanhead as _ext
+from ._errors import InvalidArgumentError
+from .comm import Comm
+from .head import BACKWARD, FORWARD, Context
+from .meta import spans_from_mask
+
+_LIB = "spanhead"
+
+# ---- contexts and communicators, cached per thread -----------------------------------------
+
+_local = threading.local()
+
+
+def _cache() -> dict:
+    c = getattr(_local, "cache", None)
+    if c is None:
+        c = _local.cache = {}
+    return c
+
+
+# communicators by key: operators take the key (an int), not the object
+_COMMS: dict = {}
+_COMM_KEYS: dict = {}
+_comm_lock = threading.Lock()
+
+
+def comm_key(comm: Optional[Comm]) -> int:
+    """The integer an operator takes for a communicator (0: none); the communicator stays
+    alive in the registry for the life of the process (the context cache holds it anyway)."""
+    if comm is None:
+        return 0
+    with _comm_lock:
+        k = _COMM_KEYS.get(id(comm))
+        if k is None or _COMMS.get(k) is not comm:
+            k = len(_COMMS) + 1
+            _COMMS[k] = comm
+            _COMM_KEYS[id(comm)] = k
+        return k
+
+
+def comm_of(key: int) -> Optional[Comm]:
+    if key == 0:
+        return None
+    comm = _COMMS.get(key)
+    if comm is None:
+        raise InvalidArgumentError(f"tp_group: communicator key {key} is not registered")
+    return comm
+
+
+class Opts(NamedTuple):
+    """The context options an operator carries (spanhead.Context's keyword arguments)."""
+
+    threads: int = 0
+    kernel: Optional[str] = None
+    allow_tf32: bool = False
+    batch_invariant: bool = False
+    chunk_rows: int = 0
+    chunk_bytes: int = 0
+    tune_cache: Optional[str] = None
+
+
+def opts_from(options: dict) -> Opts:
+    unknown = set(options) - set(Opts._fields)
+    if unknown:
+        raise TypeError(f"unknown context option(s) {sorted(unknown)}; expected some of "
+                        f"{list(Opts._fields)}")
+    return Opts(**options)
+
+
+def context_for(device: torch.device, comm: Optional[Comm] = None, **options: Any) -> Context:
+    """This thread's spanhead context for a torch device, bound to the current CUDA stream
+    (contexts are cached per device, stream, communicator and options)."""
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(idx).cuda_stream
+        key = ("cuda", idx, stream, id(comm), tuple(sorted(options.items())))
+        make = lambda: Context(("cuda", idx), stream=stream or None, comm=comm,  # noqa: E731
+                               **options)
+    elif device.type == "cpu":
+        key = ("cpu", 0, 0, id(comm), tuple(sorted(options.items())))
+        make = lambda: Context("cpu", comm=comm, **options)  # noqa: E731
+    else:
+        raise InvalidArgumentError(f"device: spanhead runs on cpu and cuda, not {device}")
+    cache = _cache()
+    ctx = cache.get(key)
+    if ctx is None:
+        ctx = cache[key] = make()
+    return ctx
+
+
+# ---- one spanhead call ----------------------------------------------------------------------
+
+_to_dlpack = getattr(torch.utils.dlpack, "to_dlpack", None)
+_ORDER = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
+          "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
+          "dhidden", "dweight")
+
+
+def _cap(t: Optional[torch.Tensor]) -> Any:
+    """A DLPack capsule of t without any stream synchronization (everything runs on the
+    context's stream, which is the current stream)."""
+    if t is None:
+        return None
+    t = t.detach()
+    if _to_dlpack is not None:
+        return _to_dlpack(t)
+    return t.__dlpack__(stream=-1 if t.is_cuda else None)
+
+
+def resolve_mask(hidden: torch.Tensor, mask: Optional[torch.Tensor],
+                 spans: Optional[torch.Tensor], gap: int):
+    """(device mask or None, host spans array or None). A host mask on a CUDA hidden becomes
+    spans (built here, on the host) and a device copy from pinned memory (no host sync); a
+    device mask is used as it is."""
+    host_spans = None
+    if spans is not None:
+        host_spans = np.ascontiguousarray(spans.detach().to(torch.int64).numpy())
+    if mask is None:
+        return None, host_spans
+    if mask.device.type == "cpu":
+        hm = (mask.detach() != 0).to(torch.uint8)
+        if host_spans is None:
+            host_spans = spans_from_mask(hm.numpy(), gap)
+        if hidden.is_cuda:
+            hm = hm.pin_memory().to(hidden.device, non_blocking=True)
+        return hm, host_spans
+    if mask.device != hidden.device:
+        raise InvalidArgumentError(f"loss_mask is on {mask.device} but hidden is on "
+                                   f"{hidden.device}")
+    return (mask if mask.dtype in (torch.bool, torch.uint8) else mask != 0), host_spans
+
+
+def run(pass_: int, tensors: dict, spans: Optional[np.ndarray], vocab_start: int,
+        vocab_total: int, temperature: float, softcap: float, allreduce: bool, comm: int,
+        opts: Sequence) -> None:
+    """One spanhead call on this thread's context for the inputs' device and torch's current
+    stream; the workspace comes from torch's caching allocator (stream-ordered, no host sync,
+    capturable in a CUDA graph)."""
+    dev = tensors["hidden"].device
+    ctx = context_for(dev, comm_of(comm), **Opts(*opts)._asdict())
+    caps = tuple(_cap(tensors.get(k)) for k in _ORDER)
+
+    def alloc(nbytes: int):
+        return _cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
+
+    _ext.head(ctx._live(), pass_, caps, None if spans is None else spans.__dlpack__(), alloc,
+              vocab_start, vocab_total, temperature, softcap, 0, 0, int(allreduce))
+
+
+def _empty(ref: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=ref.device)
+
+
+# ---- spanhead::head_fwd / head_bwd ----------------------------------------------------------
+
+@torch.library.custom_op(f"{_LIB}::head_fwd", mutates_args=())
+def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
+             candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+             spans: Optional[torch.Tensor], want: List[bool], gap: int, vocab_start: int,
+             vocab_total: int, temperature: float, softcap: float, reduce_dhidden: bool,
+             comm: int, threads: int, kernel: Optional[str], allow_tf32: bool,
+             batch_invariant: bool, chunk_rows: int, chunk_bytes: int,
+             tune_cache: Optional[str]) -> List[torch.Tensor]:
+    """(logprob, entropy, lse, logit_mean, stats): each per-row output (N,) float32 when
+    wanted, else empty; stats (N, 3)."""
+    N = hidden.shape[0]
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    outs = [torch.empty(N, **f32) if w else None for w in want]
+    stats = torch.empty((N, 3), **f32)
+    m, sp = resolve_mask(hidden, mask, spans, gap)
+    run(FORWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
+                      active_mask=m, logprob=outs[0], entropy=outs[1], lse=outs[2],
+                      logit_mean=outs[3], stats=stats),
+        sp, vocab_start, vocab_total, temperature, softcap, False, comm,
+        (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes, tune_cache))
+    return [o if o is not None else torch.empty(0, **f32) for o in outs] + [stats]
+
+
+@head_fwd.register_fake
+def _head_fwd_fake(hidden, weight, targets, candidates, mask, spans, want, *args):
+    N = hidden.shape[0]
+    outs = [hidden.new_empty((N,) if w else (0,), dtype=torch.float32) for w in want]
+    return outs + [hidden.new_empty((N, 3), dtype=torch.float32)]
+
+
+@torch.library.custom_op(f"{_LIB}::head_bwd", mutates_args=())
+def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
+             candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+             spans: Optional[torch.Tensor], stats: torch.Tensor,
+             dlogprob: Optional[torch.Tensor], dentropy: Optional[torch.Tensor],
+             dlse: Optional[torch.Tensor], dlogit_mean: Optional[torch.Tensor],
+             need_dhidden: bool, need_dweight: bool, gap: int, vocab_start: int,
+             vocab_total: int, temperature: float, softcap: float, reduce_dhidden: bool,
+             comm: int, threads: int, kernel: Optional[str], allow_tf32: bool,
+             batch_invariant: bool, chunk_rows: int, chunk_bytes: int,
+             tune_cache: Optional[str]) -> List[torch.Tensor]:
+    """(dhidden, dweight) in hidden's and weight's dtypes; empty when not needed."""
+    dh = dw = None
+    if need_dhidden:
+        # the TP all-reduce of dhidden runs in float32 (the library's requirement)
+        dt = torch.float32 if reduce_dhidden else hidden.dtype
+        dh = torch.empty(hidden.shape, dtype=dt, device=hidden.device)
+    if need_dweight:
+        dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    if dh is not None or dw is not None:
+        m, sp = resolve_mask(hidden, mask, spans, gap)
+        run(BACKWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
+                           active_mask=m, stats=stats, dlogprob=dlogprob, dentropy=dentropy,
+                           dlse=dlse, dlogit_mean=dlogit_mean, dhidden=dh, dweight=dw),
+            sp, vocab_start, vocab_total, temperature, softcap, reduce_dhidden and dh is not None,
+            comm, (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes,
+                   tune_cache))
+    if dh is not None and dh.dtype != hidden.dtype:
+        dh = dh.to(hidden.dtype)
+    return [dh if dh is not None else _empty(hidden, hidden.dtype),
+            dw if dw is not None else _empty(weight, weight.dtype)]
+
+
+@head_bwd.register_fake
+def _head_bwd_fake(hidden, weight, targets, candidates, mask, spans, stats, dlogprob, dentropy,
+                   dlse, dlogit_mean, need_dhidden, need_dweight, *args):
+    return [hidden.new_empty(hidden.shape if need_dhidden else (0,)),
+            weight.new_empty(weight.shape if need_dweight else (0,))]
+
+
+# the non-tensor arguments head_fwd passes on to head_bwd, by name
+_FWD_TAIL = ("gap", "vocab_start", "vocab_total", "temperature", "softcap", "reduce_dhidden",
+             "comm", "threads", "kernel", "allow_tf32", "batch_invariant", "chunk_rows",
+             "chunk_bytes", "tune_cache")
+
+
+def _head_setup(ctx, inputs, output):
+    hidden, weight, targets, candidates, mask, spans, want = inputs[:7]
+    ctx.save_for_backward(hidden, weight, targets, candidates, mask, spans, output[4])
+    ctx.mark_non_differentiable(output[4])  # stats
+    ctx.set_materialize_grads(False)
+    ctx.want = want
+    ctx.tail = inputs[7:]
+
+
+def _head_backward(ctx, grads):
+    hidden, weight, targets, candidates, mask, spans, stats = ctx.saved_tensors
+    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ups = [g.to(torch.float32).contiguous() if (g is not None and w) else None
+           for g, w in zip(grads[:4], ctx.want)]
+    none = (None,) * (7 + len(_FWD_TAIL))
+    if not (need_h or need_w) or all(u is None for u in ups):
+        return none
+    dh, dw = head_bwd(hidden, weight, targets, candidates, mask, spans, stats, *ups,
+                      need_h, need_w, *ctx.tail)
+    return (dh if need_h else None, dw if need_w else None) + none[2:]
+
+
+head_fwd.register_autograd(_head_backward, setup_context=_head_setup)
+
+
+# ---- spanhead::weighted_loss (one pass) -----------------------------------------------------
+
+@torch.library.custom_op(f"{_LIB}::weighted_loss", mutates_args=())
+def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  mask: Optional[torch.Tensor], spans: Optional[torch.Tensor],
+                  weights: torch.Tensor, c_lp: float, c_lse: float, c_mean: float,
+                  c_ent: float, want_entropy: bool, need_dhidden: bool, need_dweight: bool,
+                  gap: int, vocab_start: int, vocab_total: int, temperature: float,
+                  softcap: float, reduce_dhidden: bool, comm: int, threads: int,
+                  kernel: Optional[str], allow_tf32: bool, batch_invariant: bool,
+                  chunk_rows: int, chunk_bytes: int,
+                  tune_cache: Optional[str]) -> List[torch.Tensor]:
+    """(loss, logprob, entropy, lse, logit_mean, dhidden, dweight) of
+    L = sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i) + c_ent sum_i H_i over the active
+    rows, in ONE spanhead call: the upstream gradients (c_lp w, c_ent, c_lse w, c_mean w) are
+    known before the sweep, so dhidden and dweight come out of the forward (empty when not
+    needed; so are entropy, lse, logit_mean when their coefficient is 0 and they are not
+    asked for)."""
+    N = hidden.shape[0]
+    dev = hidden.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    lp = torch.empty(N, **f32)
+    ent = torch.empty(N, **f32) if (c_ent != 0.0 or want_entropy) else None
+    lse = torch.empty(N, **f32) if c_lse != 0.0 else None
+    mu = torch.empty(N, **f32) if c_mean != 0.0 else None
+    stats = torch.empty((N, 3), **f32)
+    t = dict(hidden=hidden, weight=weight, targets=targets, logprob=lp, entropy=ent, lse=lse,
+             logit_mean=mu, stats=stats)
+    dh = dw = None
+    if need_dhidden or need_dweight:
+        t["dlogprob"] = weights * c_lp
+        if c_ent != 0.0:
+            t["dentropy"] = torch.full((N,), c_ent, **f32)
+        if c_lse != 0.0:
+            t["dlse"] = weights * c_lse
+        if c_mean != 0.0:
+            t["dlogit_mean"] = weights * c_mean
+        if need_dhidden:
+            dt = torch.float32 if reduce_dhidden else hidden.dtype
+            dh = t["dhidden"] = torch.empty(hidden.shape, dtype=dt, device=dev)
+        if need_dweight:
+            dw = t["dweight"] = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
+    m, sp = resolve_mask(hidden, mask, spans, gap)
+    t["active_mask"] = m
+    run(FORWARD, t, sp, vocab_start, vocab_total, temperature, softcap,
+        reduce_dhidden and dh is not None, comm,
+        (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes, tune_cache))
+    # the loss over the active rows (the library writes 0 on inactive / ignored rows)
+    per_row = lp * c_lp
+    if lse is not None:
+        per_row = per_row + lse * c_lse
+    if mu is not None:
+        per_row = per_row + mu * c_mean
+    loss = torch.dot(weights, per_row)
+    if c_ent != 0.0:
+        loss = loss + c_ent * ent.sum()
+    if dh is not None and dh.dtype != hidden.dtype:
+        dh = dh.to(hidden.dtype)
+    return [loss, lp, ent if ent is not None else _empty(hidden),
+            lse if lse is not None else _empty(hidden), mu if mu is not None else _empty(hidden),
+            dh if dh is not None else _empty(hidden, hidden.dtype),
+            dw if dw is not None else _empty(weight, weight.dtype)]
+
+
+@weighted_loss.register_fake
+def _weighted_loss_fake(hidden, weight, targets, mask, spans, weights, c_lp, c_lse, c_mean,
+                        c_ent, want_entropy, need_dhidden, need_dweight, *args):
+    N = hidden.shape[0]
+
+    def f32(n):
+        return hidden.new_empty((n,), dtype=torch.float32)
+    return [hidden.new_empty((), dtype=torch.float32), f32(N),
+            f32(N if (c_ent != 0.0 or want_entropy) else 0), f32(N if c_lse != 0.0 else 0),
+            f32(N if c_mean != 0.0 else 0),
+            hidden.new_empty(hidden.shape if need_dhidden else (0,)),
+            weight.new_empty(weight.shape if need_dweight else (0,))]
+
+
+def _loss_setup(ctx, inputs, output):
+    _, lp, ent, lse, mu, dh, dw = output
+    ctx.save_for_backward(dh, dw, lp, lse, mu)
+    # only the loss is differentiable; no zero gradients of the (N, H) / (V, H) outputs either
+    ctx.mark_non_differentiable(lp, ent, lse, mu, dh, dw)
+    ctx.set_materialize_grads(False)
+    ctx.coefs = inputs[6:9]
+    ctx.need = inputs[11:13]
+    ctx.used = False
+
+
+def _loss_backward(ctx, grads):
+    g_loss = grads[0]
+    none = (None,) * 27
+    if getattr(ctx, "used", False):
+        raise RuntimeError("weighted_logprob_loss: backward called a second time; the "
+                           "one-pass gradients were computed in the forward and are handed "
+                           "over once (retain_graph is not supported)")
+    ctx.used = True
+    dh, dw, lp, lse, mu = ctx.saved_tensors
+    if g_loss is None:
+        return none
+    g = g_loss.reshape(())
+    compiling = torch.compiler.is_compiling()
+    gh = gw = gwt = None
+    # the stored gradients are this operator's own outputs, held only here: eager mode scales
+    # them in place (no second dweight-sized allocation); g stays on the device (no sync)
+    if ctx.need[0] and ctx.needs_input_grad[0]:
+        gh = dh * g.to(dh.dtype) if compiling else dh.mul_(g.to(dh.dtype))
+    if ctx.need[1] and ctx.needs_input_grad[1]:
+        gw = dw * g.to(dw.dtype) if compiling else dw.mul_(g.to(dw.dtype))
+    if ctx.needs_input_grad[5]:
+        c_lp, c_lse, c_mean = ctx.coefs
+        d = lp * c_lp
+        if lse.numel():
+            d = d + lse * c_lse
+        if mu.numel():
+            d = d + mu * c_mean
+        gwt = d * g.to(torch.float32)
+    return (gh, gw, None, None, None, gwt) + none[6:]
+
+
+weighted_loss.register_autograd(_loss_backward, setup_context=_loss_setup)

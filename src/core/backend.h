@@ -1,0 +1,118 @@
+/*
+ * backend.h - the two tables through which a context reaches its device and its kernels.
+ *
+ *   sph_device_ops   one per device type (registry.c): the context's lifetime on the device,
+ *                    its memory helpers, the CUDA-only calls (autotuning, GEMM rates), and
+ *                    the function that fills the head table with the device's kernels.
+ *   sph_head_backend one per context (ctx->head), filled once at creation, BLIS-style: the
+ *                    float64 reference first (every slot; staged through host copies when
+ *                    the device's memory is not host memory), then, unless the reference is
+ *                    forced (force_kernel / SPH_KERNEL "ref"), the device's backend overrides
+ *                    the slots it implements.
+ *
+ * A call from the public API to a kernel:
+ *   sph_head_forward (head.c)
+ *     -> sph_head_plan_make: generic validation, then ctx->head.check (backend conditions)
+ *     -> ctx->head.workspace, then ctx->head.check_workspace (where the workspace lives)
+ *     -> ctx->head.forward | support_forward (sample support: candidates given)
+ *          reference: sph_head_ref_forward (head_ref.c), staged: head_ref_stage.c
+ *          CPU:       sph_head_cpu_forward (head_cpu.c) -> ctx->head.cpu_kern (ISA loops)
+ *          CUDA:      sph_head_cuda_forward (src/cuda/head.cu) -> cuBLAS / sm_90a kernels
+ * The backward goes the same way through .backward / .support_backward.
+ *
+ * SPH_HAVE_CUDA appears in registry.c only: the rest of the library asks the registry.
+ */
+#ifndef SPH_CORE_BACKEND_H
+#define SPH_CORE_BACKEND_H
+
+#include "core/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- the head table ---------------------------------------------------------------------
+
+/* A pass of the head on a validated plan. ws is the caller's workspace (at least the bytes
+ * the workspace slot asked for, already checked). */
+typedef sph_status (*sph_head_pass_fn)(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
+                                       size_t ws_bytes);
+
+struct sph_head_kern;   /* CPU tile micro-kernels of one ISA (src/head/cpu_kernels.h) */
+struct sph_policy_plan; /* the policy loss's validated arguments (issue 14; its owner's) */
+
+typedef struct sph_head_backend {
+    const char *name; /* of the backend that filled forward: "ref", "ref (staged)", "cpu",
+                         "cuda" */
+    /* Conditions of this backend beyond the generic validation (device pointers, alignment
+     * of TMA operands, capability, size limits), run by sph_head_plan_make after it, before
+     * any output is written. NULL: none. */
+    sph_status (*check)(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p);
+    /* Exact workspace bytes of the pass (0 is a valid answer). */
+    sph_status (*workspace)(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                            size_t *bytes);
+    /* Where a non-empty workspace of `bytes` must live and how it must be aligned. NULL: any
+     * host memory. */
+    sph_status (*check_workspace)(sph_ctx_t ctx, const void *ws, size_t bytes);
+    sph_head_pass_fn forward, backward;                 /* full vocabulary (K = 0) */
+    sph_head_pass_fn support_forward, support_backward; /* sample support (K > 0) */
+    /* The fused policy loss (issue 14). NULL until a backend implements it: the entry point
+     * then answers SPH_ERR_UNSUPPORTED (sph_backend_missing). */
+    sph_status (*policy_workspace)(sph_ctx_t ctx, const struct sph_policy_plan *pp,
+                                   size_t *bytes);
+    sph_status (*policy)(sph_ctx_t ctx, const struct sph_policy_plan *pp, void *ws,
+                         size_t ws_bytes);
+    /* CPU backends: the tile micro-kernels of the context's ISA (picked once at creation). */
+    const struct sph_head_kern *cpu_kern;
+} sph_head_backend;
+
+/* The reference in every slot: plain (host memory) or staged (device memory: inputs copied
+ * to the host, float64 reference, outputs copied back; synchronous). head_ref.c. */
+void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged);
+/* The optimized CPU backend's slots (head_cpu.c). */
+void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be);
+
+/* SPH_ERR_UNSUPPORTED naming the missing slot and the backend: "<what>: not implemented by
+ * the <name> backend of this context". */
+sph_status sph_backend_missing(sph_ctx_t ctx, const char *what);
+
+// ---- the device table -------------------------------------------------------------------
+
+typedef struct sph_device_ops {
+    const char *name;      /* "cpu", "cuda" */
+    int host_memory;       /* tensors on this device are host memory (the reference reads them
+                              in place) */
+    /* Context lifetime on the device: state, handles, ctx->describe. fini is NULL-safe on a
+     * context whose init failed. */
+    sph_status (*ctx_init)(sph_ctx_t ctx);
+    void (*ctx_fini)(sph_ctx_t ctx);
+    /* Fills ctx->head with this device's kernels over the reference (slot by slot). */
+    void (*head_fill)(sph_ctx_t ctx, sph_head_backend *be);
+    /* Memory helpers behind sph_ctx_malloc and friends (memcpy is synchronous). */
+    sph_status (*malloc)(sph_ctx_t ctx, size_t bytes, void **ptr);
+    void (*free)(sph_ctx_t ctx, void *ptr);
+    sph_status (*memcpy)(sph_ctx_t ctx, void *dst, const void *src, size_t bytes);
+    sph_status (*memset)(sph_ctx_t ctx, void *dst, int value, size_t bytes);
+    sph_status (*synchronize)(sph_ctx_t ctx);
+    /* Devices present (never fails); where a pointer lives: 1 this device's memory, 0 host,
+     * -1 unknown. NULL on the host device. */
+    int (*count)(void);
+    int (*pointer_is_device)(const void *p);
+    /* The CUDA-only public calls (spanhead.h); NULL on other devices. */
+    sph_status (*tune)(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
+    sph_status (*gemm_rate)(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N, int64_t K,
+                            int repeats, double *tflops);
+    sph_status (*gemm_rate_sustained)(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
+                                      int64_t K, int chain, int repeats, double *tflops);
+} sph_device_ops;
+
+/* The registry (registry.c): the table of a device type, NULL when this build has none. */
+const sph_device_ops *sph_registry_device(sph_device_type type);
+/* 1 when some device backend of this build says p is its device memory (spans, which are
+ * read on the host, are checked with it); 0 otherwise. */
+int sph_registry_pointer_is_device(const void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

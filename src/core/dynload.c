@@ -1,0 +1,93 @@
+/*
+ * dynload.c - sph_dynload: the shared search of the run-time loaded libraries (dynload.h).
+ */
+#define _GNU_SOURCE
+#include "core/dynload.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The file a handle maps (for messages and tests: which copy was taken). */
+static void handle_path(void *h, const char *fallback, char *where, size_t len) {
+    if (!where || !len) return;
+    struct link_map *lm = NULL;
+    const char *p = fallback;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && *lm->l_name) p = lm->l_name;
+    snprintf(where, len, "%s", p);
+}
+
+sph_status sph_dynload(const char *what, const char *env, const char *const *sonames,
+                       const char *fallback_dir, void **handle, char *where, size_t where_len) {
+    char tried[1024] = "";
+    size_t used = 0;
+    const char *last = NULL;
+    void *h = NULL;
+    *handle = NULL;
+#define TRIED(s)                                                                              \
+    do {                                                                                      \
+        int n_ = snprintf(tried + used, sizeof tried - used, "%s%s", used ? ", " : "", (s));  \
+        if (n_ > 0) used = used + (size_t)n_ < sizeof tried ? used + (size_t)n_ : sizeof tried - 1; \
+    } while (0)
+    /* 1. already in the process: the host's copy */
+    for (const char *const *s = sonames; *s; s++) {
+        h = dlopen(*s, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (h) {
+            handle_path(h, *s, where, where_len);
+            *handle = h;
+            return SPH_OK;
+        }
+    }
+    /* 2. the caller's explicit choice */
+    const char *path = env ? getenv(env) : NULL;
+    if (path && *path) {
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            last = dlerror();
+            return sph_err(SPH_ERR_UNSUPPORTED, "%s: cannot load %s=%s: %s", what, env, path,
+                           last ? last : "?");
+        }
+        handle_path(h, path, where, where_len);
+        *handle = h;
+        return SPH_OK;
+    }
+    /* 3. the dynamic linker's search, 4. the build's toolkit folder */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && (!fallback_dir || !*fallback_dir)) break;
+        for (const char *const *s = sonames; *s; s++) {
+            char buf[1024];
+            const char *name = *s;
+            if (pass == 1) {
+                snprintf(buf, sizeof buf, "%s/%s", fallback_dir, *s);
+                name = buf;
+            }
+            h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+            if (h) {
+                handle_path(h, name, where, where_len);
+                *handle = h;
+                return SPH_OK;
+            }
+            last = dlerror();
+            TRIED(name);
+        }
+    }
+#undef TRIED
+    return sph_err(SPH_ERR_UNSUPPORTED,
+                   "%s: cannot load the library (none is loaded in the process; tried %s): %s; "
+                   "install it or set %s to its path",
+                   what, tried, last ? last : "?", env ? env : "LD_LIBRARY_PATH");
+}
+
+sph_status sph_dynsyms(void *handle, const char *what, const char *where,
+                       const char *const *syms, void **fns) {
+    for (int i = 0; syms[i]; i++) {
+        dlerror();
+        fns[i] = dlsym(handle, syms[i]);
+        if (!fns[i])
+            return sph_err(SPH_ERR_UNSUPPORTED, "%s: %s has no symbol %s (too old a version?)",
+                           what, where && *where ? where : "the library", syms[i]);
+    }
+    return SPH_OK;
+}

@@ -1,0 +1,72 @@
+/*
+ * plan.h - the validated, normalized form of sph_head_args that every head backend (CPU
+ * reference, CPU optimized, CUDA) receives through the context's table (core/backend.h).
+ * Validation (src/head/head.c, sph_head_plan_make) fills it once at the API boundary; kernels
+ * get plain pointers, int64 sizes and row strides, nothing else.
+ *
+ * TP combine record: every backend reduces its shard to one partial per row,
+ *   m  = max_j z_ij over the shard (-inf if the shard holds no candidate of the row)
+ *   s  = sum_j exp(z_ij - m)
+ *   b  = sum_j exp(z_ij - m) z_ij
+ *   zt = z_{i,t_i} if the target lives in this shard, else 0 (exactly one shard owns it)
+ *   sz = sum_j z_ij (for logit_mean)
+ * and partials of the TP group combine exactly, in rank order (deterministic):
+ *   M = max m_r, S = sum s_r e^(m_r - M), B = sum b_r e^(m_r - M), ZT = sum zt_r, SZ = sum sz_r
+ *   lse = M + log S, mu = B / S.
+ */
+#ifndef SPH_CORE_PLAN_H
+#define SPH_CORE_PLAN_H
+
+#include "core/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fields of one partial record (m, s, b, zt, sz): values per row per shard, in this order. */
+#define SPH_PARTIAL_FIELDS 5
+
+typedef struct sph_head_plan {
+    int64_t N, H, V_loc, V, v0; /* rows, hidden, shard width, vocab_total, vocab_start */
+    int64_t K;                  /* candidates per row (support mode), 0 = full vocabulary */
+    sph_dtype dtype;            /* hidden/weight dtype: f32, bf16 or f16 */
+    sph_device device;
+    const void *hidden;  int64_t ld_h;   /* (N, H) row stride ld_h elements */
+    const void *weight;  int64_t ld_w;   /* (V_loc, H) */
+    const void *targets; int tgt_i64;    /* (N) or NULL */
+    const void *cand;    int cand_i64; int64_t ld_c; /* (N, K) or NULL */
+    double temperature, softcap;
+    const uint8_t *mask;                 /* (N) or NULL = every row active */
+    const int64_t *spans; int64_t n_spans; /* host, validated: ordered, in range, cover mask;
+                                              NULL = derive from mask or dense */
+    float *logprob, *entropy, *lse, *logit_mean; /* (N) each or NULL */
+    float *stats;                        /* (N, 3): m, lse, mu; row stride 3 */
+    const float *dlogprob, *dentropy, *dlse, *dlogit_mean; /* (N) each or NULL */
+    void *dhidden; int64_t ld_dh; sph_dtype dh_dtype;
+    void *dweight; int64_t ld_dw; sph_dtype dw_dtype;
+    int acc_dh, acc_dw, allreduce_dh;
+    int one_pass;                        /* forward also produces the gradients */
+    sph_comm_t comm;                     /* TP group or NULL */
+} sph_head_plan;
+
+/* Validates args for the pass on ctx and fills plan (src/head/head.c). Checks everything that
+ * can be checked without touching device data, then the backend's own conditions (the table's
+ * check slot); host-resident targets/candidates/masks are also checked for range, duplicates
+ * and support membership (sph_head_plan_check_data). */
+sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                              sph_head_plan *plan);
+/* The data checks of a plan whose mask, targets and candidates are in host memory: mask
+ * values 0/1, spans covering every active row, targets < V, candidates < V without
+ * duplicates and holding the row's target. sph_head_plan_make runs it on host plans; the
+ * staged reference (head_ref_stage.c) on its host copies of device data. */
+sph_status sph_head_plan_check_data(const sph_head_plan *p);
+
+/* Host helpers on a plan whose mask is host memory (plan.c): active[i] = 1 if row i is
+ * active (mask, else spans, else all); the count of active rows. */
+void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
+int64_t sph_head_count_active(const sph_head_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,49 @@
+/*
+ * host.h - what the host backends of the head (head_ref.c, the float64 reference, and
+ * head_cpu.c, the optimized CPU head) share beyond the plan: the exact combine of partial
+ * records (combine.c) and the reference's float64 cores (also the tests' oracle).
+ * Their table entries are filled through core/backend.h (sph_head_ref_fill, sph_head_cpu_fill).
+ */
+#ifndef SPH_HEAD_HOST_H
+#define SPH_HEAD_HOST_H
+
+#include "core/ctx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* TP combine (combine.c). local[N][SPH_PARTIAL_FIELDS] holds this rank's partial records
+ * (m, s, b, zt, sz) in float64; gathered is scratch of comm size * N * SPH_PARTIAL_FIELDS
+ * doubles (host memory); out[N][SPH_PARTIAL_FIELDS] receives the combined (M, S, B, ZT, SZ),
+ * combined in rank order (deterministic). With comm NULL or of size 1, out = local (gathered
+ * unused, may be NULL). local and out may alias. */
+sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
+                                double *out, int64_t N);
+/* Combines the partials of one row across shards or tiles, in the order given:
+ * (m, s, b, zt, sz) += (m', s', b', zt', sz'). Exact up to rounding; handles m = -inf. */
+void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS], const double add[SPH_PARTIAL_FIELDS]);
+
+/* The reference's passes on a host plan (head_ref.c): no workspace, host scratch. */
+sph_status sph_head_ref_forward(const sph_head_plan *p);
+sph_status sph_head_ref_backward(const sph_head_plan *p);
+
+/* Float64 cores of the reference, for tests (finite differences need float64 end to end).
+ * rows_f64 writes per-row (logprob, entropy, lse, logit_mean, m, lse, mu) as out[N][7];
+ * backward_f64 reads stats64[N][3] (m, lse, mu) and writes dh[N][H], dw[V_loc][H] (either
+ * may be NULL) as this shard's gradients of the active rows (no accumulate, no allreduce).
+ * Both allocate host scratch (the reference is never a hot path). */
+sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out);
+sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats64, double *dh,
+                                     double *dw);
+
+/* The staged reference of device contexts (head_ref_stage.c): the plan's device data copied
+ * to the host (synchronously, after the work already queued on the context's stream), the
+ * data checks and the reference run there, the outputs copied back. */
+sph_status sph_head_ref_stage_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p);
+sph_status sph_head_ref_stage_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,230 @@
+/*
+ * test_backend.c - the context's tables (src/core/backend.h, registry.c): which backend fills
+ * which head slot, the registry's answers in this build, a missing slot's status, and the
+ * staged reference of device contexts (head_ref_stage.c) driven through a device table whose
+ * "device memory" is host memory, so CI (no GPU) runs the whole staged path: copies in, the
+ * data checks on the copies, the float64 reference, copies back (gaps between padded rows
+ * preserved), bitwise equal to the plain reference.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../parity/test_head_case.h"
+#include "core/ctx.h"
+
+static sph_rng g_rng;
+
+static void test_tables(void **state) {
+    (void)state;
+    sph_ctx_t cpu = hc_ctx(NULL, 1, NULL), ref = hc_ctx("ref", 1, NULL);
+    /* the CPU backend overrides every pass slot of the reference; the policy slot stays empty
+     * until a backend implements it */
+    assert_string_equal(cpu->head.name, "cpu");
+    assert_non_null(cpu->head.cpu_kern);
+    assert_non_null(cpu->head.forward);
+    assert_non_null(cpu->head.support_backward);
+    assert_null(cpu->head.check);
+    assert_null(cpu->head.policy);
+    assert_string_equal(ref->head.name, "ref");
+    assert_null(ref->head.cpu_kern);
+    assert_true(ref->head.forward == ref->head.support_forward);
+    assert_true(ref->head.forward != cpu->head.forward);
+    assert_true(cpu->dev == ref->dev && cpu->dev->host_memory);
+    expect_status(sph_backend_missing(cpu, "policy loss"), SPH_ERR_UNSUPPORTED,
+                  "policy loss: not implemented by the cpu backend");
+    sph_ctx_destroy(cpu);
+    sph_ctx_destroy(ref);
+}
+
+static void test_registry(void **state) {
+    (void)state;
+    const sph_device_ops *h = sph_registry_device(SPH_DEVICE_CPU);
+    assert_non_null(h);
+    assert_string_equal(h->name, "cpu");
+    assert_true(sph_registry_device(SPH_DEVICE_CUDA_HOST) == h);
+    assert_null(sph_registry_device((sph_device_type)99));
+    int64_t x = 0;
+    assert_int_equal(sph_registry_pointer_is_device(&x), 0);
+    assert_int_equal(sph_registry_pointer_is_device(NULL), 0);
+#ifdef SPH_HAVE_CUDA
+    assert_non_null(sph_registry_device(SPH_DEVICE_CUDA));
+#else
+    assert_null(sph_registry_device(SPH_DEVICE_CUDA));
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.device.type = SPH_DEVICE_CUDA;
+    sph_ctx_t c = NULL;
+    expect_status(sph_ctx_create(&c, &o), SPH_ERR_UNSUPPORTED, "built without CUDA");
+    assert_null(c);
+    assert_int_equal(sph_cuda_device_count(), 0);
+#endif
+}
+
+// ---- the staged reference on a pretend device --------------------------------------------
+
+static int g_copies;
+
+static sph_status fake_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    g_copies++;
+    memmove(dst, src, bytes);
+    return SPH_OK;
+}
+
+/* A device whose memory is not host memory as far as the library knows: the reference must
+ * stage through copies. */
+static sph_device_ops g_fake_ops;
+
+static sph_ctx_t fake_device_ctx(void) {
+    sph_ctx_t c = hc_ctx("ref", 1, NULL);
+    g_fake_ops = *c->dev;
+    g_fake_ops.name = "pretend-device";
+    g_fake_ops.host_memory = 0;
+    g_fake_ops.memcpy = fake_memcpy;
+    c->dev = &g_fake_ops;
+    c->device = (sph_device){SPH_DEVICE_CUDA, 0};
+    sph_head_ref_fill(c, &c->head, 1);
+    return c;
+}
+
+static void on_device(hcase *c) {
+    sph_tensor *ts[] = {&c->th, &c->tw, &c->tt, &c->tc, &c->tm, &c->tlp, &c->tent, &c->tlse,
+                        &c->tlm, &c->tst, &c->tg, &c->te, &c->tgl, &c->tgm, &c->tdh, &c->tdw};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++)
+        ts[k]->device = (sph_device){SPH_DEVICE_CUDA, 0};
+}
+
+static void copy_outputs(const hcase *c, float *out) {
+    const size_t N = (size_t)c->N;
+    memcpy(out, c->lp, N * 4);
+    memcpy(out + N, c->ent, N * 4);
+    memcpy(out + 2 * N, c->lse, N * 4);
+    memcpy(out + 3 * N, c->lm, N * 4);
+    memcpy(out + 4 * N, c->stats, N * 12);
+}
+
+static void test_staged_reference(void **state) {
+    (void)state;
+    const unsigned all = HC_LP | HC_ENT | HC_LSE | HC_LM | HC_G | HC_E | HC_GL | HC_GM |
+                         HC_DH | HC_DW | HC_MASK;
+    for (int K = 0; K <= 4; K += 4) {
+        hcase c;
+        hc_init(&c, &g_rng, 37, 24, 51, 51, 0, K, SPH_BF16);
+        hc_mask(&c, &g_rng, 0.6);
+        const size_t N = (size_t)c.N, nh = N * (size_t)c.H, nw = (size_t)(c.V_loc * c.H);
+        float *ref_out = hc_alloc(N * 7 * 4), *got_out = hc_alloc(N * 7 * 4);
+        float *ref_dh = hc_alloc(nh * 4), *ref_dw = hc_alloc(nw * 4);
+        /* the plain reference, one-pass forward then backward */
+        sph_ctx_t r = hc_ctx("ref", 1, NULL);
+        hc_wire(&c, all);
+        hc_poison(&c);
+        expect_ok(hc_run(r, SPH_HEAD_FORWARD, &c.a));
+        copy_outputs(&c, ref_out);
+        expect_ok(hc_run(r, SPH_HEAD_BACKWARD, &c.a));
+        memcpy(ref_dh, c.dh, nh * 4), memcpy(ref_dw, c.dw, nw * 4);
+        /* the staged reference: the same bits */
+        sph_ctx_t d = fake_device_ctx();
+        assert_string_equal(d->head.name, "ref (staged)");
+        hc_wire(&c, all);
+        on_device(&c);
+        hc_poison(&c);
+        g_copies = 0;
+        expect_ok(hc_run(d, SPH_HEAD_FORWARD, &c.a));
+        assert_true(g_copies > 0);
+        copy_outputs(&c, got_out);
+        assert_memory_equal(got_out, ref_out, N * 7 * 4);
+        expect_ok(hc_run(d, SPH_HEAD_BACKWARD, &c.a));
+        assert_memory_equal(c.dh, ref_dh, nh * 4);
+        assert_memory_equal(c.dw, ref_dw, nw * 4);
+        /* bad device data is found on the host copies, before any output is copied back */
+        int64_t t0 = c.tgt[0];
+        c.tgt[0] = c.V + 5;
+        if (c.cand) c.cand[0] = c.V + 5;
+        hc_poison(&c);
+        expect_status(hc_run(d, SPH_HEAD_FORWARD, &c.a), SPH_ERR_INVALID_ARG, "vocab_total");
+        for (size_t i = 0; i < N; i++) assert_true(isnan(c.lp[i]));
+        c.tgt[0] = t0;
+        uint8_t m0 = c.mask[1];
+        c.mask[1] = 7;
+        expect_status(hc_run(d, SPH_HEAD_FORWARD, &c.a), SPH_ERR_INVALID_ARG, "active_mask[1]");
+        c.mask[1] = m0;
+        sph_ctx_destroy(r);
+        sph_ctx_destroy(d);
+        free(ref_out), free(got_out), free(ref_dh), free(ref_dw);
+        hc_free(&c);
+    }
+}
+
+/* Accumulating into a dhidden whose rows are padded: the staged copy brings the old values
+ * and the padding back unchanged. */
+static void test_staged_padded_accumulate(void **state) {
+    (void)state;
+    hcase c;
+    hc_init(&c, &g_rng, 9, 8, 13, 13, 0, 0, SPH_F32);
+    const int64_t N = c.N, H = c.H, ld = H + 3;
+    float *dh = hc_alloc((size_t)(N * ld) * 4), *want = hc_alloc((size_t)(N * ld) * 4);
+    for (int64_t k = 0; k < N * ld; k++) dh[k] = (float)(k % 17) - 8.0f;
+    memcpy(want, dh, (size_t)(N * ld) * 4);
+    int64_t shape[2] = {N, H}, strides[2] = {ld, 1};
+    sph_tensor tdh = {dh, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, shape, strides, 0};
+    /* expected: the plain reference accumulating into the same padded layout */
+    sph_ctx_t r = hc_ctx("ref", 1, NULL);
+    hc_wire(&c, HC_G | HC_E);
+    sph_head_args a = c.a;
+    expect_ok(hc_run(r, SPH_HEAD_FORWARD, &a));
+    a.dhidden = &tdh;
+    a.accumulate_dhidden = 1;
+    tdh.data = want;
+    expect_ok(hc_run(r, SPH_HEAD_BACKWARD, &a));
+    sph_ctx_t d = fake_device_ctx();
+    on_device(&c);
+    a = c.a;
+    a.dhidden = &tdh;
+    a.accumulate_dhidden = 1;
+    tdh.data = dh;
+    tdh.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    expect_ok(hc_run(d, SPH_HEAD_BACKWARD, &a));
+    assert_memory_equal(dh, want, (size_t)(N * ld) * 4);
+    sph_ctx_destroy(r);
+    sph_ctx_destroy(d);
+    free(dh), free(want);
+    hc_free(&c);
+}
+
+static sph_status no_allgather(sph_comm_t c, const void *send, void *recv, size_t bytes,
+                               void *stream) {
+    (void)c, (void)send, (void)recv, (void)bytes, (void)stream;
+    return sph_err(SPH_ERR_INTERNAL, "no collective expected");
+}
+
+/* A TP group on device buffers: the staged reference cannot combine on the host: refused. */
+static void test_staged_refuses_tp(void **state) {
+    (void)state;
+    hcase c;
+    hc_init(&c, &g_rng, 4, 8, 5, 10, 0, 0, SPH_F32);
+    static const sph_comm_ops ops = {no_allgather, NULL, NULL};
+    struct sph_comm comm;
+    memset(&comm, 0, sizeof comm);
+    comm.backend = SPH_COMM_NCCL, comm.rank = 0, comm.size = 2, comm.ops = &ops;
+    comm.device_buffers = 1;
+    sph_ctx_t d = fake_device_ctx();
+    d->tp_comm = &comm;
+    hc_wire(&c, HC_LP);
+    on_device(&c);
+    hc_poison(&c);
+    expect_status(hc_run(d, SPH_HEAD_FORWARD, &c.a), SPH_ERR_UNSUPPORTED, "TP group of 2 ranks");
+    assert_true(isnan(c.lp[0]));
+    sph_ctx_destroy(d);
+    hc_free(&c);
+}
+
+int main(void) {
+    rng_seed(&g_rng, test_seed());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_staged_reference),
+        cmocka_unit_test(test_staged_padded_accumulate),
+        cmocka_unit_test(test_staged_refuses_tp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
