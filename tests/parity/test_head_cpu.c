@@ -6,7 +6,8 @@
  * The grid crosses every dimension independently: input x gradient dtype (f32/f32, bf16/f32,
  * bf16/bf16, f16/f32, f16/f16) x mask kind (7) x accumulate x one-pass x softcap x
  * temperature = 560 configurations; the shape (7 awkward ones: N = 1, V_loc = 1, V_loc not a
- * multiple of the 256-column tile, several row chunks, shards of a larger vocabulary) and the
+ * multiple of the 256-column tile, several row chunks, shards of a larger vocabulary, rows
+ * padded in hidden, weight and both gradients with the gaps checked untouched) and the
  * outputs + upstream gradients wanted (5 sets: each output alone, each upstream alone, all)
  * are assigned by a seed-offset rotation that meets every value of every other dimension
  * (asserted). Sample support runs the same 560-configuration cross on its own shapes. Every
@@ -22,21 +23,23 @@ static const char *g_kernel; /* the kernel set under test */
 
 typedef struct shape {
     int64_t N, H, V_loc, V, v0, K, chunk;
+    int64_t pad; /* > 0: hidden, weight, dhidden, dweight rows padded by pad elements */
 } shape;
 
 /* full vocabulary: tiles are 256 columns; 257 = 256 + 1, 513 = 2 x 256 + 1, 777 = 3 x 256 + 9,
  * 1000 = 3 x 256 + 232; chunk = rows per chunk (0 = automatic, one chunk here) */
 static const shape SHAPES[] = {
-    {1, 5, 1, 1, 0, 0, 0},        {7, 33, 257, 257, 0, 0, 0},   {37, 65, 513, 513, 0, 0, 8},
-    {19, 17, 1, 5, 2, 0, 4},      {50, 31, 777, 800, 5, 0, 16}, {64, 24, 300, 300, 0, 0, 32},
-    {23, 48, 1000, 1500, 300, 0, 0},
+    {1, 5, 1, 1, 0, 0, 0, 0},        {7, 33, 257, 257, 0, 0, 0, 0},
+    {37, 65, 513, 513, 0, 0, 8, 3},  {19, 17, 1, 5, 2, 0, 4, 0},
+    {50, 31, 777, 800, 5, 0, 16, 0}, {64, 24, 300, 300, 0, 0, 32, 5},
+    {23, 48, 1000, 1500, 300, 0, 0, 0},
 };
 /* sample support: K candidates per row (some padding), a shard of a larger vocabulary where
  * rows have candidates outside the shard or none inside */
 static const shape SUPPORT_SHAPES[] = {
-    {1, 7, 50, 50, 0, 17, 0},     {23, 40, 301, 301, 0, 5, 0}, {64, 65, 129, 129, 0, 17, 0},
-    {9, 16, 40, 100, 10, 5, 0},   {33, 24, 257, 257, 0, 9, 0}, {5, 3, 7, 7, 0, 4, 0},
-    {40, 48, 600, 600, 0, 33, 0},
+    {1, 7, 50, 50, 0, 17, 0, 0},    {23, 40, 301, 301, 0, 5, 0, 2}, {64, 65, 129, 129, 0, 17, 0, 0},
+    {9, 16, 40, 100, 10, 5, 0, 0},  {33, 24, 257, 257, 0, 9, 0, 0}, {5, 3, 7, 7, 0, 4, 0, 1},
+    {40, 48, 600, 600, 0, 33, 0, 0},
 };
 #define N_SHAPES 7
 
@@ -70,11 +73,11 @@ static void case_str(const pcase *p, char *s, size_t n) {
     const shape *S = p->support ? &SUPPORT_SHAPES[p->shape] : &SHAPES[p->shape];
     snprintf(s, n,
              "head_cpu(kernel=%s,%s,shape=%d:N=%lld,H=%lld,V_loc=%lld,V=%lld,v0=%lld,K=%lld,"
-             "chunk=%lld,dtype=%s,grads=%s,mask=%s,acc=%d,one_pass=%d,cap=%g,T=%g,outs=%u,"
-             "ups=%u,draw=%llu)",
+             "chunk=%lld,pad=%lld,dtype=%s,grads=%s,mask=%s,acc=%d,one_pass=%d,cap=%g,T=%g,"
+             "outs=%u,ups=%u,draw=%llu)",
              g_kernel ? g_kernel : "best", p->support ? "support" : "full", p->shape,
              (long long)S->N, (long long)S->H, (long long)S->V_loc, (long long)S->V,
-             (long long)S->v0, (long long)S->K, (long long)S->chunk,
+             (long long)S->v0, (long long)S->K, (long long)S->chunk, (long long)S->pad,
              sph_dtype_name(DT_IN[p->dtg]), sph_dtype_name(DT_GRAD[p->dtg]),
              MASK_NAME[p->mask], p->acc, p->one_pass, p->cap ? 3.0 : 0.0, p->temp ? 0.7 : 1.0,
              (p->support ? SWANT_OUT : WANT_OUT)[p->wanted],
@@ -138,6 +141,84 @@ static void bufs_free(bufs *b) {
     free(b->g), free(b->e), free(b->gl), free(b->gm);
 }
 
+/* Padded rows: the kernel sees hidden, weight, dhidden and dweight with row stride H + pad
+ * (copies of the case's compact data, the gaps filled with 0xff bytes: NaN if read); after
+ * the run the gradients come back into the compact buffers and every gap must still hold
+ * the 0xff bytes (dhidden, dweight) or be unchanged (hidden, weight). */
+typedef struct padded {
+    int64_t pad, ld;
+    void *h, *w, *dh, *dw;
+    int64_t st_h[2], st_w[2], st_dh[2], st_dw[2];
+} padded;
+
+static void *pad_copy(const void *src, int64_t rows, int64_t H, int64_t ld, size_t es) {
+    char *d = hc_alloc((size_t)(rows * ld) * es);
+    memset(d, 0xff, (size_t)(rows * ld) * es);
+    for (int64_t i = 0; i < rows; i++)
+        memcpy(d + (size_t)(i * ld) * es, (const char *)src + (size_t)(i * H) * es, (size_t)H * es);
+    return d;
+}
+
+static void pad_unpack(void *dst, const void *src, int64_t rows, int64_t H, int64_t ld, size_t es) {
+    for (int64_t i = 0; i < rows; i++)
+        memcpy((char *)dst + (size_t)(i * H) * es, (const char *)src + (size_t)(i * ld) * es,
+               (size_t)H * es);
+}
+
+static int pad_gaps_ff(const char *what, const char *cs, const void *buf, int64_t rows,
+                       int64_t H, int64_t ld, size_t es) {
+    for (int64_t i = 0; i < rows; i++)
+        for (size_t b = (size_t)H * es; b < (size_t)ld * es; b++)
+            if (((const unsigned char *)buf)[(size_t)(i * ld) * es + b] != 0xff) {
+                fprintf(stderr, "FAIL %s %s: row %lld's padding written\n", what, cs,
+                        (long long)i);
+                return 0;
+            }
+    return 1;
+}
+
+static void pad_make(const hcase *c, int64_t pad, padded *P) {
+    memset(P, 0, sizeof *P);
+    P->pad = pad, P->ld = c->H + pad;
+    if (!pad) return;
+    size_t es = hc_esize(c->dt), gs = hc_esize(c->gdt);
+    P->h = pad_copy(c->h, c->N, c->H, P->ld, es);
+    P->w = pad_copy(c->w, c->V_loc, c->H, P->ld, es);
+    P->dh = pad_copy(c->dh, c->N, c->H, P->ld, gs); /* the start values (or poison) */
+    P->dw = pad_copy(c->dw, c->V_loc, c->H, P->ld, gs);
+}
+
+/* After hc_wire: hidden, weight, dhidden, dweight point at the padded copies. */
+static void pad_wire(hcase *c, padded *P) {
+    if (!P->pad) return;
+    P->st_h[0] = P->st_w[0] = P->st_dh[0] = P->st_dw[0] = P->ld;
+    P->st_h[1] = P->st_w[1] = P->st_dh[1] = P->st_dw[1] = 1;
+    c->th.data = P->h, c->th.strides = P->st_h;
+    c->tw.data = P->w, c->tw.strides = P->st_w;
+    c->tdh.data = P->dh, c->tdh.strides = P->st_dh;
+    c->tdw.data = P->dw, c->tdw.strides = P->st_dw;
+}
+
+/* The gradients back into c's compact buffers; the gaps checked. */
+static int pad_finish(hcase *c, padded *P, const char *cs) {
+    if (!P->pad) return 1;
+    size_t es = hc_esize(c->dt), gs = hc_esize(c->gdt);
+    pad_unpack(c->dh, P->dh, c->N, c->H, P->ld, gs);
+    pad_unpack(c->dw, P->dw, c->V_loc, c->H, P->ld, gs);
+    int ok = pad_gaps_ff("dhidden", cs, P->dh, c->N, c->H, P->ld, gs);
+    ok &= pad_gaps_ff("dweight", cs, P->dw, c->V_loc, c->H, P->ld, gs);
+    ok &= pad_gaps_ff("hidden", cs, P->h, c->N, c->H, P->ld, es);
+    ok &= pad_gaps_ff("weight", cs, P->w, c->V_loc, c->H, P->ld, es);
+    void *hh = hc_alloc((size_t)(c->N * c->H) * es), *ww = hc_alloc((size_t)(c->V_loc * c->H) * es);
+    pad_unpack(hh, P->h, c->N, c->H, P->ld, es);
+    pad_unpack(ww, P->w, c->V_loc, c->H, P->ld, es);
+    ok &= hc_untouched("input hidden (padded rows)", cs, hh, c->h, (size_t)(c->N * c->H) * es);
+    ok &= hc_untouched("input weight (padded rows)", cs, ww, c->w, (size_t)(c->V_loc * c->H) * es);
+    free(hh), free(ww);
+    free(P->h), free(P->w), free(P->dh), free(P->dw);
+    return ok;
+}
+
 static int g_configs[2];  /* configurations checked: full, support */
 static int64_t g_active_cases[2]; /* of them with active rows */
 static int g_cover[2][8][8][N_SHAPES], g_cover_w[2][8][8][N_WANTED];
@@ -197,7 +278,10 @@ static int check_case(sph_rng *r, const pcase *p) {
     void *dh_before = hc_dup(h.dh, nh * gb), *dw_before = hc_dup(h.dw, nw * gb);
     float *poisoned = hc_alloc((size_t)N * 4 + 4);
     poison_f32(poisoned, (size_t)N);
+    padded P;
+    pad_make(&h, S->pad, &P);
     hc_wire(&h, outs | m | (p->one_pass ? ups | HC_DH | HC_DW : 0));
+    pad_wire(&h, &P);
     h.a.temperature = T, h.a.softcap = cap;
     h.a.accumulate_dhidden = h.a.accumulate_dweight = p->acc;
     sph_status st = hc_run(ctx, SPH_HEAD_FORWARD, &h.a);
@@ -206,12 +290,17 @@ static int check_case(sph_rng *r, const pcase *p) {
         ok = 0;
     }
     if (!p->one_pass && st == SPH_OK) {
+        if (P.pad) { /* compare the logical elements: the gaps are checked at the end */
+            pad_unpack(h.dh, P.dh, N, H, P.ld, gb);
+            pad_unpack(h.dw, P.dw, VL, H, P.ld, gb);
+        }
         ok &= hc_untouched("dhidden during the forward", cs, h.dh, dh_before, nh * gb);
         ok &= hc_untouched("dweight during the forward", cs, h.dw, dw_before, nw * gb);
         float *keep[5] = {hc_dup(h.lp, (size_t)N * 4), hc_dup(h.ent, (size_t)N * 4),
                           hc_dup(h.lse, (size_t)N * 4), hc_dup(h.lm, (size_t)N * 4),
                           hc_dup(h.stats, (size_t)N * 12)};
         hc_wire(&h, ups | HC_DH | HC_DW | m);
+        pad_wire(&h, &P);
         h.a.temperature = T, h.a.softcap = cap;
         h.a.accumulate_dhidden = h.a.accumulate_dweight = p->acc;
         st = hc_run(ctx, SPH_HEAD_BACKWARD, &h.a);
@@ -227,6 +316,7 @@ static int check_case(sph_rng *r, const pcase *p) {
         }
     }
     sph_ctx_destroy(ctx);
+    ok &= pad_finish(&h, &P, cs);
     ok &= bufs_same(&h, &in, cs);
 
     /* per-row outputs: requested ones hold the reference's values, the others the poison */
