@@ -464,6 +464,7 @@ static void test_tp(void **state) {
     double t0 = now_s();
     for (int k = 0; k < N_TP_CFGS; k++, g_tp_checked++) ok &= tp_check_cfg(&r, g_kernel, &TP_CFGS[k]);
     fprintf(stderr, "tp: %d configurations in %.1f s\n", N_TP_CFGS, now_s() - t0);
+    assert_int_equal(g_tp_checked, N_TP_CFGS);
     assert_true(ok);
 }
 
