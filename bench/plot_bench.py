@@ -15,7 +15,9 @@ import json
 import sys
 
 
-def load(path):
+def load(path, skip_unmeasured=False):
+    """Records of a JSON Lines file; with skip_unmeasured, rows without a time (peers.py writes
+    failed and skipped peers with "ms": null) are left out instead of refused."""
     recs = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -23,6 +25,8 @@ def load(path):
                 continue
             try:
                 r = json.loads(line)
+                if skip_unmeasured and r.get("ms") is None:
+                    continue
                 float(r["ms"]), float(r["active"]), r["shape"], int(r["N"])
             except (ValueError, KeyError, TypeError) as e:
                 sys.exit(f"plot_bench: {path}:{i}: not a bench record ({e})")
@@ -51,7 +55,8 @@ def main():
     recs = [r for r in recs if int(r["N"]) == N]
     if not recs:
         sys.exit(f"plot_bench: no records at N = {N}")
-    peers = [r for r in load(a.peers) if int(r["N"]) == N] if a.peers else []
+    peers = [r for r in load(a.peers, skip_unmeasured=True) if int(r["N"]) == N] \
+        if a.peers else []
     shapes = sorted({r["shape"] for r in recs})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
     for ax, sh in zip(axes[0], shapes):

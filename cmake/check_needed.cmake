@@ -24,4 +24,13 @@ list(LENGTH needed n)
 if(bad)
   message(FATAL_ERROR "check_needed: ${LIB} needs a CUDA library of its own:\n  ${bad}")
 endif()
-message(STATUS "check_needed: ${LIB}: ${n} NEEDED entries, none of cudart/cuBLAS/NCCL")
+# An undefined cublas*/nccl*/cuda* symbol would be a call that bypasses the run-time tables
+# (cublas_shim.h, nccl_shim.h) or the static runtime: dlopen(RTLD_NOW) of the library fails.
+execute_process(COMMAND ${READELF} --dyn-syms -W ${LIB} OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
+string(REGEX MATCHALL "UND (cublas|nccl|cuda)[A-Za-z0-9_]*" und "${syms}")
+if(und)
+  message(FATAL_ERROR "check_needed: ${LIB} has undefined CUDA-library symbols (call them "
+                      "through cublas_shim.h / nccl_shim.h):\n  ${und}")
+endif()
+message(STATUS "check_needed: ${LIB}: ${n} NEEDED entries, none of cudart/cuBLAS/NCCL, no "
+               "undefined cublas/nccl/cuda symbol")

@@ -56,6 +56,8 @@ extern "C" {
 #define SPH_API __attribute__((visibility("default")))
 #endif
 
+/* The version, in one place: CMakeLists.txt reads these lines, sph_version() is built from
+ * them, the Python package reports sph_version() and its build reads them too. */
 #define SPH_VERSION_MAJOR 0
 #define SPH_VERSION_MINOR 1
 #define SPH_VERSION_PATCH 0
@@ -91,7 +93,8 @@ SPH_API const char *sph_status_str(sph_status s);
 /* This thread's message for the last failed call ("" if none). Valid until the next failing
  * call on this thread. */
 SPH_API const char *sph_last_error(void);
-/* Library version as "major.minor.patch". */
+/* Library version as "major.minor.patch" (SPH_VERSION_MAJOR . MINOR . PATCH of this header at
+ * the library's build). */
 SPH_API const char *sph_version(void);
 
 /* Optional log sink; silent by default. level: 0 error, 1 warn, 2 info, 3 debug. The
@@ -156,13 +159,54 @@ typedef struct sph_tensor {
 typedef struct sph_ctx *sph_ctx_t;
 typedef struct sph_comm *sph_comm_t;
 
+/* A/B switches of the CUDA head (sph_ctx_opts.cuda_flags, or'd). The defaults are the measured
+ * best (notes/cuda-notes.md); each switch turns one choice off to measure what it buys. All of
+ * them keep the results within the parity tolerances (the reductions' order may change, so
+ * bits may too). CPU contexts ignore them. The library never reads the environment for them:
+ * sph_ctx_opts_apply_env maps the SPH_CUDA_* variables of the benchmark scripts onto them for
+ * callers that want that (the CLI, the benchmarks and the GPU tests do). */
+typedef enum sph_cuda_flag {
+    SPH_CUDA_FLAG_NO_GATHER = 1u << 0,      /* chunks never cross spans (SPH_CUDA_GATHER=0) */
+    SPH_CUDA_FLAG_NO_SQUARE = 1u << 1,      /* the backward keeps whole-shard rows instead of
+                                               square chunk x split tiles (SPH_CUDA_SQUARE=0) */
+    SPH_CUDA_FLAG_NO_FUSED = 1u << 2,       /* no sm_90a fused epilogues: cuBLAS + staged fp32
+                                               logits (SPH_CUDA_FUSED=0) */
+    SPH_CUDA_FLAG_NO_COLOUTER = 1u << 3,    /* the gradient sweep is always row-outer
+                                               (SPH_CUDA_COLOUTER=0) */
+    SPH_CUDA_FLAG_DENSE_BACKWARD = 1u << 4, /* the backward computes every row, the mask zeroing
+                                               the inactive ones: the dense baseline of the
+                                               active-row savings (SPH_CUDA_BWD_DENSE=1) */
+    SPH_CUDA_FLAG_NO_SM90 = 1u << 5,        /* no sm_90a wgmma/TMA kernel at all: the fused
+                                               epilogues and the batch-invariant logits take the
+                                               portable paths (SPH_CUDA_SM90=0) */
+    SPH_CUDA_FLAG_PINGPONG = 1u << 6,       /* the sm_90a kernel's ping-pong schedule whatever H
+                                               (SPH_CUDA_PINGPONG=1); default: H picks */
+    SPH_CUDA_FLAG_COOPERATIVE = 1u << 7,    /* its cooperative schedule whatever H
+                                               (SPH_CUDA_PINGPONG=0); exclusive with PINGPONG */
+    SPH_CUDA_FLAG_NO_STORE16 = 1u << 8,     /* the fused epilogues store half-precision pairs (4
+                                               bytes) instead of 16-byte words
+                                               (SPH_CUDA_STORE16=0) */
+    /* One-pass forward, forced (default: the layout picks; at most one of the three): */
+    SPH_CUDA_FLAG_ONEPASS_E = 1u << 9,      /* staged E: the fused statistics epilogue keeps
+                                               exp(z - m_tile) in f16, turned into dlogits in
+                                               place (SPH_CUDA_ONEPASS=e) */
+    SPH_CUDA_FLAG_ONEPASS_F32 = 1u << 10,   /* staged fp32 logits, unfused kernels
+                                               (SPH_CUDA_ONEPASS=f32) */
+    SPH_CUDA_FLAG_ONEPASS_RECOMPUTE = 1u << 11 /* statistics of every chunk, then the
+                                               backward's sweep recomputing the logits
+                                               (SPH_CUDA_ONEPASS=recompute) */
+} sph_cuda_flag;
+
 typedef struct sph_ctx_opts {
-    size_t struct_size;       /* sizeof(sph_ctx_opts); set by SPH_CTX_OPTS_INIT */
+    size_t struct_size;       /* sizeof(sph_ctx_opts); set by SPH_CTX_OPTS_INIT. Fields are only
+                                 appended: an older, shorter struct_size leaves the new ones 0 */
     sph_device device;        /* CPU or CUDA device to run on */
     void *stream;             /* cudaStream_t for CUDA contexts; NULL = default stream */
     int num_threads;          /* CPU threads; 0 = all available (OMP_NUM_THREADS honoured) */
     const char *force_kernel; /* "ref", "avx2", "avx512", "cuda", ...; NULL = best (env
-                                 SPH_KERNEL overrides when NULL) */
+                                 SPH_KERNEL overrides when NULL). "ref" on a CUDA context runs
+                                 the float64 reference on host copies of the tensors (staged,
+                                 synchronous, no TP group): a path for tests and debugging */
     int allow_tf32;           /* CUDA fp32 inputs may use TF32 tensor cores */
     int batch_invariant;      /* CUDA: a row's outputs do not depend on other rows, N, mask */
     int64_t chunk_rows;       /* rows per chunk of staged logits; 0 = automatic */
@@ -171,12 +215,23 @@ typedef struct sph_ctx_opts {
     sph_comm_t tp_comm;       /* tensor-parallel group (vocab shards); NULL = none. Not owned */
     const char *tune_cache;   /* path of the autotuning cache; NULL = default
                                  ($SPH_TUNE_CACHE, else $XDG_CACHE_HOME/spanhead/tune.json) */
+    uint32_t cuda_flags;      /* sph_cuda_flag switches, or'd; 0 = the defaults. Unknown bits,
+                                 PINGPONG with COOPERATIVE, or two ONEPASS flags are
+                                 SPH_ERR_INVALID_ARG */
 } sph_ctx_opts;
 
-#define SPH_CTX_OPTS_INIT                                                                     \
-    {                                                                                         \
-        sizeof(sph_ctx_opts), {SPH_DEVICE_CPU, 0}, NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL      \
-    }
+#define SPH_CTX_OPTS_INIT { .struct_size = sizeof(sph_ctx_opts), .device = {SPH_DEVICE_CPU, 0} }
+
+/* Sets opts->cuda_flags from the environment variables of the benchmark scripts, for callers
+ * that want them honoured (the library itself never reads them): SPH_CUDA_GATHER,
+ * SPH_CUDA_SQUARE, SPH_CUDA_FUSED, SPH_CUDA_COLOUTER and SPH_CUDA_SM90 ("0" sets the switch
+ * that turns the choice off, "1" clears it), SPH_CUDA_BWD_DENSE ("1" sets DENSE_BACKWARD, "0"
+ * clears it), SPH_CUDA_PINGPONG ("1" ping-pong, "0" cooperative), SPH_CUDA_STORE16 ("0" sets
+ * NO_STORE16), SPH_CUDA_ONEPASS ("e", "f32", "recompute", or "auto" for none of them). A
+ * variable that is unset or empty leaves its switch as it is. Errors: SPH_ERR_INVALID_ARG
+ * (opts NULL or too short, a value other than those, naming the variable and the value; opts
+ * unchanged then). */
+SPH_API sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts);
 
 /* Creates a context: picks the kernel set (CPU ISA or GPU capability), creates library
  * handles (cuBLAS) on CUDA. Errors: SPH_ERR_NO_DEVICE, SPH_ERR_UNSUPPORTED (CUDA requested
@@ -199,7 +254,7 @@ SPH_API sph_status sph_ctx_synchronize(sph_ctx_t ctx);
 SPH_API int sph_cuda_device_count(void);
 
 /* ---------------------------------------------------------------------------------------- */
-/* Host metadata: alignment, packed layouts, CP-local rows (DESIGN.md section 2)             */
+/* Host metadata: alignment, packed layouts, CP-local rows (docs/design.md section 3)        */
 /* ---------------------------------------------------------------------------------------- */
 
 typedef enum sph_fp8 {
@@ -214,7 +269,7 @@ typedef struct sph_parallel {
     sph_fp8 fp8;   /* FP8 recipe, changes the token alignment */
 } sph_parallel;
 
-#define SPH_PARALLEL_INIT {1, 1, SPH_FP8_NONE}
+#define SPH_PARALLEL_INIT { .tp = 1, .cp = 1, .fp8 = SPH_FP8_NONE }
 
 /* Alignment: sequence = 2TC if C > 1 else 1; total = 2TC if C > 1 else T, lcm'd with the FP8
  * token alignment (MXFP8 32TC; blockwise 128TC if T > 1 else 16C); unpacked (C = 1 only) =
@@ -284,16 +339,20 @@ typedef struct sph_batch_desc {
     const int64_t *sub_seq_counts;  /* [B]: how many sub-sequences each row has */
 } sph_batch_desc;
 
-#define SPH_BATCH_DESC_INIT {sizeof(sph_batch_desc), SPH_LAYOUT_UNPACKED, 0, 0, 0, NULL, NULL, NULL, NULL}
+#define SPH_BATCH_DESC_INIT                                                                   \
+    { .struct_size = sizeof(sph_batch_desc), .layout = SPH_LAYOUT_UNPACKED }
 
 typedef struct sph_spans_opts {
     size_t struct_size;
     sph_parallel par;
     int64_t cp_rank;  /* 0 <= cp_rank < par.cp */
-    int64_t gap;      /* coalesce active runs across inactive gaps of at most gap rows; default 128 */
+    int64_t gap;      /* coalesce active runs across inactive gaps of at most gap rows; default
+                         0: exact spans, which alone say which rows are active. A gap > 0 gives
+                         fewer spans that cover inactive rows too: pass the mask beside them */
 } sph_spans_opts;
 
-#define SPH_SPANS_OPTS_INIT {sizeof(sph_spans_opts), SPH_PARALLEL_INIT, 0, 128}
+#define SPH_SPANS_OPTS_INIT                                                                   \
+    { .struct_size = sizeof(sph_spans_opts), .par = SPH_PARALLEL_INIT, .cp_rank = 0, .gap = 0 }
 
 /* Result of sph_spans_build; freed by sph_spans_free. */
 typedef struct sph_spans {
@@ -342,7 +401,7 @@ typedef enum sph_pack_algo {
     SPH_PACK_BALANCED = 2  /* least-loaded, soft capacity */
 } sph_pack_algo;
 
-/* Bin packing (DESIGN.md section 2; details and the balanced soft cap in docs/metadata.md).
+/* Bin packing (docs/design.md section 3.7; details and the balanced soft cap in docs/metadata.md).
  * A sequence costs its length padded to the sequence alignment of par; bins hold at most
  * capacity rounded down to the total alignment, so every bin's packed layout fits capacity.
  *   FFD: first-fit decreasing. MFFD: Johnson & Garey's modified FFD. BALANCED: by decreasing
@@ -362,7 +421,11 @@ typedef struct sph_pack_opts {
     int64_t bin_multiple;  /* bin count a multiple of this (DP size; 0 or 1 = any) */
 } sph_pack_opts;
 
-#define SPH_PACK_OPTS_INIT {sizeof(sph_pack_opts), 0, SPH_PACK_FFD, SPH_PARALLEL_INIT, 0, 1}
+#define SPH_PACK_OPTS_INIT                                                                    \
+    {                                                                                         \
+        .struct_size = sizeof(sph_pack_opts), .capacity = 0, .algorithm = SPH_PACK_FFD,         \
+        .par = SPH_PARALLEL_INIT, .min_bins = 0, .bin_multiple = 1                             \
+    }
 
 typedef struct sph_pack_result {
     int64_t n_bins;
@@ -383,7 +446,7 @@ SPH_API sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_op
 SPH_API void sph_pack_free(sph_pack_result *r);
 
 /* ---------------------------------------------------------------------------------------- */
-/* The LM head (DESIGN.md section 1)                                                          */
+/* The LM head (docs/design.md section 2)                                                     */
 /* ---------------------------------------------------------------------------------------- */
 /*
  * One TP rank holds weight rows [vocab_start, vocab_start + V_loc) of vocab_total.
@@ -456,11 +519,8 @@ typedef struct sph_head_args {
     int allreduce_dhidden;            /* 1: sum dhidden over the TP group (comm required) */
 } sph_head_args;
 
-#define SPH_HEAD_ARGS_INIT                                                                    \
-    {                                                                                         \
-        sizeof(sph_head_args), NULL, NULL, NULL, NULL, 0, 0, 1.0, 0.0, NULL, NULL, 0, NULL,   \
-            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0               \
-    }
+/* Every field not named is 0 / NULL: no optional tensor, unsharded, softcap off. */
+#define SPH_HEAD_ARGS_INIT { .struct_size = sizeof(sph_head_args), .temperature = 1.0 }
 
 /* Workspace bytes the pass needs for these arguments (the same args later passed to the
  * pass). Always succeeds for valid args; 0 is a valid answer. */
@@ -480,6 +540,43 @@ SPH_API sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, vo
  * accumulating). */
 SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                                      size_t workspace_bytes);
+
+/* How a pass would run for these arguments: the workspace, how the rows and the vocabulary
+ * are cut, and the path taken, so that a benchmark row or a log can say when a budget forced
+ * the slower path (a one-pass forward that recomputes its logits does 8 N H V flops instead
+ * of 6). Same validation and answer as sph_head_workspace_size; host-only, no device work.
+ * path, one word:
+ *   "reference"   the float64 reference (force_kernel "ref")
+ *   "cpu"         the optimized CPU backend
+ *   "cublas"      CUDA: cuBLAS logits + elementwise kernels (logits staged in fp32)
+ *   "fused"       CUDA sm_90a: statistics / dlogits epilogues on the logits in registers
+ *   "staged-e"    CUDA one-pass: E = exp(z - m_tile) staged in f16, gradients per chunk
+ *   "staged-f32"  CUDA one-pass: fp32 logits staged, gradients per chunk
+ *   "recompute"   CUDA one-pass: statistics first, then the backward's sweep (8 N H V)
+ *   "support"     sample support (candidates given)
+ * flags: SPH_PASS_* below. */
+#define SPH_PASS_GATHERED 1u       /* chunks take rows across spans */
+#define SPH_PASS_VOCAB_OUTER 2u    /* gradient sweep vocabulary-outer */
+#define SPH_PASS_RECOMPUTES 4u     /* one-pass whose logits are computed twice (8 N H V) */
+#define SPH_PASS_OVER_BUDGET 8u    /* the workspace exceeds the budget (fixed accumulators) */
+#define SPH_PASS_BATCH_INVARIANT 16u
+
+typedef struct sph_head_pass_info {
+    size_t struct_size;       /* sizeof(sph_head_pass_info); set by SPH_HEAD_PASS_INFO_INIT */
+    size_t workspace_bytes;   /* = sph_head_workspace_size */
+    int64_t budget_bytes;     /* the budget the layout was cut to (0: not budgeted) */
+    int64_t chunk_rows;       /* rows per chunk (0: the backend does not chunk) */
+    int64_t n_chunks;
+    int64_t vocab_split;      /* columns per vocabulary split (V_loc: none) */
+    int64_t n_splits;
+    uint32_t flags;           /* SPH_PASS_* */
+    char path[24];            /* NUL-terminated */
+} sph_head_pass_info;
+
+#define SPH_HEAD_PASS_INFO_INIT {sizeof(sph_head_pass_info), 0, 0, 0, 0, 0, 0, 0, {0}}
+
+SPH_API sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass,
+                                     const sph_head_args *args, sph_head_pass_info *info);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */
@@ -502,7 +599,11 @@ typedef struct sph_comm_config {
     double temperature;
 } sph_comm_config;
 
-#define SPH_COMM_CONFIG_INIT {sizeof(sph_comm_config), 1, 1, 1, 0, 0, 0, {2, 32, 1}, 1.0}
+#define SPH_COMM_CONFIG_INIT                                                                  \
+    {                                                                                         \
+        .struct_size = sizeof(sph_comm_config), .tp = 1, .cp = 1, .dp = 1,                     \
+        .dtype = {SPH_DTYPE_FLOAT, 32, 1}, .temperature = 1.0                                  \
+    }
 
 /* A single-process communicator (tp = 1). */
 SPH_API sph_status sph_comm_create_none(sph_comm_t *comm);
@@ -539,7 +640,8 @@ typedef struct sph_tune_opts {
     int verbose;              /* print each candidate's time to stderr */
 } sph_tune_opts;
 
-#define SPH_TUNE_OPTS_INIT {sizeof(sph_tune_opts), {4, 16, 1}, 0, 0, 0, 0, 0}
+#define SPH_TUNE_OPTS_INIT                                                                    \
+    { .struct_size = sizeof(sph_tune_opts), .dtype = {SPH_DTYPE_BFLOAT, 16, 1} }
 
 /* Times candidate configurations (rows per staged chunk, vocabulary split width) of the
  * forward + backward for the shape on ctx's GPU (random data, every row active, median of

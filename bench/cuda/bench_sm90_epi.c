@@ -9,7 +9,7 @@
  *   stats           + the forward's per-row tile records (SPH_SM90_EPI_STATS)
  *   dlogits         + du in bf16 from the recomputed logits (SPH_SM90_EPI_DLOGITS)
  *   logits          + L in fp32 (SPH_SM90_EPI_L: the one-pass staging and batch-invariant path)
- * each for the ping-pong and the cooperative schedule (SPH_CUDA_PINGPONG=1 / 0). Two timings
+ * each for the ping-pong and the cooperative schedule (epi.schedule). Two timings
  * per row: "burst", one launch per event pair and synchronized (median of reps, after 2
  * warm-up launches), and "chain", 4 launches back to back timed as a whole (median of reps):
  * the H200 is power-limited, and the head issues its products back to back.
@@ -18,7 +18,6 @@
  * usage: bench_sm90_epi [--N 16384] [--H 2048] [--V 62080] [--reps 7]
  * Exits 77 without a CUDA device or off sm_90.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv: the schedule switch */
 #include <stdio.h>
 #ifndef SPH_HAVE_CUDA
 int main(void) {
@@ -178,14 +177,15 @@ int main(int argc, char **argv) {
                {"stats", SPH_SM90_EPI_STATS},
                {"dlogits", SPH_SM90_EPI_DLOGITS},
                {"logits", SPH_SM90_EPI_L}};
-    const char *sched[2] = {"1", "0"}, *sched_name[2] = {"ping-pong", "cooperative"};
+    const int sched[2] = {SPH_SM90_SCHED_PINGPONG, SPH_SM90_SCHED_COOPERATIVE};
+    const char *sched_name[2] = {"ping-pong", "cooperative"};
     for (int k = 0; k < 4; k++)
         for (int s = 0; s < 2; s++) {
-            setenv("SPH_CUDA_PINGPONG", sched[s], 1);
             op o;
             memset(&o, 0, sizeof o);
             o.h = dh, o.w = dw, o.N = N, o.V = V, o.H = H;
             o.ep.mode = ks[k].mode;
+            o.ep.schedule = sched[s];
             o.ep.L = dL, o.ep.ldL = V, o.ep.tile_recs = drec, o.ep.D = dD, o.ep.ldD = V;
             o.ep.tgt = dtgt, o.ep.inv_t = 1.f, o.ep.inv_V = 1.f / (float)V;
             o.ep.stats = dst, o.ep.g = dg;
@@ -195,7 +195,6 @@ int main(int argc, char **argv) {
                    b / cb_burst, c, c / cb_chain, flop / (c * 1e-3) / 1e12);
             fflush(stdout);
         }
-    unsetenv("SPH_CUDA_PINGPONG");
     CK(cudaFree(dh));
     CK(cudaFree(dw));
     CK(cudaFree(dL));

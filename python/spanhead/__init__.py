@@ -25,7 +25,8 @@ from .meta import (alignment, cp_local_rows, layout, pack, spans, spans_from_mas
 
 #: Path of the loaded C library.
 LIBRARY_PATH = _lib.LIBRARY_PATH
-__version__ = "0.1.0"
+#: The C library's version (sph_version(); one source: include/spanhead.h's SPH_VERSION_*).
+__version__ = _ext.version()
 
 
 def library_version() -> str:

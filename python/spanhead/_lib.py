@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import os
 
@@ -28,6 +29,32 @@ def _candidates() -> list[str]:
     return out
 
 
+def _carried(lib_dir: str) -> None:
+    """A wheel built with SPANHEAD_WHEEL_LIBS=auto carries the libraries libspanhead needs
+    beyond glibc in spanhead/.libs. Each is used only where the process has no library of that
+    soname and the machine's dynamic linker finds none: then it is loaded from the wheel, so
+    libspanhead's dependency resolves to it. No LD_LIBRARY_PATH either way."""
+    libs = os.path.join(lib_dir, ".libs")
+    if not os.path.isdir(libs):
+        return
+    pending = sorted(os.listdir(libs))
+    for _ in range(len(pending) + 1):  # dependencies among them: retry until no progress
+        left = []
+        for name in pending:
+            try:
+                ctypes.CDLL(name)  # already loaded, or the machine has it
+                continue
+            except OSError:
+                pass
+            try:
+                ctypes.CDLL(os.path.join(libs, name))
+            except OSError:
+                left.append(name)
+        if len(left) == len(pending):
+            break
+        pending = left
+
+
 def load() -> str:
     """Loads libspanhead (first candidate that exists) and returns its path."""
     _ext.set_error_classes(_errors.BY_STATUS)
@@ -36,6 +63,7 @@ def load() -> str:
         if os.path.sep in path and not os.path.exists(path):
             tried.append(path)
             continue
+        _carried(os.path.dirname(os.path.abspath(path)))
         _ext.load(path)
         return path
     raise ImportError("spanhead: cannot find libspanhead.so (tried: " + ", ".join(tried) +

@@ -111,7 +111,7 @@ def _load_doc(doc: Any) -> Mapping[str, Any]:
 
 
 def spans(doc: Any, tp: int = 1, cp: int = 1, cp_rank: int = 0, fp8: Optional[str] = "none",
-          gap: int = 128, full: bool = False) -> Dict[str, Any]:
+          gap: int = 0, full: bool = False) -> Dict[str, Any]:
     """Active mask and spans of a micro-batch, as ``spanhead spans`` prints them.
 
     doc: the CLI's input document (a dict, a JSON string or a path):
@@ -163,7 +163,7 @@ def spans(doc: Any, tp: int = 1, cp: int = 1, cp_rank: int = 0, fp8: Optional[st
     return out
 
 
-def spans_from_mask(mask: Any, gap: int = 128) -> np.ndarray:
+def spans_from_mask(mask: Any, gap: int = 0) -> np.ndarray:
     """Ordered [start, end) runs of the nonzero entries of a host 1-d mask, merged across gaps
     of at most ``gap`` zeros, as an (n_spans, 2) int64 array (what head calls take)."""
     m = np.asarray(mask)
@@ -186,7 +186,7 @@ def pack(lengths: Sequence[int], capacity: int, algorithm: str = "ffd", tp: int 
          bin_multiple: int = 1) -> Dict[str, Any]:
     """Packs sequences (their padded lengths under tp/cp/fp8) into bins of at most ``capacity``
     tokens, as ``spanhead pack`` prints it: {"bins": [[sequence index, ...], ...],
-    "bin_tokens": [...], "utilization": x}.
+    "bin_lengths": [[length, ...], ...], "bin_tokens": [...], "utilization": x}.
 
     algorithm: 'ffd' (first-fit decreasing), 'mffd' (modified FFD, Johnson & Garey) or
     'balanced' (least-loaded, soft capacity). min_bins / bin_multiple raise the bin count to a
@@ -195,10 +195,12 @@ def pack(lengths: Sequence[int], capacity: int, algorithm: str = "ffd", tp: int 
     algo = str(algorithm).lower()
     if algo not in _ALGO:
         raise InvalidArgumentError(f"algorithm: {algorithm!r} is not one of ffd, mffd, balanced")
-    bins, tokens, util = _ext.pack(_ints(lengths, "lengths"), _int(capacity, "capacity"),
+    lens = _ints(lengths, "lengths")
+    bins, tokens, util = _ext.pack(lens, _int(capacity, "capacity"),
                                    _ALGO[algo], _int(tp, "tp"), _int(cp, "cp"), _fp8(fp8),
                                    _int(min_bins, "min_bins"), _int(bin_multiple, "bin_multiple"))
-    return {"bins": bins, "bin_tokens": tokens, "utilization": util}
+    return {"bins": bins, "bin_lengths": [[int(lens[i]) for i in b] for b in bins],
+            "bin_tokens": tokens, "utilization": util}
 
 
 __all__ = ["alignment", "layout", "cp_local_rows", "spans", "spans_from_mask", "validate_spans",

@@ -1,4 +1,5 @@
-"""The LM head in float64 NumPy, written from the formulas of DESIGN.md / spanhead.h:
+"""The LM head in float64 NumPy, written from the formulas of docs/design.md section 2 and
+spanhead.h:
 
     u = h w^T ; z = (c tanh(u / c) if c > 0 else u) / T
     lse = log sum exp z ; p = exp(z - lse) ; logprob = z[t] - lse ; mu = sum p z
@@ -70,9 +71,17 @@ def head_ref(h, w, t=None, *, cand=None, temperature=1.0, softcap=0.0, active=No
     dz = np.where(sup, dz, 0.0)
     dz[~act] = 0.0
     du = dz * dudz
+    out["du"] = du  # dlogits (N, V), for the error bound of half-precision gradient products
     out["dhidden"] = du @ w
     out["dweight"] = du.T @ h
     return out
+
+
+def gemm_bound(du, a, u):
+    """Elementwise error bound of a gradient product whose operand du was rounded to a half
+    format of unit roundoff u (2**-8 bf16, 2**-11 f16) and whose result is rounded once more:
+    u * (|du| @ |a|), the product's own error; callers add u * |result| for the output."""
+    return u * (np.abs(du) @ np.abs(np.asarray(a, np.float64)))
 
 
 def close(name, got, ref, atol, rtol=None):

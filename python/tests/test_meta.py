@@ -1,4 +1,4 @@
-"""Host metadata through the binding: against the formulas of DESIGN.md section 2 (written
+"""Host metadata through the binding: against the formulas of docs/design.md section 3 (written
 independently here) and against the CLI's JSON (SPANHEAD_CLI, when set)."""
 
 import json

@@ -31,11 +31,20 @@ def make(seed, N, H, V, dtype, ignore_every=5):
     return h.to(DEV), w.to(DEV), t.to(DEV)
 
 
-@pytest.mark.parametrize("dtype,tol,gtol", [(torch.float32, 1e-4, 1e-3),
-                                            (torch.bfloat16, 1e-2, 3e-2)])
+# Tolerances from the arithmetic (issue 20). The logits accumulate in fp32 (exact FP32 for f32,
+# tensor cores on exactly representable bf16 products for bf16), so every per-row output is
+# float32 arithmetic on the inputs as given: F32_TOL relative to the values' scale for both
+# dtypes. bf16 gradients: D = dlogits is rounded to bf16 before the two gradient products and
+# the result to bf16 once: the GEMM's own error, bounded elementwise by
+# 2**-8 (|D| @ |W|) (resp. |D|^T @ |h|) + 2**-8 |grad| + F32_TOL * scale.
+F32_TOL = 5e-5
+BF16_U = 2.0 ** -8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mask_kind", ["none", "host", "device", "device+spans"])
 @pytest.mark.parametrize("N,H,V", [(1, 64, 1000), (257, 256, 8003), (1024, 512, 32000)])
-def test_matches_dense(dtype, tol, gtol, mask_kind, N, H, V):
+def test_matches_dense(dtype, mask_kind, N, H, V):
     """Adapter vs torch's own float64 logits/log_softmax/gather/entropy on the same inputs."""
     h, w, t = make(N * 7 + V, N, H, V, dtype)
     mask_cpu = torch.rand(N) < 0.4
@@ -53,17 +62,37 @@ def test_matches_dense(dtype, tol, gtol, mask_kind, N, H, V):
     ref = dense(hd, wd, t, ref_mask, 0.9)[:3]
     for name, got, want in zip(("logprob", "entropy", "lse"), out[:3], ref):
         err = (got.double() - want.detach()).abs().max().item()
-        assert err <= tol * max(1.0, want.abs().max().item()), f"{name}: max err {err:.3e}"
+        bound = F32_TOL * max(1.0, want.abs().max().item())
+        print(f"{name}: max err {err:.3e} (bound {bound:.3e})")
+        assert err <= bound, f"{name}: max err {err:.3e} > {bound:.3e}"
     if mask is not None:
         off = ~mask_cpu.to(DEV)
         assert torch.all(out.logprob[off] == 0) and torch.all(out.entropy[off] == 0)
     a, b = torch.randn(N, device=DEV), torch.randn(N, device=DEV)
     ((a * out.logprob).sum() + (b * out.entropy).sum() + 0.01 * out.lse.pow(2).sum()).backward()
-    ((a.double() * ref[0]).sum() + (b.double() * ref[1]).sum() +
-     0.01 * ref[2].pow(2).sum()).backward()
-    for name, got, want in (("dhidden", h.grad, hd.grad), ("dweight", w.grad, wd.grad)):
-        err = (got.double() - want).abs().max().item()
-        assert err <= gtol * max(1.0, want.abs().max().item()), f"{name}: max err {err:.3e}"
+    # the float64 reference, with dlogits kept for the bf16 error bound
+    u = hd @ wd.T
+    u.retain_grad()
+    z = u / 0.9
+    lsm = torch.log_softmax(z, -1)
+    valid = t >= 0
+    m = torch.ones(N, dtype=torch.float64, device=DEV) if ref_mask is None else \
+        ref_mask.double()
+    lp = lsm.gather(-1, t.clamp(min=0)[:, None])[:, 0] * valid * m
+    ent = -(lsm.exp() * lsm).sum(-1) * m
+    lse = torch.logsumexp(z, -1) * m
+    ((a.double() * lp).sum() + (b.double() * ent).sum() + 0.01 * lse.pow(2).sum()).backward()
+    D = u.grad.abs()
+    for name, got, want, gemm in (("dhidden", h.grad, hd.grad, lambda: D @ wd.detach().abs()),
+                                  ("dweight", w.grad, wd.grad,
+                                   lambda: D.T @ hd.detach().abs())):
+        err = (got.double() - want).abs()
+        bound = F32_TOL * max(1.0, want.abs().max().item())
+        if dtype == torch.bfloat16:
+            bound = bound + BF16_U * (gemm() + want.abs())
+        worst = (err - bound).max().item()
+        print(f"{name}: max err {err.max().item():.3e}, worst margin {worst:.3e}")
+        assert worst <= 0, f"{name}: max err {err.max().item():.3e} beyond the bound by {worst:.3e}"
     if mask is not None:
         assert torch.all(h.grad[~mask_cpu.to(DEV)] == 0)
 
@@ -158,3 +187,78 @@ def test_generic_api_on_gpu():
     assert b.dhidden.shape == (N, H) and b.dweight.shape == (V, H)
     with pytest.raises(spanhead.DeviceError):
         spanhead.head_forward(h, w.cpu(), t)
+
+
+# ---- torch.compile, autocast, drop-in cross-entropy on the GPU ------------------------------
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("mask_kind", ["device", "device+spans", "host"])
+def test_compile_fullgraph_equals_eager_cuda(backend, mask_kind):
+    torch._dynamo.reset()
+    N, H, V = 300, 128, 5003
+    h, w, t = make(21, N, H, V, torch.bfloat16)
+    mask_cpu = torch.rand(N) < 0.5
+    mask = mask_cpu if mask_kind == "host" else mask_cpu.to(DEV)
+    spans = torch.from_numpy(spanhead.spans_from_mask(mask_cpu.numpy(), 0)) \
+        if mask_kind == "device+spans" else None
+    adv = torch.randn(N, device=DEV)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+
+    def f(h, w, t, mask, spans, adv):
+        out = sht.logprobs(h, w, t, loss_mask=mask, spans=spans, entropy=True)
+        l1 = -(out.logprob * adv).sum() - 0.01 * out.entropy.sum()
+        l2 = sht.weighted_logprob_loss(h, w, t, adv / N, loss_mask=mask, spans=spans)
+        l3 = sht.linear_cross_entropy(h, w, t)
+        return l1 + l2 + l3
+
+    cf = torch.compile(f, fullgraph=True, backend=backend)
+    res = []
+    for fn in (cf, f):
+        h.grad = w.grad = None
+        y = fn(h, w, t, mask, spans, adv)
+        y.backward()
+        res.append((y.detach().float(), h.grad.float().clone(), w.grad.float().clone()))
+    for name, a, b in zip(("loss", "dhidden", "dweight"), res[0], res[1]):
+        err = (a - b).abs().max().item()
+        tol = (1e-6 if backend == "aot_eager" else F32_TOL) * max(1.0, b.abs().max().item())
+        if name != "loss":
+            tol = max(tol, BF16_U * b.abs().max().item() if backend == "inductor" else tol)
+        assert err <= tol, f"{backend} {mask_kind} {name}: max |diff| {err:.3e} > {tol:.3e}"
+
+
+def test_autocast_cuda_bf16_master_weight():
+    N, H, V = 200, 256, 7001
+    h, w, t = make(22, N, H, V, torch.float32)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    g = torch.randn(N, device=DEV)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        lp = sht.logprobs(h, w, t)
+    (lp * g).sum().backward()
+    assert lp.dtype == torch.float32 and w.grad.dtype == torch.float32
+    assert h.grad.dtype == torch.float32
+    hb = h.detach().bfloat16().double()
+    wb = w.detach().bfloat16().double()
+    ref = dense(hb, wb, t)[0]
+    err = (lp.double() - ref).abs().max().item()
+    assert err <= F32_TOL * max(1.0, ref.abs().max().item()), f"logprob: {err:.3e}"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_cuda(reduction):
+    import torch.nn.functional as F
+    N, H, V = 333, 128, 9001
+    h, w, t = make(23, N, H, V, torch.float32)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    loss = sht.linear_cross_entropy(h, w, t, reduction=reduction, label_smoothing=0.1)
+    loss.sum().backward()
+    hd = h.detach().double().requires_grad_(True)
+    wd = w.detach().double().requires_grad_(True)
+    ref = F.cross_entropy(hd @ wd.T, t, reduction=reduction, label_smoothing=0.1)
+    ref.sum().backward()
+    for name, a, b in (("loss", loss, ref), ("dhidden", h.grad, hd.grad),
+                       ("dweight", w.grad, wd.grad)):
+        err = (a.double() - b.detach()).abs().max().item()
+        assert err <= F32_TOL * max(1.0, b.abs().max().item()), f"{name}: {err:.3e}"

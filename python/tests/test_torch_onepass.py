@@ -40,8 +40,12 @@ def rel(got, want):
         1.0, want.double().abs().max().item())
 
 
+# Tolerances from the arithmetic (issue 20): per-row outputs and the loss are float32 arithmetic
+# on the inputs as given (bf16 products are exact in fp32); bf16 gradients carry the rounding of
+# dlogits to bf16 before the gradient products and of the result: a few units of 2**-8 of the
+# gradient's scale (the elementwise GEMM bound is checked in test_torch.py / test_head.py).
 @pytest.mark.parametrize("dtype,tol,gtol", [(torch.float32, 2e-5, 2e-5),
-                                            (torch.bfloat16, 3e-3, 2e-2)])
+                                            (torch.bfloat16, 2e-5, 4 * 2.0 ** -8)])
 @pytest.mark.parametrize("temperature,softcap", [(1.0, 0.0), (0.7, 4.0)])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("coef", [0.0, 0.37])
@@ -191,8 +195,8 @@ cuda = pytest.mark.skipif(not _CUDA, reason="no CUDA device visible to torch and
 
 
 @cuda
-@pytest.mark.parametrize("dtype,tol,gtol", [(torch.float32, 1e-4, 1e-3),
-                                            (torch.bfloat16, 1e-2, 3e-2)])
+@pytest.mark.parametrize("dtype,tol,gtol", [(torch.float32, 5e-5, 5e-5),
+                                            (torch.bfloat16, 5e-5, 6 * 2.0 ** -8)])
 @pytest.mark.parametrize("mask_kind", ["none", "host", "device", "device+spans"])
 @pytest.mark.parametrize("N,H,V", [(1, 64, 1000), (257, 256, 8003), (1024, 512, 32000)])
 def test_cuda_matches_two_pass_and_dense(dtype, tol, gtol, mask_kind, N, H, V):

@@ -1,61 +1,85 @@
 #!/usr/bin/env bash
-# The Python binding on a GPU machine (the lead runs this through the device tool; nothing is
-# built there: no pip registry, and its Python is 3.12 while the build machine has 3.11).
+# The Python package on the GPU machine, installed from its wheel (no build there: no registry,
+# Python 3.12 with torch 2.11+cu130 and transformers preinstalled; the wheel is cp39-abi3).
 #
-# Build here first, then carry the results:
-#   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2   (CUDA on)
-#   make python/spanhead/_spanhead.abi3.so                # the extension (stable ABI)
-#   pip install --target python/.pydeps pytest           # only if the GPU machine lacks pytest
-#   run: bash scripts/device/python_gpu.sh
-#   carry: ["build", "python/spanhead/_spanhead.abi3.so", "python/.pydeps"]
-# The extension is built against the CPython stable ABI (abi3, Py_LIMITED_API 3.9), so the
-# file built by 3.11 here imports on 3.12 there; it dlopens the library named by SPANHEAD_LIB.
+# Here (the build machine), once:
+#   bash scripts/device/python_gpu.sh prepare
+#     builds libspanhead with CUDA and without MPI (build-pywheel/), the wheel with the
+#     non-system libraries it needs beside it (OpenBLAS and its Fortran runtime, libgomp:
+#     SPANHEAD_WHEEL_LIBS=auto), into .whl/, and pytest (pure Python) into .whl/pydeps.
+# Then through the device tool:
+#   run:   bash scripts/device/python_gpu.sh
+#   carry: [".whl"]
 #
-# What it runs: the whole pytest suite of python/tests (CPU parts included), with the GPU
-# module test_torch_cuda.py (the adapter against torch's dense logits/log_softmax/gather/
-# entropy in float32 and bf16, CUDA-graph capture of forward+backward, no host sync in the hot
-# path), then a short timing against torch's dense path. The log goes to $OUT (or /tmp) as
-# python_gpu.txt, to be kept under bench/results/ with the machine line it opens with.
+# What it runs, with LD_LIBRARY_PATH unset (the wheel needs none) and the package imported
+# from the installed wheel (not the source tree), PASS/FAIL per part:
+#   1. the whole pytest suite of python/tests: the CPU tests, test_torch_cuda.py (dense float64
+#      references at the arithmetic's tolerances, torch.compile fullgraph on CUDA with device /
+#      host masks and spans, autocast, cross-entropy, CUDA-graph capture, no host sync),
+#      test_coexist.py on CUDA (both import orders; one libcublas and one libnccl in the
+#      process, torch's; spanhead over a torch.distributed NCCL group);
+#   2. test_hf.py once more with the models on the GPU (SPH_HF_DEVICE=cuda);
+#   3. examples/policy_gradient.py --backend torch and examples/grpo_hf.py on cuda;
+#   4. a short timing against torch's dense path (bench_torch_gpu.py).
+# The log goes to $OUT/python_gpu.txt (keep it under bench/results/ with its machine line).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+root=$PWD
+
+if [ "${1:-}" = prepare ]; then
+    set -e
+    py=${PYTHON:-python3}
+    [ -x build-venv/bin/python ] && py=build-venv/bin/python
+    cmake -S . -B build-pywheel -DCMAKE_BUILD_TYPE=Release -DSPH_MPI=OFF -DSPH_BUILD_TESTS=OFF \
+        -DSPH_BUILD_BENCH=OFF -DSPH_BUILD_CLI=OFF -DSPH_WERROR=ON >/dev/null
+    rm -rf .whl && mkdir -p .whl
+    SPANHEAD_BUILD_DIR=$root/build-pywheel SPANHEAD_WHEEL_LIBS=auto \
+        "$py" -m pip wheel --no-build-isolation --no-deps -w .whl ./python
+    "$py" -m pip install -q --no-deps --target .whl/pydeps pytest pluggy iniconfig packaging
+    unzip -l .whl/spanhead-*.whl | grep -E "libspanhead|\.libs/" || true
+    du -sh .whl
+    exit 0
+fi
+
 out=${OUT:-/tmp}
 log=$out/python_gpu.txt
-lib=${SPANHEAD_LIB:-}
-for c in build/libspanhead.so build/libspanhead.so.0 build/libspanhead.so.0.1.0 \
-         python/spanhead/libspanhead.so; do
-    [ -z "$lib" ] && [ -e "$c" ] && lib=$PWD/$c
-done
-if [ -z "$lib" ]; then
-    echo "python_gpu: no libspanhead.so (carry build/ or set SPANHEAD_LIB)" | tee "$log"
-    exit 1
-fi
-if [ ! -e python/spanhead/_spanhead.abi3.so ]; then
-    echo "python_gpu: python/spanhead/_spanhead.abi3.so missing (build it here and carry it)" \
+py=${PYTHON:-python3}
+whl=$(ls .whl/spanhead-*.whl 2>/dev/null | head -1)
+if [ -z "$whl" ]; then
+    echo "python_gpu: FAIL no .whl/spanhead-*.whl (run 'python_gpu.sh prepare' here and carry .whl)" \
         | tee "$log"
     exit 1
 fi
-export SPANHEAD_LIB=$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-# pytest for a machine without a registry: `pip install --target python/.pydeps pytest` here
-# (pure Python, works for 3.12 there) and carry python/.pydeps too.
-[ -d python/.pydeps ] && PYTHONPATH=$PYTHONPATH:$PWD/python/.pydeps
-[ -x build/spanhead ] && export SPANHEAD_CLI=$PWD/build/spanhead
-py=${PYTHON:-python3}
+site=$(mktemp -d)/site
+unset LD_LIBRARY_PATH SPANHEAD_LIB SPANHEAD_BUILD_DIR
 {
     echo "# python_gpu $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null)$(
-        git diff --quiet 2>/dev/null || echo +dirty)"
+        git diff --quiet 2>/dev/null || echo +dirty) wheel $(basename "$whl")"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
-    $py -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
-            "cuda", torch.version.cuda)'
-    echo "library: $SPANHEAD_LIB"
-    rc=0
-    if $py -c 'import pytest' 2>/dev/null; then
-        $py -m pytest -q -rs -p no:cacheprovider python/tests || rc=$?
-    else
-        echo "pytest missing: running the GPU checks without it is not supported"; rc=1
+    if ! $py -m pip install -q --no-deps --no-index --target "$site" "$whl" 2>/dev/null; then
+        mkdir -p "$site" && $py -m zipfile -e "$whl" "$site"  # a Python without pip
     fi
-    $py examples/policy_gradient.py --backend torch --device cuda --steps 20 || rc=$?
-    $py python/tests/bench_torch_gpu.py || rc=$?
-    echo "python_gpu: exit $rc"
+    export PYTHONPATH=$site:$root/.whl/pydeps NCCL_NVLS_ENABLE=0
+    $py -c 'import sys, torch, transformers, spanhead
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "transformers", transformers.__version__)
+print("spanhead", spanhead.__version__, "library", spanhead.LIBRARY_PATH,
+      "devices", spanhead.cuda_device_count())'
+    rc=0
+    part() {  # part NAME COMMAND...: runs it, prints PASS/FAIL NAME
+        local name=$1
+        shift
+        echo "== $name"
+        if "$@"; then echo "PASS $name"; else echo "FAIL $name"; rc=1; fi
+    }
+    part pytest $py -m pytest -q -rs -p no:cacheprovider python/tests
+    part pytest-hf-cuda env SPH_HF_DEVICE=cuda $py -m pytest -q -rs -p no:cacheprovider \
+        python/tests/test_hf.py
+    part example-policy-gradient $py examples/policy_gradient.py --backend torch --device cuda \
+        --steps 20
+    part example-grpo-hf $py examples/grpo_hf.py --device cuda
+    part bench-torch $py python/tests/bench_torch_gpu.py
+    echo "python_gpu: $([ $rc = 0 ] && echo PASS || echo FAIL) (exit $rc)"
     exit $rc
 } 2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"

@@ -1,12 +1,16 @@
 /*
  * cli.h - the subcommands of the spanhead program. The CLI uses nothing but the public header
- * (plus cJSON); each subcommand lives in its own file and returns the process exit code
- * (0 success, 1 runtime failure, 2 usage error), printing a one-line message on failure.
+ * (plus cJSON, and BLAS to measure the CPU's dense GEMM rate) and one toolbox (util.h: numbers,
+ * random numbers, 16-bit floats, progress, atomic outputs; args.h: option tables). Each
+ * subcommand lives in its own file and returns the process exit code (0 success, 1 bad input
+ * data or runtime failure, 2 usage error), printing a one-line message on failure.
  */
 #ifndef SPH_CLI_H
 #define SPH_CLI_H
 
+#include "args.h"
 #include "spanhead.h"
+#include "util.h"
 
 int sph_cli_pack(int argc, char **argv);
 int sph_cli_layout(int argc, char **argv);
@@ -15,17 +19,24 @@ int sph_cli_run(int argc, char **argv);
 int sph_cli_bench(int argc, char **argv);
 int sph_cli_tune(int argc, char **argv);
 
-/* "spanhead <cmd>: <message>" on stderr; returns code. */
-int sph_cli_fail(const char *cmd, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* The FP8 recipes in sph_fp8 order, for option tables. */
+extern const char *const sph_cli_fp8_names[];
 
-/* The non-option argument arg of cmd, which takes one FILE (or -): an unknown option or a
- * second file is a usage error (returns 2 after the message), else *path = arg, returns 0. */
-int sph_cli_file_arg(const char *cmd, const char *arg, const char **path);
+/* Parses a command's table (sph_cli_parse), printing the help or the usage error itself:
+ * returns 0 to go on, else the exit code (0 after --help, 2 on a usage error) with *done set. */
+int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
+                          const sph_cli_opt *table, int argc, char **argv, void *dst,
+                          sph_cli_parsed *parsed, int *done);
 
-/* Seconds on CLOCK_MONOTONIC (wall-clock timings of the run and bench subcommands). */
-double sph_cli_now_s(void);
-/* qsort comparator for doubles, ascending (medians of repeated timings). */
-int sph_cli_cmp_double(const void *a, const void *b);
+/* The same for a command that takes exactly one FILE (or - for stdin): *path receives it; a
+ * missing or second file is a usage error. */
+int sph_cli_parse_file_cmd(const char *cmd, const char *synopsis, const char *description,
+                           const sph_cli_opt *table, int argc, char **argv, void *dst,
+                           const char **path, int *done);
+
+/* This machine's fp32 GEMM rate (flop/s) on an (m x K) x (K x n) product, the median of reps
+ * chains of `chain` products each timed whole (after one warm-up chain); BLAS sgemm. 0 when
+ * the buffers cannot be allocated. */
+double sph_cli_sgemm_rate(int64_t m, int64_t n, int64_t K, int chain, int reps);
 
 #endif

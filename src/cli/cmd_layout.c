@@ -3,69 +3,65 @@
  *   spanhead layout --tp T --cp C [--fp8 none|blockwise|mxfp8] L1 L2 ...
  * prints {"sequence_align":..,"total_align":..,"padded_lengths":[..],"cu_seqlens_padded":[..]}.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli.h"
 #include "json_util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: spanhead layout [--tp T] [--cp C] [--fp8 none|blockwise|mxfp8] L1 L2 ...\n"
-            "\n"
-            "Pads each sequence length to the sequence alignment (2*T*C under CP, else 1), grows\n"
-            "the final segment so the total is a multiple of the total alignment (T or 2*T*C,\n"
-            "lcm'd with the FP8 token alignment) and prints, as one line of JSON:\n"
-            "  {\"sequence_align\":..,\"total_align\":..,\"padded_lengths\":[..],"
-            "\"cu_seqlens_padded\":[..]}\n"
-            "\n"
-            "  --tp T    tensor-parallel size (default 1)\n"
-            "  --cp C    context-parallel size (default 1)\n"
-            "  --fp8 R   FP8 recipe: none (default), blockwise, mxfp8\n"
-            "Exit status: 0 ok, 1 bad lengths, 2 usage error.\n");
-}
+typedef struct layout_opts {
+    int64_t tp, cp;
+    int fp8;
+} layout_opts;
+
+static const sph_cli_opt k_opts[] = {
+    {"--tp", "T", SPH_OPT_I64, offsetof(layout_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tensor-parallel size (default 1)"},
+    {"--cp", "C", SPH_OPT_I64, offsetof(layout_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "context-parallel size (default 1)"},
+    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(layout_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
+     "FP8 recipe: none (default), blockwise, mxfp8"},
+    {NULL}};
+
+static const char k_synopsis[] =
+    "usage: spanhead layout [--tp T] [--cp C] [--fp8 none|blockwise|mxfp8] L1 L2 ...";
+static const char k_about[] =
+    "Pads each sequence length to the sequence alignment (2*T*C under CP, else 1), grows\n"
+    "the final segment so the total is a multiple of the total alignment (T or 2*T*C,\n"
+    "lcm'd with the FP8 token alignment) and prints, as one line of JSON:\n"
+    "  {\"sequence_align\":..,\"total_align\":..,\"padded_lengths\":[..],"
+    "\"cu_seqlens_padded\":[..]}";
 
 int sph_cli_layout(int argc, char **argv) {
-    sph_parallel par = SPH_PARALLEL_INIT;
+    layout_opts o = {1, 1, 0};
+    const char **pos = malloc(sizeof(char *) * (size_t)(argc + 1));
     int64_t *len = malloc(sizeof(int64_t) * (size_t)(argc + 1));
-    int64_t n = 0;
-    char err[512];
-    int rc = 0;
-    if (!len) return sph_cli_fail("layout", 1, "out of memory");
-    for (int i = 1; i < argc; i++) {
-        int matched = 0;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            free(len);
-            return 0;
-        }
-        if (sph_cli_par_opt(argc, argv, &i, &par, &matched, err, sizeof err)) {
-            rc = sph_cli_fail("layout", 2, "%s", err);
-            goto done;
-        }
-        if (matched) continue;
-        if (argv[i][0] == '-' && argv[i][1] == '-') {
-            rc = sph_cli_fail("layout", 2, "unknown option '%s' (see --help)", argv[i]);
-            goto done;
-        }
-        if (sph_cli_parse_i64(argv[i], INT64_MIN, INT64_MAX, &len[n])) {
-            rc = sph_cli_fail("layout", 2, "length '%s' is not an integer", argv[i]);
-            goto done;
-        }
-        n++;
+    int done = 0, rc = 0;
+    if (!pos || !len) {
+        free(pos), free(len);
+        return sph_cli_fail("layout", 1, "out of memory");
     }
+    sph_cli_parsed p = {.pos = pos};
+    rc = sph_cli_parse_or_exit("layout", k_synopsis, k_about, k_opts, argc, argv, &o, &p, &done);
+    if (done) goto out;
+    int64_t n = p.n_pos;
+    for (int64_t k = 0; k < n; k++)
+        if (sph_cli_parse_i64(pos[k], INT64_MIN, INT64_MAX, &len[k])) {
+            rc = sph_cli_fail("layout", 2, "length '%s' is not an integer", pos[k]);
+            goto out;
+        }
     if (n == 0) {
         rc = sph_cli_fail("layout", 2, "expected at least one sequence length (see --help)");
-        goto done;
+        goto out;
     }
+    sph_parallel par = {o.tp, o.cp, (sph_fp8)o.fp8};
     sph_alignment al;
     int64_t *pad = malloc(sizeof(int64_t) * (size_t)n), *cu = malloc(sizeof(int64_t) * (size_t)(n + 1));
     sph_status st = pad && cu ? sph_alignment_get(&par, &al) : SPH_ERR_ALLOC;
     if (st == SPH_OK) st = sph_layout_packed(&par, len, n, pad, cu);
     if (st != SPH_OK) {
-        rc = sph_cli_fail("layout", 1, "%s", st == SPH_ERR_ALLOC && !(pad && cu) ? "out of memory"
-                                                                               : sph_last_error());
+        rc = sph_cli_fail("layout", 1, "%s", !(pad && cu) ? "out of memory" : sph_last_error());
     } else {
         printf("{\"sequence_align\":%lld,\"total_align\":%lld,\"padded_lengths\":",
                (long long)al.sequence, (long long)al.total);
@@ -76,7 +72,8 @@ int sph_cli_layout(int argc, char **argv) {
     }
     free(pad);
     free(cu);
-done:
+out:
+    free(pos);
     free(len);
     return rc;
 }

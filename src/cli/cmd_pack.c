@@ -3,84 +3,78 @@
  *   spanhead pack --capacity N [--algorithm ffd|mffd|balanced] [--tp T --cp C --fp8 ..]
  *                 [--min-bins K] [--bin-multiple D] FILE|-
  * reads a JSON array of lengths (or one length per line) and prints
- * {"bins":[[index,..],..],"bin_tokens":[..],"utilization":x}.
+ * {"bins":[[index,..],..],"bin_lengths":[[length,..],..],"bin_tokens":[..],"utilization":x}.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli.h"
 #include "json_util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: spanhead pack --capacity N [--algorithm ffd|mffd|balanced]\n"
-            "                     [--tp T] [--cp C] [--fp8 none|blockwise|mxfp8]\n"
-            "                     [--min-bins K] [--bin-multiple D] FILE|-\n"
-            "\n"
-            "Packs sequence lengths (a JSON array, or one integer per line, from FILE or stdin)\n"
-            "into bins of at most N tokens. A sequence costs its length padded to the sequence\n"
-            "alignment of T, C; N is rounded down to the total alignment so each bin's packed\n"
-            "layout fits. Prints one line of JSON:\n"
-            "  {\"bins\":[[index,..],..],\"bin_tokens\":[..],\"utilization\":x}\n"
-            "with sequence indices by increasing index inside each bin, padded tokens per bin and\n"
-            "sum(tokens) / (bins * N).\n"
-            "\n"
-            "  --capacity N      tokens per bin (required)\n"
-            "  --algorithm A     ffd (default): first-fit decreasing; mffd: Johnson & Garey's\n"
-            "                    modified FFD; balanced: least-loaded, a sequence longer than N\n"
-            "                    gets a bin of its own\n"
-            "  --tp T, --cp C    parallel sizes (default 1); --fp8 R: none, blockwise, mxfp8\n"
-            "  --min-bins K      at least K bins\n"
-            "  --bin-multiple D  a multiple of D bins (the data-parallel size)\n"
-            "Exit status: 0 ok, 1 bad input data or infeasible request, 2 usage error.\n");
-}
+typedef struct pack_opts {
+    int64_t capacity, tp, cp, min_bins, bin_multiple;
+    int algorithm, fp8;
+} pack_opts;
+
+static const char *const k_algos[] = {"ffd", "mffd", "balanced", NULL}; /* sph_pack_algo order */
+
+static const sph_cli_opt k_opts[] = {
+    {"--capacity", "N", SPH_OPT_COUNT, offsetof(pack_opts, capacity), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tokens per bin (required)"},
+    {"--algorithm", "A", SPH_OPT_CHOICE, offsetof(pack_opts, algorithm), 0, 0, 0, 0, k_algos, 0,
+     "ffd (default): first-fit decreasing; mffd: Johnson & Garey's\n"
+     "modified FFD; balanced: least-loaded, a sequence longer than N\n"
+     "gets a bin of its own"},
+    {"--tp", "T", SPH_OPT_I64, offsetof(pack_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tensor-parallel size (default 1)"},
+    {"--cp", "C", SPH_OPT_I64, offsetof(pack_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "context-parallel size (default 1)"},
+    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(pack_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
+     "FP8 recipe: none (default), blockwise, mxfp8"},
+    {"--min-bins", "K", SPH_OPT_I64, offsetof(pack_opts, min_bins), 0, INT64_MAX, 0, 0, NULL, 0,
+     "at least K bins"},
+    {"--bin-multiple", "D", SPH_OPT_I64, offsetof(pack_opts, bin_multiple), 1, INT64_MAX, 0, 0,
+     NULL, 0, "a multiple of D bins (the data-parallel size)"},
+    {NULL}};
+
+static const char k_synopsis[] =
+    "usage: spanhead pack --capacity N [--algorithm ffd|mffd|balanced]\n"
+    "                     [--tp T] [--cp C] [--fp8 none|blockwise|mxfp8]\n"
+    "                     [--min-bins K] [--bin-multiple D] FILE|-";
+static const char k_about[] =
+    "Packs sequence lengths (a JSON array, or one integer per line, from FILE or stdin)\n"
+    "into bins of at most N tokens. A sequence costs its length padded to the sequence\n"
+    "alignment of T, C; N is rounded down to the total alignment so each bin's packed\n"
+    "layout fits. Prints one line of JSON:\n"
+    "  {\"bins\":[[index,..],..],\"bin_lengths\":[[length,..],..],\"bin_tokens\":[..],\n"
+    "   \"utilization\":x}\n"
+    "with sequence indices by increasing index inside each bin, their lengths, padded tokens\n"
+    "per bin and sum(tokens) / (bins * N).";
 
 int sph_cli_pack(int argc, char **argv) {
-    sph_pack_opts o = SPH_PACK_OPTS_INIT;
-    const char *path = NULL, *v = NULL;
+    pack_opts o = {0, 1, 1, 0, 1, 0, 0};
+    const char *path = NULL;
     char err[512];
-    int have_cap = 0;
-    for (int i = 1; i < argc; i++) {
-        int matched = 0;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (sph_cli_par_opt(argc, argv, &i, &o.par, &matched, err, sizeof err))
-            return sph_cli_fail("pack", 2, "%s", err);
-        if (matched) continue;
-        if (sph_cli_opt(argc, argv, &i, "--capacity", &v)) {
-            if (sph_cli_parse_i64(v, 1, INT64_MAX, &o.capacity))
-                return sph_cli_fail("pack", 2, "--capacity: '%s' is not an integer >= 1", v ? v : "");
-            have_cap = 1;
-        } else if (sph_cli_opt(argc, argv, &i, "--algorithm", &v)) {
-            if (v && !strcmp(v, "ffd")) o.algorithm = SPH_PACK_FFD;
-            else if (v && !strcmp(v, "mffd")) o.algorithm = SPH_PACK_MFFD;
-            else if (v && !strcmp(v, "balanced")) o.algorithm = SPH_PACK_BALANCED;
-            else return sph_cli_fail("pack", 2, "--algorithm: '%s', expected ffd, mffd or balanced", v ? v : "");
-        } else if (sph_cli_opt(argc, argv, &i, "--min-bins", &v)) {
-            if (sph_cli_parse_i64(v, 0, INT64_MAX, &o.min_bins))
-                return sph_cli_fail("pack", 2, "--min-bins: '%s' is not an integer >= 0", v ? v : "");
-        } else if (sph_cli_opt(argc, argv, &i, "--bin-multiple", &v)) {
-            if (sph_cli_parse_i64(v, 1, INT64_MAX, &o.bin_multiple))
-                return sph_cli_fail("pack", 2, "--bin-multiple: '%s' is not an integer >= 1", v ? v : "");
-        } else {
-            int rc = sph_cli_file_arg("pack", argv[i], &path);
-            if (rc) return rc;
-        }
-    }
-    if (!have_cap) return sph_cli_fail("pack", 2, "--capacity is required (see --help)");
-    if (!path) return sph_cli_fail("pack", 2, "expected a FILE of lengths or - (see --help)");
+    int done = 0, rc = sph_cli_parse_file_cmd("pack", k_synopsis, k_about, k_opts, argc, argv,
+                                              &o, &path, &done);
+    if (done) return rc;
+    if (!o.capacity) return sph_cli_fail("pack", 2, "--capacity is required (see --help)");
+    sph_pack_opts po = SPH_PACK_OPTS_INIT;
+    po.capacity = o.capacity;
+    po.algorithm = (sph_pack_algo)o.algorithm;
+    po.par = (sph_parallel){o.tp, o.cp, (sph_fp8)o.fp8};
+    po.min_bins = o.min_bins;
+    po.bin_multiple = o.bin_multiple;
     char *text = NULL;
     size_t len = 0;
     if (sph_cli_read_file(path, &text, &len, err, sizeof err)) return sph_cli_fail("pack", 1, "%s", err);
     int64_t *lengths = NULL, n = 0;
-    int rc = sph_cli_lengths_parse(text, len, &lengths, &n, err, sizeof err);
+    rc = sph_cli_lengths_parse(text, len, &lengths, &n, err, sizeof err);
     free(text);
     if (rc) return sph_cli_fail("pack", 1, "%s: %s", path, err);
     sph_pack_result *r = NULL;
-    sph_status st = sph_pack(lengths, n, &o, &r);
+    sph_status st = sph_pack(lengths, n, &po, &r);
     if (st != SPH_OK) {
         rc = sph_cli_fail("pack", 1, "%s: %s", path, sph_last_error());
     } else {
@@ -89,6 +83,13 @@ int sph_cli_pack(int argc, char **argv) {
             if (b) putchar(',');
             sph_cli_write_i64_array(stdout, r->items + r->bin_offsets[b],
                                     r->bin_offsets[b + 1] - r->bin_offsets[b]);
+        }
+        printf("],\"bin_lengths\":[");
+        for (int64_t b = 0; b < r->n_bins; b++) {
+            printf(b ? ",[" : "[");
+            for (int64_t k = r->bin_offsets[b]; k < r->bin_offsets[b + 1]; k++)
+                printf(k > r->bin_offsets[b] ? ",%lld" : "%lld", (long long)lengths[r->items[k]]);
+            putchar(']');
         }
         printf("],\"bin_tokens\":");
         sph_cli_write_i64_array(stdout, r->bin_tokens, r->n_bins);

@@ -5,63 +5,61 @@
  * "attention_mask":[[..]] (optional),"sub_seq_lengths":[[..]] (optional)} and prints
  * {"active_mask":[..],"active_rows":n,"local_rows":n,"local_active_rows":n,"spans":[[s,e],..]}.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli.h"
 #include "json_util.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: spanhead spans [--tp T] [--cp C] [--cp-rank R] [--fp8 none|blockwise|mxfp8]\n"
-            "                      [--gap G] FILE|-\n"
-            "\n"
-            "Reads a batch description (JSON) from FILE or stdin:\n"
-            "  {\"layout\":\"packed\"|\"unpacked\",\"sequence_length\":S,\"num_actions\":A,\n"
-            "   \"loss_mask\":[[A values] x B],\"attention_mask\":[[S values] x B] (optional),\n"
-            "   \"sub_seq_lengths\":[[lengths] x B] (optional)}\n"
-            "and prints the forward active mask of the full layout, the row counts and this CP\n"
-            "rank's ordered [start, end) spans over its local rows, as one line of JSON:\n"
-            "  {\"active_mask\":[..],\"active_rows\":n,\"local_rows\":n,\"local_active_rows\":n,"
-            "\"spans\":[[s,e],..]}\n"
-            "\n"
-            "  --tp T, --cp C   parallel sizes (default 1)\n"
-            "  --cp-rank R      this context-parallel rank, 0 <= R < C (default 0)\n"
-            "  --fp8 R          FP8 recipe: none (default), blockwise, mxfp8\n"
-            "  --gap G          merge active runs across at most G inactive rows (default 128)\n"
-            "See docs/metadata.md for the exact row semantics.\n"
-            "Exit status: 0 ok, 1 bad input data, 2 usage error.\n");
-}
+typedef struct spans_opts {
+    int64_t tp, cp, cp_rank, gap;
+    int fp8;
+} spans_opts;
+
+static const sph_cli_opt k_opts[] = {
+    {"--tp", "T", SPH_OPT_I64, offsetof(spans_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tensor-parallel size (default 1)"},
+    {"--cp", "C", SPH_OPT_I64, offsetof(spans_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
+     "context-parallel size (default 1)"},
+    {"--cp-rank", "R", SPH_OPT_I64, offsetof(spans_opts, cp_rank), 0, INT64_MAX, 0, 0, NULL, 0,
+     "this context-parallel rank, 0 <= R < C (default 0)"},
+    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(spans_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
+     "FP8 recipe: none (default), blockwise, mxfp8"},
+    {"--gap", "G", SPH_OPT_I64, offsetof(spans_opts, gap), 0, INT64_MAX, 0, 0, NULL, 0,
+     "merge active runs across at most G inactive rows (default 0:\n"
+     "exact spans, which alone say which rows are active; a gap > 0 makes\n"
+     "fewer spans that need the mask beside them)"},
+    {NULL}};
+
+static const char k_synopsis[] =
+    "usage: spanhead spans [--tp T] [--cp C] [--cp-rank R] [--fp8 none|blockwise|mxfp8]\n"
+    "                      [--gap G] FILE|-";
+static const char k_about[] =
+    "Reads a batch description (JSON) from FILE or stdin:\n"
+    "  {\"layout\":\"packed\"|\"unpacked\",\"sequence_length\":S,\"num_actions\":A,\n"
+    "   \"loss_mask\":[[A values] x B],\"attention_mask\":[[S values] x B] (optional),\n"
+    "   \"sub_seq_lengths\":[[lengths] x B] (optional)}\n"
+    "and prints the forward active mask of the full layout, the row counts and this CP\n"
+    "rank's ordered [start, end) spans over its local rows, as one line of JSON:\n"
+    "  {\"active_mask\":[..],\"active_rows\":n,\"local_rows\":n,\"local_active_rows\":n,"
+    "\"spans\":[[s,e],..]}\n"
+    "See docs/metadata.md for the exact row semantics.";
 
 int sph_cli_spans(int argc, char **argv) {
-    sph_spans_opts o = SPH_SPANS_OPTS_INIT;
-    const char *path = NULL, *v = NULL;
+    sph_spans_opts so = SPH_SPANS_OPTS_INIT;
+    spans_opts o = {1, 1, 0, so.gap, 0};
+    const char *path = NULL;
     char err[512];
-    for (int i = 1; i < argc; i++) {
-        int matched = 0;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (sph_cli_par_opt(argc, argv, &i, &o.par, &matched, err, sizeof err))
-            return sph_cli_fail("spans", 2, "%s", err);
-        if (matched) continue;
-        if (sph_cli_opt(argc, argv, &i, "--cp-rank", &v)) {
-            if (sph_cli_parse_i64(v, 0, INT64_MAX, &o.cp_rank))
-                return sph_cli_fail("spans", 2, "--cp-rank: '%s' is not an integer >= 0", v ? v : "");
-        } else if (sph_cli_opt(argc, argv, &i, "--gap", &v)) {
-            if (sph_cli_parse_i64(v, 0, INT64_MAX, &o.gap))
-                return sph_cli_fail("spans", 2, "--gap: '%s' is not an integer >= 0", v ? v : "");
-        } else {
-            int rc = sph_cli_file_arg("spans", argv[i], &path);
-            if (rc) return rc;
-        }
-    }
-    if (!path) return sph_cli_fail("spans", 2, "expected a batch description FILE or - (see --help)");
-    if (o.cp_rank >= o.par.cp)
-        return sph_cli_fail("spans", 2, "--cp-rank: %lld, expected < --cp = %lld",
-                            (long long)o.cp_rank, (long long)o.par.cp);
+    int done = 0, rc = sph_cli_parse_file_cmd("spans", k_synopsis, k_about, k_opts, argc, argv,
+                                              &o, &path, &done);
+    if (done) return rc;
+    if (o.cp_rank >= o.cp)
+        return sph_cli_fail("spans", 2, "--cp-rank %lld: expected < --cp = %lld",
+                            (long long)o.cp_rank, (long long)o.cp);
+    so.par = (sph_parallel){o.tp, o.cp, (sph_fp8)o.fp8};
+    so.cp_rank = o.cp_rank;
+    so.gap = o.gap;
     char *text = NULL;
     size_t len = 0;
     if (sph_cli_read_file(path, &text, &len, err, sizeof err)) return sph_cli_fail("spans", 1, "%s", err);
@@ -72,8 +70,7 @@ int sph_cli_spans(int argc, char **argv) {
     }
     free(text);
     sph_spans *s = NULL;
-    sph_status st = sph_spans_build(&bt.desc, &o, &s);
-    int rc = 0;
+    sph_status st = sph_spans_build(&bt.desc, &so, &s);
     if (st != SPH_OK) {
         rc = sph_cli_fail("spans", 1, "%s: %s", path, sph_last_error());
     } else {

@@ -6,23 +6,46 @@
  */
 #include "json_util.h"
 
+#include "util.h"
+
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_EXACT 9007199254740992.0 /* 2^53: larger texts round onto or past it */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return 1;
+#define fail sph_cli_err
+
+/* The text must hold nothing but the document: no NUL byte (a C reader would stop there
+ * silently), and after the value only white space. */
+static int no_nul(const char *text, size_t len, char *err, size_t errlen) {
+    const char *z = memchr(text, '\0', len);
+    if (z) return fail(err, errlen, "byte %zu: NUL byte in the input", (size_t)(z - text));
+    return 0;
+}
+
+static int parse_doc(const char *text, size_t len, cJSON **root, char *err, size_t errlen) {
+    const char *end = NULL;
+    *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!*root) {
+        const size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        return fail(err, errlen, "malformed JSON near byte %zu", at);
+    }
+    size_t at = end && end >= text ? (size_t)(end - text) : len;
+    while (at < len && isspace((unsigned char)text[at])) at++;
+    if (at < len) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        int shown = 0; /* an excerpt of printable characters, so the message stays one line */
+        while (shown < 16 && at + (size_t)shown < len && isprint((unsigned char)text[at + (size_t)shown]))
+            shown++;
+        return fail(err, errlen, "byte %zu: data after the JSON document ('%.*s')", at, shown,
+                    text + at);
+    }
+    return 0;
 }
 
 int sph_cli_read_file(const char *path, char **text, size_t *len, char *err, size_t errlen) {
@@ -143,6 +166,9 @@ static int batch_from(const cJSON *root, sph_cli_batch *bt, char *err, size_t er
     if (!cJSON_IsObject(root)) return fail(err, errlen, "top level: is %s, expected an object", kind(root));
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
+        for (const cJSON *jt = root->child; jt != it; jt = jt->next)
+            if (!strcmp(jt->string, it->string))
+                return fail(err, errlen, "key \"%.64s\" given twice", it->string);
         static const char *known[] = {"layout", "sequence_length", "num_actions", "loss_mask",
                                       "attention_mask", "sub_seq_lengths"};
         int ok = 0;
@@ -219,12 +245,8 @@ static int batch_from(const cJSON *root, sph_cli_batch *bt, char *err, size_t er
 int sph_cli_batch_parse(const char *text, size_t len, sph_cli_batch *out, char *err,
                         size_t errlen) {
     memset(out, 0, sizeof *out);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        const size_t at = end && end >= text ? (size_t)(end - text) : 0;
-        return fail(err, errlen, "malformed JSON near byte %zu", at);
-    }
+    cJSON *root = NULL;
+    if (no_nul(text, len, err, errlen) || parse_doc(text, len, &root, err, errlen)) return 1;
     int rc = batch_from(root, out, err, errlen);
     cJSON_Delete(root);
     if (rc) sph_cli_batch_free(out);
@@ -237,15 +259,12 @@ int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64
                           size_t errlen) {
     *lengths = NULL;
     *n = 0;
+    if (no_nul(text, len, err, errlen)) return 1;
     size_t i = 0;
     while (i < len && isspace((unsigned char)text[i])) i++;
     if (i < len && text[i] == '[') {
-        const char *end = NULL;
-        cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-        if (!root) {
-            const size_t at = end && end >= text ? (size_t)(end - text) : 0;
-            return fail(err, errlen, "malformed JSON near byte %zu", at);
-        }
+        cJSON *root = NULL;
+        if (parse_doc(text, len, &root, err, errlen)) return 1;
         if (!cJSON_IsArray(root)) {
             cJSON_Delete(root);
             return fail(err, errlen, "expected a JSON array of lengths");
@@ -316,26 +335,7 @@ int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64
     return 0;
 }
 
-// ---- options and output -----------------------------------------------------------------------
-
-int sph_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return 1;
-    errno = 0;
-    char *end = NULL;
-    long long v = strtoll(s, &end, 10);
-    if (errno || !end || *end || v < min || v > max) return 1;
-    *out = (int64_t)v;
-    return 0;
-}
-
-int sph_cli_parse_fp8(const char *s, sph_fp8 *out) {
-    if (!s) return 1;
-    if (!strcmp(s, "none")) *out = SPH_FP8_NONE;
-    else if (!strcmp(s, "blockwise")) *out = SPH_FP8_BLOCKWISE;
-    else if (!strcmp(s, "mxfp8")) *out = SPH_FP8_MXFP8;
-    else return 1;
-    return 0;
-}
+// ---- output ------------------------------------------------------------------------------------
 
 void sph_cli_write_i64_array(FILE *f, const int64_t *v, int64_t n) {
     fputc('[', f);
@@ -350,36 +350,4 @@ void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n) {
         fputc(v[i] ? '1' : '0', f);
     }
     fputc(']', f);
-}
-
-int sph_cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
-    const char *a = argv[*i];
-    const size_t n = strlen(name);
-    if (strncmp(a, name, n)) return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n]) return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
-int sph_cli_par_opt(int argc, char **argv, int *i, sph_parallel *par, int *matched, char *err,
-                    size_t errlen) {
-    const char *v = NULL;
-    *matched = 1;
-    if (sph_cli_opt(argc, argv, i, "--tp", &v)) {
-        if (sph_cli_parse_i64(v, 1, INT64_MAX, &par->tp))
-            return fail(err, errlen, "--tp: '%s' is not an integer >= 1", v ? v : "");
-    } else if (sph_cli_opt(argc, argv, i, "--cp", &v)) {
-        if (sph_cli_parse_i64(v, 1, INT64_MAX, &par->cp))
-            return fail(err, errlen, "--cp: '%s' is not an integer >= 1", v ? v : "");
-    } else if (sph_cli_opt(argc, argv, i, "--fp8", &v)) {
-        if (sph_cli_parse_fp8(v, &par->fp8))
-            return fail(err, errlen, "--fp8: '%s', expected none, blockwise or mxfp8", v ? v : "");
-    } else {
-        *matched = 0;
-    }
-    return 0;
 }

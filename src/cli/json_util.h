@@ -1,7 +1,7 @@
 /*
  * json_util.h - input readers and output writers shared by the CLI's metadata subcommands
  * (pack, layout, spans) and by the fuzz targets: whole-file reading, the batch-description and
- * length-list parsers (cJSON), strict option-value parsing and compact JSON writers. Uses only
+ * length-list parsers (cJSON) and compact JSON writers. Uses only
  * the public header. Every reader returns 0 on success or fills err with a one-line message
  * naming the offending key, index or value and returns non-zero; nothing here exits.
  */
@@ -29,7 +29,8 @@ typedef struct sph_cli_batch {
 /* Parses {"layout":"packed"|"unpacked","sequence_length":S,"num_actions":A,
  * "loss_mask":[[..A..] x B],"attention_mask":[[..S..] x B] (optional),
  * "sub_seq_lengths":[[..] x B] (optional)}. Mask entries are 0/1 or false/true. Unknown keys
- * are refused (they are usually typos). Range checks that need the parallel configuration are
+ * are refused (they are usually typos), and so is a key given twice, a NUL byte or data
+ * after the document. Range checks that need the parallel configuration are
  * left to sph_spans_build. On failure *out holds nothing to free. */
 int sph_cli_batch_parse(const char *text, size_t len, sph_cli_batch *out, char *err,
                         size_t errlen);
@@ -37,23 +38,10 @@ void sph_cli_batch_free(sph_cli_batch *b); /* NULL-safe, idempotent */
 
 /* Sequence lengths from a JSON array of integers, or from text with one integer per line
  * (blank lines ignored). Values are not range-checked here (sph_pack does it). *lengths is
- * malloc'd (possibly with *n = 0). */
+ * malloc'd (possibly with *n = 0). A NUL byte anywhere, or data after the JSON array, is an
+ * error. */
 int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64_t *n, char *err,
                           size_t errlen);
-
-/* Strict integer option value: the whole string is a decimal integer in [min, max]. */
-int sph_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out);
-/* "none" | "blockwise" | "mxfp8" */
-int sph_cli_parse_fp8(const char *s, sph_fp8 *out);
-
-/* Matches argv[*i] against option name ("--tp") as "--tp V" or "--tp=V": returns 1 and sets
- * *val (NULL when the value is missing; *i then advanced past a separate value), else 0. */
-int sph_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
-
-/* Consumes --tp T, --cp C or --fp8 R at argv[*i] into par: *matched = 1 when it was one of
- * them; returns non-zero with err filled when its value is bad. */
-int sph_cli_par_opt(int argc, char **argv, int *i, sph_parallel *par, int *matched, char *err,
-                    size_t errlen);
 
 /* Compact JSON writers. */
 void sph_cli_write_i64_array(FILE *f, const int64_t *v, int64_t n);

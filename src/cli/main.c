@@ -1,40 +1,49 @@
 /*
- * main.c - entry point of the spanhead program: dispatches to the subcommands.
+ * main.c - entry point of the spanhead program: dispatches to the subcommands, and turns a
+ * failed write on standard output (a full disk, a closed pipe) into a failure.
  */
-#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 
-int sph_cli_fail(const char *cmd, int code, const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "spanhead %s: ", cmd);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return code;
-}
+const char *const sph_cli_fp8_names[] = {"none", "blockwise", "mxfp8", NULL};
 
-int sph_cli_file_arg(const char *cmd, const char *arg, const char **path) {
-    if (arg[0] == '-' && arg[1] != '\0')
-        return sph_cli_fail(cmd, 2, "unknown option '%s' (see --help)", arg);
-    if (*path) return sph_cli_fail(cmd, 2, "extra argument '%s': expected one FILE or -", arg);
-    *path = arg;
+int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
+                          const sph_cli_opt *table, int argc, char **argv, void *dst,
+                          sph_cli_parsed *parsed, int *done) {
+    char err[512];
+    *done = 1;
+    int rc = sph_cli_parse(table, argc, argv, dst, parsed, err, sizeof err);
+    if (rc == SPH_CLI_HELP) {
+        sph_cli_usage(stdout, synopsis, description, table, SPH_CLI_EXIT_STATUS);
+        return 0;
+    }
+    if (rc) return sph_cli_fail(cmd, 2, "%s", err);
+    *done = 0;
     return 0;
 }
 
-double sph_cli_now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-int sph_cli_cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+int sph_cli_parse_file_cmd(const char *cmd, const char *synopsis, const char *description,
+                           const sph_cli_opt *table, int argc, char **argv, void *dst,
+                           const char **path, int *done) {
+    const char **pos = malloc(sizeof(char *) * (size_t)(argc + 1));
+    *done = 1;
+    if (!pos) return sph_cli_fail(cmd, 1, "out of memory");
+    sph_cli_parsed p = {.pos = pos};
+    int rc = sph_cli_parse_or_exit(cmd, synopsis, description, table, argc, argv, dst, &p, done);
+    if (!*done) {
+        *done = 1;
+        if (p.n_pos == 0)
+            rc = sph_cli_fail(cmd, 2, "expected a FILE or - for standard input (see --help)");
+        else if (p.n_pos > 1)
+            rc = sph_cli_fail(cmd, 2, "extra argument '%s': expected one FILE or -", pos[1]);
+        else
+            *path = pos[0], *done = 0;
+    }
+    free(pos);
+    return rc;
 }
 
 static void usage(FILE *f) {
@@ -50,7 +59,8 @@ static void usage(FILE *f) {
             "  tune     autotune CUDA tile configurations into the tune cache\n"
             "  version  print the library version\n"
             "\n"
-            "spanhead <command> --help for a command's options.\n");
+            "spanhead <command> --help for a command's options.\n"
+            SPH_CLI_EXIT_STATUS "\n");
 }
 
 int main(int argc, char **argv) {
@@ -61,11 +71,11 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
-        return 0;
+        return sph_cli_close_stdout("help", 0);
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("spanhead %s\n", sph_version());
-        return 0;
+        return sph_cli_close_stdout("version", 0);
     }
     static const struct {
         const char *name;
@@ -73,7 +83,8 @@ int main(int argc, char **argv) {
     } cmds[] = {{"pack", sph_cli_pack},   {"layout", sph_cli_layout}, {"spans", sph_cli_spans},
                 {"run", sph_cli_run},     {"bench", sph_cli_bench},   {"tune", sph_cli_tune}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(cmd, cmds[i].name))
+            return sph_cli_close_stdout(cmd, cmds[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "spanhead: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -54,6 +54,10 @@ typedef struct sph_head_backend {
     /* Where a non-empty workspace of `bytes` must live and how it must be aligned. NULL: any
      * host memory. */
     sph_status (*check_workspace)(sph_ctx_t ctx, const void *ws, size_t bytes);
+    /* How the pass would run (sph_head_describe); info->workspace_bytes is already set.
+     * NULL: path = name, nothing else. */
+    sph_status (*describe)(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                           sph_head_pass_info *info);
     sph_head_pass_fn forward, backward;                 /* full vocabulary (K = 0) */
     sph_head_pass_fn support_forward, support_backward; /* sample support (K > 0) */
     /* The fused policy loss (issue 14). NULL until a backend implements it: the entry point

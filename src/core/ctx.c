@@ -44,6 +44,66 @@ sph_cpu_isa sph_cpu_isa_detect(void) {
     return g_isa;
 }
 
+#define SPH_CUDA_FLAGS_ONEPASS                                                                \
+    ((uint32_t)(SPH_CUDA_FLAG_ONEPASS_E | SPH_CUDA_FLAG_ONEPASS_F32 |                           \
+                SPH_CUDA_FLAG_ONEPASS_RECOMPUTE))
+#define SPH_CUDA_FLAGS_ALL                                                                    \
+    ((uint32_t)(SPH_CUDA_FLAG_NO_GATHER | SPH_CUDA_FLAG_NO_SQUARE | SPH_CUDA_FLAG_NO_FUSED |     \
+                SPH_CUDA_FLAG_NO_COLOUTER | SPH_CUDA_FLAG_DENSE_BACKWARD | SPH_CUDA_FLAG_NO_SM90 | \
+                SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE | SPH_CUDA_FLAG_NO_STORE16 |    \
+                SPH_CUDA_FLAGS_ONEPASS))
+
+/* The SPH_CUDA_* variables of the benchmark scripts, the values each takes and the switches
+ * each value sets; a value clears the switches of the variable's other values. */
+#define ENV_VALUES 4
+static const struct env_switch {
+    const char *name;
+    const char *value[ENV_VALUES]; /* NULL-terminated */
+    uint32_t sets[ENV_VALUES];
+} g_env_switches[] = {
+    {"SPH_CUDA_GATHER", {"0", "1"}, {SPH_CUDA_FLAG_NO_GATHER, 0}},
+    {"SPH_CUDA_SQUARE", {"0", "1"}, {SPH_CUDA_FLAG_NO_SQUARE, 0}},
+    {"SPH_CUDA_FUSED", {"0", "1"}, {SPH_CUDA_FLAG_NO_FUSED, 0}},
+    {"SPH_CUDA_COLOUTER", {"0", "1"}, {SPH_CUDA_FLAG_NO_COLOUTER, 0}},
+    {"SPH_CUDA_SM90", {"0", "1"}, {SPH_CUDA_FLAG_NO_SM90, 0}},
+    {"SPH_CUDA_BWD_DENSE", {"0", "1"}, {0, SPH_CUDA_FLAG_DENSE_BACKWARD}},
+    {"SPH_CUDA_PINGPONG", {"0", "1"}, {SPH_CUDA_FLAG_COOPERATIVE, SPH_CUDA_FLAG_PINGPONG}},
+    {"SPH_CUDA_STORE16", {"0", "1"}, {SPH_CUDA_FLAG_NO_STORE16, 0}},
+    {"SPH_CUDA_ONEPASS",
+     {"e", "f32", "recompute", "auto"},
+     {SPH_CUDA_FLAG_ONEPASS_E, SPH_CUDA_FLAG_ONEPASS_F32, SPH_CUDA_FLAG_ONEPASS_RECOMPUTE, 0}},
+};
+
+sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts) {
+    SPH_CHECK(opts != NULL, SPH_ERR_INVALID_ARG, "opts: NULL");
+    SPH_CHECK(opts->struct_size >= offsetof(sph_ctx_opts, cuda_flags) + sizeof(opts->cuda_flags),
+              SPH_ERR_INVALID_ARG,
+              "opts.struct_size is %zu, expected >= %zu (a struct with cuda_flags; use "
+              "SPH_CTX_OPTS_INIT)", opts->struct_size,
+              offsetof(sph_ctx_opts, cuda_flags) + sizeof(opts->cuda_flags));
+    uint32_t f = opts->cuda_flags;
+    for (size_t k = 0; k < sizeof g_env_switches / sizeof g_env_switches[0]; k++) {
+        const struct env_switch *w = &g_env_switches[k];
+        const char *v = getenv(w->name);
+        if (!v || !*v) continue;
+        uint32_t all = 0;
+        int hit = -1;
+        char expected[64] = "";
+        for (int q = 0; q < ENV_VALUES && w->value[q]; q++) {
+            all |= w->sets[q];
+            if (!strcmp(v, w->value[q])) hit = q;
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s",
+                     q ? (q + 1 < ENV_VALUES && w->value[q + 1] ? ", " : " or ") : "",
+                     w->value[q]);
+        }
+        SPH_CHECK(hit >= 0, SPH_ERR_INVALID_ARG, "%s: '%.32s', expected %s", w->name, v,
+                  expected);
+        f = (f & ~all) | w->sets[hit];
+    }
+    opts->cuda_flags = f;
+    return SPH_OK;
+}
+
 static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
     sph_cpu_isa best = sph_cpu_isa_detect();
     if (!strcmp(k, "ref")) {
@@ -89,11 +149,28 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
               SPH_DEVICE_CUDA);
     SPH_CHECK(opts->device.id >= 0, SPH_ERR_INVALID_ARG, "opts.device.id is %d, expected >= 0",
               (int)opts->device.id);
+    /* fields appended after tune_cache: read only when the caller's struct has them */
+    const uint32_t flags = opts->struct_size >= offsetof(sph_ctx_opts, cuda_flags) +
+                                                    sizeof(opts->cuda_flags)
+                               ? opts->cuda_flags
+                               : 0;
+    SPH_CHECK((flags & ~SPH_CUDA_FLAGS_ALL) == 0, SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: bits 0x%x are not sph_cuda_flag switches", flags,
+              flags & ~SPH_CUDA_FLAGS_ALL);
+    SPH_CHECK(!((flags & SPH_CUDA_FLAG_PINGPONG) && (flags & SPH_CUDA_FLAG_COOPERATIVE)),
+              SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: SPH_CUDA_FLAG_PINGPONG and SPH_CUDA_FLAG_COOPERATIVE "
+              "exclude each other", flags);
+    const uint32_t op = flags & SPH_CUDA_FLAGS_ONEPASS;
+    SPH_CHECK((op & (op - 1)) == 0, SPH_ERR_INVALID_ARG,
+              "opts.cuda_flags is 0x%x: the SPH_CUDA_FLAG_ONEPASS_* switches exclude each other",
+              flags);
 
     sph_ctx_t ctx = calloc(1, sizeof *ctx);
     SPH_CHECK(ctx != NULL, SPH_ERR_ALLOC, "ctx: out of host memory");
     memcpy(&ctx->opts, opts, sizeof *opts < opts->struct_size ? sizeof *opts : opts->struct_size);
     ctx->opts.struct_size = sizeof ctx->opts;
+    ctx->opts.cuda_flags = flags;
     ctx->device = opts->device;
     ctx->stream = opts->stream;
     ctx->num_threads = opts->num_threads > 0 ? opts->num_threads : omp_get_max_threads();

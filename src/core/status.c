@@ -38,7 +38,11 @@ const char *sph_status_str(sph_status s) {
 
 const char *sph_last_error(void) { return g_msg; }
 
-const char *sph_version(void) { return "0.1.0"; }
+#define SPH_STR_(x) #x
+#define SPH_STR(x) SPH_STR_(x)
+const char *sph_version(void) {
+    return SPH_STR(SPH_VERSION_MAJOR) "." SPH_STR(SPH_VERSION_MINOR) "." SPH_STR(SPH_VERSION_PATCH);
+}
 
 void sph_clear_error(void) { g_msg[0] = '\0'; }
 

@@ -1,7 +1,7 @@
 /*
  * head.cu - the CUDA LM head: forward (row statistics), backward (dlogits, dHidden, dWeight)
  * and one-pass mode over row chunks of the active spans, with the vocabulary split when one
- * chunk of staged logits would not fit the budget (DESIGN.md sections 1 and 4).
+ * chunk of staged logits would not fit the budget (docs/design.md sections 2 and 5.3).
  *
  * Per chunk of R rows [r0, r0 + R) and vocabulary split [c0, c0 + w) of this shard:
  *   L (R, w) fp32 = h[r0:r0+R] . W[c0:c0+w]^T       cuBLAS, or head_mma.cu (batch-invariant)
@@ -29,6 +29,7 @@
  * head_kernels.cu, the workspace layout in head_layout.cu.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -39,6 +40,7 @@
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
+#include "cuda/head_onepass.cuh"
 #include "cuda/tune.cuh"
 
 // ---- host: pieces of a pass ------------------------------------------------------------------
@@ -97,9 +99,17 @@ static sph_status gemm_logits(pass_ctx *c, const char *hp, int64_t ld, int64_t r
     if (c->lay->bi) {
         /* sm_90a wgmma kernel or the mma.sync one: decided from the user's tensors, never
          * the chunk, so a row gets the same kernel (and bits) in every batch */
-        if (sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w, p->H))
-            return sph_cuda_logits_sm90(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
-                                        p->H, c->stream);
+        if (!c->st->no_sm90 &&
+            sph_cuda_logits_sm90_usable(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w, p->H)) {
+            sph_sm90_epi e;
+            memset(&e, 0, sizeof e);
+            e.mode = SPH_SM90_EPI_L;
+            e.schedule = c->st->schedule;
+            e.L = L;
+            e.ldL = c->lay->ldL;
+            return sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, rows, w, p->H, &e,
+                                      c->stream);
+        }
         return sph_cuda_logits_fixed(p->dtype, hp, ld, wp, p->ld_w, L, c->lay->ldL, rows, w,
                                      p->H, c->stream);
     }
@@ -133,6 +143,7 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
     sph_sm90_epi e;
     memset(&e, 0, sizeof e);
     e.mode = mode;
+    e.schedule = c->st->schedule;
     e.r0 = ch->r0;
     e.rowmap = ch->rowmap;
     e.col_g0 = p->v0 + c0;
@@ -150,9 +161,17 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
 static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
                               int64_t c0, int64_t w, int merge) {
     const sph_head_plan *p = c->p;
-    sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_STATS);
+    const int with_e = c->lay->onepass_e;
+    sph_sm90_epi e =
+        fused_args(c, ch, c0, with_e ? SPH_SM90_EPI_STATS | SPH_SM90_EPI_E : SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
     e.tile_recs = T;
+    if (with_e) {
+        /* staged E of the chunk (whole-shard rows) where its D will be */
+        e.E = c->ws + c->lay->off_D;
+        e.ldE = c->lay->ldL;
+        e.store16 = c->lay->store16;
+    }
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     SPH_TRY(sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream));
     float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
@@ -168,6 +187,7 @@ static sph_status fused_dlogits(pass_ctx *c, const char *hp, int64_t ld, const c
     sph_sm90_epi e = fused_args(c, ch, c0, SPH_SM90_EPI_DLOGITS);
     e.D = D;
     e.ldD = c->lay->ldL;
+    e.store16 = c->lay->store16;
     e.stats = p->stats;
     e.g = p->dlogprob;
     e.e = p->dentropy;
@@ -176,6 +196,35 @@ static sph_status fused_dlogits(pass_ctx *c, const char *hp, int64_t ld, const c
     e.mask = p->mask;
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     return sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream);
+}
+
+/* Staged E: the chunk's D in place of its E, once the chunk's rows are finalized (stats). */
+static sph_status chunk_e2d(pass_ctx *c, const chunk *ch) {
+    const sph_head_plan *p = c->p;
+    sph_e2d_args a;
+    memset(&a, 0, sizeof a);
+    a.E = c->ws + c->lay->off_D;
+    a.ldE = c->lay->ldL;
+    a.dtype_bf16 = c->dk == DT_BF16;
+    a.tile_recs = (const float *)(c->ws + c->lay->off_T);
+    a.n_tiles = c->lay->n_tiles;
+    a.rows = ch->rows;
+    a.w = p->V_loc;
+    a.r0 = ch->r0;
+    a.rowmap = ch->rowmap;
+    a.col_g0 = p->v0;
+    a.stats = p->stats;
+    a.g = p->dlogprob;
+    a.e = p->dentropy;
+    a.gl = p->dlse;
+    a.gm = p->dlogit_mean;
+    a.mask = p->mask;
+    a.tgt = p->targets;
+    a.tgt_i64 = p->tgt_i64;
+    a.inv_t = (float)(1.0 / p->temperature);
+    a.t_over_cap = p->softcap > 0 ? (float)(p->temperature / p->softcap) : 0.f;
+    a.inv_V = (float)(1.0 / (double)p->V);
+    return sph_cuda_e2d(&a, c->stream);
 }
 
 /* Where a gradient product goes: C (column-major, leading dimension ldc, type ct), scaled
@@ -187,20 +236,32 @@ typedef struct gemm_out {
     float beta;
 } gemm_out;
 
-/* D (rows, w) of a chunk and split: from the logits kept in L (reuse_L), recomputed by the
- * fused kernel, or recomputed by cuBLAS into L and turned into D. */
+/* Where a chunk's dlogits come from (grad_chunk, chunk_dlogits). */
+enum { D_RECOMPUTE = 0, D_FROM_L = 1, D_READY = 2 };
+
+/* D (rows, w) of a chunk and split: from the logits kept in L (D_FROM_L), already in place
+ * (D_READY: staged E turned into D), recomputed by the fused kernel, or recomputed by cuBLAS
+ * into L and turned into D. */
 static sph_status chunk_dlogits(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
-                                int64_t c0, int64_t w, float *L, void *D, int reuse_L) {
-    if (reuse_L) return sph_cuda_launch_dlogits(c, L, D, ch, c0, w);
+                                int64_t c0, int64_t w, float *L, void *D, int src) {
+    if (src == D_READY) return SPH_OK;
+    if (src == D_FROM_L) return sph_cuda_launch_dlogits(c, L, D, ch, c0, w);
     if (c->lay->fused) return fused_dlogits(c, hp, ld, ch, c0, w, D);
     SPH_TRY(gemm_logits(c, hp, ld, ch->rows, c0, w, L));
     return sph_cuda_launch_dlogits(c, L, D, ch, c0, w);
 }
 
-/* dH^T (H, rows) (+)= W_split^T (H, w) . D^T (w, rows), column-major terms. */
+/* dH^T (H, rows) (+)= W_split^T (H, w) . D^T (w, rows), column-major terms. Batch-invariant
+ * mode: the fixed-tiling kernel (head_mma_dh.cu), so a row's dH does not depend on rows, the
+ * chunk or cuBLAS's choice of algorithm for them. */
 static sph_status gemm_dh(pass_ctx *c, const char *wp, int64_t rows, int64_t w, const void *D,
                           const gemm_out *o) {
     const sph_head_plan *p = c->p;
+    if (c->lay->bi) {
+        const int ct = o->ct == CUDA_R_32F ? 0 : (o->ct == CUDA_R_16BF ? 1 : 2);
+        return sph_cuda_dh_fixed(p->dtype, D, c->lay->ldL, wp, p->ld_w, o->C, o->ldc, ct,
+                                 o->beta != 0.f, rows, w, p->H, c->stream);
+    }
     const float one = 1.f;
     const cudaDataType_t t = dt_cuda(c->dk);
     SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H, (int)rows,
@@ -244,9 +305,9 @@ static gemm_out acc32(float *C, int64_t H, int acc) {
 }
 
 /* Gradients of one row chunk from its (recomputed or kept) logits. ci is the chunk's index
- * among the pass's chunks (dW overwrites on the first). reuse_L: L already holds the logits
- * of the only split (one-pass). */
-static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse_L) {
+ * among the pass's chunks (dW overwrites on the first). src: D_RECOMPUTE, D_FROM_L (L holds
+ * the logits of the only split: one-pass, staged fp32) or D_READY (staged E, one split). */
+static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int src) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
     float *L = (float *)(c->ws + lay->off_L);
@@ -260,7 +321,7 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int reuse
     const int64_t rows = ch->rows;
     for (int64_t s = 0; s < lay->n_splits; s++) {
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
-        SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, reuse_L));
+        SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, src));
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
         if (p->dhidden) {
             const gemm_out o = dh_via32 ? acc32(dh32, p->H, s > 0)
@@ -309,7 +370,7 @@ static sph_status grad_cols(pass_ctx *c) {
             const char *hp;
             int64_t ld;
             SPH_TRY(sph_cuda_chunk_h(c, &ch, &hp, &ld));
-            SPH_TRY(chunk_dlogits(c, &ch, hp, ld, c0, w, L, D, 0));
+            SPH_TRY(chunk_dlogits(c, &ch, hp, ld, c0, w, L, D, D_RECOMPUTE));
             if (p->dhidden) {
                 const gemm_out o =
                     lay->dh32 ? acc32(dh_all + (size_t)(ch.k0 - base) * p->H, p->H, s > 0)
@@ -346,7 +407,7 @@ static sph_status grad_sweep(pass_ctx *c) {
     chunk ch;
     int64_t ci = 0;
     chunks_reset(c);
-    while (chunk_next(c, &ch)) SPH_TRY(grad_chunk(c, &ch, ci++, 0));
+    while (chunk_next(c, &ch)) SPH_TRY(grad_chunk(c, &ch, ci++, D_RECOMPUTE));
     return SPH_OK;
 }
 
@@ -422,7 +483,7 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     return SPH_OK;
 }
 
-/* Ablation (SPH_CUDA_BWD_DENSE=1): the backward ignores the spans and computes every row, the
+/* Ablation (SPH_CUDA_FLAG_DENSE_BACKWARD): the backward ignores the spans and computes every row, the
  * mask zeroing the inactive rows' dlogits: the dense baseline of the seed's same-run A/B of
  * dlogit-tile skipping, span-restricted dHidden and active-row dW (all three come from the
  * backward's row space being the active rows). Results are the same; only the cost differs. */
@@ -491,7 +552,12 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
                                            ch.r0, ch.rowmap, ch.rows, c.stream));
-            SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1));
+            if (lay.onepass_e) {
+                SPH_TRY(chunk_e2d(&c, &ch));
+                SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
+            } else {
+                SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 ? D_FROM_L : D_RECOMPUTE));
+            }
         }
         ci++;
     }
@@ -603,10 +669,38 @@ static sph_status cuda_check_workspace(sph_ctx_t ctx, const void *ws, size_t byt
     return SPH_OK;
 }
 
+/* sph_head_describe: the layout of the pass, in words. */
+static sph_status cuda_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                                sph_head_pass_info *info) {
+    if (p->K > 0) return SPH_OK; /* "support": per-row candidate kernels, no chunks */
+    sph_cuda_layout lay;
+    sph_head_plan tmp;
+    if (pass == SPH_HEAD_BACKWARD) p = backward_plan(ctx, p, &tmp);
+    SPH_TRY(sph_cuda_head_layout(ctx, p, pass, &lay));
+    info->budget_bytes = lay.budget;
+    info->chunk_rows = lay.R;
+    info->n_chunks = lay.n_chunks;
+    info->vocab_split = lay.Vs;
+    info->n_splits = lay.n_splits;
+    info->flags = (lay.gather ? SPH_PASS_GATHERED : 0u) |
+                  (lay.col_outer ? SPH_PASS_VOCAB_OUTER : 0u) |
+                  (lay.bi ? SPH_PASS_BATCH_INVARIANT : 0u) |
+                  ((int64_t)lay.total > lay.budget ? SPH_PASS_OVER_BUDGET : 0u);
+    const char *path = lay.fused ? "fused" : "cublas";
+    if (p->one_pass) {
+        if (lay.onepass_e) path = "staged-e";
+        else if (lay.onepass_chunks) path = "staged-f32";
+        else path = "recompute", info->flags |= SPH_PASS_RECOMPUTES;
+    }
+    snprintf(info->path, sizeof info->path, "%s", path);
+    return SPH_OK;
+}
+
 extern "C" void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be) {
     (void)ctx;
     be->name = "cuda";
     be->check = cuda_check;
+    be->describe = cuda_describe;
     be->workspace = sph_head_cuda_workspace;
     be->check_workspace = cuda_check_workspace;
     be->forward = sph_head_cuda_forward;

@@ -33,6 +33,10 @@
 #define SPH_GAP_MEMSETS 16
 /* One-pass recomputes its logits unless staged chunks would have this many rows. */
 #define SPH_ONEPASS_STAGED_ROWS 512
+/* One-pass workspace budget when the context leaves chunk_bytes at its default (0): the
+ * staged-E one-pass keeps every column of a chunk's rows (2 bytes each) and, over several
+ * chunks, an fp32 dW accumulator (V_loc H 4 bytes); see docs/cuda.md for the measured trade. */
+#define SPH_ONEPASS_DEFAULT_BYTES ((int64_t)4 << 30)
 /* Batch-invariant mode: the vocabulary split width depends on V_loc alone. */
 #define SPH_BI_SPLIT 16384
 
@@ -55,6 +59,11 @@ typedef struct sph_cuda_layout {
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int onepass_chunks; /* one-pass: gradients per chunk from staged logits (else: sweep) */
+    int onepass_e;      /* one-pass: the staged chunks hold f16 E (fused STATS | E epilogue,
+                         * head_onepass.cu), not fp32 logits; D replaces E in place */
+    int store16;        /* fused epilogues write D / E with 16-byte stores */
+    int64_t e_rows;     /* staged E: rows per chunk the budget allows */
+    int64_t budget;     /* the workspace budget this layout was cut to (bytes) */
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
     size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */
@@ -172,6 +181,14 @@ sph_status sph_cuda_build_act_rows(pass_ctx *c);
 sph_status sph_cuda_logits_fixed(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
                                  int64_t ld_w, float *L, int64_t ldL, int64_t R, int64_t Vs,
                                  int64_t H, cudaStream_t stream);
+
+/* Batch-invariant dH (head_mma_dh.cu): C (R, H) (+)= D (R, Vs) . W (Vs, H) with D row stride
+ * ldD, W row stride ld_w, C row stride ldc of kind ct (0 f32, 1 bf16, 2 f16), acc_out: C = old
+ * + sum (rounded once). Fixed tiling, k ascending: an element depends on its D row and W only.
+ * dtype: bf16/f16 (mma.sync) or f32 (exact fp32 FMA). */
+sph_status sph_cuda_dh_fixed(sph_dtype dt, const void *D, int64_t ldD, const void *W,
+                             int64_t ld_w, void *C, int64_t ldc, int ct, int acc_out, int64_t R,
+                             int64_t Vs, int64_t H, cudaStream_t stream);
 
 /* Sample-support mode (head_sample.cu). check: its limits (K, N * K), run by validation. */
 sph_status sph_cuda_sample_check(const sph_head_plan *p);

@@ -66,7 +66,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
                  sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                            p->H) &&
-                 (st->assume_sm90 || sph_cuda_sm90_available());
+                 !st->no_sm90 && (st->assume_sm90 || sph_cuda_sm90_available());
     /* Gradient sweep order. Row-outer (every split of a row chunk, then the next chunk) keeps
      * an fp32 dW accumulator of the whole shard (V_loc x H) when dW is half precision;
      * vocabulary-outer (every row chunk of a split, then the next split) keeps an fp32 dH
@@ -93,8 +93,36 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         if (b < chunk_bytes / 8) b = chunk_bytes / 8;
         lay->onepass_chunks =
             lay->bi || b / (round_up(p->V_loc, 8) * 6) >= SPH_ONEPASS_STAGED_ROWS;
-        if (lay->onepass_chunks) lay->fused = 0;
+        if (st->onepass_mode == 2) lay->onepass_chunks = 1; /* forced: staged fp32 logits */
+        if (st->onepass_mode == 3 && !lay->bi) lay->onepass_chunks = 0; /* forced: sweep */
+        /* Staged E (issue 19): with the fused kernels, chunks of whole-shard rows keep E in
+         * f16 (2 bytes per element instead of 6: fp32 logits + half dlogits), written by the
+         * statistics epilogue, and D replaces E in place. Its own budget when the context
+         * keeps the default (SPH_ONEPASS_DEFAULT_BYTES): all the rows in one chunk when they
+         * fit (no dW accumulator then), else chunks beside the fp32 dW accumulator. */
+        if (lay->fused && (st->onepass_mode == 0 || st->onepass_mode == 1) &&
+            !(p->dlogit_mean && p->softcap > 0)) {
+            const int64_t be = ctx->opts.chunk_bytes > 0 ? chunk_bytes
+                                                         : SPH_ONEPASS_DEFAULT_BYTES;
+            const int64_t rows_all = lay->gather ? lay->M : max_span;
+            const int64_t nt = (p->V_loc + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
+            const int64_t row_e =
+                round_up(p->V_loc, 8) * 2 + nt * SPH_PARTIAL_FIELDS * 4 +
+                (lay->gather ? p->H * ((int64_t)dt_size(dk) + (p->dhidden ? 4 : 0)) : 0) +
+                64; /* per-row share of the 256-byte region rounding */
+            int64_t re = rows_all;
+            if (base_fixed + rows_all * row_e > be)
+                re = (be - base_fixed - row_fixed) / row_e;
+            if (re >= SPH_ONEPASS_STAGED_ROWS || re >= rows_all || st->onepass_mode == 1) {
+                lay->onepass_e = 1;
+                lay->onepass_chunks = 1;
+                lay->e_rows = re > 0 ? re : 1;
+                lay->budget = be;
+            }
+        }
+        if (lay->onepass_chunks && !lay->onepass_e) lay->fused = 0;
     }
+    lay->store16 = lay->fused && !st->no_store16;
     lay->col_outer = lay->grads && !lay->bi && !lay->onepass_chunks &&
                      (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
     int64_t fixed = base_fixed + (lay->col_outer ? col_fixed : row_fixed);
@@ -119,6 +147,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      (tile_recs ? ((vs) + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * SPH_PARTIAL_FIELDS * 4 \
                 : 0))
     int64_t Vs = p->V_loc, R = 0;
+    if (!lay->budget) lay->budget = chunk_bytes;
     sph_tune_entry te;
     int tuned = !lay->bi && sph_cuda_tune_lookup(st, p->dtype, p->H, p->V_loc, p->N, &te);
     if (st->forcing) {
@@ -127,7 +156,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         te.chunk_rows = st->force_rows;
         te.split = st->force_split;
     }
-    if (lay->bi) {
+    if (lay->onepass_e) {
+        /* whole-shard rows, sized above */
+    } else if (lay->bi) {
         /* the split width (and so each row's reduction order) depends on V_loc alone */
         Vs = p->V_loc < SPH_BI_SPLIT ? p->V_loc : SPH_BI_SPLIT;
     } else if (tuned && te.split > 0 && te.split < p->V_loc) {
@@ -151,9 +182,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
         }
     }
     if (Vs < 1) Vs = 1;
-    R = ROWS_FOR(Vs);
+    R = lay->onepass_e ? lay->e_rows : ROWS_FOR(Vs);
     int64_t want_rows = max_span < SPH_MIN_CHUNK_ROWS ? max_span : SPH_MIN_CHUNK_ROWS;
-    if (!lay->bi && R < want_rows) {
+    if (!lay->bi && !lay->onepass_e && R < want_rows) {
         /* even a minimal chunk of rows exceeds the budget: split the vocabulary (a tile
          * record costs 20 bytes per 256 columns: under 0.1 byte per element) */
         Vs = (budget - want_rows * dh_rowx) / (want_rows * (bpe + 1) + dw_col) / 8 * 8;
@@ -165,7 +196,9 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
 #undef ROW_BYTES
     if (R < 1) R = 1;
     int64_t user_rows = ctx->chunk_rows > 0 ? ctx->chunk_rows
-                                            : (tuned && te.chunk_rows > 0 ? te.chunk_rows : 0);
+                                            : (tuned && !lay->onepass_e && te.chunk_rows > 0
+                                                   ? te.chunk_rows
+                                                   : 0);
     if (user_rows > 0 && user_rows < R) R = user_rows;
     if (R > max_span) R = max_span > 0 ? max_span : 1;
     if (R < max_span) {

@@ -237,6 +237,54 @@ __device__ __forceinline__ float fexp(float x) {
     return y;
 }
 
+/* Two values as one 32-bit word of T (the pair a thread holds for adjacent columns). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *(uint32_t *)&v;
+}
+
+/* The 16-byte store path of the half-precision epilogues. In the D fragment the 4 threads of a
+ * quad hold one row's 8-column group j as one 32-bit word each (columns 8j + 2q, 8j + 2q + 1
+ * in lane q). For 4 consecutive groups 4m .. 4m + 3, lane q holds w[0..3] = its word of each;
+ * a 4 x 4 transpose of words across the quad (two xor rounds of 2 shuffles) leaves lane q
+ * with the 4 words of group 4m + q in column order: one 16-byte store per lane and group
+ * instead of four 4-byte ones, and a warp's store covers whole 32-byte sectors (8 rows x 64
+ * bytes) instead of halves of them. Every lane of the warp must take part (full-mask
+ * shuffles); the caller predicates the store. Selects, not indexing, keep w in registers. */
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4]) {
+    const int lane = threadIdx.x & 31;
+    const bool x = lane & 1, a = (lane & 2) != 0;
+    /* round 1: 2 x 2 transposes between lanes q and q ^ 1 */
+    uint32_t s0 = x ? w[0] : w[1], s1 = x ? w[2] : w[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (x) w[0] = s0, w[2] = s1;
+    else w[1] = s0, w[3] = s1;
+    /* round 2: the off-diagonal 2 x 2 blocks between lanes q and q ^ 2 */
+    s0 = a ? w[0] : w[2], s1 = a ? w[1] : w[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (a) w[0] = s0, w[1] = s1;
+    else w[2] = s0, w[3] = s1;
+}
+
+/* Stores 4 groups (4m .. 4m + 3) of one row after quad_transpose: lane q writes group
+ * 4m + q at row + 8 (4m + q), row pointing at the tile's first column. lim: valid columns from
+ * there; groups from lim on are not stored, the group holding column lim - 1 is stored whole
+ * (its tail columns hold zeros and lie inside the row's 8-aligned stride). */
+__device__ __forceinline__ void quad_store16(void *row, int m, uint32_t (&w)[4], int lim,
+                                             bool row_ok) {
+    quad_transpose(w);
+    const int grp = 4 * m + (threadIdx.x & 3);
+    if (row_ok && 8 * grp < lim)
+        *(uint4 *)((uint16_t *)row + 8 * grp) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* What an epilogue needs of one of the thread's two rows, loaded before the tile's main loop
  * so that the global loads' latency hides behind the wgmma work. */
 struct epi_row_args {
@@ -261,8 +309,10 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
  * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
  * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
- * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb. */
-template <bool CAP>
+ * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb.
+ * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
+ * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16). */
+template <bool CAP, int ESTORE>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
@@ -289,14 +339,17 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const float z = acc[4 * j + 2 * hf + e];
+                float &v = acc[4 * j + 2 * hf + e];
+                const float z = v;
+                float p = 0.f;
                 if (8 * j + e < lim) {
-                    const float p = fexp(z - mx);
+                    p = fexp(z - mx);
                     s += p;
                     b = fmaf(p, z, b);
                     sz += z;
                 }
                 if (8 * j + e == tl) zt = z;
+                if (ESTORE) v = p; /* z is not needed past this point */
             }
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1) {
@@ -309,14 +362,49 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
             rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
         }
+        if (ESTORE == 2) {
+            __half *row = (__half *)ep.E + rr * ep.ldE + (cb - 2 * (lane & 3));
+#pragma unroll
+            for (int m = 0; m < SM90_BN / 32; m++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    w[q] = pack2<__half>(acc[4 * (4 * m + q) + 2 * hf],
+                                         acc[4 * (4 * m + q) + 2 * hf + 1]);
+                quad_store16(row, m, w, lim + 2 * (lane & 3), rr < R);
+            }
+        } else if (ESTORE == 1 && rr < R) {
+            __half *row = (__half *)ep.E + rr * ep.ldE + cb;
+#pragma unroll
+            for (int j = 0; j < SM90_BN / 8; j++) {
+                if (8 * j >= lim) continue;
+                /* a pair's second column past the split holds 0 and lies inside the row's
+                 * 8-aligned stride */
+                *(__half2 *)(row + 8 * j) =
+                    __floats2half2_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+            }
+        }
     }
 }
 
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                           int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.cap > 0.f) epi_stats_t<true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_t<false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    if (ep.cap > 0.f) epi_stats_t<true, 0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_t<false, 0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+}
+
+/* The one-pass forward's epilogue: statistics and E. */
+__device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+    if (ep.store16) {
+        if (ep.cap > 0.f) epi_stats_t<true, 2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    } else {
+        if (ep.cap > 0.f) epi_stats_t<true, 1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    }
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -328,16 +416,32 @@ template <> __device__ __forceinline__ void store_pair(__half *dst, float a, flo
 }
 
 /* du of head.cu's head_dlogits_kernel, from the logits in registers:
- * dz = g (delta - p) + e p (mu - z) + gl p + gm / V, du = dz / T (1 - tanh^2(u / cap)). */
+ * dz = g (delta - p) + e p (mu - z) + gl p + gm / V, du = dz / T (1 - tanh^2(u / cap)).
+ * S16: 16-byte stores through quad_transpose (every lane runs the shuffles; rows past R only
+ * skip the store). */
 template <typename T, bool CAP>
+__device__ __forceinline__ float epi_du(float u, const sph_sm90_epi &ep, float lse, float cp,
+                                        float eg, float g, float gmV, bool at_t, bool active) {
+    const float th = CAP ? tanhf(u * ep.inv_cap) : 0.f;
+    const float z = (CAP ? ep.cap * th : u) * ep.inv_t;
+    const float p = fexp(z - lse);
+    float dz = fmaf(p, fmaf(-eg, z, cp), gmV);
+    if (at_t) dz += g;
+    float du = dz * ep.inv_t;
+    if (CAP) du *= 1.f - th * th;
+    return active ? du : 0.f; /* inactive rows: exactly 0 */
+}
+
+template <typename T, bool CAP, bool S16>
 __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph_sm90_epi &ep,
                                               const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                               int64_t R, int64_t Vs, int vec2) {
     const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
+    const int q4 = threadIdx.x & 3;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
-        if (rr >= R) continue;
+        if (!S16 && rr >= R) continue;
         const bool active = ra[hf].active;
         const float lse = ra[hf].lse, mu = ra[hf].mu, g = ra[hf].g, eg = ra[hf].eg;
         const float gl = ra[hf].gl, gmV = ra[hf].gmV;
@@ -346,22 +450,35 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
         const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         /* dz = p (gl - g + e (mu - z)) + gmV (+ g at the target) */
         const float cp = gl - g + eg * mu;
+        if (S16) {
+            T *row = (T *)ep.D + rr * ep.ldD + (cb - 2 * q4);
+#pragma unroll
+            for (int m = 0; m < SM90_BN / 32; m++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int j = 4 * m + q;
+                    float o[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        o[e] = 8 * j + e < lim
+                                   ? epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, lse, cp, eg, g,
+                                                    gmV, 8 * j + e == tl, active)
+                                   : 0.f;
+                    w[q] = pack2<T>(o[0], o[1]);
+                }
+                quad_store16(row, m, w, lim + 2 * q4, rr < R);
+            }
+            continue;
+        }
         T *row = (T *)ep.D + rr * ep.ldD + cb;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++) {
             float o[2];
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float u = acc[4 * j + 2 * hf + e];
-                const float th = CAP ? tanhf(u * ep.inv_cap) : 0.f;
-                const float z = (CAP ? ep.cap * th : u) * ep.inv_t;
-                const float p = fexp(z - lse);
-                float dz = fmaf(p, fmaf(-eg, z, cp), gmV);
-                if (8 * j + e == tl) dz += g;
-                float du = dz * ep.inv_t;
-                if (CAP) du *= 1.f - th * th;
-                o[e] = active ? du : 0.f; /* inactive rows: exactly 0 */
-            }
+            for (int e = 0; e < 2; e++)
+                o[e] = epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, lse, cp, eg, g, gmV,
+                                      8 * j + e == tl, active);
             const int cj = 8 * j;
             if (cj >= lim) continue;
             if (cj + 1 < lim && vec2) {
@@ -378,8 +495,13 @@ template <typename T>
 __device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t R, int64_t Vs, int vec2) {
-    if (ep.cap > 0.f) epi_dlogits_t<T, true>(acc, ep, ra, r, cb, R, Vs, vec2);
-    else epi_dlogits_t<T, false>(acc, ep, ra, r, cb, R, Vs, vec2);
+    if (ep.store16) {
+        if (ep.cap > 0.f) epi_dlogits_t<T, true, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+        else epi_dlogits_t<T, false, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+    } else {
+        if (ep.cap > 0.f) epi_dlogits_t<T, true, false>(acc, ep, ra, r, cb, R, Vs, vec2);
+        else epi_dlogits_t<T, false, false>(acc, ep, ra, r, cb, R, Vs, vec2);
+    }
 }
 
 /* recs[r] = fixed-order merge of the row's tile records: lane l takes tiles l, l + 32, ...
@@ -550,7 +672,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
         if (EPI == SPH_SM90_EPI_NONE) epi_none(acc, ep);
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
-        if (EPI & SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        if (EPI == SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        if (EPI == (SPH_SM90_EPI_STATS | SPH_SM90_EPI_E))
+            epi_stats_e(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
         if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
     }
 #undef SM90_FULL
@@ -603,6 +727,7 @@ template <typename T, int EPI, bool PP> static int kernel_ready1(void) {
 /* Every epilogue and schedule variant the launcher may pick. */
 template <typename T, bool PP> static int kernel_ready_pp(void) {
     return kernel_ready1<T, SPH_SM90_EPI_L, PP>() && kernel_ready1<T, SPH_SM90_EPI_STATS, PP>() &&
+           kernel_ready1<T, SPH_SM90_EPI_STATS | SPH_SM90_EPI_E, PP>() &&
            kernel_ready1<T, SPH_SM90_EPI_DLOGITS, PP>() &&
            kernel_ready1<T, SPH_SM90_EPI_NONE, PP>();
 }
@@ -611,8 +736,6 @@ template <typename T> static int kernel_ready(void) {
 }
 
 extern "C" int sph_cuda_sm90_available(void) {
-    const char *e = getenv("SPH_CUDA_SM90");
-    if (e && !strcmp(e, "0")) return 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SM90_MAX_DEVICES) {
         (void)cudaGetLastError();
@@ -678,13 +801,12 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
  * 0-5 % faster at H 2048 (shapes A and D: a tile's main loop is short, so hiding its epilogue
  * pays), 1-5 % slower at H 4096 and 5120 (B, C: the epilogue weighs half as much and the
  * W tile, loaded per 64 rows instead of 128, doubles the L2 -> shared traffic).
- * SPH_CUDA_PINGPONG=1 / =0 forces one (A/B switch, read at every launch). H alone decides,
- * never the batch: the two give bitwise equal logits anyway (test_pingpong). */
+ * A context's SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE forces one (epi.schedule). H alone
+ * decides, never the batch: the two give bitwise equal logits anyway (test_pingpong). */
 #define SM90_PINGPONG_MAX_H 3072
-static int pingpong_on(int64_t H) {
-    const char *e = getenv("SPH_CUDA_PINGPONG");
-    if (e && !strcmp(e, "0")) return 0;
-    if (e && !strcmp(e, "1")) return 1;
+static int pingpong_on(int64_t H, int schedule) {
+    if (schedule == SPH_SM90_SCHED_COOPERATIVE) return 0;
+    if (schedule == SPH_SM90_SCHED_PINGPONG) return 1;
     return H <= SM90_PINGPONG_MAX_H;
 }
 
@@ -700,6 +822,10 @@ static void launch_pp(int mode, dim3 grid, cudaStream_t stream, const CUtensorMa
         break;
     case SPH_SM90_EPI_STATS:
         head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS, PP>
+            <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
+        break;
+    case SPH_SM90_EPI_STATS | SPH_SM90_EPI_E:
+        head_logits_sm90_kernel<T, SPH_SM90_EPI_STATS | SPH_SM90_EPI_E, PP>
             <<<grid, SM90_THREADS, smem, stream>>>(mh, mw, ep, R, Vs, H, vec2);
         break;
     case SPH_SM90_EPI_NONE:
@@ -736,14 +862,22 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               (long long)ld_h, (long long)ld_w);
     const int mode = epi->mode;
     SPH_CHECK(mode == SPH_SM90_EPI_NONE || mode == SPH_SM90_EPI_L || mode == SPH_SM90_EPI_STATS ||
-                  mode == SPH_SM90_EPI_DLOGITS,
+                  mode == (SPH_SM90_EPI_STATS | SPH_SM90_EPI_E) || mode == SPH_SM90_EPI_DLOGITS,
               SPH_ERR_INTERNAL, "logits_sm90: epilogue mode %d", mode);
+    SPH_CHECK(!(mode & SPH_SM90_EPI_E) ||
+                  (epi->E && (uintptr_t)epi->E % 16 == 0 && epi->ldE % 8 == 0 && epi->ldE >= Vs),
+              SPH_ERR_INTERNAL, "logits_sm90: E %p / ldE %lld not 16-byte aligned rows", epi->E,
+              (long long)epi->ldE);
+    SPH_CHECK(!epi->store16 || !(mode & SPH_SM90_EPI_DLOGITS) ||
+                  ((uintptr_t)epi->D % 16 == 0 && epi->ldD % 8 == 0 && epi->ldD >= Vs),
+              SPH_ERR_INTERNAL, "logits_sm90: store16 needs 16-byte aligned D rows (ldD %lld)",
+              (long long)epi->ldD);
     SPH_CHECK(!(mode & SPH_SM90_EPI_L) || epi->L, SPH_ERR_INTERNAL, "logits_sm90: L is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_STATS) || epi->tile_recs, SPH_ERR_INTERNAL,
               "logits_sm90: tile_recs is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
               "logits_sm90: D or stats is NULL");
-    const int pp = pingpong_on(H);
+    const int pp = pingpong_on(H, epi->schedule);
     const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
     const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);
     SPH_CHECK(R <= INT32_MAX && Vs <= INT32_MAX && n_tiles <= INT32_MAX, SPH_ERR_INTERNAL,
@@ -799,8 +933,7 @@ extern "C" sph_status sph_cuda_logits_variant(int variant, sph_dtype dt, const v
                                               int64_t H, cudaStream_t stream) {
     if (variant == 1) {
         SPH_CHECK(sph_cuda_logits_sm90_usable(dt, h, ld_h, w, ld_w, H), SPH_ERR_UNSUPPORTED,
-                  "variant: 1 (sm_90a) is not available for dtype %s, H=%lld on this device "
-                  "(or SPH_CUDA_SM90=0)",
+                  "variant: 1 (sm_90a) is not available for dtype %s, H=%lld on this device",
                   sph_dtype_name(dt), (long long)H);
         return sph_cuda_logits_sm90(dt, h, ld_h, w, ld_w, L, ldL, R, Vs, H, stream);
     }

@@ -18,8 +18,8 @@
 extern "C" {
 #endif
 
-/* 1 when the current device is sm_90, the library holds the sm_90a kernels, the driver has
- * the tensor-map encoder, and SPH_CUDA_SM90 is not "0" (A/B switch, read at every call). */
+/* 1 when the current device is sm_90, the library holds the sm_90a kernels and the driver has
+ * the tensor-map encoder. (A context's SPH_CUDA_FLAG_NO_SM90 is its callers' to apply.) */
 int sph_cuda_sm90_available(void);
 
 /* 1 when these operands suit the sm_90a kernel's TMA maps (the conditions below, without
@@ -33,8 +33,9 @@ int sph_cuda_sm90_operands_ok(sph_dtype dt, const void *h, int64_t ld_h, const v
 int sph_cuda_logits_sm90_usable(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
                                 int64_t ld_w, int64_t H);
 
-/* Launches the kernel on stream (asynchronous). Operands must satisfy the conditions above
- * (SPH_ERR_INTERNAL otherwise); a launch error comes back with the kernel's name. */
+/* Launches the kernel on stream (asynchronous), schedule by H. Operands must satisfy the
+ * conditions above (SPH_ERR_INTERNAL otherwise); a launch error comes back with the kernel's
+ * name. */
 sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const void *w,
                                 int64_t ld_w, float *L, int64_t ldL, int64_t R, int64_t Vs,
                                 int64_t H, cudaStream_t stream);
@@ -49,24 +50,41 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
  *                        it, else 0. sph_cuda_sm90_reduce_tiles folds them per row.
  *   SPH_SM90_EPI_DLOGITS D (input dtype, row stride ldD) = du of head.cu's dlogits kernel,
  *                        from the row statistics (stats) and upstream gradients.
+ *   SPH_SM90_EPI_STATS | SPH_SM90_EPI_E
+ *                        the records, and E = exp(z - m_tile) as f16 (row stride ldE), m_tile
+ *                        the row's max over the tile (the record's m): the one-pass forward
+ *                        stages E instead of the logits (2 bytes per element; p = E
+ *                        exp(m_tile - lse) once lse is known, z = m_tile + log E).
  *   SPH_SM90_EPI_NONE    nothing: the main loop alone (bench_sm90_epi's probe of its rate).
- * One mode per launch. Chunk row r is
+ * One mode per launch. store16: the half-precision stores of D and E go out as 16-byte
+ * stores after a transpose inside each quad of threads (4x fewer store instructions, whole
+ * 32-byte sectors) instead of 4-byte pairs. Chunk row r is
  * global row rowmap[r] (gathered chunks) or r0 + r; columns are offset by col_g0 in the
  * vocabulary (targets are global indices). */
 enum {
     SPH_SM90_EPI_NONE = 0,
     SPH_SM90_EPI_L = 1,
     SPH_SM90_EPI_STATS = 2,
-    SPH_SM90_EPI_DLOGITS = 4
+    SPH_SM90_EPI_DLOGITS = 4,
+    SPH_SM90_EPI_E = 8
 };
+
+/* Schedules of the sm_90a kernel (sph_sm90_epi.schedule): by H (ping-pong up to
+ * SM90_PINGPONG_MAX_H, cooperative above), or forced (a context's SPH_CUDA_FLAG_PINGPONG /
+ * _COOPERATIVE). Both give bitwise equal logits. */
+enum { SPH_SM90_SCHED_AUTO = 0, SPH_SM90_SCHED_PINGPONG = 1, SPH_SM90_SCHED_COOPERATIVE = 2 };
 
 typedef struct sph_sm90_epi {
     int mode;
+    int schedule; /* SPH_SM90_SCHED_*; 0 = by H */
     float *L;
     int64_t ldL;
     float *tile_recs;
     void *D;
     int64_t ldD;
+    void *E; /* f16 (R, ldE) */
+    int64_t ldE;
+    int store16; /* 16-byte stores of D / E (ldD, ldE multiples of 8, bases 16-byte aligned) */
     int64_t r0, col_g0;
     const int64_t *rowmap;
     const void *tgt;

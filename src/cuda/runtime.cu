@@ -10,6 +10,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/head.cuh"
+#include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
 
@@ -58,16 +59,22 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     cublasSetStream(st->cublas, (cudaStream_t)ctx->stream);
     st->cc = st->prop.major * 10 + st->prop.minor;
     sph_cuda_tune_load(ctx, st);
-    const char *g = getenv("SPH_CUDA_GATHER");
-    st->no_gather = g && !strcmp(g, "0");
-    const char *q = getenv("SPH_CUDA_SQUARE");
-    st->no_square = q && !strcmp(q, "0");
-    const char *f = getenv("SPH_CUDA_FUSED");
-    st->no_fused = f && !strcmp(f, "0");
-    const char *co = getenv("SPH_CUDA_COLOUTER");
-    st->no_colouter = co && !strcmp(co, "0");
-    const char *bd = getenv("SPH_CUDA_BWD_DENSE");
-    st->dense_bwd = bd && !strcmp(bd, "1");
+    /* the A/B switches (spanhead.h, sph_cuda_flag), validated by sph_ctx_create */
+    const uint32_t fl = ctx->opts.cuda_flags;
+    st->no_gather = (fl & SPH_CUDA_FLAG_NO_GATHER) != 0;
+    st->no_square = (fl & SPH_CUDA_FLAG_NO_SQUARE) != 0;
+    st->no_fused = (fl & SPH_CUDA_FLAG_NO_FUSED) != 0;
+    st->no_colouter = (fl & SPH_CUDA_FLAG_NO_COLOUTER) != 0;
+    st->dense_bwd = (fl & SPH_CUDA_FLAG_DENSE_BACKWARD) != 0;
+    st->no_sm90 = (fl & SPH_CUDA_FLAG_NO_SM90) != 0;
+    st->schedule = (fl & SPH_CUDA_FLAG_PINGPONG)      ? SPH_SM90_SCHED_PINGPONG
+                   : (fl & SPH_CUDA_FLAG_COOPERATIVE) ? SPH_SM90_SCHED_COOPERATIVE
+                                                      : SPH_SM90_SCHED_AUTO;
+    st->onepass_mode = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? 1
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? 2
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
+                                                                : 0;
+    st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
     ctx->cuda = st;
     /* force_kernel "ref" runs the float64 reference on host copies (head_ref_stage.c) */
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,

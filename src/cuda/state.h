@@ -25,11 +25,18 @@ typedef struct sph_cuda_state {
     cublasHandle_t cublas;
     int n_tune;
     sph_tune_entry tune[SPH_TUNE_MAX_ENTRIES];
-    int no_gather;                   /* SPH_CUDA_GATHER=0: chunks never cross spans (A/B) */
-    int no_square;                   /* SPH_CUDA_SQUARE=0: backward keeps whole-shard rows */
-    int no_fused;                    /* SPH_CUDA_FUSED=0: no sm_90a fused epilogues (A/B) */
-    int no_colouter;                 /* SPH_CUDA_COLOUTER=0: gradient sweep row-outer (A/B) */
-    int dense_bwd;                   /* SPH_CUDA_BWD_DENSE=1: backward over every row (ablation) */
+    /* The A/B switches of sph_ctx_opts.cuda_flags (spanhead.h, sph_cuda_flag), read once at
+     * context creation. */
+    int no_gather;                   /* NO_GATHER: chunks never cross spans */
+    int no_square;                   /* NO_SQUARE: backward keeps whole-shard rows */
+    int no_fused;                    /* NO_FUSED: no sm_90a fused epilogues */
+    int no_colouter;                 /* NO_COLOUTER: gradient sweep row-outer */
+    int dense_bwd;                   /* DENSE_BACKWARD: backward over every row (ablation) */
+    int no_sm90;                     /* NO_SM90: no sm_90a kernel (fused or batch-invariant) */
+    int schedule;                    /* PINGPONG / COOPERATIVE: SPH_SM90_SCHED_* (head_sm90.cuh) */
+    int onepass_mode;                /* ONEPASS_*: 0 auto, 1 staged E, 2 staged fp32 logits
+                                        (unfused), 3 recompute (the fused sweep) */
+    int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
     int assume_sm90;                 /* layout tests without a GPU: plan as on an sm_90 device */
     int forcing;                     /* 1 while sph_tune times a candidate: */
     int64_t force_rows, force_split; /* its configuration (0 = automatic) */

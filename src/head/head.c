@@ -13,6 +13,7 @@
  * (ctx->head.workspace, ctx->head.check_workspace), and the pass.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -361,6 +362,26 @@ sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass, const sph_
     sph_head_plan p;
     SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
     return ctx->head.workspace(ctx, pass, &p, bytes);
+}
+
+sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                             sph_head_pass_info *info) {
+    SPH_CHECK(info != NULL, SPH_ERR_INVALID_ARG, "info: NULL");
+    SPH_CHECK(info->struct_size >= sizeof *info, SPH_ERR_INVALID_ARG,
+              "info.struct_size: %zu, expected %zu (use SPH_HEAD_PASS_INFO_INIT)",
+              info->struct_size, sizeof *info);
+    sph_head_plan p;
+    SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
+    sph_head_pass_info out;
+    memset(&out, 0, sizeof out);
+    out.struct_size = sizeof out;
+    SPH_TRY(ctx->head.workspace(ctx, pass, &p, &out.workspace_bytes));
+    const char *nm = ctx->head.name ? ctx->head.name : "?";
+    snprintf(out.path, sizeof out.path, "%s",
+             p.K > 0 ? "support" : (!strncmp(nm, "ref", 3) ? "reference" : nm));
+    if (ctx->head.describe) SPH_TRY(ctx->head.describe(ctx, pass, &p, &out));
+    *info = out; /* nothing written on failure */
+    return SPH_OK;
 }
 
 static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,

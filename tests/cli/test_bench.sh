@@ -86,7 +86,11 @@ assert abs(rl["active"] - rl["n_active"] / 4096) < 1e-4, rl
 md = open(sys.argv[2]).read()
 assert f"| {rl['active']:.4f} | packed-rl | general |" in md
 assert "| sustained floor ms | sustained ratio |" in md, md
-assert "dense GEMM rate, TFLOP/s: burst " in md and "(chain 4, general)" in md, md
+assert "| GEMM TFLOP/s | floor ms | ratio | sustained TFLOP/s |" in md, md
+assert "a chain of 4 products" in md and "dense GEMM rate" not in md, md
+# one table: every row has the header's number of cells
+rows = [l for l in md.splitlines() if l.startswith("|")]
+assert len({l.count("|") for l in rows}) == 1, rows
 PY
 # one-pass: 6 N_active H V over the chain-3 rate
 "$cli" bench --device cpu --H 64 --V 520 --N 4096 --repeats 1 --warmup 0 --mode one-pass \
@@ -101,7 +105,7 @@ assert [(r["mask"], r["mode"]) for r in recs] == [("none", "one-pass"), ("respon
 for r in recs:
     check_floors(r, 6)
 md = open(sys.argv[2]).read()
-assert "(chain 3, one-pass)" in md and "(chain 4" not in md, md
+assert "a chain of 3 products" in md and "chain of 4" not in md, md
 PY
 # same seed, same batch; another seed, another batch
 act() {
@@ -112,13 +116,13 @@ a1=$(act) a2=$(act --seed 1) a3=$(act --seed 7)
 [ -n "$a1" ] && [ "$a1" = "$a2" ] && [ "$a1" != "$a3" ] || fail "packed-rl seeds: '$a1' '$a2' '$a3'"
 
 # --- usage errors: exit 2, one line naming the option and the value, nothing on stdout
-expect_fail bad-matrix 2 "--matrix foo" "$cli" bench --matrix foo --list
-expect_fail bad-mask 2 "--mask bogus" "$cli" bench --mask bogus --list
-expect_fail bad-mask-2 2 "--mask bogus" "$cli" bench --mask response,bogus --list
-expect_fail twice-mask 2 "--mask response,response" "$cli" bench --mask response,response --list
+expect_fail bad-matrix 2 "--matrix 'foo': expected seed" "$cli" bench --matrix foo --list
+expect_fail bad-mask 2 "--mask 'bogus'" "$cli" bench --mask bogus --list
+expect_fail bad-mask-2 2 "--mask 'response,bogus'" "$cli" bench --mask response,bogus --list
+expect_fail twice-mask 2 "--mask 'response,response': response given twice" "$cli" bench --mask response,response --list
 expect_fail matrix-N 2 "--matrix seed" "$cli" bench --matrix seed --N 16K --list
-expect_fail bad-H 2 "--H abc" "$cli" bench --H abc --V 520 --list
-expect_fail bad-seed 2 "--seed -1" "$cli" bench --seed -1 --list
+expect_fail bad-H 2 "--H 'abc'" "$cli" bench --H abc --V 520 --list
+expect_fail bad-seed 2 "--seed '-1'" "$cli" bench --seed -1 --list
 expect_fail tiny-rl 2 "--N 40" "$cli" bench --device cpu --H 64 --V 520 --N 40 --mask packed-rl
 
 # --- ab_summary.py: A faster at 2 of 3 matched points, one point only in B

@@ -20,10 +20,10 @@ expect_json blockwise '{"sequence_align":1,"total_align":16,"padded_lengths":[16
     || { echo "FAIL help"; fails=$((fails + 1)); }
 
 expect_fail no-lengths 2 "at least one sequence length" "$cli" layout --tp 2
-expect_fail bad-tp 2 "--tp: 'x' is not an integer >= 1" "$cli" layout --tp x 5
-expect_fail zero-cp 2 "--cp: '0'" "$cli" layout --cp 0 5
-expect_fail missing-value 2 "--cp: ''" "$cli" layout 5 --cp
-expect_fail bad-fp8 2 "--fp8: 'fp4'" "$cli" layout --fp8 fp4 5
+expect_fail bad-tp 2 "--tp 'x': expected an integer >= 1" "$cli" layout --tp x 5
+expect_fail zero-cp 2 "--cp '0'" "$cli" layout --cp 0 5
+expect_fail missing-value 2 "--cp needs a value" "$cli" layout 5 --cp
+expect_fail bad-fp8 2 "--fp8 'fp4'" "$cli" layout --fp8 fp4 5
 expect_fail bad-length 2 "length '12a' is not an integer" "$cli" layout 12a
 expect_fail unknown-opt 2 "unknown option '--pp'" "$cli" layout --pp 2 5
 expect_fail zero-length 1 "lengths[1]: 0, expected >= 1" "$cli" layout 5 0

@@ -8,29 +8,29 @@ cli=${1:?usage: test_pack.sh PATH_TO_SPANHEAD}
 
 echo '[6,5,4,3,2]' >"$tmp/a.json"
 printf '6\n5\n\n  4\n3\n2' >"$tmp/a.txt"
-expect_json ffd '{"bins":[[0,2],[1,3,4]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json ffd '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
     "$cli" pack --capacity 10 "$tmp/a.json"
-expect_json ffd-lines '{"bins":[[0,2],[1,3,4]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json ffd-lines '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
     "$cli" pack --capacity 10 --algorithm ffd "$tmp/a.txt"
-expect_json stdin '{"bins":[[0,2],[1,3,4]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json stdin '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
     bash -c "\"$cli\" pack --capacity=10 - <\"$tmp/a.json\""
-expect_json min-bins '{"bins":[[2],[1,3,4],[0]],"bin_tokens":[4,10,6],"utilization":0.666667}' \
+expect_json min-bins '{"bins":[[2],[1,3,4],[0]],"bin_lengths":[[4],[5,3,2],[6]],"bin_tokens":[4,10,6],"utilization":0.666667}' \
     "$cli" pack --capacity 10 --min-bins 3 "$tmp/a.json"
-expect_json bin-multiple '{"bins":[[2],[3,4],[0],[1]],"bin_tokens":[4,5,6,5],"utilization":0.500000}' \
+expect_json bin-multiple '{"bins":[[2],[3,4],[0],[1]],"bin_lengths":[[4],[3,2],[6],[5]],"bin_tokens":[4,5,6,5],"utilization":0.500000}' \
     "$cli" pack --capacity 10 --min-bins 3 --bin-multiple 2 "$tmp/a.json"
-expect_json balanced '{"bins":[[0,3],[1,2],[4]],"bin_tokens":[9,9,2],"utilization":0.666667}' \
+expect_json balanced '{"bins":[[0,3],[1,2],[4]],"bin_lengths":[[6,3],[5,4],[2]],"bin_tokens":[9,9,2],"utilization":0.666667}' \
     "$cli" pack --capacity 10 --algorithm balanced "$tmp/a.json"
 echo '[11,5,4,4]' >"$tmp/m.json"
-expect_json mffd '{"bins":[[0,1,3],[2]],"bin_tokens":[20,4],"utilization":0.600000}' \
+expect_json mffd '{"bins":[[0,1,3],[2]],"bin_lengths":[[11,5,4],[4]],"bin_tokens":[20,4],"utilization":0.600000}' \
     "$cli" pack --capacity 20 --algorithm mffd "$tmp/m.json"
 echo '[15,3,4]' >"$tmp/s.json"
-expect_json soft-cap '{"bins":[[0],[1,2]],"bin_tokens":[15,7],"utilization":1.100000}' \
+expect_json soft-cap '{"bins":[[0],[1,2]],"bin_lengths":[[15],[3,4]],"bin_tokens":[15,7],"utilization":1.100000}' \
     "$cli" pack --capacity 10 --algorithm balanced "$tmp/s.json"
 echo '[5,9,3]' >"$tmp/p.json"
-expect_json aligned '{"bins":[[1],[0,2]],"bin_tokens":[16,16],"utilization":0.800000}' \
+expect_json aligned '{"bins":[[1],[0,2]],"bin_lengths":[[9],[5,3]],"bin_tokens":[16,16],"utilization":0.800000}' \
     "$cli" pack --capacity 20 --tp 2 --cp 2 "$tmp/p.json"
 echo '[]' >"$tmp/e.json"
-expect_json empty '{"bins":[],"bin_tokens":[],"utilization":0.000000}' "$cli" pack --capacity 10 "$tmp/e.json"
+expect_json empty '{"bins":[],"bin_lengths":[],"bin_tokens":[],"utilization":0.000000}' "$cli" pack --capacity 10 "$tmp/e.json"
 
 # a large random input: every index once, no bin over capacity, target bin count met
 python3 -c '
@@ -44,7 +44,8 @@ for algo in ffd mffd balanced; do
     python3 - "$tmp/big.json" "$tmp/big.out" $algo <<'PY' || { echo "FAIL big-$algo"; fails=$((fails + 1)); }
 import json, sys
 lens = json.load(open(sys.argv[1])); out = json.load(open(sys.argv[2]))
-assert list(out) == ["bins", "bin_tokens", "utilization"], list(out)
+assert list(out) == ["bins", "bin_lengths", "bin_tokens", "utilization"], list(out)
+assert out["bin_lengths"] == [[lens[i] for i in b] for b in out["bins"]]
 seen = sorted(i for b in out["bins"] for i in b)
 assert seen == list(range(len(lens))), "every index exactly once"
 assert len(out["bins"]) % 8 == 0
@@ -60,13 +61,13 @@ done
     || { echo "FAIL help"; fails=$((fails + 1)); }
 
 expect_fail no-capacity 2 "--capacity is required" "$cli" pack "$tmp/a.json"
-expect_fail bad-capacity 2 "--capacity: 'abc' is not an integer >= 1" "$cli" pack --capacity abc "$tmp/a.json"
-expect_fail zero-capacity 2 "--capacity: '0'" "$cli" pack --capacity 0 "$tmp/a.json"
-expect_fail bad-algo 2 "--algorithm: 'bfd', expected ffd, mffd or balanced" "$cli" pack --capacity 10 --algorithm bfd "$tmp/a.json"
-expect_fail bad-min-bins 2 "--min-bins: '-1'" "$cli" pack --capacity 10 --min-bins -1 "$tmp/a.json"
-expect_fail bad-multiple 2 "--bin-multiple: '0'" "$cli" pack --capacity 10 --bin-multiple 0 "$tmp/a.json"
-expect_fail bad-fp8 2 "--fp8: 'e4m3'" "$cli" pack --capacity 10 --fp8 e4m3 "$tmp/a.json"
-expect_fail no-file 2 "expected a FILE of lengths" "$cli" pack --capacity 10
+expect_fail bad-capacity 2 "--capacity 'abc': expected a count (like 4096 or 16K) >= 1" "$cli" pack --capacity abc "$tmp/a.json"
+expect_fail zero-capacity 2 "--capacity '0'" "$cli" pack --capacity 0 "$tmp/a.json"
+expect_fail bad-algo 2 "--algorithm 'bfd': expected ffd, mffd or balanced" "$cli" pack --capacity 10 --algorithm bfd "$tmp/a.json"
+expect_fail bad-min-bins 2 "--min-bins '-1'" "$cli" pack --capacity 10 --min-bins -1 "$tmp/a.json"
+expect_fail bad-multiple 2 "--bin-multiple '0'" "$cli" pack --capacity 10 --bin-multiple 0 "$tmp/a.json"
+expect_fail bad-fp8 2 "--fp8 'e4m3'" "$cli" pack --capacity 10 --fp8 e4m3 "$tmp/a.json"
+expect_fail no-file 2 "expected a FILE or -" "$cli" pack --capacity 10
 expect_fail extra-arg 2 "extra argument" "$cli" pack --capacity 10 "$tmp/a.json" "$tmp/a.json"
 expect_fail unknown-opt 2 "unknown option '--bins'" "$cli" pack --capacity 10 --bins 3 "$tmp/a.json"
 expect_fail missing-file 1 "cannot open" "$cli" pack --capacity 10 "$tmp/nope.json"

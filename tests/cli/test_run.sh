@@ -41,14 +41,14 @@ expect_rc 0 "rows" -- "$cli" run --N 16 --H 8 --V 32 --threads 1 --repeats 1
 
 # ---- errors --------------------------------------------------------------------------------
 expect_rc 2 "unknown option '--bogus'" -- "$cli" run --bogus
-expect_rc 2 "--dtype: 'f8'" -- "$cli" run --dtype f8
-expect_rc 2 "--N: '0' is not an integer >= 1" -- "$cli" run --N 0 --H 4 --V 4
+expect_rc 2 "--dtype 'f8': expected f32, bf16 or f16" -- "$cli" run --dtype f8
+expect_rc 2 "--N '0': expected a count" -- "$cli" run --N 0 --H 4 --V 4
 expect_rc 2 "--N, --H and --V go together" -- "$cli" run --N 4
-expect_rc 2 "--mask: 'stripes'" -- "$cli" run --N 4 --H 4 --V 4 --mask stripes
-expect_rc 2 "--device: 'tpu'" -- "$cli" run --device tpu
-expect_rc 1 "temperature: -1" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
-expect_rc 1 "vocab_start" -- "$cli" run --N 4 --H 4 --V 8 --vocab-total 10 --vocab-start 5
-expect_rc 1 "hidden.npy, weight.npy and targets.npy are required" -- "$cli" run --inputs "$tmp/none"
+expect_rc 2 "--mask 'stripes'" -- "$cli" run --N 4 --H 4 --V 4 --mask stripes
+expect_rc 2 "--device 'tpu': expected cpu or cuda" -- "$cli" run --device tpu
+expect_rc 1 "--temperature -1: expected a number > 0" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
+expect_rc 1 "--vocab-start 5: the shard of V_loc = 8 rows" -- "$cli" run --N 4 --H 4 --V 8 --vocab-total 10 --vocab-start 5
+expect_rc 1 "--inputs $tmp/none: No such file or directory" -- "$cli" run --inputs "$tmp/none"
 
 # ---- .npy round trip against NumPy ----------------------------------------------------------
 # NumPy is the independent oracle here (scripts/setup.sh installs it). Without it the rest of
@@ -134,6 +134,36 @@ for k, r in oracle(h16, w16, t16, ones, g16, zero, zero).items():
     close("bf16", k, L("out16", k), r)
 sys.exit(1 if bad else 0)
 PY
+
+# ---- --check without upstream gradients: forward only, and the check says so -----------------
+mkdir -p "$tmp/fwd" && cp "$tmp/in/hidden.npy" "$tmp/in/weight.npy" "$tmp/in/targets.npy" "$tmp/fwd/"
+expect_rc 0 "not computed, not checked: entropy, dhidden, dweight" -- "$cli" run --inputs "$tmp/fwd" --check \
+    --outputs "$tmp/fwd_out"
+expect_rc 0 "no upstream gradient given" -- "$cli" run --inputs "$tmp/fwd" --check
+[[ -f $tmp/fwd_out/logprob.npy && ! -e $tmp/fwd_out/dhidden.npy && ! -e $tmp/fwd_out/dweight.npy ]] \
+    && ok "forward-only outputs: no gradient files" || bad "forward-only outputs: $(ls "$tmp/fwd_out")"
+
+# ---- --json: one object with the results and the check --------------------------------------
+if out=$("$cli" run --json --check --N 40 --H 16 --V 96 --mask random --entropy 2>"$tmp/err"); then
+    python3 - "$out" <<'PY' && ok "run --json" || bad "run --json: $out"
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["command"] == "run" and (d["N"], d["H"], d["V_loc"]) == (40, 16, 96), d
+assert 0 < d["active_rows"] < 40 and d["backward"] is True and d["forward_ms"] > 0
+assert d["floor_ms"] > 0 and d["ratio"] > 0 and d["dense_logits_bytes"] == 40 * 96 * 4
+assert d["computed"] == ["logprob", "entropy", "lse", "logit_mean", "dhidden", "dweight"]
+c = d["check"]
+assert c["passed"] is True and c["reference"] == "float64" and c["not_computed"] == []
+assert set(c["errors"]) == set(d["computed"]) and max(c["errors"].values()) <= c["tolerance"]
+PY
+else
+    bad "run --json: exit $? ($(cat "$tmp/err"))"
+fi
+out=$("$cli" run --json --inputs "$tmp/fwd" --check 2>&1)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); c=d["check"]
+assert d["backward"] is False and d["backward_ms"] is None, d
+assert c["not_computed"] == ["entropy", "dhidden", "dweight"] and c["passed"], c' "$out" \
+    && ok "run --json forward only" || bad "run --json forward only: $out"
 
 [[ $fails -eq 0 ]] && echo "all run tests passed" && exit 0
 echo "$fails run test(s) failed"

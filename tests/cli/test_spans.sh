@@ -11,10 +11,11 @@ cli=${1:?usage: test_spans.sh PATH_TO_SPANHEAD}
 data=${SPH_TEST_DATA:-$(cd "$(dirname "$0")/.." && pwd)/data}
 # B=2, S=6, A=3: rows 2..4 of each length-6 row carry the loss mask
 echo '{"layout":"unpacked","sequence_length":6,"num_actions":3,"loss_mask":[[1,0,1],[0,1,1]]}' >"$tmp/u.json"
-expect_json unpacked '{"active_mask":[0,0,1,0,1,0,0,0,0,1,1,0],"active_rows":4,"local_rows":12,"local_active_rows":4,"spans":[[2,11]]}' \
+# the default gap is 0: exact spans
+expect_json unpacked '{"active_mask":[0,0,1,0,1,0,0,0,0,1,1,0],"active_rows":4,"local_rows":12,"local_active_rows":4,"spans":[[2,3],[4,5],[9,11]]}' \
     "$cli" spans "$tmp/u.json"
-expect_json unpacked-gap0 '{"active_mask":[0,0,1,0,1,0,0,0,0,1,1,0],"active_rows":4,"local_rows":12,"local_active_rows":4,"spans":[[2,3],[4,5],[9,11]]}' \
-    "$cli" spans --gap 0 "$tmp/u.json"
+expect_json unpacked-gap128 '{"active_mask":[0,0,1,0,1,0,0,0,0,1,1,0],"active_rows":4,"local_rows":12,"local_active_rows":4,"spans":[[2,11]]}' \
+    "$cli" spans --gap 128 "$tmp/u.json"
 expect_json unpacked-stdin '{"active_mask":[0,0,1,0,1,0,0,0,0,1,1,0],"active_rows":4,"local_rows":12,"local_active_rows":4,"spans":[[2,5],[9,11]]}' \
     bash -c "\"$cli\" spans --gap=1 - <\"$tmp/u.json\""
 # packed rows under TP2 CP2: each row padded to 8, rank 1 holds segment rows 2..5
@@ -69,12 +70,12 @@ done
 "$cli" spans --help >"$tmp/help" 2>&1 && grep -q "usage: spanhead spans" "$tmp/help" \
     || { echo "FAIL help"; fails=$((fails + 1)); }
 
-expect_fail no-file 2 "expected a batch description FILE" "$cli" spans --tp 2
+expect_fail no-file 2 "expected a FILE or -" "$cli" spans --tp 2
 expect_fail extra-arg 2 "extra argument" "$cli" spans "$tmp/u.json" "$tmp/u.json"
-expect_fail bad-rank 2 "--cp-rank: 'one'" "$cli" spans --cp-rank one "$tmp/u.json"
-expect_fail rank-range 2 "--cp-rank: 2, expected < --cp = 2" "$cli" spans --cp 2 --cp-rank 2 "$tmp/p.json"
-expect_fail bad-gap 2 "--gap: '-1'" "$cli" spans --gap -1 "$tmp/u.json"
-expect_fail bad-tp 2 "--tp: '0'" "$cli" spans --tp 0 "$tmp/u.json"
+expect_fail bad-rank 2 "--cp-rank 'one'" "$cli" spans --cp-rank one "$tmp/u.json"
+expect_fail rank-range 2 "--cp-rank 2: expected < --cp = 2" "$cli" spans --cp 2 --cp-rank 2 "$tmp/p.json"
+expect_fail bad-gap 2 "--gap '-1'" "$cli" spans --gap -1 "$tmp/u.json"
+expect_fail bad-tp 2 "--tp '0'" "$cli" spans --tp 0 "$tmp/u.json"
 expect_fail unknown-opt 2 "unknown option '--rank'" "$cli" spans --rank 1 "$tmp/u.json"
 expect_fail missing-file 1 "cannot open" "$cli" spans "$tmp/nope.json"
 bad() { echo "$1" >"$tmp/bad.json"; }

@@ -7,14 +7,16 @@
  * support, outputs poisoned before each run. Then: bad input, determinism (bitwise), batch
  * invariance (the same rows inside different batches and positions, bitwise), the same
  * batch-invariant parity and invariance with the sm_90a wgmma kernel on and off
- * (SPH_CUDA_SM90=1/0, sm_90 devices only) plus that kernel alone against float64 dot products,
- * the general path's fused sm_90a epilogues on and off (SPH_CUDA_FUSED=1/0), the kernel's two
- * schedules (ping-pong and cooperative, SPH_CUDA_PINGPONG=1/0, bitwise equal), both gradient
- * sweep orders (SPH_CUDA_COLOUTER=1/0) and the dense-backward ablation,
+ * (SPH_CUDA_FLAG_NO_SM90, sm_90 devices only) plus that kernel alone against float64 dot
+ * products, the general path's fused sm_90a epilogues on and off (SPH_CUDA_FLAG_NO_FUSED), the
+ * kernel's two schedules (ping-pong and cooperative, SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE,
+ * bitwise equal), both gradient sweep orders (SPH_CUDA_FLAG_NO_COLOUTER) and the
+ * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD). Contexts take the SPH_CUDA_*
+ * variables of the environment first (sph_ctx_opts_apply_env: the device scripts rerun the
+ * suite under them), then each test's own switches,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv: the SPH_CUDA_SM90 A/B switch */
 #ifndef SPH_HAVE_CUDA
 /* A build without CUDA: nothing to test here (the CUDA headers may not even exist). */
 #include <stdio.h>
@@ -97,8 +99,33 @@ static void mirror_free(sph_ctx_t g, mirror *m) {
     for (int k = 0; k < NF; k++) sph_ctx_free(g, m->dev[k]);
 }
 
+/* The A/B switches of the contexts the tests create (sph_cuda_flag): the environment's first
+ * (the device scripts run the suite again under SPH_CUDA_*=...; sph_ctx_opts_apply_env), then
+ * the tests' own (cuda_switch); g_schedule is what the direct sm_90a kernel calls use. */
+static uint32_t g_force_on, g_force_off;
+static int g_schedule = SPH_SM90_SCHED_AUTO;
+
+/* flag on (1), off (0), or as the environment says (-1). */
+static void cuda_switch(uint32_t flag, int state) {
+    g_force_on &= ~flag, g_force_off &= ~flag;
+    if (state == 1) g_force_on |= flag;
+    if (state == 0) g_force_off |= flag;
+}
+
+/* The sm_90a schedule, contexts and direct kernel calls alike: SPH_SM90_SCHED_PINGPONG,
+ * _COOPERATIVE, or -1 (the environment's, else by H). */
+static void schedule_force(int sched) {
+    const uint32_t both = SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE;
+    cuda_switch(both, sched < 0 ? -1 : 0);
+    if (sched == SPH_SM90_SCHED_PINGPONG) cuda_switch(SPH_CUDA_FLAG_PINGPONG, 1);
+    if (sched == SPH_SM90_SCHED_COOPERATIVE) cuda_switch(SPH_CUDA_FLAG_COOPERATIVE, 1);
+    g_schedule = sched < 0 ? SPH_SM90_SCHED_AUTO : sched;
+}
+
 static sph_ctx_t gpu_ctx(int64_t chunk_bytes, int bi, void *stream) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    expect_ok(sph_ctx_opts_apply_env(&o));
+    o.cuda_flags = (o.cuda_flags & ~g_force_off) | g_force_on;
     o.device.type = SPH_DEVICE_CUDA;
     o.chunk_bytes = chunk_bytes;
     o.batch_invariant = bi;
@@ -590,6 +617,18 @@ static int device_is_sm90(void) {
  * of the 128 x 256 x 64 tiles (k past H is zero-filled by TMA), ldL > Vs with the padding
  * columns checked untouched (still NaN), odd ldL (scalar stores). Then rows [r0, r0 + n)
  * recomputed alone (another R, another position in the tile) must be bitwise equal. */
+/* The sm_90a logits kernel (L = h w^T, fp32) under the schedule g_schedule. */
+static sph_status logits_sm90(sph_dtype dt, const void *h, const void *w, float *L,
+                              int64_t ldL, int64_t R, int64_t Vs, int64_t H) {
+    sph_sm90_epi e;
+    memset(&e, 0, sizeof e);
+    e.mode = SPH_SM90_EPI_L;
+    e.schedule = g_schedule;
+    e.L = L;
+    e.ldL = ldL;
+    return sph_cuda_head_sm90(dt, h, H, w, H, R, Vs, H, &e, NULL);
+}
+
 static int sm90_kernel_case(sph_dtype dt, int64_t R, int64_t Vs, int64_t H, int64_t ldL) {
     char cs[128];
     snprintf(cs, sizeof cs, "logits_sm90(R=%lld,Vs=%lld,H=%lld,ldL=%lld,dtype=%s)",
@@ -617,10 +656,9 @@ static int sm90_kernel_case(sph_dtype dt, int64_t R, int64_t Vs, int64_t H, int6
     assert_int_equal(cudaMemset(dL, 0xff, (size_t)(R * ldL) * 4), cudaSuccess); /* NaN poison */
     assert_int_equal(cudaMemset(dL2, 0xff, (size_t)(R * ldL) * 4), cudaSuccess);
     assert_true(sph_cuda_logits_sm90_usable(dt, dh, H, dw, H, H));
-    expect_ok(sph_cuda_logits_sm90(dt, dh, H, dw, H, (float *)dL, ldL, R, Vs, H, NULL));
+    expect_ok(logits_sm90(dt, dh, dw, (float *)dL, ldL, R, Vs, H));
     const int64_t r0 = R / 3, n = R - r0 < 50 ? R - r0 : 50;
-    expect_ok(sph_cuda_logits_sm90(dt, (const uint16_t *)dh + r0 * H, H, dw, H, (float *)dL2,
-                                   ldL, n, Vs, H, NULL));
+    expect_ok(logits_sm90(dt, (const uint16_t *)dh + r0 * H, dw, (float *)dL2, ldL, n, Vs, H));
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaMemcpy(L, dL, (size_t)(R * ldL) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     assert_int_equal(cudaMemcpy(L2, dL2, (size_t)(n * ldL) * 4, cudaMemcpyDeviceToHost),
@@ -664,24 +702,20 @@ static int sm90_kernel_case(sph_dtype dt, int64_t R, int64_t Vs, int64_t H, int6
     return ok;
 }
 
-/* The batch-invariant parity and invariance tests with the sm_90a kernel on
- * (SPH_CUDA_SM90=1) and off (=0, the mma.sync kernel), each against the float64 reference,
- * on shapes the sm_90a kernel takes (H % 8 == 0, including H % 64 != 0). On an sm_90 device
- * the path must be live with =1 (the build holds sm_90a code), or the test fails. */
+/* The batch-invariant parity and invariance tests with the sm_90a kernel on (default) and off
+ * (SPH_CUDA_FLAG_NO_SM90: the mma.sync kernel), each against the float64 reference, on shapes
+ * the sm_90a kernel takes (H % 8 == 0, including H % 64 != 0). On an sm_90 device the path
+ * must be live (the build holds sm_90a code), or the test fails. */
 static void test_bi_sm90(void **state) {
     (void)state;
     if (!device_is_sm90()) {
         test_skip("device 0 is not sm_90: the sm_90a kernel was not exercised");
     }
-    const char *modes[2] = {"1", "0"};
     const sph_dtype dts[2] = {SPH_BF16, SPH_F16};
-    const char *env = getenv("SPH_CUDA_SM90"); /* restored at the end for the later tests */
-    char saved[16] = "";
-    if (env) snprintf(saved, sizeof saved, "%s", env);
+    assert_true(sph_cuda_sm90_available());
     int ok = 1;
     for (int m = 0; m < 2; m++) {
-        assert_int_equal(setenv("SPH_CUDA_SM90", modes[m], 1), 0);
-        assert_int_equal(sph_cuda_sm90_available(), m == 0);
+        cuda_switch(SPH_CUDA_FLAG_NO_SM90, m == 1); /* m 1: the contexts take mma.sync */
         for (int d = 0; d < 2; d++) {
             if (m == 0) {
                 ok &= sm90_kernel_case(dts[d], 300, 600, 328, 601);
@@ -704,7 +738,7 @@ static void test_bi_sm90(void **state) {
             bi_dtype_h(dts[d], 256);
         }
     }
-    assert_int_equal(env ? setenv("SPH_CUDA_SM90", saved, 1) : unsetenv("SPH_CUDA_SM90"), 0);
+    cuda_switch(SPH_CUDA_FLAG_NO_SM90, -1);
     assert_true(ok);
 }
 
@@ -887,34 +921,25 @@ static size_t fwd_ws_bytes(int64_t N, int64_t H, int64_t V) {
     return ws_bytes_of(SPH_HEAD_FORWARD, N, H, V, 0);
 }
 
-/* Sets environment variable name to value (NULL: unset). */
-static void env_set(const char *name, const char *value) {
-    assert_int_equal(value ? setenv(name, value, 1) : unsetenv(name), 0);
-}
-
 /* The gradient sweep orders against the float64 reference: vocabulary-outer (chosen when the
  * fp32 dH of the computed rows is smaller than an fp32 dW of the shard: half-precision dW,
- * N_active < V_loc) and row-outer (SPH_CUDA_COLOUTER=0), with small budgets so that row
+ * N_active < V_loc) and row-outer (SPH_CUDA_FLAG_NO_COLOUTER), with small budgets so that row
  * chunks and vocabulary splits both number several (split-sized dW accumulator, dH
  * accumulated over splits), gathered spans, no spans, accumulation, one-pass (a small budget:
  * statistics of every chunk, then the sweep; the default budget: staged chunks); and the
  * dense-backward ablation
- * (SPH_CUDA_BWD_DENSE=1) on a masked case. The vocabulary-outer workspace must leave out
+ * (SPH_CUDA_FLAG_DENSE_BACKWARD) on a masked case. The vocabulary-outer workspace must leave out
  * the shard's fp32 dW accumulator. Any compute capability. */
 static void test_sweep(void **state) {
     (void)state;
-    const char *saved_co = getenv("SPH_CUDA_COLOUTER"), *saved_bd = getenv("SPH_CUDA_BWD_DENSE");
-    char co[16] = "", bd[16] = "";
-    if (saved_co) snprintf(co, sizeof co, "%s", saved_co);
-    if (saved_bd) snprintf(bd, sizeof bd, "%s", saved_bd);
-    env_set("SPH_CUDA_BWD_DENSE", NULL);
+    cuda_switch(SPH_CUDA_FLAG_DENSE_BACKWARD, 0);
     /* a 48 MiB budget, rows that need two chunks: cuBLAS's 32 MiB slice + a 51 MB fp32 dW
      * accumulator exceed it (row-outer), cuBLAS + a 2 MB fp32 dH accumulator and a split-sized
      * dW one do not (vocabulary-outer) */
     const int64_t budget = (int64_t)48 << 20;
-    env_set("SPH_CUDA_COLOUTER", "0");
+    cuda_switch(SPH_CUDA_FLAG_NO_COLOUTER, 1);
     size_t ws_row = ws_bytes_of(SPH_HEAD_BACKWARD, 4096, 128, 100000, budget);
-    env_set("SPH_CUDA_COLOUTER", "1");
+    cuda_switch(SPH_CUDA_FLAG_NO_COLOUTER, 0);
     size_t ws_col = ws_bytes_of(SPH_HEAD_BACKWARD, 4096, 128, 100000, budget);
     if (!(ws_col <= (size_t)budget + 4096 && ws_row > (size_t)budget + 4096)) { /* + rounding */
         print_error("test_sweep: backward workspace %zu bytes vocabulary-outer, %zu row-outer, "
@@ -922,10 +947,9 @@ static void test_sweep(void **state) {
                     (long long)budget);
         fail();
     }
-    const char *modes[2] = {"1", "0"};
     int ok = 1;
     for (int m = 0; m < 2; m++) {
-        env_set("SPH_CUDA_COLOUTER", modes[m]);
+        cuda_switch(SPH_CUDA_FLAG_NO_COLOUTER, m == 1);
         gcfg f = base(SPH_BF16, 400, 72, 5000); /* gathered spans, chunks x splits */
         f.gdt = SPH_BF16, f.chunk_bytes = 256 * 1024, f.mask_frac = 0.5, f.use_spans = 1;
         f.acc = 1;
@@ -940,22 +964,22 @@ static void test_sweep(void **state) {
         f.chunk_bytes = 0; /* one chunk: dW written directly */
         ok &= run_cfg(&f);
     }
-    env_set("SPH_CUDA_COLOUTER", NULL);
-    env_set("SPH_CUDA_BWD_DENSE", "1");
+    cuda_switch(SPH_CUDA_FLAG_NO_COLOUTER, 0);
+    cuda_switch(SPH_CUDA_FLAG_DENSE_BACKWARD, 1);
     gcfg f = base(SPH_BF16, 300, 72, 2000);
     f.gdt = SPH_BF16, f.mask_frac = 0.4, f.use_spans = 1, f.chunk_bytes = 256 * 1024;
     ok &= run_cfg(&f);
     f.gdt = SPH_F32, f.acc = 1;
     ok &= run_cfg(&f);
-    env_set("SPH_CUDA_COLOUTER", saved_co ? co : NULL);
-    env_set("SPH_CUDA_BWD_DENSE", saved_bd ? bd : NULL);
+    cuda_switch(SPH_CUDA_FLAG_NO_COLOUTER, -1);
+    cuda_switch(SPH_CUDA_FLAG_DENSE_BACKWARD, -1);
     assert_true(ok);
 }
 
 /* The general path's sm_90a fused epilogues (row statistics from the logits in registers,
  * dlogits written straight from them) against the float64 reference, each case with the
- * fused kernels on (SPH_CUDA_FUSED=1) and off (=0, cuBLAS + staged fp32 logits): one row,
- * rows and columns straddling the 128 x 256 tiles, H % 64 != 0, gathered spans with
+ * fused kernels on (default) and off (SPH_CUDA_FLAG_NO_FUSED: cuBLAS + staged fp32 logits):
+ * one row, rows and columns straddling the 128 x 256 tiles, H % 64 != 0, gathered spans with
  * softcap and temperature, one-pass through the recomputing sweep, a TP shard with
  * accumulation, and a small budget that splits the vocabulary in both passes (records
  * merged across splits). On an sm_90 device the fused forward must be live: its workspace
@@ -965,22 +989,18 @@ static void test_fused(void **state) {
     if (!device_is_sm90()) {
         test_skip("device 0 is not sm_90: the fused sm_90a epilogues were not exercised");
     }
-    const char *env = getenv("SPH_CUDA_FUSED");
-    char saved[16] = "";
-    if (env) snprintf(saved, sizeof saved, "%s", env);
-    assert_int_equal(setenv("SPH_CUDA_FUSED", "0", 1), 0);
+    cuda_switch(SPH_CUDA_FLAG_NO_FUSED, 1);
     size_t ws_off = fwd_ws_bytes(2048, 256, 50000);
-    assert_int_equal(setenv("SPH_CUDA_FUSED", "1", 1), 0);
+    cuda_switch(SPH_CUDA_FLAG_NO_FUSED, 0);
     size_t ws_on = fwd_ws_bytes(2048, 256, 50000);
     if (!(ws_on < ws_off / 4)) {
         print_error("test_fused: forward workspace %zu bytes fused vs %zu unfused: the fused "
                     "path is not taken\n", ws_on, ws_off);
         fail();
     }
-    const char *modes[2] = {"1", "0"};
     int ok = 1;
     for (int m = 0; m < 2; m++) {
-        assert_int_equal(setenv("SPH_CUDA_FUSED", modes[m], 1), 0);
+        cuda_switch(SPH_CUDA_FLAG_NO_FUSED, m == 1);
         gcfg f = base(SPH_BF16, 1, 8, 13);
         ok &= run_cfg(&f);
         f = base(SPH_BF16, 700, 520, 3000); /* gathered spans, several k boxes and tiles */
@@ -999,29 +1019,29 @@ static void test_fused(void **state) {
         f.one_pass = 1, f.use_spans = 1;
         ok &= run_cfg(&f);
     }
-    assert_int_equal(env ? setenv("SPH_CUDA_FUSED", saved, 1) : unsetenv("SPH_CUDA_FUSED"), 0);
+    cuda_switch(SPH_CUDA_FLAG_NO_FUSED, -1);
     assert_true(ok);
 }
 
-/* The sm_90a logits of (R x H) . (Vs x H)^T under schedule pp ("1" ping-pong, "0"
- * cooperative), copied to the host (R x Vs fp32; the caller frees it). */
-static float *sm90_logits_under(const char *pp, sph_dtype dt, const void *dh, const void *dw,
+/* The sm_90a logits of (R x H) . (Vs x H)^T under schedule sched (SPH_SM90_SCHED_PINGPONG or
+ * _COOPERATIVE), copied to the host (R x Vs fp32; the caller frees it). */
+static float *sm90_logits_under(int sched, sph_dtype dt, const void *dh, const void *dw,
                                 int64_t R, int64_t Vs, int64_t H) {
-    env_set("SPH_CUDA_PINGPONG", pp);
+    schedule_force(sched);
     float *L = malloc((size_t)(R * Vs) * 4), *dL = NULL;
     assert_non_null(L);
     assert_int_equal(cudaMalloc((void **)&dL, (size_t)(R * Vs) * 4), cudaSuccess);
     assert_int_equal(cudaMemset(dL, 0xff, (size_t)(R * Vs) * 4), cudaSuccess); /* NaN poison */
-    expect_ok(sph_cuda_logits_sm90(dt, dh, H, dw, H, dL, Vs, R, Vs, H, NULL));
+    expect_ok(logits_sm90(dt, dh, dw, dL, Vs, R, Vs, H));
     assert_int_equal(cudaMemcpy(L, dL, (size_t)(R * Vs) * 4, cudaMemcpyDeviceToHost),
                      cudaSuccess);
     cudaFree(dL);
     return L;
 }
 
-/* The two schedules of the sm_90a kernel, each forced by SPH_CUDA_PINGPONG (by default H
- * picks): ping-pong (=1: a 64 x 256 tile per consumer warpgroup, the epilogue of one under
- * the other's main loop) and cooperative (=0: 128 x 256 tiles shared by both). Each against
+/* The two schedules of the sm_90a kernel, each forced (schedule_force; by default H
+ * picks): ping-pong (a 64 x 256 tile per consumer warpgroup, the epilogue of one under the
+ * other's main loop) and cooperative (128 x 256 tiles shared by both). Each against
  * the float64 reference (the logits kernel and the fused general path, one-pass included),
  * with tile counts below the SM count (one tile per block, the second warpgroup idle), odd
  * and even per block, and several per warpgroup; and the logits bitwise equal between the
@@ -1031,13 +1051,10 @@ static void test_pingpong(void **state) {
     if (!device_is_sm90()) {
         test_skip("device 0 is not sm_90: the sm_90a schedules were not exercised");
     }
-    const char *env = getenv("SPH_CUDA_PINGPONG");
-    char saved[16] = "";
-    if (env) snprintf(saved, sizeof saved, "%s", env);
-    const char *modes[2] = {"1", "0"};
+    const int modes[2] = {SPH_SM90_SCHED_PINGPONG, SPH_SM90_SCHED_COOPERATIVE};
     int ok = 1;
     for (int m = 0; m < 2; m++) {
-        env_set("SPH_CUDA_PINGPONG", modes[m]);
+        schedule_force(modes[m]);
         ok &= sm90_kernel_case(SPH_BF16, 1100, 9000, 136, 9001); /* 648 / 324 tiles */
         ok &= sm90_kernel_case(SPH_F16, 65, 300, 64, 300);       /* 4 / 2 tiles */
         gcfg f = base(SPH_BF16, 1100, 264, 7000); /* gathered spans, ~3 tiles per warpgroup */
@@ -1059,8 +1076,8 @@ static void test_pingpong(void **state) {
     assert_int_equal(cudaMemcpy(dh, h, (size_t)((R + Vs) * H) * 2, cudaMemcpyHostToDevice),
                      cudaSuccess);
     const void *dw = (const uint16_t *)dh + R * H;
-    float *Lp = sm90_logits_under("1", SPH_BF16, dh, dw, R, Vs, H);
-    float *Lc = sm90_logits_under("0", SPH_BF16, dh, dw, R, Vs, H);
+    float *Lp = sm90_logits_under(SPH_SM90_SCHED_PINGPONG, SPH_BF16, dh, dw, R, Vs, H);
+    float *Lc = sm90_logits_under(SPH_SM90_SCHED_COOPERATIVE, SPH_BF16, dh, dw, R, Vs, H);
     for (int64_t i = 0; i < R * Vs; i++)
         if (memcmp(&Lp[i], &Lc[i], 4) || Lp[i] != Lp[i]) {
             print_error("test_pingpong: logit (%lld, %lld) is %.9g ping-pong, %.9g cooperative; "
@@ -1070,7 +1087,7 @@ static void test_pingpong(void **state) {
             break;
         }
     cudaFree(dh), free(h), free(Lp), free(Lc);
-    env_set("SPH_CUDA_PINGPONG", env ? saved : NULL);
+    schedule_force(-1);
     assert_true(ok);
 }
 

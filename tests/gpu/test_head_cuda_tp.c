@@ -118,6 +118,10 @@ static void *rank_main(void *arg) {
     cudaStream_t st;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    if (sph_ctx_opts_apply_env(&o) != SPH_OK) { /* the device scripts' SPH_CUDA_* reruns */
+        snprintf(j->err, sizeof j->err, "opts: %s", sph_last_error());
+        return NULL;
+    }
     o.device.type = SPH_DEVICE_CUDA;
     o.stream = st;
     o.tp_comm = &comm;

@@ -4,12 +4,15 @@
  * no GPU, and CI (which has none) runs it. A fake CUDA context (zeroed backend state) is laid
  * out as on an sm_90 device (fused kernels, state.assume_sm90) and as on any other (unfused).
  *
- * - Issue 6's grid (shapes A-D, 16K, 64K and 256K rows, dense / response / fragmented masks
+ * - Issue 6's grid (shapes A-E, 16K, 64K and 256K rows, dense / response / fragmented masks
  *   at active 1, 0.5, 0.25, forward, backward and one-pass, bf16 inputs and gradients): the
  *   workspace (the head's whole extra memory) stays within the default 1 GiB budget on the
- *   fused and the unfused path, except at D with 256K rows and half or more of them active
- *   (both fp32 gradient accumulators exceed the budget there); one-pass stages its logits at A, B, C and recomputes them at
- *   D (staged chunks there would be ~150 rows, behind an fp32 dW accumulator of 1.24 GB).
+ *   fused and the unfused path, except at D and E with 256K rows and half or more of them
+ *   active (both fp32 gradient accumulators exceed the budget there) and except the fused
+ *   one-pass, which stages E (f16, whole-shard rows) within its own default budget
+ *   (SPH_ONEPASS_DEFAULT_BYTES, issue 19) at every shape; the unfused one-pass stages its fp32
+ *   logits at A, B, C and recomputes them at D and E (staged chunks there would be ~150 rows,
+ *   behind an fp32 dW accumulator of 1.24 / 2.1 GB).
  * - Any plan (random shapes, budgets, masks, passes, dtypes): rows and columns are covered
  *   (R >= 1, chunks x R >= computed rows, splits x Vs >= V_loc, Vs a multiple of 8 unless it
  *   is the whole shard), the workspace stays within the budget whenever the fixed part leaves
@@ -42,6 +45,7 @@ static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
     g_state.assume_sm90 = assume_sm90;
     c.device.type = SPH_DEVICE_CUDA;
     c.chunk_bytes = chunk_bytes;
+    c.opts.chunk_bytes = chunk_bytes; /* 0: the defaults, as sph_ctx_create leaves them */
     c.cuda = &g_state;
     return c;
 }
@@ -112,13 +116,14 @@ static int64_t mask_spans(int kind, double act, int64_t N, int64_t *spans) {
 
 static void test_issue6_grid(void **state) {
     (void)state;
-    static const struct { const char *name; int64_t H, V; } shapes[4] = {
-        {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936}};
+    static const struct { const char *name; int64_t H, V; } shapes[5] = {
+        {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936},
+        {"E", 4096, 128256}};
     const int64_t GiB = (int64_t)1 << 30, Ns[3] = {16384, 65536, 262144};
     const double acts[3] = {1.0, 0.5, 0.25};
     int64_t *spans = test_malloc(sizeof(int64_t) * 2 * 262144);
     int ok = 1;
-    for (int si = 0; si < 4; si++)
+    for (int si = 0; si < 5; si++)
         for (int ni = 0; ni < 3; ni++)
             for (int mk = 0; mk < 3; mk++)
                 for (int ai = 0; ai < 3; ai++) {
@@ -137,23 +142,40 @@ static void test_issue6_grid(void **state) {
                                 ok = 0;
                                 continue;
                             }
-                            /* the one known excess: D at 256K rows with >= half of them
-                             * in the gradients, where both the fp32 dW accumulator (1.24 GB)
-                             * and the fp32 dH one (>= 1.07 GB) exceed the budget (an fp32
+                            const int e_path = pass == 2 && fused;
+                            /* the known excesses: where both fp32 gradient accumulators
+                             * (dW of the shard, dH of the computed rows) exceed the budget
+                             * (D at 256K rows, E from 64K with half of them active; an fp32
                              * dweight, main_grad style, needs neither) */
-                            const int over = si == 3 && k.N == 262144 && pass > 0 &&
-                                             (mk == 0 || (mk == 1 && ai < 2) ||
-                                              (mk == 2 && ai == 1));
-                            if (over && (int64_t)lay.total <= GiB) {
-                                print_error("D 256K mask=%d act=%.2f pass=%d: expected the "
-                                            "workspace over 1 GiB, got %zu: update the "
-                                            "documented exception\n", mk, acts[ai], pass,
-                                            lay.total);
+                            int64_t M = k.N;
+                            if (k.spans) {
+                                M = 0;
+                                for (int64_t q = 0; q < k.n_spans; q++)
+                                    M += k.spans[2 * q + 1] - k.spans[2 * q];
+                            }
+                            const int64_t acc_min = M < k.V ? M * k.H * 4 : k.V * k.H * 4;
+                            const int over = pass > 0 && !e_path &&
+                                             acc_min + ((int64_t)64 << 20) > GiB;
+                            const int64_t limit = e_path ? SPH_ONEPASS_DEFAULT_BYTES : GiB;
+                            if (e_path && (!lay.onepass_e || !lay.fused || lay.n_splits != 1 ||
+                                           lay.budget != SPH_ONEPASS_DEFAULT_BYTES)) {
+                                print_error("%s N=%lld one-pass fused: onepass_e=%d fused=%d "
+                                            "splits=%lld budget=%lld, expected staged E in "
+                                            "whole-shard rows\n", shapes[si].name,
+                                            (long long)k.N, lay.onepass_e, lay.fused,
+                                            (long long)lay.n_splits, (long long)lay.budget);
                                 ok = 0;
                             }
-                            if (!over && (int64_t)lay.total > GiB) {
+                            if (over && (int64_t)lay.total <= GiB) {
+                                print_error("%s N=%lld mask=%d act=%.2f pass=%d: expected the "
+                                            "workspace over 1 GiB, got %zu: update the "
+                                            "documented exception\n", shapes[si].name,
+                                            (long long)k.N, mk, acts[ai], pass, lay.total);
+                                ok = 0;
+                            }
+                            if (!over && (int64_t)lay.total > limit) {
                                 print_error("%s N=%lld mask=%d act=%.2f pass=%d fused=%d: "
-                                            "workspace %zu bytes > 1 GiB (R=%lld, Vs=%lld, "
+                                            "workspace %zu bytes > budget (R=%lld, Vs=%lld, "
                                             "col_outer=%d, onepass_chunks=%d)\n",
                                             shapes[si].name, (long long)k.N, mk, acts[ai],
                                             pass, fused, lay.total, (long long)lay.R,
@@ -161,18 +183,19 @@ static void test_issue6_grid(void **state) {
                                             lay.onepass_chunks);
                                 ok = 0;
                             }
-                            /* one-pass stages its logits at A, B, C (chunks of 1000+
-                             * rows) and recomputes them at D (run 10's A/B) */
-                            const int staged = pass == 2 && si < 3;
+                            /* one-pass stages E when fused; unfused, it stages its fp32
+                             * logits at A, B, C (chunks of 1000+ rows) and recomputes them at
+                             * D and E (run 10's A/B) */
+                            const int staged = pass == 2 && (fused || si < 3);
                             if (pass == 2 && lay.onepass_chunks != staged) {
                                 print_error("%s one-pass: onepass_chunks=%d, expected %d\n",
                                             shapes[si].name, lay.onepass_chunks, staged);
                                 ok = 0;
                             }
-                            if (fused && lay.fused != !staged) {
+                            if (fused && lay.fused != (!staged || e_path)) {
                                 print_error("%s pass=%d: bf16, H %% 8 == 0: fused=%d, "
                                             "expected %d\n", shapes[si].name, pass, lay.fused,
-                                            !staged);
+                                            !staged || e_path);
                                 ok = 0;
                             }
                         }
@@ -211,13 +234,14 @@ static void test_random_plans(void **state) {
         const int64_t budgets[4] = {(int64_t)256 << 10, (int64_t)48 << 20, 0,
                                     (int64_t)4 << 30};
         const int64_t chunk_bytes = budgets[rnd_in(0, 3)];
-        const int64_t cb = chunk_bytes > 0 ? chunk_bytes : (int64_t)1 << 30;
+        int64_t cb = chunk_bytes > 0 ? chunk_bytes : (int64_t)1 << 30;
         const int fused = (int)rnd_in(0, 1);
         sph_cuda_layout lay;
         if (!layout_of(&k, chunk_bytes, fused, &lay)) {
             ok = 0;
             break;
         }
+        if (lay.onepass_e) cb = lay.budget; /* the one-pass default when chunk_bytes is 0 */
         char cs[200];
         snprintf(cs, sizeof cs, "N=%lld H=%lld V=%lld dt=%s gdt=%s pass=%d spans=%lld budget=%lld "
                  "sm90=%d", (long long)k.N, (long long)k.H, (long long)k.V,
@@ -242,6 +266,11 @@ static void test_random_plans(void **state) {
         if (fixed <= cb - cb / 8) bad |= (int64_t)lay.total > cb + 64 * 256;
         if (lay.col_outer) bad |= !(dh_acc < dw_acc) || !grads;
         if (lay.fused) bad |= !half || k.H % 8 != 0 || !fused;
+        if (lay.onepass_e)
+            bad |= k.pass != 2 || !lay.fused || lay.n_splits != 1 || lay.Vs != k.V ||
+                   lay.ldL % 8 || lay.budget != (chunk_bytes > 0 ? chunk_bytes
+                                                                 : SPH_ONEPASS_DEFAULT_BYTES);
+        if (k.pass == 2 && lay.fused) bad |= !lay.onepass_e && lay.onepass_chunks;
         if (half && k.H % 8 == 0 && fused && !(k.pass == 2 && lay.onepass_chunks))
             bad |= !lay.fused;
         if (bad) {

@@ -25,7 +25,7 @@ static void check_align(int64_t tp, int64_t cp, sph_fp8 fp8, int64_t seq, int64_
 
 static void test_alignment_table(void **state) {
     (void)state;
-    /* worked by hand from DESIGN.md section 2 */
+    /* worked by hand from docs/design.md section 3.2 */
     check_align(1, 1, SPH_FP8_NONE, 1, 1, 1);
     check_align(2, 1, SPH_FP8_NONE, 1, 2, 2);
     check_align(3, 1, SPH_FP8_NONE, 1, 3, 3);

@@ -1,0 +1,73 @@
+/*
+ * args.h - the CLI's option tables. Each subcommand describes its options as a static table
+ * of sph_cli_opt (name, value placeholder, kind, destination offset in the command's options
+ * struct, bounds, help text); sph_cli_parse fills the struct from argv and sph_cli_usage
+ * prints the help from the same table, so adding an option is adding one row. Values are
+ * taken as "--name VALUE" or "--name=VALUE"; every malformed value is a usage error whose
+ * message names the option and the value. Nothing here prints or exits.
+ */
+#ifndef SPH_CLI_ARGS_H
+#define SPH_CLI_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum sph_cli_kind {
+    SPH_OPT_FLAG,    /* int, set to 1; takes no value */
+    SPH_OPT_I64,     /* int64_t in [lo, hi] */
+    SPH_OPT_COUNT,   /* int64_t in [lo, hi], K (x1024) or M suffix allowed: 16K */
+    SPH_OPT_F64,     /* double in [flo, fhi] (flo excluded with SPH_OPTF_GT) */
+    SPH_OPT_STR,     /* const char * (the argv string) */
+    SPH_OPT_CHOICE,  /* int: index into choices */
+    SPH_OPT_COUNTS,  /* sph_cli_list: comma-separated counts in [lo, hi] */
+    SPH_OPT_F64S,    /* sph_cli_list: comma-separated numbers in [flo, fhi] */
+    SPH_OPT_CHOICES, /* sph_cli_list: comma-separated distinct choices (indices in .i) */
+} sph_cli_kind;
+
+#define SPH_OPTF_GT 1u /* SPH_OPT_F64(S): the lower bound itself is excluded */
+
+#define SPH_CLI_LIST_MAX 16
+
+typedef struct sph_cli_list {
+    int n;
+    int64_t i[SPH_CLI_LIST_MAX];
+    double d[SPH_CLI_LIST_MAX];
+} sph_cli_list;
+
+typedef struct sph_cli_opt {
+    const char *name;            /* "--tp"; NULL ends a table */
+    const char *meta;            /* value placeholder in the help ("T"); NULL for flags */
+    sph_cli_kind kind;
+    size_t off;                  /* offsetof(options struct, field) */
+    int64_t lo, hi;              /* integer bounds */
+    double flo, fhi;             /* number bounds */
+    const char *const *choices;  /* NULL-terminated, for CHOICE(S) */
+    unsigned flags;
+    const char *help;            /* lines separated by '\n' */
+} sph_cli_opt;
+
+/* Result of sph_cli_parse beyond the options struct. */
+typedef struct sph_cli_parsed {
+    unsigned char given[64]; /* given[k]: table row k appeared (rows past 64 are not tracked) */
+    int n_pos;               /* positional arguments, in order */
+    const char **pos;        /* caller's array of at least argc entries, or NULL: then a
+                                positional argument is a usage error */
+} sph_cli_parsed;
+
+#define SPH_CLI_HELP (-1)
+
+/* Parses argv[1 .. argc) (argv[0] is the subcommand) into dst. Returns 0, SPH_CLI_HELP for
+ * -h/--help (anywhere), or 2 with a one-line message in err. "--" ends the options. */
+int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
+                  sph_cli_parsed *out, char *err, size_t errlen);
+/* Whether the option called name was given (name must be in the table). */
+int sph_cli_given(const sph_cli_opt *table, const sph_cli_parsed *p, const char *name);
+/* Prints usage: synopsis, description (may be NULL), the table's rows, the exit status line. */
+void sph_cli_usage(FILE *f, const char *synopsis, const char *description,
+                   const sph_cli_opt *table, const char *exit_status);
+
+/* The exit-status line of every command. */
+#define SPH_CLI_EXIT_STATUS "Exit status: 0 ok, 1 bad input data or runtime failure, 2 usage error."
+
+#endif

@@ -1,0 +1,111 @@
+/*
+ * run.h - what the files of the single-process `spanhead run` share: its options, the host
+ * problem (synthetic or read from .npy files), the device run and the report.
+ *
+ *   cmd_run.c      the option table, validation and the flow of the command
+ *   run_problem.c  the host problem: a seeded synthetic batch or the .npy files of a directory, with size and
+ *                  non-finite checks
+ *   run_device.c   device buffers, the head calls and their timing
+ *   run_report.c   the float64 check, the text and JSON reports and the atomic outputs
+ *
+ * The distributed form (--tp/--cp/--dp under mpirun) lives in run_dist*.c (run_dist.h).
+ */
+#ifndef SPH_CLI_RUN_H
+#define SPH_CLI_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+
+#define RUN_CMD "run"
+
+enum { RUN_F32, RUN_BF16, RUN_F16 };     /* --dtype, in the order of its choices */
+enum { RUN_CPU, RUN_CUDA };              /* --device */
+
+typedef struct run_opts {
+    int device, dtype, mask; /* mask: a synth pattern, -1 = the default for the input */
+    const char *kernel, *inputs, *outputs;
+    int64_t N, H, V, V_total, v0, K, threads, repeats, gap, seed;
+    double active, softcap, temperature;
+    int entropy, one_pass, check, json;
+    /* derived */
+    int dtype_given, shape_given, default_batch;
+} run_opts;
+
+extern const sph_cli_opt run_opt_table[];
+
+/* ---- the host problem --------------------------------------------------------------------- */
+
+typedef struct run_problem {
+    int64_t N, H, V, V_total, v0, K, n_act;
+    int bits, is_bf16;  /* input dtype */
+    void *h, *w;        /* host (N, H), (V, H) */
+    int64_t *tgt, *cand;
+    uint8_t *mask;      /* NULL = all active */
+    int64_t *spans, n_spans;
+    float *g, *e, *gl, *gm; /* upstream gradients, each optional */
+    int64_t n_seq;          /* packed sequences of the synthetic RL batch */
+    int grads;              /* some upstream gradient is given: the backward runs */
+    const char *source;     /* "default packed RL batch", "synthetic" or the inputs dir */
+    const char *mask_name;
+} run_problem;
+
+void run_problem_free(run_problem *p);
+/* Builds the problem from o; 0 or an exit code (message printed). */
+int run_problem_make(const run_opts *o, run_problem *p);
+
+/* ---- the device run ----------------------------------------------------------------------- */
+
+enum { T_H, T_W, T_TGT, T_CAND, T_MASK, T_LP, T_ENT, T_LSE, T_LM, T_ST, T_G, T_E, T_GL, T_GM,
+       T_DH, T_DW, T_COUNT };
+
+typedef struct run_device {
+    sph_ctx_t ctx;
+    void *buf[T_COUNT];
+    size_t bytes[T_COUNT];
+    int64_t shape[T_COUNT][2];
+    sph_tensor t[T_COUNT];
+    sph_head_args a;
+    void *ws;
+    size_t ws_bytes[2];
+    int one_pass, backward;
+} run_device;
+
+/* A context (device, threads, kernel) and device copies of the problem. */
+sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts *o, int on_cuda,
+                            const char *kernel, int64_t threads);
+/* One forward (+ backward); seconds of each. */
+sph_status run_device_pass(run_device *d, double *t_fwd, double *t_bwd);
+/* A host copy of buffer k (malloc'ed), NULL on failure. */
+float *run_device_get(run_device *d, int k);
+void run_device_free(run_device *d);
+
+/* ---- outputs and report ------------------------------------------------------------------- */
+
+#define RUN_N_OUT 6
+extern const char *const run_out_names[RUN_N_OUT]; /* logprob entropy lse logit_mean dhidden dweight */
+extern const int run_out_buf[RUN_N_OUT];           /* their T_* buffers */
+
+typedef struct run_result {
+    const char *describe;
+    double fwd_s, bwd_s, rate, floor_s, work;
+    int reps;
+    size_t ws_bytes;
+    float *out[RUN_N_OUT];
+    int have[RUN_N_OUT];      /* requested and computed */
+    int64_t count[RUN_N_OUT];
+    /* check */
+    int checked, passed;
+    double check_s, tol, err[RUN_N_OUT];
+    const char *outputs_written;
+} run_result;
+
+/* The float64 reference on the same inputs; fills r->err, r->passed. 0 or an exit code. */
+int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *r);
+/* Writes the requested outputs atomically; 0 or an exit code (message printed). */
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r);
+void run_report_text(const run_problem *p, const run_opts *o, const run_result *r);
+void run_report_json(const run_problem *p, const run_opts *o, const run_result *r);
+
+#endif

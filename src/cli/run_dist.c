@@ -1,0 +1,433 @@
+/*
+ * run_dist.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
+ * split the way a trainer splits it, checked against one process.
+ *
+ * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank (sph_comm_create_mpi_world's layout).
+ *
+ *   0. Every rank parses its own arguments; one all-gather then compares every rank's verdict
+ *      and a hash of its arguments, so a usage error on any rank, or ranks started with
+ *      different arguments (an MPMD command line, --help on one rank), ends every rank with
+ *      the same message and exit code before any work; nothing can leave a rank waiting.
+ *   1. Rank 0 builds a global batch (or reads it with --inputs DIR): ragged sequences of
+ *      lengths L_k concatenated into R rows, hidden (R, H), weight (V, H), targets (R) (row s
+ *      of a sequence predicts its token s+1; -100 = ignored), a loss mask (R), upstream
+ *      gradients dlogprob, dentropy, dlse, dlogit_mean (R) and, for sample-support runs,
+ *      candidates (R, K). The batch is broadcast to every rank (run_dist_batch.c).
+ *   2. Every rank packs the sequence lengths into bins the same way (sph_pack with the
+ *      alignment of (T, C) and bin_multiple = D); DP rank d takes the d-th contiguous block of
+ *      n_bins / D bins, each bin one micro-batch.
+ *   3. A bin is laid out with the packed segment layout (sph_layout_packed): each sequence
+ *      padded to the sequence alignment, the last grown to the total alignment; padding rows
+ *      are inactive (target -1, zero hidden, zero upstream gradient).
+ *   4. CP rank r keeps, of every segment of padded length P, chunk r and chunk 2C-1-r of
+ *      P/(2C) rows (sph_cp_local_rows); its loss mask gives its spans (sph_spans_from_mask).
+ *   5. TP rank t holds weight rows [v0, v0 + V_loc) of an even split of V, and runs forward
+ *      (logprob, entropy, lse, logit_mean, stats; one allgather per forward combines the
+ *      softmax partials) and backward (dhidden all-reduced over the TP group, dweight
+ *      accumulated over the bins) through the public head API with the TP communicator (MPI
+ *      on the CPU, NCCL with --device cuda: one GPU per rank, local rank mod the device
+ *      count) (run_dist_head.c).
+ *   6. Results are gathered to rank 0: per-row outputs by global row (and every TP rank's
+ *      copy must equal TP rank 0's bit for bit: the combine runs in rank order), dhidden
+ *      (summed over TP), dweight (concatenated over TP, summed over CP and DP in float64).
+ *   7. Rank 0 runs the single-process reference (force_kernel "ref", no communicator) on the
+ *      global batch and prints max errors and PASS/FAIL; --outputs DIR writes the gathered
+ *      global outputs as a single-process `spanhead run --outputs` does: logprob, entropy,
+ *      lse, logit_mean (R; logit_mean not with candidates), dhidden (R, H), dweight (V, H),
+ *      all of them or none, and only when the check passed (run_dist_check.c).
+ *
+ * Every phase ends with an agreement (an all-reduce of "did it work") so that a failure on one
+ * rank ends every rank with the same exit code instead of a hang.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_dist.h"
+
+int sph_cli_run_wants_dist(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
+        if (!strncmp(a, "--tp", 4) || !strncmp(a, "--cp", 4) || !strncmp(a, "--dp", 4))
+            if (a[4] == '\0' || a[4] == '=') return 1;
+    }
+    /* started by mpirun / mpiexec with several ranks */
+    static const char *const env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", NULL};
+    for (int k = 0; env[k]; k++) {
+        const char *v = getenv(env[k]);
+        if (v && atoi(v) > 1) return 1;
+    }
+    return 0;
+}
+
+#ifndef SPH_HAVE_MPI
+
+int sph_cli_run_dist(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    return sph_cli_fail("run", 1, "--tp/--cp/--dp (or a run under mpirun with several ranks) "
+                                  "need MPI, and this spanhead was built without it (install "
+                                  "Open MPI and reconfigure)");
+}
+
+#else
+#include <mpi.h>
+
+static const char *const k_devices[] = {"cpu", "cuda", NULL};
+static const char *const k_dtypes[] = {"f32", "bf16", NULL};
+static const char *const k_masks[] = {"rl", "dense", NULL};
+static const char *const k_packs[] = {"ffd", "mffd", "balanced", NULL}; /* sph_pack_algo order */
+static const char *const k_refs[] = {"ref", "device", NULL};
+static const char *const k_dh[] = {"allreduce", "partial", NULL};
+
+#define O(f) offsetof(dopts, f)
+static const sph_cli_opt k_opts[] = {
+    {"--tp", "T", SPH_OPT_I64, O(tp), 1, 1 << 20, 0, 0, NULL, 0,
+     "tensor-parallel size (default 1); T*C*D must equal the world size"},
+    {"--cp", "C", SPH_OPT_I64, O(cp), 1, 1 << 20, 0, 0, NULL, 0, "context-parallel size (default 1)"},
+    {"--dp", "D", SPH_OPT_I64, O(dp), 1, 1 << 20, 0, 0, NULL, 0, "data-parallel size (default 1)"},
+    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
+     "cuda: one GPU per rank, NCCL communicator (default cpu)"},
+    {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
+     "rank 0 reads DIR/{hidden,weight,targets}.npy and optionally\n"
+     "mask, lengths, dlogprob, dentropy, dlse, dlogit_mean,\n"
+     "candidates .npy (absent gradients are 0; bf16 data as\n"
+     "uint16 .npy with --dtype bf16)"},
+    {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
+     "rank 0 writes logprob, entropy, lse, logit_mean, dhidden,\n"
+     "dweight .npy, the files of a single-process run (all or none)"},
+    {"--seqs", "N", SPH_OPT_I64, O(seqs), 1, 1 << 24, 0, 0, NULL, 0,
+     "synthetic batch: N ragged sequences (default 8)"},
+    {"--min-len", "A", SPH_OPT_I64, O(min_len), 1, 1 << 24, 0, 0, NULL, 0,
+     "shortest sequence (default 3)"},
+    {"--max-len", "B", SPH_OPT_I64, O(max_len), 1, 1 << 24, 0, 0, NULL, 0,
+     "longest sequence (default 40)"},
+    {"--hidden", "H", SPH_OPT_I64, O(H), 1, 1 << 24, 0, 0, NULL, 0, "hidden size (default 24)"},
+    {"--vocab", "V", SPH_OPT_I64, O(V), 1, 1 << 30, 0, 0, NULL, 0, "vocabulary (default 203)"},
+    {"--mask", "rl|dense", SPH_OPT_CHOICE, O(mask), 0, 0, 0, 0, k_masks, 0,
+     "rl: prompt rows and holes masked out (default); dense: all"},
+    {"--support", "K", SPH_OPT_I64, O(K), 0, 1 << 20, 0, 0, NULL, 0,
+     "sample-support run with K candidates per row (0 = full vocab)"},
+    {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0, "(default 1)"},
+    {"--dtype", "f32|bf16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
+     "input dtype (default f32)"},
+    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 1e30, NULL, SPH_OPTF_GT,
+     "(default 1)"},
+    {"--capacity", "N", SPH_OPT_COUNT, O(capacity), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tokens per bin (default: about two bins per DP rank)"},
+    {"--pack", "ffd|mffd|balanced", SPH_OPT_CHOICE, O(pack), 0, 0, 0, 0, k_packs, 0,
+     "bin packing algorithm (default ffd)"},
+    {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
+     "span coalescing gap (default 0: exact spans)"},
+    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
+     "force the per-rank kernel (ref, generic, avx2, ...)"},
+    {"--atol", "a", SPH_OPT_F64, O(atol), 0, 0, 0, 1e30, NULL, 0,
+     "pass if |got - ref| <= a + r |ref| (1e-4; bf16 on cuda 2e-2)"},
+    {"--rtol", "r", SPH_OPT_F64, O(rtol), 0, 0, 0, 1e30, NULL, 0, "(see --atol)"},
+    {"--dhidden", "allreduce|partial", SPH_OPT_CHOICE, O(dhidden), 0, 0, 0, 0, k_dh, 0,
+     "allreduce: the head sums dhidden over the TP group\n"
+     "(allreduce_dhidden, default); partial: each rank keeps its\n"
+     "shard's partial and rank 0 sums the gathered partials"},
+    {"--reference", "ref|device", SPH_OPT_CHOICE, O(reference), 0, 0, 0, 0, k_refs, 0,
+     "what rank 0 compares with: the float64 reference kernels on\n"
+     "the CPU (default), or one process on the ranks' device and\n"
+     "kernels without a communicator (the single-GPU result)"},
+    {"--one-pass", NULL, SPH_OPT_FLAG, O(one_pass), 0, 0, 0, 0, NULL, 0,
+     "gradients in the forward sweep (one combine per chunk of\n"
+     "rows) instead of a separate backward"},
+    {"--chunk-rows", "N", SPH_OPT_I64, O(chunk_rows), 1, INT64_MAX, 0, 0, NULL, 0,
+     "rows per chunk on the ranks (default: automatic)"},
+    {"--no-check", NULL, SPH_OPT_FLAG, O(no_check), 0, 0, 0, 0, NULL, 0,
+     "skip the reference (timing or output only)"},
+    {"--bench", "R", SPH_OPT_I64, O(bench), 1, 100000, 0, 0, NULL, 0,
+     "time forward and backward of each rank's first bin R times,\n"
+     "with and without the TP collectives (their share)"},
+    {NULL}};
+#undef O
+
+static const char k_synopsis[] =
+    "usage: mpirun -np T*C*D spanhead run --tp T --cp C --dp D [options]";
+static const char k_about[] =
+    "Splits a global batch the way a trainer does (DP-aligned bins, packed segment layout,\n"
+    "CP-local rows, TP vocab shards), runs forward + backward on every rank and compares the\n"
+    "gathered results with the single-process float64 reference on rank 0. Every rank must\n"
+    "be given the same arguments: a usage error or a difference on any rank ends every rank\n"
+    "with the same message before any work.";
+
+/* ---- ranks -------------------------------------------------------------------------------- */
+
+int dist_rank, dist_size;
+
+int dist_fail(const char *fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fprintf(stderr, "spanhead run [rank %d]: ", dist_rank);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 0;
+}
+
+int dist_agree(int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+}
+
+const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};
+
+/* ---- step 0: every rank parses, all ranks agree ------------------------------------------ */
+
+typedef struct verdict {
+    int32_t rc;     /* 0 ok, 2 usage error, SPH_CLI_HELP */
+    int32_t pad;
+    uint64_t hash;  /* of the arguments */
+    char args[120]; /* the arguments, shortened, for the message */
+    char msg[376];  /* the usage error */
+} verdict;
+
+static uint64_t args_hash(int argc, char **argv) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the arguments and their separators */
+    for (int i = 1; i < argc; i++)
+        for (const unsigned char *p = (const unsigned char *)argv[i];; p++) {
+            h = (h ^ *p) * 1099511628211ull;
+            if (!*p) break;
+        }
+    return h;
+}
+
+/* Parses this rank's arguments and agrees with every other rank in one all-gather. Returns -1
+ * to go on, else the exit code every rank returns (the message printed by rank 0 and by each
+ * rank whose own arguments were at fault). */
+static int parse_and_agree(int argc, char **argv, dopts *o) {
+    verdict mine;
+    memset(&mine, 0, sizeof mine);
+    sph_cli_parsed pp = {0};
+    mine.rc = sph_cli_parse(k_opts, argc, argv, o, &pp, mine.msg, sizeof mine.msg);
+    if (mine.rc == 0 && o->max_len < o->min_len) {
+        snprintf(mine.msg, sizeof mine.msg, "--max-len %lld: shorter than --min-len %lld",
+                 (long long)o->max_len, (long long)o->min_len);
+        mine.rc = 2;
+    }
+    mine.hash = args_hash(argc, argv);
+    for (int i = 1, n = 0; i < argc && n + 2 < (int)sizeof mine.args; i++)
+        n += snprintf(mine.args + n, sizeof mine.args - (size_t)n, "%s%s", i > 1 ? " " : "", argv[i]);
+    verdict *all = calloc((size_t)dist_size, sizeof *all);
+    int ok = all != NULL, ok_all = 0;
+    MPI_Allreduce(&ok, &ok_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok_all) {
+        free(all);
+        if (!ok) dist_fail("out of memory");
+        return 1;
+    }
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+                  MPI_COMM_WORLD);
+    int rc = -1, culprit = -1, all_help = 1;
+    char msg[640] = "";
+    for (int r = 0; r < dist_size; r++) all_help &= all[r].rc == SPH_CLI_HELP;
+    for (int r = 0; r < dist_size && rc < 0 && !all_help; r++)
+        if (all[r].hash != all[0].hash) {
+            snprintf(msg, sizeof msg, "ranks were given different arguments: rank 0 '%s', rank %d "
+                                      "'%s' (every rank needs the same)",
+                     all[0].args, r, all[r].args);
+            rc = 2, culprit = r;
+        }
+    for (int r = 0; r < dist_size && rc < 0 && !all_help; r++)
+        if (all[r].rc == 2) {
+            /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
+            int dist_args = 0;
+            for (int i = 1; i < argc; i++)
+                dist_args |= !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--cp", 4) ||
+                             !strncmp(argv[i], "--dp", 4);
+            snprintf(msg, sizeof msg, "%s%s", all[r].msg,
+                     dist_args ? "" : " (started by mpirun with several ranks, this is the "
+                                      "distributed runner: spanhead run --tp 1 --help)");
+            rc = 2, culprit = r;
+        }
+    free(all);
+    if (all_help) {
+        if (dist_rank == 0) sph_cli_usage(stdout, k_synopsis, k_about, k_opts, SPH_CLI_EXIT_STATUS);
+        return 0;
+    }
+    if (rc >= 0) {
+        /* one line from rank 0; the culprit says it too, in its own log */
+        if (dist_rank == 0 || dist_rank == culprit) dist_fail("%s", msg);
+        return rc;
+    }
+    o->cuda = o->device == 1;
+    o->bf16 = o->dtype == 1;
+    o->masked = o->mask == DIST_MASK_RL;
+    o->algo = (sph_pack_algo)o->pack;
+    o->ref_device = o->reference == 1;
+    o->dh_partial = o->dhidden == 1;
+    o->check = !o->no_check;
+    /* CPU kernels widen bf16 inputs once and compute in f32 (the single-process check's 1e-4);
+     * only the GPU rounds dlogits to bf16 before its products */
+    if (o->atol < 0) o->atol = o->bf16 && o->cuda ? 2e-2 : 1e-4;
+    if (o->rtol < 0) o->rtol = o->bf16 && o->cuda ? 2e-2 : 1e-4;
+    return -1;
+}
+
+/* ---- the command -------------------------------------------------------------------------- */
+
+int sph_cli_run_dist(int argc, char **argv) {
+    int inited = 0, we_init = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init(&argc, &argv) != MPI_SUCCESS)
+            return sph_cli_fail("run", 1, "MPI_Init failed");
+        we_init = 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &dist_size);
+    int rc = 1;
+    dopts o = {.tp = 1, .cp = 1, .dp = 1, .seqs = 8, .min_len = 3, .max_len = 40, .H = 24,
+               .V = 203, .temperature = 1.0, .atol = -1, .rtol = -1, .seed = 1};
+    batch b;
+    share sh;
+    result res;
+    memset(&b, 0, sizeof b);
+    memset(&sh, 0, sizeof sh);
+    memset(&res, 0, sizeof res);
+    sph_comm_t comm = NULL;
+    sph_ctx_t ctx = NULL, local_ctx = NULL;
+    dev d = {NULL, 0};
+    MPI_Comm tpc = MPI_COMM_NULL;
+
+    int p = parse_and_agree(argc, argv, &o);
+    if (p >= 0) {
+        rc = p;
+        goto out;
+    }
+    if (o.tp * o.cp * o.dp != dist_size) { /* the same arguments on every rank: same verdict */
+        if (dist_rank == 0)
+            sph_cli_fail("run", 2, "--tp %lld --cp %lld --dp %lld needs %lld ranks, but "
+                                   "mpirun started %d (mpirun -np %lld ...)",
+                         (long long)o.tp, (long long)o.cp, (long long)o.dp,
+                         (long long)(o.tp * o.cp * o.dp), dist_size,
+                         (long long)(o.tp * o.cp * o.dp));
+        rc = 2;
+        goto out;
+    }
+    const int64_t tp_rank = dist_rank % o.tp, cp_rank = (dist_rank / o.tp) % o.cp,
+                  dp_rank = dist_rank / (o.tp * o.cp);
+
+    /* 1. the global batch */
+    int ok0 = 1;
+    if (dist_rank == 0) ok0 = o.inputs ? dist_batch_read(&o, &b) : dist_batch_synth(&o, &b);
+    if (!dist_batch_share(&b, ok0)) goto out;
+    if (o.tp > b.V) { /* every rank has b.V now: the same verdict everywhere */
+        if (dist_rank == 0)
+            dist_fail("--tp %lld: more than the vocabulary's %lld rows", (long long)o.tp,
+                      (long long)b.V);
+        goto out;
+    }
+
+    /* 2-4. bins, layout, CP-local rows */
+    int64_t total_bins = 0, padded_rows = 0;
+    if (!dist_agree(dist_share_make(&o, &b, cp_rank, dp_rank, &sh, &total_bins, &padded_rows)))
+        goto out;
+
+    /* 5. device, communicator, context */
+    const int64_t v_base = b.V / o.tp, v0 = tp_rank * v_base,
+                  V_loc = tp_rank == o.tp - 1 ? b.V - v0 : v_base;
+    int ok = 1;
+    sph_ctx_opts io = SPH_CTX_OPTS_INIT;
+    if (o.cuda) {
+        MPI_Comm node;
+        int local = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_free(&node);
+        int n_dev = sph_cuda_device_count();
+        if (n_dev < 1) ok = dist_fail("--device cuda: no CUDA device visible to this rank");
+        io.device.type = SPH_DEVICE_CUDA;
+        io.device.id = n_dev > 0 ? local % n_dev : 0;
+    }
+    /* the SPH_CUDA_* A/B switches of the scripts under scripts/device */
+    if (ok && sph_ctx_opts_apply_env(&io)) ok = dist_fail("%s", sph_last_error());
+    if (ok && sph_ctx_create(&d.io, &io)) ok = dist_fail("context: %s", sph_last_error());
+    d.cuda = o.cuda;
+    if (!dist_agree(ok)) goto out;
+    sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+    cfg.tp = o.tp;
+    cfg.cp = o.cp;
+    cfg.dp = o.dp;
+    cfg.vocab_total = b.V;
+    cfg.vocab_start = v0;
+    cfg.vocab_local = V_loc;
+    cfg.dtype = b.bf16 ? SPH_BF16 : SPH_F32;
+    cfg.temperature = b.temperature;
+    sph_status cs;
+    if (o.cuda) {
+        /* The TP group's MPI communicator carries the NCCL unique id. */
+        MPI_Comm_split(MPI_COMM_WORLD, (int)(dist_rank / o.tp), (int)tp_rank, &tpc);
+        cs = sph_comm_create_nccl_mpi(&comm, &tpc, &cfg);
+    } else {
+        int64_t t = -1, c = -1, dd = -1;
+        cs = sph_comm_create_mpi_world(&comm, &cfg, &t, &c, &dd);
+        if (cs == SPH_OK && (t != tp_rank || c != cp_rank || dd != dp_rank))
+            ok = dist_fail("communicator coordinates (%lld, %lld, %lld) differ from the runner's "
+                           "(%lld, %lld, %lld)", (long long)t, (long long)c, (long long)dd,
+                           (long long)tp_rank, (long long)cp_rank, (long long)dp_rank);
+    }
+    if (cs) ok = dist_fail("communicator: %s", sph_last_error());
+    if (!dist_agree(ok)) goto out;
+    sph_ctx_opts co = io;
+    co.tp_comm = comm;
+    co.force_kernel = o.kernel;
+    co.chunk_rows = o.chunk_rows;
+    if (sph_ctx_create(&ctx, &co)) ok = dist_fail("context: %s", sph_last_error());
+    co.tp_comm = NULL;
+    if (ok && o.bench && sph_ctx_create(&local_ctx, &co))
+        ok = dist_fail("context: %s", sph_last_error());
+    if (!dist_agree(ok)) goto out;
+
+    if (dist_rank == 0) {
+        int64_t active = 0;
+        for (int64_t i = 0; i < b.R; i++) active += b.mask[i];
+        printf("run: tp=%lld cp=%lld dp=%lld device=%s (%s)\n", (long long)o.tp, (long long)o.cp,
+               (long long)o.dp, o.cuda ? "cuda" : "cpu", sph_ctx_describe(ctx));
+        printf("batch: %lld sequences, R=%lld rows (%lld active, %s), H=%lld V=%lld, dtype=%s, "
+               "temperature=%g\n",
+               (long long)b.n_seqs, (long long)b.R, (long long)active,
+               b.masked ? "masked" : "dense", (long long)b.H, (long long)b.V,
+               b.bf16 ? "bf16" : "f32", b.temperature);
+        if (b.K) printf("support: K=%lld candidates per row\n", (long long)b.K);
+        printf("layout: %lld bins (%lld per DP rank), rank 0 holds %lld local rows, %lld padded "
+               "rows in its bins\n",
+               (long long)total_bins, (long long)sh.n_bins, (long long)sh.n,
+               (long long)padded_rows);
+        fflush(stdout);
+    }
+
+    /* 5b. forward + backward of every rank */
+    double t0 = MPI_Wtime();
+    ok = dist_run_head(ctx, &d, &b, sh.grow, sh.bin_off, sh.n_bins, v0, V_loc, o.gap,
+                       !o.dh_partial, o.one_pass, local_ctx, (int)o.bench, &res);
+    if (!dist_agree(ok)) goto out;
+    double t_run = MPI_Wtime() - t0, t_max = 0;
+    MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+
+    /* 6-7. gather, check, write */
+    dist_run run = {&sh, &res, tp_rank, V_loc, total_bins, padded_rows, t_max, io};
+    rc = dist_gather_check(&o, &b, &run);
+
+out:
+    dist_result_free(&res);
+    dist_share_free(&sh);
+    dist_batch_free(&b);
+    sph_ctx_destroy(local_ctx);
+    sph_ctx_destroy(ctx);
+    sph_comm_destroy(comm);
+    sph_ctx_destroy(d.io);
+    if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
+    if (we_init) MPI_Finalize();
+    return rc;
+}
+
+#endif /* SPH_HAVE_MPI */

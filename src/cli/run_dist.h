@@ -1,0 +1,141 @@
+/*
+ * run_dist.h - the distributed form of `spanhead run` (tensor, context and data parallel
+ * under mpirun). cmd_run.c dispatches here with one line:
+ *
+ *     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
+ *
+ * The rest of this header is shared by the runner's files only:
+ *   run_dist.c        options, the agreement of all ranks on them, the command's phases
+ *   run_dist_batch.c  the global batch (synthetic or --inputs), its broadcast, and each
+ *                     rank's share: bins, packed layout, CP-local rows
+ *   run_dist_head.c   forward + backward of one rank's bins through the public head API,
+ *                     and --bench's timing with and without the TP collectives
+ *   run_dist_check.c  gathering to rank 0, the comparison with one process, --outputs
+ */
+#ifndef SPH_CLI_RUN_DIST_H
+#define SPH_CLI_RUN_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+
+/* 1 when argv (argv[0] = "run") asks for a distributed run: any of --tp, --cp, --dp, or a
+ * process started by an MPI launcher with more than one rank (so that ranks given different
+ * arguments still meet in one agreement instead of some of them waiting forever). */
+int sph_cli_run_wants_dist(int argc, char **argv);
+
+/* `spanhead run --tp T --cp C --dp D [...]` under `mpirun -np T*C*D`. Returns the exit code:
+ * 0 PASS (or no check requested), 1 FAIL or runtime error, 2 usage error. Every rank returns
+ * the same code. */
+int sph_cli_run_dist(int argc, char **argv);
+
+#ifdef SPH_HAVE_MPI
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+enum { DIST_MASK_RL, DIST_MASK_DENSE };
+
+typedef struct dopts {
+    int64_t tp, cp, dp;
+    int device, dtype, mask, pack, reference, dhidden; /* choice indices */
+    const char *inputs, *outputs, *kernel;
+    int64_t seqs, min_len, max_len, H, V, K, capacity, gap, chunk_rows, bench, seed;
+    int no_check, one_pass;
+    double temperature, atol, rtol;
+    /* derived */
+    int cuda, bf16, masked, check, dh_partial, ref_device;
+    sph_pack_algo algo;
+} dopts;
+
+/* ---- ranks -------------------------------------------------------------------------------- */
+
+extern int dist_rank, dist_size;
+
+/* A failure on this rank: printed with the rank; the phase fails everywhere at dist_agree().
+ * Returns 0 (so `ok = dist_fail(...)` reads naturally). */
+int dist_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 1 when every rank's ok is 1 (one all-reduce). */
+int dist_agree(int ok);
+
+/* ---- the global batch --------------------------------------------------------------------- */
+
+/* Per-row outputs and their upstream gradients, in this order everywhere. */
+enum { F_LOGPROB, F_ENTROPY, F_LSE, F_LOGIT_MEAN, NF };
+extern const char *const dist_field_names[NF];
+
+typedef struct batch {
+    int64_t n_seqs, R, H, V, K;
+    int masked, bf16;
+    double temperature;
+    int64_t *lengths;  /* (n_seqs) */
+    float *hidden;     /* (R, H), values already rounded to the input dtype */
+    float *weight;     /* (V, H) */
+    int64_t *targets;  /* (R) */
+    int64_t *cand;     /* (R, K) or NULL */
+    uint8_t *mask;     /* (R); all ones when dense */
+    float *up[NF];     /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
+} batch;
+
+void dist_batch_free(batch *b);
+/* Rank 0: builds the synthetic batch or reads --inputs; 1 ok, 0 failed (reported). */
+int dist_batch_synth(const dopts *o, batch *b);
+int dist_batch_read(const dopts *o, batch *b);
+/* Rank 0's batch to everyone (ok0: whether rank 0 could build it). Collective. */
+int dist_batch_share(batch *b, int ok0);
+
+/* ---- one rank's share --------------------------------------------------------------------- */
+
+typedef struct share {
+    int64_t n;          /* local rows over all bins of this rank */
+    int64_t n_bins;     /* bins (micro-batches) of this rank */
+    int64_t *bin_off;   /* (n_bins + 1) into the local rows */
+    int64_t *grow;      /* (n) global row of each local row, -1 = padding */
+} share;
+
+void dist_share_free(share *s);
+/* Packs, lays out and cuts the batch for (cp_rank, dp_rank); 1 ok, 0 failed (reported). */
+int dist_share_make(const dopts *o, const batch *b, int64_t cp_rank, int64_t dp_rank, share *sh,
+                    int64_t *total_bins, int64_t *padded_rows);
+
+/* ---- forward + backward of one rank ------------------------------------------------------- */
+
+typedef struct dev {
+    sph_ctx_t io; /* memory helpers on the rank's device (no communicator) */
+    int cuda;
+} dev;
+
+typedef struct result {
+    float *row[NF];           /* (n) each: logprob, entropy, lse, logit_mean (0 with support) */
+    float *dhidden;           /* (n, H), summed over the TP group */
+    float *dweight;           /* (V_loc, H), this rank's bins */
+    double bench_ms[4];       /* --bench: medians (slowest rank) of forward and backward with
+                                 the TP communicator, then without it; rank 0 only */
+} result;
+
+void dist_result_free(result *r);
+/* Forward + backward over rows [grow] of the batch with weight rows [v0, v0 + V_loc), one call
+ * pair per bin; ctx carries the TP communicator (or none for the reference). bench_reps > 0:
+ * also times bin 0 with ctx and with bench_ctx (collective). 1 ok, 0 failed (reported). */
+int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *grow,
+                  const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc, int64_t gap,
+                  int allreduce, int one_pass, sph_ctx_t bench_ctx, int bench_reps, result *out);
+
+/* ---- gather, check, outputs --------------------------------------------------------------- */
+
+/* What rank 0 needs besides the options and the batch to judge the run. */
+typedef struct dist_run {
+    const share *sh;
+    const result *res;
+    int64_t tp_rank, V_loc, total_bins, padded_rows;
+    double t_max;        /* slowest rank's forward + backward, s */
+    sph_ctx_opts io;     /* the ranks' device, for --reference device */
+} dist_run;
+
+/* Gathers every rank's results to rank 0, which checks them (coverage, TP copies, padding,
+ * the single-process comparison) and writes --outputs; returns the exit code every rank
+ * agrees on (collective). */
+int dist_gather_check(const dopts *o, const batch *b, const dist_run *run);
+
+#endif /* SPH_HAVE_MPI */
+#endif

@@ -1,0 +1,209 @@
+/*
+ * run_report.c - what `spanhead run` says about a run: the check against the float64
+ * reference (only what was computed: without an upstream gradient there is no backward, and
+ * the check says so instead of comparing zeros), the outputs (written atomically, and only
+ * after the check passed), and the report as a table or as one JSON object (--json).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
+                                              "dhidden", "dweight"};
+const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW};
+
+/* max |got - ref| / max |ref| (normwise), NaN -> inf. */
+static double rel_err(const float *got, const float *ref, int64_t n) {
+    double md = 0, mr = 0;
+    for (int64_t k = 0; k < n; k++) {
+        double dd = fabs((double)got[k] - (double)ref[k]);
+        if (isnan(dd)) return INFINITY;
+        if (dd > md) md = dd;
+        if (fabs((double)ref[k]) > mr) mr = fabs((double)ref[k]);
+    }
+    return md / (mr > 0 ? mr : 1.0);
+}
+
+int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *r) {
+    run_device ref;
+    double t0 = sph_cli_now_s(), a_, b_;
+    sph_status s = run_device_setup(&ref, p, o, 0, "ref", 1);
+    if (!s) s = run_device_pass(&ref, &a_, &b_);
+    if (s) {
+        int rc = sph_cli_fail(RUN_CMD, 1, "reference: %s: %s", sph_status_str(s), sph_last_error());
+        run_device_free(&ref);
+        return rc;
+    }
+    /* f32: well under 1e-4 everywhere. Half inputs on the GPU round dlogits to the input
+     * dtype before the tensor-core products (2^-9 relative for bf16), so their budget is the
+     * 1e-2 of bf16 arithmetic; on the CPU half inputs are widened once and everything after
+     * runs in f32. */
+    r->tol = p->bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
+    r->checked = 1;
+    r->passed = 1;
+    for (int k = 0; k < RUN_N_OUT; k++) {
+        if (!r->have[k]) continue;
+        float *x = run_device_get(&ref, run_out_buf[k]);
+        r->err[k] = x ? rel_err(r->out[k], x, r->count[k]) : INFINITY;
+        r->passed &= r->err[k] <= r->tol;
+        free(x);
+    }
+    r->check_s = sph_cli_now_s() - t0;
+    run_device_free(&ref);
+    return 0;
+}
+
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r) {
+    sph_cli_outset s;
+    if (sph_cli_outset_begin(&s, o->outputs)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
+    for (int k = 0; k < RUN_N_OUT; k++) {
+        if (!r->have[k]) continue;
+        int64_t sh[2] = {k < 4 ? p->N : (k == 4 ? p->N : p->V), p->H};
+        if (sph_cli_outset_npy(&s, run_out_names[k], 'f', 4, k < 4 ? 1 : 2, sh, r->out[k]))
+            return sph_cli_fail(RUN_CMD, 1, "%s (nothing was written to %s)", s.err, o->outputs);
+    }
+    if (sph_cli_outset_commit(&s)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
+    r->outputs_written = o->outputs;
+    return 0;
+}
+
+static const char *dtype_name(const run_problem *p) {
+    return p->bits == 32 ? "f32" : (p->is_bf16 ? "bf16" : "f16");
+}
+
+static void list_missing(char *buf, size_t n, const run_result *r) {
+    buf[0] = '\0';
+    for (int k = 0; k < RUN_N_OUT; k++)
+        if (!r->have[k] && (k >= 4 || k == 1 || k == 3)) {
+            size_t l = strlen(buf);
+            snprintf(buf + l, n - l, "%s%s", l ? ", " : "", run_out_names[k]);
+        }
+}
+
+void run_report_text(const run_problem *p, const run_opts *o, const run_result *r) {
+    printf("spanhead run: %s | %s\n", r->describe, p->source);
+    printf("  N=%lld H=%lld V_loc=%lld vocab=[%lld, %lld) of %lld dtype=%s mask=%s T=%g "
+           "softcap=%g%s%s\n",
+           (long long)p->N, (long long)p->H, (long long)p->V, (long long)p->v0,
+           (long long)(p->v0 + p->V), (long long)p->V_total, dtype_name(p), p->mask_name,
+           o->temperature, o->softcap, p->K ? " support-K" : "",
+           o->one_pass && p->grads ? " one-pass" : "");
+    if (p->n_seq)
+        printf("  packed sequences: %lld, spans: %lld\n", (long long)p->n_seq, (long long)p->n_spans);
+    if (!p->grads)
+        printf("  no upstream gradient given (dlogprob, dentropy, dlse, dlogit_mean): forward "
+               "only, no dhidden or dweight\n");
+    printf("\n  %8s %8s %10s %10s %10s %12s %12s %14s\n", "rows", "active", "fwd ms", "bwd ms",
+           "GFLOP/s", "floor ms", "x floor", "workspace");
+    char fl[32] = "-", ra[32] = "-", bw[32] = "-";
+    if (r->floor_s > 0) {
+        snprintf(fl, sizeof fl, "%.2f", r->floor_s * 1e3);
+        snprintf(ra, sizeof ra, "%.2f", (r->fwd_s + r->bwd_s) / r->floor_s);
+    }
+    if (p->grads && !o->one_pass) snprintf(bw, sizeof bw, "%.2f", r->bwd_s * 1e3);
+    printf("  %8lld %8lld %10.2f %10s %10.1f %12s %12s %11.1f MB\n", (long long)p->N,
+           (long long)p->n_act, r->fwd_s * 1e3, bw, r->work / (r->fwd_s + r->bwd_s) / 1e9, fl, ra,
+           (double)r->ws_bytes / (1 << 20));
+    if (r->rate > 0)
+        printf("  floor = %s N_active H V_loc flops at this machine's sgemm rate %.1f GFLOP/s "
+               "(measured now)%s\n",
+               !p->grads ? "2" : o->one_pass ? "6" : "8", r->rate / 1e9,
+               o->one_pass && p->grads ? "; one-pass" : "");
+    printf("  median of %d timed runs after a warm-up; dense logits would be %.1f MB\n", r->reps,
+           (double)p->N * (double)p->V * 4.0 / (1 << 20));
+    if (r->outputs_written) printf("  outputs written to %s\n", r->outputs_written);
+    if (!r->checked) return;
+    printf("\n  check against the float64 reference (%.1f s), normwise max|got - ref| / "
+           "max|ref|, tolerance %.0e:\n",
+           r->check_s, r->tol);
+    for (int k = 0; k < RUN_N_OUT; k++)
+        if (r->have[k])
+            printf("    %-11s %10.2e  %s\n", run_out_names[k], r->err[k],
+                   r->err[k] <= r->tol ? "ok" : "OUT OF TOLERANCE");
+    char miss[128];
+    list_missing(miss, sizeof miss, r);
+    if (miss[0]) printf("    not computed, not checked: %s\n", miss);
+    if (r->passed) printf("  check passed\n");
+}
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+static void json_num(double x) {
+    if (isfinite(x)) printf("%.6g", x);
+    else printf("null");
+}
+
+void run_report_json(const run_problem *p, const run_opts *o, const run_result *r) {
+    printf("{\"command\":\"run\",\"context\":");
+    json_str(r->describe);
+    printf(",\"source\":");
+    json_str(p->source);
+    printf(",\"N\":%lld,\"H\":%lld,\"V_loc\":%lld,\"vocab_start\":%lld,\"vocab_total\":%lld,"
+           "\"dtype\":\"%s\",\"mask\":",
+           (long long)p->N, (long long)p->H, (long long)p->V, (long long)p->v0,
+           (long long)p->V_total, dtype_name(p));
+    json_str(p->mask_name);
+    printf(",\"active_rows\":%lld,\"spans\":%lld,\"packed_sequences\":%lld,\"support\":%lld,"
+           "\"temperature\":",
+           (long long)p->n_act, (long long)p->n_spans, (long long)p->n_seq, (long long)p->K);
+    json_num(o->temperature);
+    printf(",\"softcap\":");
+    json_num(o->softcap);
+    printf(",\"one_pass\":%s,\"backward\":%s,\"repeats\":%d,\"forward_ms\":",
+           o->one_pass && p->grads ? "true" : "false", p->grads ? "true" : "false", r->reps);
+    json_num(r->fwd_s * 1e3);
+    printf(",\"backward_ms\":");
+    if (p->grads && !o->one_pass) json_num(r->bwd_s * 1e3);
+    else printf("null");
+    printf(",\"floor_flops\":");
+    json_num(r->work);
+    printf(",\"gemm_rate_gflops\":");
+    if (r->rate > 0) json_num(r->rate / 1e9);
+    else printf("null");
+    printf(",\"floor_ms\":");
+    if (r->floor_s > 0) json_num(r->floor_s * 1e3);
+    else printf("null");
+    printf(",\"ratio\":");
+    if (r->floor_s > 0) json_num((r->fwd_s + r->bwd_s) / r->floor_s);
+    else printf("null");
+    printf(",\"workspace_bytes\":%zu,\"dense_logits_bytes\":%.0f,\"outputs\":", r->ws_bytes,
+           (double)p->N * (double)p->V * 4.0);
+    if (r->outputs_written) json_str(r->outputs_written);
+    else printf("null");
+    printf(",\"computed\":[");
+    for (int k = 0, first = 1; k < RUN_N_OUT; k++)
+        if (r->have[k]) printf("%s\"%s\"", first ? "" : ",", run_out_names[k]), first = 0;
+    printf("],\"check\":");
+    if (!r->checked) {
+        printf("null}\n");
+        return;
+    }
+    printf("{\"reference\":\"float64\",\"seconds\":");
+    json_num(r->check_s);
+    printf(",\"tolerance\":");
+    json_num(r->tol);
+    printf(",\"errors\":{");
+    for (int k = 0, first = 1; k < RUN_N_OUT; k++)
+        if (r->have[k]) {
+            printf("%s\"%s\":", first ? "" : ",", run_out_names[k]);
+            json_num(r->err[k]);
+            first = 0;
+        }
+    printf("},\"not_computed\":[");
+    for (int k = 0, first = 1; k < RUN_N_OUT; k++)
+        if (!r->have[k] && (k >= 4 || k == 1 || k == 3))
+            printf("%s\"%s\"", first ? "" : ",", run_out_names[k]), first = 0;
+    printf("],\"passed\":%s}}\n", r->passed ? "true" : "false");
+}
