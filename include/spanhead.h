@@ -43,6 +43,7 @@
 #ifndef SPANHEAD_H
 #define SPANHEAD_H
 
+#include <math.h> /* HUGE_VAL in SPH_POLICY_ARGS_INIT */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -577,6 +578,144 @@ typedef struct sph_head_pass_info {
 
 SPH_API sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass,
                                      const sph_head_args *args, sph_head_pass_info *info);
+
+/* ---------------------------------------------------------------------------------------- */
+/* RL policy losses fused into the head (docs/policy.md)                                     */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * One call computes logprob and entropy of the target tokens, a PPO-family policy loss of
+ * them, its metrics and (with dhidden / dweight) its gradients. A row i is active when the
+ * head's mask / spans say so AND targets[i] >= 0; other rows contribute nothing, get 0 in
+ * every per-row output and pass no gradient. Per active row, with advantage A_i, old log-prob
+ * o_i, reference log-prob q_i, importance weight w_i (default 1) and sequence id s_i:
+ *   delta_i = logp_i - o_i
+ *   ppo, cispo: r_i = exp(clamp(delta_i, -20, 20))
+ *   gspo:       log r_i = logp_i - sg(logp_i) + sg(rho_j), clamped above at 10 (no gradient
+ *               where clamped), rho_j = mean of delta over the active rows of i's sequence
+ *   ppo, gspo:  pg_i = max(-A_i r_i, -A_i clip(r_i, 1 - eps_low, 1 + eps_high)); with a dual
+ *               clip c (finite) and A_i < 0: pg_i = min(pg_i, -A_i c)
+ *   cispo:      pg_i = -A_i sg(clip(r_i, 1 - eps_low, 1 + eps_high)) logp_i
+ *   KL (x_i = q_i - logp_i): k1 = -x_i; k2 = x_i^2 / 2; k3 = clamp(e^x^ - x^ - 1, -10, 10),
+ *               x^ = clamp(x_i, -20, 20) (no gradient where a clamp binds)
+ *   l_i = w_i pg_i + kl_coef KL_i - entropy_coef H_i;   loss = sum_i c_i l_i
+ * with the aggregation weights c_i fixed before the pass from T (active rows, or num_tokens),
+ * S (sequences with an active row, or num_seqs), T_j (active rows of sequence j):
+ *   token-mean c_i = 1/T;  seq-mean-token-sum 1/S;  seq-mean-token-mean 1/(S T_j);
+ *   seq-mean-token-sum-norm 1/(S norm_length).
+ * Gradients flow through logp_i and H_i only (sg = stop-gradient; A, o, q, w are constants);
+ * ties follow PyTorch's autograd of the same formulas (torch.clamp passes the gradient on the
+ * closed interval, torch.maximum / minimum halve it at a tie).
+ *
+ * Cost: ppo and cispo compute each row's dL/dlogp and dL/dH right after its statistics are
+ * final, inside the head's one-pass sweep (6 N_active H V flops, the cost of the one-pass
+ * weighted loss). gspo needs every row of a sequence first: it runs the forward, the
+ * per-sequence rho and the backward sweep inside the same call (8 N_active H V flops).
+ *
+ * Metrics (f32, SPH_POLICY_N_METRICS entries, indices sph_policy_metric): loss; pg_loss =
+ * sum c_i w_i pg_i; kl_loss = sum c_i KL_i; entropy_loss = sum c_i H_i; pg_clipfrac = (rows with
+ * -A clip(r) > -A r) / T; pg_clipfrac_lower = (rows where the dual clip binds) / T; ppo_kl =
+ * sum(-delta_i) / T; tokens (active rows counted: of the call, or of the seq_comm group);
+ * seqs (sequences counted; 0 when the call groups none: token-mean ppo / cispo). Every metric
+ * but the counts is a sum over this call's rows with weights fixed before the pass, so with
+ * num_tokens / num_seqs of a global batch the metrics of its micro-batches (and of the ranks of
+ * seq_comm) add up to the global batch's. Options a loss or aggregation does not use are
+ * validated and ignored (clip_ratio_c with cispo, norm_length with another aggregation, ...).
+ */
+
+typedef enum sph_pg_loss {
+    SPH_PG_PPO = 0,   /* clipped ratio (PPO, GRPO, DAPO, Dr. GRPO), optional dual clip */
+    SPH_PG_CISPO = 1, /* clipped ratio as a stop-gradient weight of logp */
+    SPH_PG_GSPO = 2   /* sequence-level ratio (general path: forward, rho, backward) */
+} sph_pg_loss;
+
+typedef enum sph_kl_kind {
+    SPH_KL_NONE = 0,
+    SPH_KL_K1 = 1, /* logp - q */
+    SPH_KL_K2 = 2, /* (q - logp)^2 / 2 */
+    SPH_KL_K3 = 3  /* e^x - x - 1 of x = q - logp, clamped (low-variance estimator) */
+} sph_kl_kind;
+
+typedef enum sph_loss_agg {
+    SPH_AGG_TOKEN_MEAN = 0,
+    SPH_AGG_SEQ_MEAN_TOKEN_SUM = 1,
+    SPH_AGG_SEQ_MEAN_TOKEN_MEAN = 2,
+    SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM = 3
+} sph_loss_agg;
+
+/* Indices into the metrics tensor. Appended only. */
+typedef enum sph_policy_metric {
+    SPH_METRIC_LOSS = 0,
+    SPH_METRIC_PG_LOSS = 1,
+    SPH_METRIC_KL_LOSS = 2,
+    SPH_METRIC_ENTROPY_LOSS = 3,
+    SPH_METRIC_PG_CLIPFRAC = 4,
+    SPH_METRIC_PG_CLIPFRAC_LOWER = 5,
+    SPH_METRIC_PPO_KL = 6,
+    SPH_METRIC_TOKENS = 7, /* active rows counted (before num_tokens overrides T) */
+    SPH_METRIC_SEQS = 8,   /* sequences counted (before num_seqs overrides S) */
+    SPH_POLICY_N_METRICS = 9
+} sph_policy_metric;
+
+typedef struct sph_policy_args {
+    size_t struct_size;          /* sizeof(sph_policy_args); set by SPH_POLICY_ARGS_INIT */
+    sph_pg_loss loss;            /* default SPH_PG_PPO */
+    double clip_low, clip_high;  /* eps_low in [0, 1], eps_high >= 0 (0.2, 0.2) */
+    double clip_ratio_c;         /* dual clip c > 1; INFINITY (default) = none; ppo / gspo */
+    sph_kl_kind kl;              /* default SPH_KL_NONE */
+    double kl_coef;              /* beta >= 0, finite */
+    double entropy_coef;         /* eta >= 0, finite (the loss subtracts eta H) */
+    sph_loss_agg agg;            /* default SPH_AGG_TOKEN_MEAN */
+    int64_t num_tokens;          /* T of a global batch (>= 1); 0 = the active rows counted */
+    int64_t num_seqs;            /* S of a global batch (>= 1); 0 = the sequences counted */
+    double norm_length;          /* L > 0 of seq-mean-token-sum-norm (required there) */
+    /* per-row inputs on the head's device, (N) each */
+    const sph_tensor *advantages;  /* f32, required */
+    const sph_tensor *old_logprob; /* f32, required */
+    const sph_tensor *ref_logprob; /* f32, required with a KL term, else ignored */
+    const sph_tensor *is_weight;   /* f32, optional (NULL = 1) */
+    const sph_tensor *seq_id;      /* i64, required by the seq-* aggregations and gspo */
+    /* output */
+    const sph_tensor *metrics;     /* f32 (SPH_POLICY_N_METRICS) on the head's device */
+    /* optional: the group of ranks holding the other rows of the same sequences (context
+     * parallelism). T, S, T_j and rho_j are then those of the rows of the whole group (each
+     * rank's (seq_id, active, delta) gathered over it; every rank passes the same N). NULL =
+     * the call's rows are whole sequences. Not owned. */
+    sph_comm_t seq_comm;
+} sph_policy_args;
+
+#define SPH_POLICY_ARGS_INIT                                                                  \
+    {                                                                                         \
+        .struct_size = sizeof(sph_policy_args), .loss = SPH_PG_PPO, .clip_low = 0.2,          \
+        .clip_high = 0.2, .clip_ratio_c = HUGE_VAL, .kl = SPH_KL_NONE, .kl_coef = 0.0,        \
+        .entropy_coef = 0.0, .agg = SPH_AGG_TOKEN_MEAN, .num_tokens = 0, .num_seqs = 0,       \
+        .norm_length = 0.0, .advantages = NULL, .old_logprob = NULL, .ref_logprob = NULL,     \
+        .is_weight = NULL, .seq_id = NULL, .metrics = NULL, .seq_comm = NULL                  \
+    }
+
+/* Workspace bytes of sph_policy_loss for these arguments (the same ones later passed). */
+SPH_API sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *head,
+                                                  const sph_policy_args *policy, size_t *bytes);
+
+/* The policy loss above in one call. head: hidden, weight, targets (required), active_mask /
+ * spans, vocab shard, temperature, softcap, the optional per-row outputs logprob, entropy,
+ * lse, logit_mean, stats (optional here: NULL = kept in the workspace), dhidden / dweight
+ * with accumulate / allreduce as in sph_head_forward (neither: loss and metrics only). The
+ * head's upstream gradients (dlogprob, dentropy, dlse, dlogit_mean) and candidates are
+ * refused: the loss defines the upstream gradients. policy: as documented in
+ * sph_policy_args; metrics are written on the head's device (CUDA: enqueued, no host sync).
+ * TP: every rank of tp_comm gets the same loss and metrics (bitwise: the statistics combine
+ * in rank order); dweight is the rank's shard, dhidden its partial unless allreduce_dhidden.
+ * Errors (nothing is written): SPH_ERR_INVALID_ARG for a missing ref_logprob with a KL, a
+ * missing seq_id with a seq-* aggregation or gspo, negative or non-finite coefficients,
+ * clip_low outside [0, 1], clip_ratio_c <= 1, num_tokens / num_seqs < 0, norm_length <= 0
+ * with seq-mean-token-sum-norm, NaN / inf in advantages, old_logprob, ref_logprob or is_weight
+ * on an active row (host memory: checked here; device memory: the values propagate into the
+ * loss and metrics as NaN), upstream gradients given; SPH_ERR_SHAPE / SPH_ERR_DTYPE /
+ * SPH_ERR_DEVICE for per-row tensors not (N) f32 (seq_id i64) on the head's device; plus
+ * every error of sph_head_forward. */
+SPH_API sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
+                                   const sph_policy_args *policy, void *workspace,
+                                   size_t workspace_bytes);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */

@@ -33,6 +33,13 @@ for t in "${targets[@]}"; do
         printf '\x1a\x00\x01\x00\x03\x00\x00\x00[6,5,4,3,2]' >"$corpus/seed-small"
         printf '\x1a\x00\x02\x00\x00\x00\x00\x006\n5\n4\n30\n' >"$corpus/seed-lines"
         ;;
+    fuzz_policy)
+        # 16 option bytes (shape, flags, loss/KL/agg, scalars) then per-row bytes
+        printf '\x0c\x2b\x03\x05\x62\x00\x00\x00\x03\x02\x21\x04\x17\x00\x03\x00' >"$corpus/seed-ppo"
+        head -c 96 /dev/urandom >>"$corpus/seed-ppo"
+        printf '\x09\x1c\x01\x02\x60\x00\x02\x02\x01\x02\x21\x10\x21\x09\x05\x04' >"$corpus/seed-gspo"
+        head -c 72 /dev/urandom >>"$corpus/seed-gspo"
+        ;;
     esac
     echo "== $name: ${secs}s =="
     if ! ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \

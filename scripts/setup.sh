@@ -7,7 +7,7 @@
 set -euo pipefail
 
 pkgs=(cmake pkg-config libcmocka-dev libcjson-dev libopenblas-openmp-dev liblapack-dev
-      libopenmpi-dev openmpi-bin clang libclang-rt-14-dev python3-dev)
+      libopenmpi-dev openmpi-bin clang libclang-rt-14-dev libomp-dev python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

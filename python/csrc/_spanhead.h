@@ -8,6 +8,7 @@
  *   meta.c     host metadata: alignment, layouts, spans, packing
  *   handles.c  contexts, communicators, tuning and GEMM rates
  *   tensor.c   DLPack consumption and the head call
+ *   policy.c   the fused policy loss call
  */
 #ifndef SPH_PY_EXT_H
 #define SPH_PY_EXT_H
@@ -50,6 +51,10 @@
       (sph_ctx_t, sph_head_pass, const sph_head_args *, size_t *))                            \
     X(sph_head_forward, sph_status, (sph_ctx_t, const sph_head_args *, void *, size_t))       \
     X(sph_head_backward, sph_status, (sph_ctx_t, const sph_head_args *, void *, size_t))      \
+    X(sph_policy_loss_workspace_size, sph_status,                                             \
+      (sph_ctx_t, const sph_head_args *, const sph_policy_args *, size_t *))                  \
+    X(sph_policy_loss, sph_status,                                                            \
+      (sph_ctx_t, const sph_head_args *, const sph_policy_args *, void *, size_t))            \
     X(sph_comm_create_none, sph_status, (sph_comm_t *))                                       \
     X(sph_comm_create_mpi, sph_status, (sph_comm_t *, const void *, const sph_comm_config *)) \
     X(sph_comm_create_mpi_world, sph_status,                                                  \
@@ -135,10 +140,17 @@ typedef struct {
 
 SPH_PY_HIDDEN int consume(PyObject *obj, const char *name, consumed *c);
 SPH_PY_HIDDEN void release(consumed *c);
+/* The head calls' host spans (None or an (n, 2) int64 capsule) and workspace (a byte tensor of
+ * at least `bytes` from the Python allocator); 0 on success, -1 with an exception set. */
+SPH_PY_HIDDEN int consume_spans(PyObject *obj, consumed *sp, const int64_t **spans,
+                                int64_t *n_spans);
+SPH_PY_HIDDEN int consume_workspace(PyObject *alloc, size_t bytes, const char *what,
+                                    PyObject **cap, consumed *ws, void **ptr, size_t *wbytes);
 
 /* ---- handles (handles.c) --------------------------------------------------------------- */
 
 SPH_PY_HIDDEN sph_ctx_t ctx_of(PyObject *cap);
+SPH_PY_HIDDEN sph_comm_t comm_of(PyObject *cap); /* NULL with TypeError set */
 
 /* ---- the functions of the module table, by file ---------------------------------------- */
 
@@ -161,6 +173,7 @@ SPH_PY_METHOD(py_tune);
 SPH_PY_METHOD(py_gemm_rate);
 SPH_PY_METHOD(py_gemm_rate_sustained);
 SPH_PY_METHOD(py_head);
+SPH_PY_METHOD(py_policy_loss);
 SPH_PY_METHOD(py_tensor_info);
 #undef SPH_PY_METHOD
 

@@ -29,6 +29,14 @@ sph_ctx_t ctx_of(PyObject *cap) {
     return PyCapsule_GetPointer(cap, CTX_NAME);
 }
 
+sph_comm_t comm_of(PyObject *cap) {
+    if (!PyCapsule_IsValid(cap, COMM_NAME)) {
+        PyErr_SetString(PyExc_TypeError, "expected a spanhead communicator handle");
+        return NULL;
+    }
+    return PyCapsule_GetPointer(cap, COMM_NAME);
+}
+
 /* ctx_create(dev_type, dev_id, stream, threads, force_kernel|None, allow_tf32,
  *            batch_invariant, chunk_rows, chunk_bytes, comm|None, tune_cache|None) */
 PyObject *py_ctx_create(PyObject *self, PyObject *args) {

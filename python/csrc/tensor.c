@@ -99,6 +99,59 @@ int consume(PyObject *obj, const char *name, consumed *c) {
     return 1;
 }
 
+/* The optional host spans argument: None, or a capsule of a contiguous host int64 (n, 2)
+ * array. 0 on success (spans / n_spans set, NULL / 0 for None), -1 with an exception set. */
+int consume_spans(PyObject *obj, consumed *sp, const int64_t **spans, int64_t *n_spans) {
+    *spans = NULL;
+    *n_spans = 0;
+    int have = consume(obj, "spans", sp);
+    if (have <= 0) return have;
+    sph_tensor *t = &sp->t;
+    int ok = (t->device.type == SPH_DEVICE_CPU || t->device.type == SPH_DEVICE_CUDA_HOST) &&
+             t->ndim == 2 && t->shape[1] == 2 && t->dtype.code == SPH_DTYPE_INT &&
+             t->dtype.bits == 64 && t->dtype.lanes == 1 &&
+             (t->strides == NULL || t->shape[0] <= 1 ||
+              (t->strides[0] == 2 && t->strides[1] == 1)) &&
+             (t->strides == NULL || t->shape[0] != 1 || t->strides[1] == 1);
+    if (!ok) {
+        raise_status(SPH_ERR_INVALID_ARG, "spans: expected a contiguous host int64 array of "
+                                          "shape (n_spans, 2)");
+        return -1;
+    }
+    *spans = (const int64_t *)((const char *)t->data + t->byte_offset);
+    *n_spans = t->shape[0];
+    return 0;
+}
+
+/* A workspace of `bytes` from the Python allocator (bytes > 0): the allocator's capsule in
+ * *cap (a new reference), consumed into ws, its data and size. 0 on success. */
+int consume_workspace(PyObject *alloc, size_t bytes, const char *what, PyObject **cap,
+                      consumed *ws, void **ptr, size_t *wbytes) {
+    *ptr = NULL;
+    *wbytes = 0;
+    if (bytes == 0) return 0;
+    if (alloc == Py_None) {
+        raise_fmt(SPH_ERR_WORKSPACE, "%s: the pass needs a workspace and no allocator was given",
+                  what);
+        return -1;
+    }
+    *cap = PyObject_CallFunction(alloc, "K", (unsigned long long)bytes);
+    if (!*cap) return -1;
+    int hw = consume(*cap, "workspace", ws);
+    if (hw < 0) return -1;
+    if (hw == 0 || ws->t.ndim != 1 || ws->t.dtype.bits != 8 || ws->t.dtype.lanes != 1 ||
+        ws->t.shape[0] < (int64_t)bytes ||
+        (ws->t.strides && ws->t.shape[0] > 1 && ws->t.strides[0] != 1)) {
+        raise_fmt(SPH_ERR_WORKSPACE,
+                  "%s: the workspace allocator must return a contiguous 1-d byte tensor of at "
+                  "least the requested size", what);
+        return -1;
+    }
+    *ptr = (char *)ws->t.data + ws->t.byte_offset;
+    *wbytes = (size_t)ws->t.shape[0];
+    return 0;
+}
+
 /* Tensor slots of the head call, in the order the Python layer passes them. */
 enum {
     S_HIDDEN, S_WEIGHT, S_TARGETS, S_CAND, S_MASK, S_LOGPROB, S_ENTROPY, S_LSE, S_MEAN, S_STATS,
@@ -157,24 +210,7 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     }
     const int64_t *spans = NULL;
     int64_t n_spans = 0;
-    int have_sp = consume(spans_obj, "spans", &sp);
-    if (have_sp < 0) goto done;
-    if (have_sp) {
-        sph_tensor *t = &sp.t;
-        int ok = (t->device.type == SPH_DEVICE_CPU || t->device.type == SPH_DEVICE_CUDA_HOST) &&
-                 t->ndim == 2 && t->shape[1] == 2 && t->dtype.code == SPH_DTYPE_INT &&
-                 t->dtype.bits == 64 && t->dtype.lanes == 1 &&
-                 (t->strides == NULL || t->shape[0] <= 1 ||
-                  (t->strides[0] == 2 && t->strides[1] == 1)) &&
-                 (t->strides == NULL || t->shape[0] != 1 || t->strides[1] == 1);
-        if (!ok) {
-            raise_status(SPH_ERR_INVALID_ARG, "spans: expected a contiguous host int64 array of "
-                                              "shape (n_spans, 2)");
-            goto done;
-        }
-        spans = (const int64_t *)((const char *)t->data + t->byte_offset);
-        n_spans = t->shape[0];
-    }
+    if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
 
     sph_head_args a = SPH_HEAD_ARGS_INIT;
 #define T(i) (have[i] ? &slots[i].t : NULL)
@@ -213,27 +249,7 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     }
     void *wptr = NULL;
     size_t wbytes = 0;
-    if (bytes > 0) {
-        if (alloc == Py_None) {
-            raise_status(SPH_ERR_WORKSPACE, "head: the pass needs a workspace and no allocator "
-                                            "was given");
-            goto done;
-        }
-        ws_cap = PyObject_CallFunction(alloc, "K", (unsigned long long)bytes);
-        if (!ws_cap) goto done;
-        int hw = consume(ws_cap, "workspace", &ws);
-        if (hw < 0) goto done;
-        if (hw == 0 || ws.t.ndim != 1 || ws.t.dtype.bits != 8 || ws.t.dtype.lanes != 1 ||
-            ws.t.shape[0] < (int64_t)bytes ||
-            (ws.t.strides && ws.t.shape[0] > 1 && ws.t.strides[0] != 1)) {
-            raise_status(SPH_ERR_WORKSPACE,
-                         "head: the workspace allocator must return a contiguous 1-d byte "
-                         "tensor of at least the requested size");
-            goto done;
-        }
-        wptr = (char *)ws.t.data + ws.t.byte_offset;
-        wbytes = (size_t)ws.t.shape[0];
-    }
+    if (consume_workspace(alloc, bytes, "head", &ws_cap, &ws, &wptr, &wbytes) < 0) goto done;
     /* The library validates before writing and never calls back into Python: release the GIL
      * for the (possibly long) CPU compute. Errors are thread-local and this OS thread is the
      * one that reads them. */

@@ -22,6 +22,7 @@ from .head import (Context, HeadResult, default_context, describe_tensor, head_b
                    head_forward)
 from .meta import (alignment, cp_local_rows, layout, pack, spans, spans_from_mask,
                    validate_spans)
+from .policy import PolicyResult, policy_loss, sequence_group
 
 #: Path of the loaded C library.
 LIBRARY_PATH = _lib.LIBRARY_PATH
@@ -48,4 +49,5 @@ __all__ = ([c.__name__ for c in _BY_STATUS] +
            ["bfloat16", "to_bf16_bits", "from_bf16_bits", "Comm", "Context", "HeadResult",
             "default_context", "describe_tensor", "head_forward", "head_backward", "alignment",
             "cp_local_rows", "layout", "pack", "spans", "spans_from_mask", "validate_spans",
-            "library_version", "cuda_device_count", "missing_functions", "LIBRARY_PATH"])
+            "library_version", "cuda_device_count", "missing_functions", "LIBRARY_PATH",
+            "policy_loss", "PolicyResult", "sequence_group"])

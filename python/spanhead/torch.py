@@ -50,7 +50,7 @@ from ._torch_ops import context_for
 from .comm import Comm
 
 __all__ = ["logprobs", "HeadOutputs", "context_for", "weighted_logprob_loss", "LossOutputs",
-           "linear_cross_entropy", "LinearCrossEntropyLoss"]
+           "linear_cross_entropy", "LinearCrossEntropyLoss", "policy_loss", "PolicyOutputs"]
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -487,3 +487,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"temperature={self.temperature}, softcap={self.softcap}, "
                 f"label_smoothing={self.label_smoothing}")
+
+
+# ---- the fused RL policy loss (spanhead::policy_loss, _torch_policy.py) ---------------------
+
+from ._torch_policy import PolicyOutputs, policy_loss  # noqa: E402

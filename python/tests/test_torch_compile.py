@@ -254,3 +254,55 @@ def test_linear_cross_entropy_all_ignored_and_module():
         sht.LinearCrossEntropyLoss(reduction="avg")
     with pytest.raises(spanhead.InvalidArgumentError, match="label_smoothing"):
         sht.linear_cross_entropy(h, w, t, label_smoothing=1.5)
+
+
+# ---- the fused policy loss under torch.compile -----------------------------------------------
+
+@pytest.mark.skipif(not hasattr(sht, "policy_loss"),
+                    reason="this spanhead has no spanhead.torch.policy_loss (issue 14)")
+@pytest.mark.parametrize("loss_type,kl", [("ppo", "none"), ("ppo", "k3"), ("cispo", "none")])
+@pytest.mark.parametrize("mask_kind", ["tensor", "numpy"])
+def test_compile_policy_loss_equals_eager(loss_type, kl, mask_kind):
+    torch._dynamo.reset()
+    h, w, t, m = case(41, N=40, H=16, V=59)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    g = torch.Generator().manual_seed(42)
+    adv = torch.randn(len(t), generator=g)
+    with torch.no_grad():
+        lp0 = sht.logprobs(h, w, t)
+    old = lp0 + 0.3 * torch.randn(len(t), generator=g)  # ratios on both sides of the clip
+    ref = lp0 + 0.2 * torch.randn(len(t), generator=g)
+    mm = m.numpy() if mask_kind == "numpy" else m
+    kw = dict(loss_type=loss_type, clip_low=0.2, clip_high=0.28, kl_type=kl,
+              kl_coef=0.05 if kl != "none" else 0.0, entropy_coef=0.01)
+
+    def f(h, w, t, adv, old, ref, mm):
+        out = sht.policy_loss(h, w, t, adv, old, loss_mask=mm,
+                              ref_logprobs=ref if kl != "none" else None, **kw)
+        return out.loss
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    y_c, (gh_c, gw_c) = grads(lambda: compiled(h, w, t, adv, old, ref, mm), h, w)
+    y_e, (gh_e, gw_e) = grads(lambda: f(h, w, t, adv, old, ref, mm), h, w)
+    for name, a, b in (("loss", y_c, y_e), ("dhidden", gh_c, gh_e), ("dweight", gw_c, gw_e)):
+        assert_close(f"policy {loss_type}/{kl} compiled vs eager {name}", a, b, 1e-6)
+
+    # and eager against the same loss written in torch on spanhead's two-pass log-probs
+    # (ppo, token-mean: verl's compute_policy_loss + kl_penalty + agg_loss)
+    if loss_type == "ppo":
+        h2 = h.detach().clone().requires_grad_(True)
+        w2 = w.detach().clone().requires_grad_(True)
+        out = sht.logprobs(h2, w2, t, loss_mask=m, entropy=True)
+        r = torch.exp(out.logprob - old)
+        pg = torch.maximum(-adv * r, -adv * r.clamp(1 - 0.2, 1 + 0.28))
+        per = pg - 0.01 * out.entropy
+        if kl == "k3":
+            x = ref - out.logprob
+            per = per + 0.05 * (torch.exp(x) - x - 1)
+        mf = m.float()
+        y_t = (per * mf).sum() / mf.sum()
+        y_t.backward()
+        assert_close("policy vs torch loss", y_e, y_t.detach(), F32)
+        assert_close("policy vs torch dhidden", gh_e, h2.grad, F32)
+        assert_close("policy vs torch dweight", gw_e, w2.grad, F32)

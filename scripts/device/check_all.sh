@@ -6,11 +6,14 @@
 # seconds) land in one tarball, $OUT/check_all.tgz (the device tool returns few files);
 # steps.txt and the peers table are also printed. Runs 6, 7, 12 and 14 were taken this way.
 #   here:   scripts/device/bundle.sh (stages gpu_nccl_single too) &&
-#           make python/spanhead/_spanhead.abi3.so && scripts/device/peers_wheels.sh
-#   device: bash scripts/device/check_all.sh     carry [".devbundle.txz", ".whl",
+#           bash scripts/device/python_gpu.sh prepare (the wheel in .pywhl) &&
+#           make python/spanhead/_spanhead.abi3.so && scripts/device/peers_wheels.sh --no-cute
+#   device: bash scripts/device/check_all.sh     carry [".devbundle.txz", ".pywhl", ".whl",
 #           "python/spanhead/_spanhead.abi3.so"]   (the bundle is unpacked first when absent)
 #   QUICK=1 (fewer test variants), SKIP_PYTHON=1, SKIP_PEERS=1, PEERS_BUDGET=<s> shorten it;
-#   without carried wheels the peers step is skipped (said in steps.txt).
+#   without carried wheels the peers step is skipped (said in steps.txt). The steps' limits add
+#   up to more than the device tool's 600 s per call (the Python step alone may take 420 s):
+#   skip a part, or run it as a call of its own (run_tests.sh, python_gpu.sh, peers_run.sh).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -47,7 +50,7 @@ step run_bf16 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --entropy --so
 step run_onepass 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --one-pass --check
 step run_support 60 "$B/bin/spanhead" run --device cuda --dtype bf16 --support 16 --check
 if [ -z "${SKIP_PYTHON:-}" ]; then
-    OUT=$res step python 120 bash scripts/device/python_gpu.sh
+    OUT=$res step python 420 bash scripts/device/python_gpu.sh  # compile + HF on CUDA: minutes
     dedup python python_gpu.txt
 fi
 if [ -n "${SKIP_PEERS:-}" ]; then

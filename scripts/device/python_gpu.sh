@@ -6,10 +6,10 @@
 #   bash scripts/device/python_gpu.sh prepare
 #     builds libspanhead with CUDA and without MPI (build-pywheel/), the wheel with the
 #     non-system libraries it needs beside it (OpenBLAS and its Fortran runtime, libgomp:
-#     SPANHEAD_WHEEL_LIBS=auto), into .whl/, and pytest (pure Python) into .whl/pydeps.
+#     SPANHEAD_WHEEL_LIBS=auto), into .pywhl/, and pytest (pure Python) into .pywhl/pydeps.
 # Then through the device tool:
 #   run:   bash scripts/device/python_gpu.sh
-#   carry: [".whl"]
+#   carry: [".pywhl"] (the peers' wheels live in .whl; carry both for check_all.sh)
 #
 # What it runs, with LD_LIBRARY_PATH unset (the wheel needs none) and the package imported
 # from the installed wheel (not the source tree), PASS/FAIL per part:
@@ -32,21 +32,21 @@ if [ "${1:-}" = prepare ]; then
     [ -x build-venv/bin/python ] && py=build-venv/bin/python
     cmake -S . -B build-pywheel -DCMAKE_BUILD_TYPE=Release -DSPH_MPI=OFF -DSPH_BUILD_TESTS=OFF \
         -DSPH_BUILD_BENCH=OFF -DSPH_BUILD_CLI=OFF -DSPH_WERROR=ON >/dev/null
-    rm -rf .whl && mkdir -p .whl
+    rm -rf .pywhl && mkdir -p .pywhl
     SPANHEAD_BUILD_DIR=$root/build-pywheel SPANHEAD_WHEEL_LIBS=auto \
-        "$py" -m pip wheel --no-build-isolation --no-deps -w .whl ./python
-    "$py" -m pip install -q --no-deps --target .whl/pydeps pytest pluggy iniconfig packaging
-    unzip -l .whl/spanhead-*.whl | grep -E "libspanhead|\.libs/" || true
-    du -sh .whl
+        "$py" -m pip wheel --no-build-isolation --no-deps -w .pywhl ./python
+    "$py" -m pip install -q --no-deps --target .pywhl/pydeps pytest pluggy iniconfig packaging
+    unzip -l .pywhl/spanhead-*.whl | grep -E "libspanhead|\.libs/" || true
+    du -sh .pywhl
     exit 0
 fi
 
 out=${OUT:-/tmp}
 log=$out/python_gpu.txt
 py=${PYTHON:-python3}
-whl=$(ls .whl/spanhead-*.whl 2>/dev/null | head -1)
+whl=$(ls .pywhl/spanhead-*.whl 2>/dev/null | head -1)
 if [ -z "$whl" ]; then
-    echo "python_gpu: FAIL no .whl/spanhead-*.whl (run 'python_gpu.sh prepare' here and carry .whl)" \
+    echo "python_gpu: FAIL no .pywhl/spanhead-*.whl (run 'python_gpu.sh prepare' here and carry .pywhl)" \
         | tee "$log"
     exit 1
 fi
@@ -59,7 +59,7 @@ unset LD_LIBRARY_PATH SPANHEAD_LIB SPANHEAD_BUILD_DIR
     if ! $py -m pip install -q --no-deps --no-index --target "$site" "$whl" 2>/dev/null; then
         mkdir -p "$site" && $py -m zipfile -e "$whl" "$site"  # a Python without pip
     fi
-    export PYTHONPATH=$site:$root/.whl/pydeps NCCL_NVLS_ENABLE=0
+    export PYTHONPATH=$site:$root/.pywhl/pydeps NCCL_NVLS_ENABLE=0
     $py -c 'import sys, torch, transformers, spanhead
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "transformers", transformers.__version__)

@@ -3,11 +3,14 @@
  *   cmd_bench.c     options, the GEMM rates, timing, the table, JSON lines, --plot
  *   bench_points.c  the points: model shapes, the --shape x --N grid, the seed's matrix, the
  *                   runs of a point, and their masks (response, fragmented, packed-rl)
+ *   bench_policy.c  --mode policy: the fused RL policy loss against the one-pass weighted loss
+ *                   and the general path + the loss on the host
  */
 #ifndef SPH_CLI_BENCH_H
 #define SPH_CLI_BENCH_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 
@@ -55,7 +58,7 @@ typedef struct bopts {
     int n_shapes;
     const char *masks[3];
     int n_masks;
-    int modes; /* 1 general, 2 one-pass, 3 both */
+    int modes; /* 1 general, 2 one-pass, 3 both (4: policy, bench_policy.c) */
 } bopts;
 
 /* The work points: the --shape x --N grid, or the seed's matrix (--matrix seed). */
@@ -69,5 +72,11 @@ int bench_plan_runs(const bopts *o, run_spec *r);
  * *n_active and, for packed-rl, *act. 0 or an exit code (message printed). */
 int bench_point_mask(const bopts *o, const work *w, const char *mask, double *act,
                      uint8_t *hm, int64_t *spans, int64_t *n_spans, int64_t *n_active);
+
+/* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the
+ * general path + the loss on the host at every point, the table on stdout, JSON lines to js
+ * (or NULL). 0 or an exit code. */
+int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, const char *gpu,
+                 const char *date, FILE *js);
 
 #endif

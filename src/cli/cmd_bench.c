@@ -50,7 +50,7 @@
 static const char *const k_devices[] = {"cpu", "cuda", NULL};
 static const char *const k_dtypes[] = {"bf16", "f16", "f32", NULL};
 static const char *const k_matrix[] = {"seed", NULL};
-static const char *const k_modes[] = {"general", "one-pass", "both", NULL};
+static const char *const k_modes[] = {"general", "one-pass", "both", "policy", NULL};
 
 #define O(f) offsetof(bopts, f)
 static const sph_cli_opt k_opts[] = {
@@ -93,8 +93,10 @@ static const sph_cli_opt k_opts[] = {
      "and reports its own fraction (n_active / N)"},
     {"--seed", "N", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
      "packed-rl length draws (default 1; same seed, same batch)"},
-    {"--mode", "general|one-pass|both", SPH_OPT_CHOICE, O(mode), 0, 0, 0, 0, k_modes, 0,
-     "(default both)"},
+    {"--mode", "general|one-pass|both|policy", SPH_OPT_CHOICE, O(mode), 0, 0, 0, 0, k_modes, 0,
+     "(default both); policy: the fused RL policy loss next to the\n"
+     "one-pass weighted loss and the general path + the loss on the\n"
+     "host, same run (bench_policy.c)"},
     {"--repeats", "N", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
      "timed runs per point (default 5 on cuda, 3 on cpu)"},
     {"--warmup", "N", SPH_OPT_I64, O(warmup), 0, 1000, 0, 0, NULL, 0,
@@ -527,6 +529,10 @@ int sph_cli_bench(int argc, char **argv) {
     printf("# spanhead bench: %s, %s, dtype %s, commit %s, %s\n", gpu, date, o.dt_name,
            o.commit, sph_version());
     if (o.matrix) printf("# matrix seed: %d unique points\n", n_work);
+    if (o.mode == 3) { /* --mode policy: its own table (bench_policy.c) */
+        rc = bench_policy(ctx, &o, ws, n_work, gpu, date, js[0]);
+        goto finish;
+    }
     printf("# rates: dense GEMM TFLOP/s at the point's shape, burst (one product) and sustained "
            "(a chain of %s products); floor = %s N_active H V at that rate\n\n",
            o.modes == 1 ? "4" : o.modes == 2 ? "3" : "4 general / 3 one-pass",
@@ -589,6 +595,7 @@ int sph_cli_bench(int argc, char **argv) {
         bufs_free(ctx, &b);
     }
     sph_cli_progress_end(&pr);
+finish:
     if (js[0] && fclose(js[0]) != 0 && !rc)
         rc = sph_cli_fail("bench", 1, "--json %s: write failed: %s", o.json, strerror(errno));
     if (js[1] && fclose(js[1]) != 0 && !rc)

@@ -25,6 +25,7 @@
 
 #include "run.h"
 #include "run_dist.h"
+#include "run_policy.h"
 #include "synth.h"
 
 static const char *const k_devices[] = {"cpu", "cuda", NULL};
@@ -94,7 +95,8 @@ static const char k_synopsis[] = "usage: spanhead run [options]\n"
 static const char k_about[] =
     "Forward + backward of the LM head (logprob, entropy, lse, logit_mean; dhidden,\n"
     "dweight). Default: a packed RL batch of prompts and responses with an entropy\n"
-    "bonus (N=1024 H=256 V=4096), small enough to --check in seconds.";
+    "bonus (N=1024 H=256 V=4096), small enough to --check in seconds. With --policy-loss:\n"
+    "the fused RL policy loss (spanhead run --policy-loss ppo --help).";
 
 /* OpenMP workers that spin while the master runs serial code take half of an SMT core from
  * it (and from OpenBLAS); on this project's 2-vCPU machines that cost 2-4x on small shapes.
@@ -154,6 +156,11 @@ static int validate(run_opts *o, const sph_cli_parsed *pp) {
 }
 
 int sph_cli_run(int argc, char **argv) {
+    /* the fused RL policy loss has its own options and runner (run_policy.c) */
+    if (sph_cli_run_wants_policy(argc, argv)) {
+        if (!sph_cli_run_wants_dist(argc, argv)) prefer_passive_wait(argc, argv);
+        return sph_cli_run_policy(argc, argv);
+    }
     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
     run_opts o;
     memset(&o, 0, sizeof o);

@@ -347,15 +347,17 @@ static int outset_fail(sph_cli_outset *s) {
     return 1;
 }
 
-int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes, int ndim,
-                       const int64_t *shape, const void *data) {
+/* Stages DIR/file written by put(f, ctx, err): the one body of the staged outputs. */
+static int outset_stage(sph_cli_outset *s, const char *file, const char *name,
+                        int (*put)(FILE *f, const void *ctx, char *err, size_t errlen),
+                        const void *ctx) {
     if (!s->dir) return sph_cli_err(s->err, sizeof s->err, "--outputs: no directory");
     if (s->n == SPH_CLI_MAX_OUT) {
         sph_cli_err(s->err, sizeof s->err, "--outputs: more than %d files", SPH_CLI_MAX_OUT);
         return outset_fail(s);
     }
     char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", s->dir, name) >= sizeof path) {
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", s->dir, file) >= sizeof path) {
         sph_cli_err(s->err, sizeof s->err, "--outputs %s: path too long", s->dir);
         return outset_fail(s);
     }
@@ -390,7 +392,7 @@ int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes
         }
     }
     char err[512];
-    int rc = npy_write_stream(f, kind, bytes, ndim, shape, data, err, sizeof err);
+    int rc = put(f, ctx, err, sizeof err);
     errno = 0;
     if (fclose(f) != 0 && !rc) {
         snprintf(err, sizeof err, "write failed: %s", errno ? strerror(errno) : "I/O error");
@@ -401,6 +403,43 @@ int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes
         return outset_fail(s);
     }
     return 0;
+}
+
+typedef struct npy_put {
+    char kind;
+    int bytes, ndim;
+    const int64_t *shape;
+    const void *data;
+} npy_put;
+
+static int put_npy(FILE *f, const void *ctx, char *err, size_t errlen) {
+    const npy_put *n = ctx;
+    return npy_write_stream(f, n->kind, n->bytes, n->ndim, n->shape, n->data, err, errlen);
+}
+
+static int put_text(FILE *f, const void *ctx, char *err, size_t errlen) {
+    const char *text = ctx;
+    size_t len = strlen(text);
+    if (fwrite(text, 1, len, f) != len) {
+        snprintf(err, errlen, "write failed: %s", errno ? strerror(errno) : "I/O error");
+        return -1;
+    }
+    return 0;
+}
+
+int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes, int ndim,
+                       const int64_t *shape, const void *data) {
+    char file[512];
+    if ((size_t)snprintf(file, sizeof file, "%s.npy", name) >= sizeof file) {
+        sph_cli_err(s->err, sizeof s->err, "--outputs: name %s too long", name);
+        return outset_fail(s);
+    }
+    const npy_put n = {kind, bytes, ndim, shape, data};
+    return outset_stage(s, file, name, put_npy, &n);
+}
+
+int sph_cli_outset_text(sph_cli_outset *s, const char *file, const char *text) {
+    return outset_stage(s, file, file, put_text, text);
 }
 
 int sph_cli_outset_commit(sph_cli_outset *s) {

@@ -116,6 +116,8 @@ int sph_cli_outset_begin(sph_cli_outset *s, const char *dir);
 /* Stages DIR/name.npy holding an array of kind ('f', 'i', 'u', 'b') and element size. */
 int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes, int ndim,
                        const int64_t *shape, const void *data);
+/* Stages DIR/file (the whole name, e.g. "loss.json") holding text. */
+int sph_cli_outset_text(sph_cli_outset *s, const char *file, const char *text);
 /* Renames every staged file into place. 0, or 1 with s->err (then nothing more is renamed
  * and the rest is removed). Frees s either way. */
 int sph_cli_outset_commit(sph_cli_outset *s);

@@ -60,5 +60,16 @@ sph_status sph_nccl_load(const char *who) {
 
 const char *sph_nccl_path(void) { return path; }
 #else
-typedef int sph_nccl_shim_unused; /* ISO C: a translation unit is not empty */
+#include "core/internal.h"
+
+/* A build without NCCL: the same entry points, saying so (the tests call them either way). */
+sph_status sph_nccl_load(const char *who);
+const char *sph_nccl_path(void);
+
+sph_status sph_nccl_load(const char *who) {
+    return sph_err(SPH_ERR_UNSUPPORTED, "%s%sspanhead was built without NCCL (SPANHEAD_NCCL_LIB "
+                   "cannot help: no NCCL code is in this build)", who ? who : "", who ? ": " : "");
+}
+
+const char *sph_nccl_path(void) { return ""; }
 #endif

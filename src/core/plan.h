@@ -47,6 +47,9 @@ typedef struct sph_head_plan {
     int acc_dh, acc_dw, allreduce_dh;
     int one_pass;                        /* forward also produces the gradients */
     sph_comm_t comm;                     /* TP group or NULL */
+    /* policy loss of the call (src/policy/policy.h) or NULL: the one-pass sweeps compute
+     * dlogprob / dentropy of each row from it right after the row is finalized */
+    const struct sph_policy_plan *policy;
 } sph_head_plan;
 
 /* Validates args for the pass on ctx and fills plan (src/head/head.c). Checks everything that
@@ -54,6 +57,11 @@ typedef struct sph_head_plan {
  * check slot); host-resident targets/candidates/masks are also checked for range, duplicates
  * and support membership (sph_head_plan_check_data). */
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                              sph_head_plan *plan);
+/* The generic part of sph_head_plan_make, without the backend's check: for callers that
+ * complete the plan first (the policy loss binds workspace buffers into it, then runs the
+ * check). */
+sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
 /* The data checks of a plan whose mask, targets and candidates are in host memory: mask
  * values 0/1, spans covering every active row, targets < V, candidates < V without

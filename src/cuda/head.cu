@@ -41,6 +41,7 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
 #include "cuda/head_onepass.cuh"
+#include "policy/policy.h"
 #include "cuda/tune.cuh"
 
 // ---- host: pieces of a pass ------------------------------------------------------------------
@@ -707,4 +708,6 @@ extern "C" void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->backward = sph_head_cuda_backward;
     be->support_forward = cuda_support_forward;
     be->support_backward = cuda_support_backward;
+    be->policy_workspace = sph_policy_cuda_workspace; /* src/cuda/policy.cu */
+    be->policy = sph_policy_cuda_run;
 }

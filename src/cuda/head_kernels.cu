@@ -19,6 +19,7 @@
 
 #include "cuda/head.cuh"
 #include "cuda/head_math.cuh"
+#include "cuda/policy.cuh"
 
 // ---- kernels: row statistics ---------------------------------------------------------------
 
@@ -285,6 +286,8 @@ sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int
         rec0, rank_stride, (int)comm_size, r0, rowmap, rows, p->mask, p->targets, p->tgt_i64,
         p->V, p->K > 0, p->logprob, p->entropy, p->lse, p->logit_mean, p->stats);
     SPH_LAUNCH_CHECK("head_finalize_kernel", stream);
+    /* a fused policy loss: these rows' dlogprob / dentropy from their final statistics */
+    SPH_TRY(sph_cuda_policy_rows(p, r0, rowmap, rows, stream));
     return SPH_OK;
 }
 

@@ -79,7 +79,7 @@ static sph_status grad_output(sph_ctx_t ctx, const sph_tensor *t, const char *na
     return SPH_OK;
 }
 
-sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
+sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
                               sph_head_plan *p) {
     SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
     SPH_CHECK(a != NULL, SPH_ERR_INVALID_ARG, "args: NULL");
@@ -289,6 +289,12 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         }
     }
     if (host) SPH_TRY(sph_head_plan_check_data(p));
+    return SPH_OK;
+}
+
+sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
+                              sph_head_plan *p) {
+    SPH_TRY(sph_head_plan_fill(ctx, pass, a, p));
     /* the backend's own conditions, after the generic ones */
     if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, pass, p));
     return SPH_OK;

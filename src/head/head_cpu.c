@@ -40,6 +40,7 @@
 #include "comm/comm.h"
 #include "head/cpu_kernels.h"
 #include "head/host.h"
+#include "policy/policy.h"
 
 #define VT_DEFAULT 256
 #define R_DEFAULT 512
@@ -545,6 +546,9 @@ static sph_status full_forward(const run *r) {
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
+        /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
+         * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
+        if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
         chunk_coefs(r, c0, nr, crec);
         chunk_backward(r, c0, nr, 1, dw, ld_dw);
     }
@@ -769,6 +773,8 @@ void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->backward = cpu_backward;
     be->support_forward = cpu_support_forward;
     be->support_backward = cpu_support_backward;
+    be->policy_workspace = sph_policy_cpu_workspace; /* src/policy/policy_cpu.c */
+    be->policy = sph_policy_cpu_run;
     switch (ctx->isa) {
     case SPH_ISA_AVX512:
     case SPH_ISA_AVX512BF16: be->cpu_kern = &g_kern_avx512; break;

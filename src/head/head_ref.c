@@ -25,6 +25,7 @@
 #include "comm/comm.h"
 #include "core/backend.h"
 #include "head/host.h"
+#include "policy/policy.h"
 
 // ---- element access --------------------------------------------------------------------
 
@@ -326,4 +327,7 @@ void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged) {
     /* the reference handles sample support in the same loops (row_columns) */
     be->forward = be->support_forward = staged ? staged_forward : ref_forward;
     be->backward = be->support_backward = staged ? staged_backward : ref_backward;
+    /* the fused policy loss's reference reads host memory only (src/policy/policy_ref.c) */
+    be->policy_workspace = staged ? NULL : sph_policy_ref_workspace;
+    be->policy = staged ? NULL : sph_policy_ref_run;
 }

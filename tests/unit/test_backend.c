@@ -17,21 +17,21 @@ static sph_rng g_rng;
 static void test_tables(void **state) {
     (void)state;
     sph_ctx_t cpu = hc_ctx(NULL, 1, NULL), ref = hc_ctx("ref", 1, NULL);
-    /* the CPU backend overrides every pass slot of the reference; the policy slot stays empty
-     * until a backend implements it */
+    /* the CPU backend overrides every pass slot of the reference, the policy loss's too */
     assert_string_equal(cpu->head.name, "cpu");
     assert_non_null(cpu->head.cpu_kern);
     assert_non_null(cpu->head.forward);
     assert_non_null(cpu->head.support_backward);
     assert_null(cpu->head.check);
-    assert_null(cpu->head.policy);
+    assert_non_null(cpu->head.policy);
+    assert_true(cpu->head.policy != ref->head.policy && ref->head.policy != NULL);
     assert_string_equal(ref->head.name, "ref");
     assert_null(ref->head.cpu_kern);
     assert_true(ref->head.forward == ref->head.support_forward);
     assert_true(ref->head.forward != cpu->head.forward);
     assert_true(cpu->dev == ref->dev && cpu->dev->host_memory);
-    expect_status(sph_backend_missing(cpu, "policy loss"), SPH_ERR_UNSUPPORTED,
-                  "policy loss: not implemented by the cpu backend");
+    expect_status(sph_backend_missing(cpu, "sample support"), SPH_ERR_UNSUPPORTED,
+                  "sample support: not implemented by the cpu backend");
     sph_ctx_destroy(cpu);
     sph_ctx_destroy(ref);
 }

@@ -1,0 +1,494 @@
+/*
+ * run_policy.c - `spanhead run --inputs DIR --outputs DIR --policy-loss ppo|cispo|gspo ...`:
+ * the fused RL policy loss (sph_policy_loss; the math and the decisions are in
+ * docs/policy.md) on the .npy files of DIR, on the CPU or a CUDA device, in one call: logprob,
+ * entropy, the loss, its metrics, dhidden and dweight. --check runs the float64 reference on
+ * the same inputs and exits 1 when a relative error exceeds the tolerance; --outputs writes
+ * loss.json (the metrics by name) and logprob, entropy, dhidden, dweight .npy, all of them or
+ * none (after the check passed). Under mpirun, or with --tp / --cp / --dp, run_policy_dist.c
+ * takes over.
+ *
+ * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
+ * targets.npy (N) int, mask.npy (N) u1/b1 (optional: all rows), advantages.npy and
+ * old_logprob.npy (N) float (f8 is converted), seq_id.npy (N) int (required by the seq-*
+ * aggregations and gspo), ref_logprob.npy (N) (required with --kl k1|k2|k3), is_weight.npy (N)
+ * (optional).
+ */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "args.h"
+#include "npy.h"
+#include "run.h"
+#include "run_dist.h"
+#include "run_policy.h"
+#include "util.h"
+
+#define CMD "run"
+
+static const char *const k_devices[] = {"cpu", "cuda", NULL};
+static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
+static const char *const k_losses[] = {"ppo", "cispo", "gspo", NULL};
+static const char *const k_kls[] = {"none", "k1", "k2", "k3", NULL};
+static const char *const k_aggs[] = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                     "seq-mean-token-sum-norm", NULL};
+const char *const pol_metric_names[SPH_POLICY_N_METRICS] = {
+    "loss", "pg_loss", "kl_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
+    "tokens", "seqs"};
+
+#define O(f) offsetof(pol_opts, f)
+static const sph_cli_opt k_opts[] = {
+    {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
+     "hidden weight targets advantages old_logprob .npy, and mask seq_id\n"
+     "ref_logprob is_weight .npy where present (required)"},
+    {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
+     "write loss.json, logprob entropy dhidden dweight .npy: all of them\n"
+     "after the run (and --check) succeeded, or none"},
+    {"--policy-loss", "ppo|cispo|gspo", SPH_OPT_CHOICE, O(loss), 0, 0, 0, 0, k_losses, 0,
+     "the policy-gradient term"},
+    {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 1, NULL, 0,
+     "eps_low: the ratio's clip range starts at 1 - E (default 0.2)"},
+    {"--clip-high", "E", SPH_OPT_F64, O(clip_high), 0, 0, 0, 1e300, NULL, 0,
+     "eps_high: the clip range ends at 1 + E (default 0.2)"},
+    {"--clip-ratio-c", "C", SPH_OPT_F64, O(clip_c), 0, 0, 1, 1e300, NULL, SPH_OPTF_GT,
+     "dual clip C > 1 for negative advantages (ppo, gspo; default none)"},
+    {"--kl", "none|k1|k2|k3", SPH_OPT_CHOICE, O(kl), 0, 0, 0, 0, k_kls, 0,
+     "KL estimator to the reference (default none; needs ref_logprob.npy)"},
+    {"--kl-coef", "B", SPH_OPT_F64, O(kl_coef), 0, 0, 0, 1e300, NULL, 0,
+     "KL coefficient (default 0)"},
+    {"--entropy-coef", "H", SPH_OPT_F64, O(entropy_coef), 0, 0, 0, 1e300, NULL, 0,
+     "entropy bonus coefficient, subtracted (default 0)"},
+    {"--agg", "MODE", SPH_OPT_CHOICE, O(agg), 0, 0, 0, 0, k_aggs, 0,
+     "token-mean|seq-mean-token-sum|seq-mean-token-mean|\n"
+     "seq-mean-token-sum-norm (default token-mean; seq-*: seq_id.npy)"},
+    {"--norm-length", "L", SPH_OPT_F64, O(norm_length), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+     "L of seq-mean-token-sum-norm"},
+    {"--num-tokens", "T", SPH_OPT_COUNT, O(num_tokens), 1, INT64_MAX, 0, 0, NULL, 0,
+     "tokens of the global batch (default: the active rows)"},
+    {"--num-seqs", "S", SPH_OPT_COUNT, O(num_seqs), 1, INT64_MAX, 0, 0, NULL, 0,
+     "sequences of the global batch (default: those with an active row)"},
+    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
+     "where to compute (default cpu)"},
+    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
+     "what uint16 hidden / weight bits hold (f4 / f2 files say it themselves)"},
+    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+     "softmax temperature (default 1)"},
+    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 1e300, NULL, 0,
+     "tanh logit cap (default 0: off)"},
+    {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
+     "span coalescing gap of mask.npy (default 0)"},
+    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT64_MAX, 0, 0, NULL, 0,
+     "CPU threads, at most this machine's CPUs (default 0: all)"},
+    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
+     "force a kernel set: ref, generic, avx2, avx512"},
+    {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
+     "timed calls after a warm-up, median reported (default 1)"},
+    {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
+     "compare with the float64 reference; exit 1 if off"},
+    {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
+     "print the result and the check as one JSON object"},
+    {"--tp", "T", SPH_OPT_I64, O(tp), 1, 4096, 0, 0, NULL, 0,
+     "under mpirun: vocabulary shards (run_policy_dist.c)"},
+    {"--cp", "C", SPH_OPT_I64, O(cp), 1, 4096, 0, 0, NULL, 0,
+     "under mpirun: ranks splitting the rows of each sequence"},
+    {"--dp", "D", SPH_OPT_I64, O(dp), 1, 4096, 0, 0, NULL, 0,
+     "under mpirun: ranks taking whole sequences"},
+    {NULL}};
+#undef O
+
+static const char k_synopsis[] =
+    "usage: spanhead run --inputs DIR [--outputs DIR] --policy-loss ppo|cispo|gspo [options]\n"
+    "       mpirun -np T*C*D spanhead run --tp T --cp C --dp D --inputs DIR --policy-loss ...";
+static const char k_about[] =
+    "The fused RL policy loss: logprob, entropy, the loss (PPO / GRPO / DAPO clipping, CISPO,\n"
+    "GSPO, a KL penalty, an entropy bonus), its metrics and dhidden, dweight in one call of\n"
+    "the LM head (docs/policy.md).";
+
+int sph_cli_run_wants_policy(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--policy-loss", 13) && (argv[i][13] == 0 || argv[i][13] == '='))
+            return 1;
+    return 0;
+}
+
+// ---- inputs ------------------------------------------------------------------------------
+
+void pol_problem_free(pol_problem *p) {
+    free(p->h), free(p->w), free(p->tgt), free(p->seq), free(p->mask), free(p->spans);
+    free(p->adv), free(p->old), free(p->ref), free(p->isw);
+    memset(p, 0, sizeof *p);
+}
+
+/* DIR/name.npy when present: 1 read, 0 absent, -1 error (printed). */
+static int read_npy(const char *dir, const char *name, npy_array *a) {
+    char path[4096], err[512];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= sizeof path) {
+        sph_cli_fail(CMD, 1, "--inputs %s: path too long", dir);
+        return -1;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        sph_cli_fail(CMD, 1, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (npy_read(path, a, err, sizeof err)) {
+        sph_cli_fail(CMD, 1, "%s", err);
+        return -1;
+    }
+    return 1;
+}
+
+/* A per-row float vector (f4, or f8 converted), finite: the library refuses NaN on active
+ * rows with its own message; here the file must at least be a float vector of N. */
+static int row_f32(const char *dir, const char *name, int64_t N, int required, float **out) {
+    npy_array a = {0};
+    int r = read_npy(dir, name, &a);
+    if (r < 0) return 1;
+    if (r == 0) {
+        if (!required) return 0;
+        return sph_cli_fail(CMD, 1, "--inputs %s: %s.npy is missing", dir, name);
+    }
+    int rc = 1;
+    if (a.kind != 'f' || (a.bytes != 4 && a.bytes != 8)) {
+        sph_cli_fail(CMD, 1, "%s.npy: dtype %s, expected <f4 (or <f8)", name, npy_descr(&a));
+    } else if (a.ndim != 1 || a.shape[0] != N) {
+        sph_cli_fail(CMD, 1, "%s.npy: %d-d of %lld elements, expected (%lld,) like targets.npy",
+                     name, a.ndim, (long long)a.count, (long long)N);
+    } else if (!(*out = sph_cli_alloc(N, 4))) {
+        sph_cli_fail(CMD, 1, "%s.npy: out of memory", name);
+    } else {
+        for (int64_t i = 0; i < N; i++)
+            (*out)[i] = a.bytes == 4 ? ((float *)a.data)[i] : (float)((double *)a.data)[i];
+        rc = 0;
+    }
+    npy_free(&a);
+    return rc;
+}
+
+static int row_i64(const char *dir, const char *name, int64_t N, int64_t **out) {
+    npy_array a = {0};
+    int r = read_npy(dir, name, &a);
+    if (r <= 0) return r < 0;
+    int rc = 1;
+    if (a.kind != 'i' || (a.bytes != 4 && a.bytes != 8)) {
+        sph_cli_fail(CMD, 1, "%s.npy: dtype %s, expected <i8 (or <i4)", name, npy_descr(&a));
+    } else if (a.ndim != 1 || a.shape[0] != N) {
+        sph_cli_fail(CMD, 1, "%s.npy: %d-d of %lld elements, expected (%lld,) like targets.npy",
+                     name, a.ndim, (long long)a.count, (long long)N);
+    } else if (!(*out = sph_cli_alloc(N, 8))) {
+        sph_cli_fail(CMD, 1, "%s.npy: out of memory", name);
+    } else {
+        for (int64_t i = 0; i < N; i++)
+            (*out)[i] = a.bytes == 8 ? ((int64_t *)a.data)[i] : ((int32_t *)a.data)[i];
+        rc = 0;
+    }
+    npy_free(&a);
+    return rc;
+}
+
+int pol_problem_read(const pol_opts *o, pol_problem *p) {
+    memset(p, 0, sizeof *p);
+    /* the head's files through run's reader (dtype rules, shapes, finite values, sizes) */
+    run_opts ro;
+    memset(&ro, 0, sizeof ro);
+    ro.inputs = o->inputs, ro.dtype = o->dtype, ro.dtype_given = o->dtype_given;
+    ro.mask = -1, ro.gap = o->gap, ro.check = o->check, ro.temperature = 1.0;
+    run_problem rp;
+    int rc = run_problem_make(&ro, &rp);
+    if (rc) {
+        run_problem_free(&rp);
+        return rc;
+    }
+    if (rp.K) {
+        run_problem_free(&rp);
+        return sph_cli_fail(CMD, 1, "--inputs %s: candidates.npy: sample support is not "
+                                    "available with --policy-loss", o->inputs);
+    }
+    p->N = rp.N, p->H = rp.H, p->V = rp.V, p->bits = rp.bits, p->is_bf16 = rp.is_bf16;
+    p->h = rp.h, p->w = rp.w, p->tgt = rp.tgt, p->mask = rp.mask;
+    p->spans = rp.spans, p->n_spans = rp.n_spans;
+    rp.h = rp.w = NULL, rp.tgt = NULL, rp.mask = NULL, rp.spans = NULL;
+    run_problem_free(&rp);
+    const int need_ref = o->kl != 0;
+    if (row_f32(o->inputs, "advantages", p->N, 1, &p->adv) ||
+        row_f32(o->inputs, "old_logprob", p->N, 1, &p->old) ||
+        row_f32(o->inputs, "ref_logprob", p->N, need_ref, &p->ref) ||
+        row_f32(o->inputs, "is_weight", p->N, 0, &p->isw) ||
+        row_i64(o->inputs, "seq_id", p->N, &p->seq))
+        return 1;
+    const int need_seq = o->agg != 0 || o->loss == 2;
+    if (need_seq && !p->seq)
+        return sph_cli_fail(CMD, 1, "--inputs %s: seq_id.npy is missing (--agg %s%s needs the "
+                                    "sequence of every row)", o->inputs, k_aggs[o->agg],
+                            o->loss == 2 ? " / --policy-loss gspo" : "");
+    return 0;
+}
+
+// ---- one run -------------------------------------------------------------------------------
+
+void pol_result_free(pol_result *r) {
+    free(r->lp), free(r->ent), free(r->dh), free(r->dw);
+    r->lp = r->ent = r->dh = r->dw = NULL;
+}
+
+sph_policy_args pol_args(const pol_opts *o) {
+    sph_policy_args a = SPH_POLICY_ARGS_INIT;
+    a.loss = (sph_pg_loss)o->loss, a.kl = (sph_kl_kind)o->kl, a.agg = (sph_loss_agg)o->agg;
+    a.clip_low = o->clip_low, a.clip_high = o->clip_high, a.clip_ratio_c = o->clip_c;
+    a.kl_coef = o->kl_coef, a.entropy_coef = o->entropy_coef;
+    a.num_tokens = o->num_tokens, a.num_seqs = o->num_seqs, a.norm_length = o->norm_length;
+    return a;
+}
+
+enum { B_H, B_W, B_TGT, B_MASK, B_ADV, B_OLD, B_REF, B_ISW, B_SEQ, B_LP, B_ENT, B_DH, B_DW, B_MET,
+       B_COUNT };
+
+int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_result *r) {
+    memset(r, 0, sizeof *r);
+    const char *kernel = w->kernel;
+    const int reps = w->reps;
+    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
+    co.device.type = w->on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
+    co.device.id = w->on_cuda ? w->device_id : 0;
+    co.num_threads = (int)w->threads;
+    co.force_kernel = kernel;
+    co.tp_comm = w->tp;
+    sph_ctx_t ctx = NULL;
+    void *buf[B_COUNT] = {0}, *ws = NULL;
+    int64_t sh[B_COUNT][2];
+    sph_tensor t[B_COUNT];
+    double *times = NULL;
+    int rc = 1;
+    sph_status s = sph_ctx_create(&ctx, &co);
+    if (s) goto fail;
+    const int64_t N = p->N, H = p->H, V = p->V;
+    const size_t es = (size_t)p->bits / 8;
+    const sph_dtype in = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
+    const struct {
+        const void *host;
+        size_t bytes;
+        int ndim;
+        int64_t n0, n1;
+        sph_dtype dt;
+    } spec[B_COUNT] = {
+        {p->h, (size_t)(N * H) * es, 2, N, H, in},   {p->w, (size_t)(V * H) * es, 2, V, H, in},
+        {p->tgt, (size_t)N * 8, 1, N, 0, SPH_I64},   {p->mask, (size_t)N, 1, N, 0, SPH_U8},
+        {p->adv, (size_t)N * 4, 1, N, 0, SPH_F32},   {p->old, (size_t)N * 4, 1, N, 0, SPH_F32},
+        {p->ref, (size_t)N * 4, 1, N, 0, SPH_F32},   {p->isw, (size_t)N * 4, 1, N, 0, SPH_F32},
+        {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64},   {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},     {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32},
+        {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32},
+        {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32}};
+    const int is_out[B_COUNT] = {[B_LP] = 1, [B_ENT] = 1, [B_DH] = 1, [B_DW] = 1, [B_MET] = 1};
+    for (int k = 0; k < B_COUNT; k++) {
+        if (!spec[k].host && !is_out[k]) continue; /* an absent optional input */
+        if ((s = sph_ctx_malloc(ctx, spec[k].bytes ? spec[k].bytes : 1, &buf[k]))) goto fail;
+        if (spec[k].host && (s = sph_ctx_memcpy(ctx, buf[k], spec[k].host, spec[k].bytes)))
+            goto fail;
+        sh[k][0] = spec[k].n0, sh[k][1] = spec[k].n1;
+        t[k] = (sph_tensor){buf[k], co.device, spec[k].ndim, spec[k].dt, sh[k], NULL, 0};
+    }
+#define T(k) (buf[k] ? &t[k] : NULL)
+    sph_head_args a = SPH_HEAD_ARGS_INIT;
+    a.hidden = T(B_H), a.weight = T(B_W), a.targets = T(B_TGT), a.active_mask = T(B_MASK);
+    a.temperature = o->temperature, a.softcap = o->softcap;
+    a.spans = p->spans, a.n_spans = p->n_spans; /* only the active rows are computed */
+    a.vocab_start = w->v0, a.vocab_total = w->V_total;
+    a.allreduce_dhidden = w->tp != NULL; /* dhidden of the replicated rows: every shard's */
+    a.logprob = T(B_LP), a.entropy = T(B_ENT), a.dhidden = T(B_DH), a.dweight = T(B_DW);
+    sph_policy_args pa = pol_args(o);
+    pa.advantages = T(B_ADV), pa.old_logprob = T(B_OLD), pa.ref_logprob = T(B_REF);
+    pa.is_weight = T(B_ISW), pa.seq_id = T(B_SEQ), pa.metrics = T(B_MET);
+    pa.seq_comm = w->seq;
+    if (w->num_tokens > 0) pa.num_tokens = w->num_tokens;
+    if (w->num_seqs > 0) pa.num_seqs = w->num_seqs;
+#undef T
+    if ((s = sph_policy_loss_workspace_size(ctx, &a, &pa, &r->ws_bytes))) goto fail;
+    if ((s = sph_ctx_malloc(ctx, r->ws_bytes ? r->ws_bytes : 1, &ws))) goto fail;
+    if (!(times = malloc(sizeof(double) * (size_t)(reps + 1)))) goto oom;
+    for (int k = -1; k < reps; k++) { /* k = -1: warm-up (and the only call of the check) */
+        double t0 = sph_cli_now_s();
+        if ((s = sph_policy_loss(ctx, &a, &pa, ws, r->ws_bytes))) goto fail;
+        if ((s = sph_ctx_synchronize(ctx))) goto fail;
+        if (k >= 0) times[k] = sph_cli_now_s() - t0;
+    }
+    r->ms = reps > 0 ? 1e3 * sph_cli_median(times, reps) : 0;
+    snprintf(r->describe, sizeof r->describe, "%s", sph_ctx_describe(ctx));
+    if (!(r->lp = sph_cli_alloc(N, 4)) || !(r->ent = sph_cli_alloc(N, 4)) ||
+        !(r->dh = sph_cli_alloc(N * H, 4)) || !(r->dw = sph_cli_alloc(V * H, 4)))
+        goto oom;
+    if ((s = sph_ctx_memcpy(ctx, r->lp, buf[B_LP], spec[B_LP].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->ent, buf[B_ENT], spec[B_ENT].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->dh, buf[B_DH], spec[B_DH].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->dw, buf[B_DW], spec[B_DW].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->metrics, buf[B_MET], spec[B_MET].bytes)))
+        goto fail;
+    rc = 0;
+    goto done;
+oom:
+    sph_cli_fail(CMD, 1, "out of memory");
+    goto done;
+fail:
+    sph_cli_fail(CMD, 1, "%s%s: %s", kernel && !strcmp(kernel, "ref") ? "reference: " : "",
+                 sph_status_str(s), sph_last_error());
+done:
+    free(times);
+    for (int k = 0; k < B_COUNT; k++) sph_ctx_free(ctx, buf[k]);
+    sph_ctx_free(ctx, ws);
+    sph_ctx_destroy(ctx);
+    if (rc) pol_result_free(r);
+    return rc;
+}
+
+// ---- check, outputs, report ------------------------------------------------------------------
+
+/* max |got - ref| / max(|ref|, floor) (normwise), NaN -> inf */
+static double rel(const float *got, const float *ref, int64_t n, double floor) {
+    double md = 0, mr = floor;
+    for (int64_t k = 0; k < n; k++) {
+        double d = fabs((double)got[k] - (double)ref[k]);
+        if (isnan(d)) return INFINITY;
+        md = d > md ? d : md;
+        mr = fabs((double)ref[k]) > mr ? fabs((double)ref[k]) : mr;
+    }
+    return md / mr;
+}
+
+int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
+                double tol, double err[5]) {
+    /* metrics one by one (they mix counts with losses of very different scales) */
+    err[0] = 0;
+    for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
+        double e = rel(&got->metrics[k], &ref->metrics[k], 1, 1e-3);
+        err[0] = e > err[0] ? e : err[0];
+    }
+    err[1] = rel(got->lp, ref->lp, N, 1e-30);
+    err[2] = rel(got->ent, ref->ent, N, 1e-30);
+    err[3] = rel(got->dh, ref->dh, N * H, 1e-30);
+    err[4] = rel(got->dw, ref->dw, V * H, 1e-30);
+    int ok = 1;
+    for (int k = 0; k < 5; k++) ok &= err[k] <= tol;
+    return ok;
+}
+
+char *pol_loss_json(const float *m) {
+    char *s = malloc(1024);
+    if (!s) return NULL;
+    int n = snprintf(s, 1024, "{");
+    for (int k = 0; k <= SPH_METRIC_PPO_KL; k++)
+        n += snprintf(s + n, 1024 - (size_t)n, "%s\"%s\": %.9g", k ? ", " : "",
+                      pol_metric_names[k], (double)m[k]);
+    snprintf(s + n, 1024 - (size_t)n, "}\n");
+    return s;
+}
+
+int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V) {
+    sph_cli_outset s;
+    if (sph_cli_outset_begin(&s, dir)) return sph_cli_fail(CMD, 1, "%s", s.err);
+    char *json = pol_loss_json(r->metrics);
+    const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H};
+    int bad = !json || sph_cli_outset_text(&s, "loss.json", json) ||
+              sph_cli_outset_npy(&s, "logprob", 'f', 4, 1, n1, r->lp) ||
+              sph_cli_outset_npy(&s, "entropy", 'f', 4, 1, n1, r->ent) ||
+              sph_cli_outset_npy(&s, "dhidden", 'f', 4, 2, nh, r->dh) ||
+              sph_cli_outset_npy(&s, "dweight", 'f', 4, 2, vh, r->dw);
+    free(json);
+    if (bad) {
+        if (!json) sph_cli_outset_abort(&s);
+        return sph_cli_fail(CMD, 1, "%s (nothing was written to %s)", json ? s.err : "out of memory",
+                            dir);
+    }
+    if (sph_cli_outset_commit(&s)) return sph_cli_fail(CMD, 1, "%s", s.err);
+    return 0;
+}
+
+static void report(const pol_opts *o, const pol_problem *p, const pol_result *r, int checked,
+                   int passed, const double err[5], double tol) {
+    int64_t act = 0;
+    for (int64_t i = 0; i < p->N; i++) act += (!p->mask || p->mask[i]) && p->tgt[i] >= 0;
+    const char *dt = p->bits == 32 ? "f32" : (p->is_bf16 ? "bf16" : "f16");
+    if (o->json) {
+        printf("{\"policy_loss\":\"%s\",\"kl\":\"%s\",\"agg\":\"%s\",\"N\":%lld,\"H\":%lld,"
+               "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":%.6g,"
+               "\"workspace_bytes\":%zu,\"metrics\":{",
+               k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
+               (long long)p->V, (long long)act, dt, k_devices[o->device], r->ms, r->ws_bytes);
+        for (int k = 0; k < SPH_POLICY_N_METRICS; k++)
+            printf("%s\"%s\":%.9g", k ? "," : "", pol_metric_names[k], (double)r->metrics[k]);
+        printf("}");
+        if (checked)
+            printf(",\"check\":{\"passed\":%s,\"tol\":%g,\"metrics\":%.3g,\"logprob\":%.3g,"
+                   "\"entropy\":%.3g,\"dhidden\":%.3g,\"dweight\":%.3g}",
+                   passed ? "true" : "false", tol, err[0], err[1], err[2], err[3], err[4]);
+        printf("}\n");
+        return;
+    }
+    printf("run: policy loss %s (kl %s, agg %s), N=%lld H=%lld V=%lld active=%lld %s on %s\n",
+           k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
+           (long long)p->V, (long long)act, dt, r->describe[0] ? r->describe : k_devices[o->device]);
+    printf("  one call: %.3f ms (median of %lld), workspace %.3g MiB\n", r->ms,
+           (long long)o->repeats, (double)r->ws_bytes / 1048576.0);
+    for (int k = 0; k < SPH_POLICY_N_METRICS; k++)
+        printf("  %-18s %.9g\n", pol_metric_names[k], (double)r->metrics[k]);
+    if (checked)
+        printf("  check vs float64 reference: metrics %.2e logprob %.2e entropy %.2e dhidden %.2e "
+               "dweight %.2e (tol %.0e): %s\n",
+               err[0], err[1], err[2], err[3], err[4], tol, passed ? "PASS" : "FAIL");
+}
+
+// ---- the command -----------------------------------------------------------------------------
+
+int sph_cli_run_policy(int argc, char **argv) {
+    pol_opts o;
+    memset(&o, 0, sizeof o);
+    o.clip_low = o.clip_high = 0.2, o.clip_c = INFINITY, o.temperature = 1.0, o.repeats = 1;
+    o.tp = o.cp = o.dp = 1;
+    sph_cli_parsed pp = {0};
+    int done, rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, k_opts, argc, argv, &o, &pp,
+                                         &done);
+    if (done) return rc;
+    o.dtype_given = sph_cli_given(k_opts, &pp, "--dtype");
+    if (!o.inputs) return sph_cli_fail(CMD, 2, "--policy-loss needs --inputs DIR (see --help)");
+    if (o.agg == 3 && !(o.norm_length > 0))
+        return sph_cli_fail(CMD, 2, "--agg seq-mean-token-sum-norm needs --norm-length L");
+    if (o.threads > sph_cli_cpu_count())
+        return sph_cli_fail(CMD, 1, "--threads %lld: more than the %lld CPUs of this machine",
+                            (long long)o.threads, (long long)sph_cli_cpu_count());
+    if (!((float)o.temperature >= FLT_MIN) || !isfinite((float)o.temperature))
+        return sph_cli_fail(CMD, 1, "--temperature %g: outside float's normal range",
+                            o.temperature);
+    if (sph_cli_given(k_opts, &pp, "--tp") || sph_cli_given(k_opts, &pp, "--cp") ||
+        sph_cli_given(k_opts, &pp, "--dp") || sph_cli_run_wants_dist(argc, argv))
+        return sph_cli_run_policy_dist(&o, argc, argv);
+    pol_problem p;
+    pol_result r, ref;
+    memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref);
+    if ((rc = pol_problem_read(&o, &p))) goto out;
+    const int on_cuda = o.device == 1;
+    pol_where w = {on_cuda, 0, o.kernel, o.threads, (int)o.repeats, NULL, NULL, 0, 0, 0, 0};
+    if ((rc = pol_run(&o, &p, &w, &r))) goto out;
+    double err[5] = {0}, tol = 0;
+    int passed = 1;
+    if (o.check) {
+        pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
+        if ((rc = pol_run(&o, &p, &wr, &ref))) goto out;
+        /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
+        tol = p.bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
+        passed = pol_compare(&r, &ref, p.N, p.H, p.V, tol, err);
+    }
+    report(&o, &p, &r, o.check, passed, err, tol);
+    rc = passed ? 0 : 1;
+    if (!rc && o.outputs) rc = pol_write_outputs(o.outputs, &r, p.N, p.H, p.V);
+    if (!rc && !o.json && o.outputs) printf("  outputs written to %s\n", o.outputs);
+out:
+    pol_problem_free(&p);
+    pol_result_free(&r), pol_result_free(&ref);
+    return sph_cli_close_stdout(CMD, rc);
+}

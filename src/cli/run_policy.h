@@ -1,0 +1,90 @@
+/*
+ * run_policy.h - `spanhead run --policy-loss ...`: the fused RL policy loss (sph_policy_loss,
+ * docs/policy.md) of the CLI. cmd_run.c dispatches here with one line, before anything else:
+ *
+ *     if (sph_cli_run_wants_policy(argc, argv)) return sph_cli_run_policy(argc, argv);
+ *
+ *   run_policy.c       options, the .npy inputs, one process on the CPU or a GPU, --check
+ *                      against the float64 reference, loss.json and the .npy outputs
+ *   run_policy_dist.c  the same under mpirun: --tp (vocabulary shards), --cp (rows of the
+ *                      sequences split across ranks: the library's sequence group), --dp
+ *                      (whole sequences per rank, the global num_tokens / num_seqs)
+ */
+#ifndef SPH_CLI_RUN_POLICY_H
+#define SPH_CLI_RUN_POLICY_H
+
+#include <stdint.h>
+
+#include "cli.h"
+
+/* 1 when argv (argv[0] = "run") has --policy-loss. */
+int sph_cli_run_wants_policy(int argc, char **argv);
+/* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
+int sph_cli_run_policy(int argc, char **argv);
+
+/* ---- shared by run_policy.c and run_policy_dist.c ---------------------------------------- */
+
+typedef struct pol_opts {
+    int device, dtype, loss, kl, agg, check, json;
+    const char *inputs, *outputs, *kernel;
+    int64_t threads, repeats, num_tokens, num_seqs, tp, cp, dp, gap;
+    double clip_low, clip_high, clip_c, kl_coef, entropy_coef, norm_length, temperature,
+        softcap;
+    int dtype_given;
+} pol_opts;
+
+/* The host problem: the head's inputs and the per-row policy inputs. */
+typedef struct pol_problem {
+    int64_t N, H, V;
+    int bits, is_bf16;
+    void *h, *w;             /* (N, H), (V, H) in the input dtype */
+    int64_t *tgt, *seq;      /* (N); seq NULL when seq_id.npy is absent */
+    uint8_t *mask;           /* (N) or NULL */
+    int64_t *spans, n_spans; /* host spans of the mask (--gap), NULL without a mask */
+    float *adv, *old, *ref, *isw; /* (N); ref / isw NULL when absent */
+} pol_problem;
+
+void pol_problem_free(pol_problem *p);
+/* Reads o->inputs; 0 or an exit code (message printed). */
+int pol_problem_read(const pol_opts *o, pol_problem *p);
+
+/* Outputs of one run, host copies. */
+typedef struct pol_result {
+    float metrics[SPH_POLICY_N_METRICS];
+    float *lp, *ent, *dh, *dw;   /* (N), (N), (N, H), (V, H) */
+    double ms;                   /* median time of one call */
+    size_t ws_bytes;
+    char describe[256];          /* the context's sph_ctx_describe line */
+} pol_result;
+
+void pol_result_free(pol_result *r);
+
+/* Where and how one call runs. */
+typedef struct pol_where {
+    int on_cuda, device_id;
+    const char *kernel;
+    int64_t threads;
+    int reps;                 /* timed calls after the warm-up (0: the warm-up only) */
+    sph_comm_t tp, seq;       /* TP group (vocabulary shards) and sequence group, or NULL */
+    int64_t v0, V_total;      /* this rank's shard of the vocabulary (0, 0: unsharded) */
+    int64_t num_tokens, num_seqs; /* > 0: override the options' (a global batch) */
+} pol_where;
+
+/* One call on p (the rank's rows and vocabulary rows) where w says; the outputs copied back.
+ * 0 or an exit code (message printed). */
+int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_result *r);
+/* sph_policy_args of o (tensors unset). */
+sph_policy_args pol_args(const pol_opts *o);
+/* The metrics' names, in sph_policy_metric order. */
+extern const char *const pol_metric_names[SPH_POLICY_N_METRICS];
+/* loss.json text of the metrics (the first 7: loss .. ppo_kl), malloc'ed. */
+char *pol_loss_json(const float *metrics);
+/* The comparison of a run with the reference's: max relative errors, 1 when within tol. */
+int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
+                double tol, double err[5]);
+/* The distributed form (run_policy_dist.c): o parsed, its --tp/--cp/--dp or an MPI launcher. */
+int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv);
+/* Writes loss.json and the .npy outputs atomically; 0 or an exit code. */
+int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V);
+
+#endif

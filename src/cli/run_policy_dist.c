@@ -1,0 +1,409 @@
+/*
+ * run_policy_dist.c - `mpirun -np T*C*D spanhead run --tp T --cp C --dp D --policy-loss ...`:
+ * the fused policy loss split the way a trainer splits it, checked against one process.
+ *
+ * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank.
+ *   1. Rank 0 reads --inputs (run_policy.c) and broadcasts the problem; every rank agrees on
+ *      every phase (one all-reduce), so a failure anywhere ends every rank with its code.
+ *   2. DP: whole sequences per rank: the rows are cut into D contiguous blocks at sequence
+ *      boundaries (the rows of a sequence must be contiguous, checked), so each DP rank's call
+ *      is a micro-batch of the global batch; num_tokens / num_seqs are the global batch's
+ *      (the options' when given, else counted on rank 0), so the micro-batches' losses and
+ *      metrics add up to the global loss.
+ *   3. CP: the rows of a DP block are cut into C contiguous chunks (padded with inactive rows
+ *      to one length), so sequences cross CP ranks; the CP group is the library's sequence
+ *      group (seq_comm): T_j and gspo's rho are the whole sequences'.
+ *   4. TP: rank t holds weight rows [V t / T, V (t + 1) / T); the statistics combine over the
+ *      TP group (MPI on the CPU, NCCL with --device cuda: one GPU per rank, the local rank mod
+ *      the device count) and dhidden is all-reduced over it.
+ *   5. Rank 0 gathers: every TP rank must hold bitwise the same metrics and logprob (checked);
+ *      the metrics of the CP and DP ranks are summed; per-row outputs and dhidden by global
+ *      row; dweight shards concatenated over TP, summed over CP and DP. --check compares with
+ *      the single-process float64 reference; --outputs writes what one process writes.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_dist.h"
+#include "run_policy.h"
+#include "util.h"
+
+#define CMD "run"
+
+#ifndef SPH_HAVE_MPI
+
+int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
+    (void)o, (void)argc, (void)argv;
+    return sph_cli_fail(CMD, 1, "--tp/--cp/--dp need MPI, and this spanhead was built without "
+                                "it (install Open MPI and reconfigure)");
+}
+
+#else
+#include <mpi.h>
+
+static int g_rank, g_size;
+
+/* A failure on this rank (printed with the rank); returns 0 for `ok = fail(...)`. */
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "spanhead run (rank %d): ", g_rank);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 0;
+}
+
+static int agree(int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+}
+
+/* Broadcasts n bytes from rank 0 in pieces below INT_MAX. */
+static void bcast(void *p, size_t n) {
+    for (size_t off = 0; off < n;) {
+        size_t k = n - off > ((size_t)1 << 30) ? ((size_t)1 << 30) : n - off;
+        MPI_Bcast((char *)p + off, (int)k, MPI_BYTE, 0, MPI_COMM_WORLD);
+        off += k;
+    }
+}
+
+/* Rank 0's problem to every rank (the others allocate it). 1 ok. */
+static int share_problem(pol_problem *p, int ok0) {
+    int64_t hdr[12] = {p->N, p->H, p->V, p->bits, p->is_bf16, !!p->mask, !!p->seq, !!p->ref,
+                       !!p->isw, p->n_spans, ok0, 0};
+    MPI_Bcast(hdr, 12, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (!hdr[10]) return 0;
+    if (g_rank) {
+        memset(p, 0, sizeof *p);
+        p->N = hdr[0], p->H = hdr[1], p->V = hdr[2], p->bits = (int)hdr[3];
+        p->is_bf16 = (int)hdr[4], p->n_spans = hdr[9];
+        const size_t es = (size_t)p->bits / 8;
+        p->h = sph_cli_alloc(p->N * p->H, es), p->w = sph_cli_alloc(p->V * p->H, es);
+        p->tgt = sph_cli_alloc(p->N, 8), p->adv = sph_cli_alloc(p->N, 4);
+        p->old = sph_cli_alloc(p->N, 4);
+        if (hdr[5]) p->mask = sph_cli_alloc(p->N, 1), p->spans = sph_cli_alloc(2 * p->n_spans + 2, 8);
+        if (hdr[6]) p->seq = sph_cli_alloc(p->N, 8);
+        if (hdr[7]) p->ref = sph_cli_alloc(p->N, 4);
+        if (hdr[8]) p->isw = sph_cli_alloc(p->N, 4);
+    }
+    int ok = p->h && p->w && p->tgt && p->adv && p->old && (!hdr[5] || (p->mask && p->spans)) &&
+             (!hdr[6] || p->seq) && (!hdr[7] || p->ref) && (!hdr[8] || p->isw);
+    if (!agree(ok || fail("out of memory for the problem"))) return 0;
+    const size_t es = (size_t)p->bits / 8;
+    bcast(p->h, (size_t)(p->N * p->H) * es), bcast(p->w, (size_t)(p->V * p->H) * es);
+    bcast(p->tgt, (size_t)p->N * 8), bcast(p->adv, (size_t)p->N * 4);
+    bcast(p->old, (size_t)p->N * 4);
+    if (p->mask) bcast(p->mask, (size_t)p->N), bcast(p->spans, (size_t)p->n_spans * 16);
+    if (p->seq) bcast(p->seq, (size_t)p->N * 8);
+    if (p->ref) bcast(p->ref, (size_t)p->N * 4);
+    if (p->isw) bcast(p->isw, (size_t)p->N * 4);
+    return 1;
+}
+
+static int active(const pol_problem *p, int64_t i) {
+    return (!p->mask || p->mask[i]) && p->tgt[i] >= 0;
+}
+
+/* Row i of p into row k of q (NULL source: an inactive padding row). */
+static void copy_row(const pol_problem *p, int64_t i, pol_problem *q, int64_t k) {
+    const size_t es = (size_t)p->bits / 8, rb = (size_t)p->H * es;
+    if (i < 0) {
+        memset((char *)q->h + (size_t)k * rb, 0, rb);
+        q->tgt[k] = -1, q->adv[k] = 0, q->old[k] = 0;
+        if (q->mask) q->mask[k] = 0;
+        if (q->seq) q->seq[k] = INT64_MIN;
+        if (q->ref) q->ref[k] = 0;
+        if (q->isw) q->isw[k] = 1;
+        return;
+    }
+    memcpy((char *)q->h + (size_t)k * rb, (const char *)p->h + (size_t)i * rb, rb);
+    q->tgt[k] = p->tgt[i], q->adv[k] = p->adv[i], q->old[k] = p->old[i];
+    if (q->mask) q->mask[k] = p->mask[i];
+    if (q->seq) q->seq[k] = p->seq[i];
+    if (q->ref) q->ref[k] = p->ref[i];
+    if (q->isw) q->isw[k] = p->isw[i];
+}
+
+/* Rows [a, b) of p (padded to n rows) and vocabulary rows [v0, v1): the rank's problem. */
+static int local_problem(const pol_problem *p, int64_t a, int64_t b, int64_t n, int64_t v0,
+                         int64_t v1, pol_problem *q) {
+    memset(q, 0, sizeof *q);
+    q->N = n, q->H = p->H, q->V = v1 - v0, q->bits = p->bits, q->is_bf16 = p->is_bf16;
+    const size_t es = (size_t)p->bits / 8;
+    q->h = sph_cli_alloc(n * p->H, es), q->w = sph_cli_alloc(q->V * p->H, es);
+    q->tgt = sph_cli_alloc(n, 8), q->adv = sph_cli_alloc(n, 4), q->old = sph_cli_alloc(n, 4);
+    if (p->mask) q->mask = sph_cli_alloc(n, 1);
+    if (p->seq) q->seq = sph_cli_alloc(n, 8);
+    if (p->ref) q->ref = sph_cli_alloc(n, 4);
+    if (p->isw) q->isw = sph_cli_alloc(n, 4);
+    if (!q->h || !q->w || !q->tgt || !q->adv || !q->old || (p->mask && !q->mask) ||
+        (p->seq && !q->seq) || (p->ref && !q->ref) || (p->isw && !q->isw))
+        return fail("out of memory for the local problem");
+    if (q->V > 0) memcpy(q->w, (const char *)p->w + (size_t)(v0 * p->H) * es,
+                         (size_t)(q->V * p->H) * es);
+    for (int64_t k = 0; k < n; k++) copy_row(p, a + k < b ? a + k : -1, q, k);
+    if (q->mask) {
+        q->spans = sph_cli_alloc(n + 2, 16);
+        if (!q->spans || sph_spans_from_mask(q->mask, n, 0, q->spans, &q->n_spans))
+            return fail("spans of the local rows: %s", sph_last_error());
+    }
+    return 1;
+}
+
+/* DP blocks: D contiguous blocks of rows cut at sequence boundaries near k N / D. */
+static int dp_blocks(const pol_problem *p, int64_t D, int64_t *cut) {
+    cut[0] = 0, cut[D] = p->N;
+    for (int64_t k = 1; k < D; k++) {
+        int64_t c = p->N * k / D;
+        if (p->seq) /* move to the start of the sequence that holds row c */
+            while (c > cut[k - 1] && c < p->N && p->seq[c] == p->seq[c - 1]) c--;
+        cut[k] = c < cut[k - 1] ? cut[k - 1] : c;
+    }
+    if (!p->seq || D == 1) return 1;
+    /* every sequence within one block: a sequence's rows contiguous */
+    for (int64_t i = 1; i < p->N; i++) {
+        if (p->seq[i] == p->seq[i - 1]) continue;
+        for (int64_t j = 0; j < i - 1; j++)
+            if (p->seq[j] == p->seq[i])
+                return fail("--dp %lld: the rows of sequence %lld are not contiguous (rows %lld "
+                            "and %lld): data parallelism gives whole sequences to ranks",
+                            (long long)D, (long long)p->seq[i], (long long)j, (long long)i);
+    }
+    return 1;
+}
+
+/* T and S of the global batch (S: 0 without seq_id). */
+static void global_counts(const pol_problem *p, int64_t *T, int64_t *S) {
+    *T = *S = 0;
+    for (int64_t i = 0; i < p->N; i++) {
+        if (!active(p, i)) continue;
+        (*T)++;
+        if (!p->seq) continue;
+        int first = 1;
+        for (int64_t j = 0; j < i && first; j++) first = !(active(p, j) && p->seq[j] == p->seq[i]);
+        *S += first;
+    }
+}
+
+int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
+    (void)argc, (void)argv;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) MPI_Init(NULL, NULL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    const int64_t T = o->tp, C = o->cp, D = o->dp;
+    int rc = 1, ok = 1;
+    pol_problem p, q;
+    pol_result r, ref;
+    memset(&p, 0, sizeof p), memset(&q, 0, sizeof q), memset(&r, 0, sizeof r);
+    memset(&ref, 0, sizeof ref);
+    sph_comm_t tpc = NULL, sqc = NULL;
+    MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL, shard_mpi = MPI_COMM_NULL;
+    if (T * C * D != g_size) {
+        if (!g_rank)
+            sph_cli_fail(CMD, 2, "--tp %lld --cp %lld --dp %lld needs %lld ranks, but mpirun "
+                                 "started %d (mpirun -np %lld)",
+                         (long long)T, (long long)C, (long long)D, (long long)(T * C * D), g_size,
+                         (long long)(T * C * D));
+        rc = 2;
+        goto out;
+    }
+    const int64_t tp_rank = g_rank % T, cp_rank = (g_rank / T) % C, dp_rank = g_rank / (T * C);
+    /* 1. the problem */
+    if (!g_rank) ok = pol_problem_read(o, &p) == 0;
+    if (!share_problem(&p, ok)) goto out;
+    /* 2-3. this rank's rows and vocabulary rows */
+    int64_t *cut = sph_cli_alloc(D + 1, 8), Tg = 0, Sg = 0;
+    ok = cut != NULL && dp_blocks(&p, D, cut);
+    if (!agree(ok)) {
+        free(cut);
+        goto out;
+    }
+    global_counts(&p, &Tg, &Sg);
+    const int64_t a = cut[dp_rank], b = cut[dp_rank + 1], blk = b - a;
+    const int64_t n = (blk + C - 1) / C, r0 = a + n * cp_rank;
+    const int64_t r1 = r0 + n < b ? r0 + n : b;
+    free(cut);
+    /* every CP rank of a DP block passes the same row count; DP blocks may differ */
+    const int64_t v0 = p.V * tp_rank / T, v1 = p.V * (tp_rank + 1) / T;
+    if (!agree(local_problem(&p, r0, r1 > r0 ? r1 : r0, n, v0, v1, &q))) goto out;
+    /* 4. the groups: TP (ranks of one (dp, cp)), sequence group (ranks of one (dp, tp)) */
+    MPI_Comm_split(MPI_COMM_WORLD, (int)(dp_rank * C + cp_rank), (int)tp_rank, &tp_mpi);
+    MPI_Comm_split(MPI_COMM_WORLD, (int)(dp_rank * T + tp_rank), (int)cp_rank, &cp_mpi);
+    MPI_Comm_split(MPI_COMM_WORLD, (int)tp_rank, g_rank, &shard_mpi); /* same shard */
+    const int cuda = o->device == 1;
+    int dev_id = 0;
+    if (cuda) {
+        MPI_Comm node;
+        int lr = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &lr);
+        MPI_Comm_free(&node);
+        int nd = sph_cuda_device_count();
+        dev_id = nd > 0 ? lr % nd : 0;
+        ok = nd > 0 || fail("--device cuda: no CUDA device");
+    }
+    sph_status s = SPH_OK;
+    if (ok && T > 1) {
+        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+        cfg.tp = T, cfg.vocab_total = p.V, cfg.vocab_start = v0, cfg.vocab_local = v1 - v0;
+        cfg.dtype = p.bits == 32 ? SPH_F32 : (p.is_bf16 ? SPH_BF16 : SPH_F16);
+        cfg.temperature = o->temperature;
+        s = cuda ? sph_comm_create_nccl_mpi(&tpc, &tp_mpi, &cfg)
+                 : sph_comm_create_mpi(&tpc, &tp_mpi, &cfg);
+        if (s) ok = fail("TP communicator: %s", sph_last_error());
+    }
+    if (ok && C > 1) {
+        /* a sequence group needs no configuration of its own: a placeholder one (each rank a
+         * one-id "shard" of a vocabulary of C) passes the communicator's checks */
+        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+        cfg.tp = C, cfg.vocab_total = C, cfg.vocab_start = cp_rank, cfg.vocab_local = 1;
+        s = cuda ? sph_comm_create_nccl_mpi(&sqc, &cp_mpi, &cfg)
+                 : sph_comm_create_mpi(&sqc, &cp_mpi, &cfg);
+        if (s) ok = fail("sequence-group communicator: %s", sph_last_error());
+    }
+    if (!agree(ok)) goto out;
+    /* the rank's call */
+    pol_where w = {cuda, dev_id, o->kernel, o->threads, (int)o->repeats, tpc, sqc, v0, p.V,
+                   D > 1 ? (o->num_tokens ? o->num_tokens : Tg) : 0,
+                   D > 1 ? (o->num_seqs ? o->num_seqs : Sg) : 0};
+    if (!agree(pol_run(o, &q, &w, &r) == 0)) goto out;
+    /* 5. the TP copies: bitwise the same metrics and logprob in every TP group */
+    float *mets = g_rank ? NULL : sph_cli_alloc((int64_t)g_size * SPH_POLICY_N_METRICS, 4);
+    MPI_Gather(r.metrics, SPH_POLICY_N_METRICS, MPI_FLOAT, mets, SPH_POLICY_N_METRICS, MPI_FLOAT,
+               0, MPI_COMM_WORLD);
+    float *lp0 = sph_cli_alloc(q.N, 4);
+    if (lp0) memcpy(lp0, r.lp, (size_t)q.N * 4);
+    MPI_Bcast(lp0, (int)q.N, MPI_FLOAT, 0, tp_mpi);
+    ok = memcmp(lp0, r.lp, (size_t)q.N * 4) == 0 ||
+         fail("logprob differs from TP rank 0's (the statistics combine in rank order: every "
+              "rank must hold the same bits)");
+    free(lp0);
+    int same = 1;
+    if (!g_rank)
+        for (int k = 0; k < g_size; k++)
+            same &= !memcmp(mets + k * SPH_POLICY_N_METRICS,
+                            mets + (k - k % T) * SPH_POLICY_N_METRICS, SPH_POLICY_N_METRICS * 4);
+    MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!same && !g_rank) fail("the metrics of the TP ranks of a group differ");
+    ok &= same;
+    /* the global result on rank 0: metrics summed over CP and DP (TP rank 0 of each group) */
+    pol_result g;
+    memset(&g, 0, sizeof g);
+    if (!g_rank) {
+        double sum[SPH_POLICY_N_METRICS] = {0};
+        for (int k = 0; k < g_size; k += (int)T)
+            for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) sum[m] += mets[k * SPH_POLICY_N_METRICS + m];
+        for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) g.metrics[m] = (float)sum[m];
+        /* the counts of the whole batch (seqs: 0 where the call groups no sequences) */
+        g.metrics[SPH_METRIC_TOKENS] = (float)Tg;
+        g.metrics[SPH_METRIC_SEQS] = o->agg != 0 || o->loss == 2 ? (float)Sg : 0.0f;
+        g.ms = r.ms, g.ws_bytes = r.ws_bytes;
+        memcpy(g.describe, r.describe, sizeof g.describe);
+        g.lp = sph_cli_calloc(p.N, 4), g.ent = sph_cli_calloc(p.N, 4);
+        g.dh = sph_cli_calloc(p.N * p.H, 4), g.dw = sph_cli_calloc(p.V * p.H, 4);
+        ok &= (g.lp && g.ent && g.dh && g.dw) || fail("out of memory for the gathered outputs");
+    }
+    free(mets);
+    if (!agree(ok)) {
+        pol_result_free(&g);
+        goto out;
+    }
+    /* per-row outputs and dhidden: every rank with tp_rank 0 sends its real rows */
+    const int64_t real = r1 > r0 ? r1 - r0 : 0;
+    for (int src = 1; src < g_size; src++) {
+        if (src % T) continue;
+        if (g_rank == src) {
+            int64_t hdr[2] = {r0, real};
+            MPI_Send(hdr, 2, MPI_INT64_T, 0, 1, MPI_COMM_WORLD);
+            MPI_Send(r.lp, (int)real, MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
+            MPI_Send(r.ent, (int)real, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
+            MPI_Send(r.dh, (int)(real * p.H), MPI_FLOAT, 0, 4, MPI_COMM_WORLD);
+        } else if (!g_rank) {
+            int64_t hdr[2];
+            MPI_Recv(hdr, 2, MPI_INT64_T, src, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(g.lp + hdr[0], (int)hdr[1], MPI_FLOAT, src, 2, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+            MPI_Recv(g.ent + hdr[0], (int)hdr[1], MPI_FLOAT, src, 3, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+            MPI_Recv(g.dh + hdr[0] * p.H, (int)(hdr[1] * p.H), MPI_FLOAT, src, 4, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        }
+    }
+    if (!g_rank) {
+        memcpy(g.lp + r0, r.lp, (size_t)real * 4), memcpy(g.ent + r0, r.ent, (size_t)real * 4);
+        memcpy(g.dh + r0 * p.H, r.dh, (size_t)(real * p.H) * 4);
+    }
+    /* dweight: each shard summed over its CP x DP ranks, then the shards to rank 0 */
+    float *dw = sph_cli_alloc(q.V * p.H, 4);
+    ok &= dw != NULL || fail("out of memory");
+    int shard_rank = 0;
+    MPI_Comm_rank(shard_mpi, &shard_rank);
+    MPI_Reduce(r.dw, dw, (int)(q.V * p.H), MPI_FLOAT, MPI_SUM, 0, shard_mpi);
+    if (shard_rank == 0) { /* world rank tp_rank: cp = dp = 0 */
+        if (g_rank) {
+            MPI_Send(dw, (int)(q.V * p.H), MPI_FLOAT, 0, 5, MPI_COMM_WORLD);
+        } else {
+            memcpy(g.dw, dw, (size_t)(q.V * p.H) * 4);
+            for (int t = 1; t < T; t++) {
+                const int64_t s0 = p.V * t / T, s1 = p.V * (t + 1) / T;
+                MPI_Recv(g.dw + s0 * p.H, (int)((s1 - s0) * p.H), MPI_FLOAT, t, 5, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
+            }
+        }
+    }
+    free(dw);
+    if (!agree(ok)) {
+        pol_result_free(&g);
+        goto out;
+    }
+    /* rank 0: the check, the report, the outputs */
+    int code = 0;
+    if (!g_rank) {
+        printf("run: tp=%lld cp=%lld dp=%lld device=%s\n", (long long)T, (long long)C,
+               (long long)D, cuda ? "cuda" : "cpu");
+        for (int m = 0; m < SPH_POLICY_N_METRICS; m++)
+            printf("  %-18s %.9g\n", pol_metric_names[m], (double)g.metrics[m]);
+        if (o->check) {
+            pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
+            double err[5];
+            if (pol_run(o, &p, &wr, &ref)) {
+                code = 1;
+            } else {
+                const double tol = p.bits == 32 ? 1e-4 : (cuda ? 1e-2 : 1e-4);
+                int pass = pol_compare(&g, &ref, p.N, p.H, p.V, tol, err);
+                printf("  check vs one process (float64 reference): metrics %.2e logprob %.2e "
+                       "entropy %.2e dhidden %.2e dweight %.2e (tol %.0e): %s\n",
+                       err[0], err[1], err[2], err[3], err[4], tol, pass ? "PASS" : "FAIL");
+                code = !pass;
+            }
+        }
+        if (!code && o->outputs) {
+            code = pol_write_outputs(o->outputs, &g, p.N, p.H, p.V);
+            if (!code) printf("  outputs written to %s\n", o->outputs);
+        }
+        code = sph_cli_close_stdout(CMD, code);
+    }
+    pol_result_free(&g);
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    rc = code;
+out:
+    sph_comm_destroy(tpc);
+    sph_comm_destroy(sqc);
+    if (tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&tp_mpi);
+    if (cp_mpi != MPI_COMM_NULL) MPI_Comm_free(&cp_mpi);
+    if (shard_mpi != MPI_COMM_NULL) MPI_Comm_free(&shard_mpi);
+    pol_problem_free(&p), pol_problem_free(&q);
+    pol_result_free(&r), pol_result_free(&ref);
+    MPI_Finalize();
+    return rc;
+}
+
+#endif

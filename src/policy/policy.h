@@ -1,0 +1,85 @@
+/*
+ * policy.h - the validated form of one sph_policy_loss call (policy.c fills it) and the
+ * backends that run it: the float64 reference (policy_ref.c), the CPU backend (policy_cpu.c,
+ * fused into head_cpu.c's one-pass sweep) and CUDA (src/cuda/policy.cu, fused into head.cu's
+ * one-pass paths). docs/policy.md has the math, the rules and the workspace.
+ *
+ * Row space. "Group rows" are the rows over which sequences are counted: the call's N rows,
+ * or, with a seq_comm of size P, the P * N rows of every rank of the group in rank order
+ * (group row r * N + i is rank r's row i). Sequence statistics (T, S, T_j, rho_j) are computed
+ * over the group rows identically on every rank, so every rank gets the same weights.
+ */
+#ifndef SPH_POLICY_POLICY_H
+#define SPH_POLICY_POLICY_H
+
+#include "core/backend.h"
+#include "core/ctx.h"
+#include "policy/policy_math.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sph_policy_plan {
+    /* the head's plan of the call: a forward (one-pass when dhidden / dweight are given) whose
+     * upstream gradients the backend binds to g / e; stats, logprob, entropy may be NULL (the
+     * backend binds workspace buffers) */
+    sph_head_plan head;
+    sph_policy_coef coef;
+    int agg;                       /* sph_loss_agg */
+    int need_seq;                  /* the weights or rho need the sequence grouping */
+    int64_t num_tokens, num_seqs;  /* 0 = counted */
+    double norm_length;
+    int64_t N;
+    sph_device device;
+    /* per-row inputs (N), on the head's device */
+    const float *adv, *old, *ref, *isw; /* ref / isw may be NULL */
+    const int64_t *seq;                 /* NULL unless need_seq */
+    float *metrics;                     /* (SPH_POLICY_N_METRICS) */
+    sph_comm_t seq_comm;                /* NULL or the group (size >= 1) */
+    int64_t group;                      /* ranks of seq_comm (1 without) */
+    int64_t rank;                       /* this rank in seq_comm (0 without) */
+    /* bound to the workspace by the backend (device memory on CUDA) */
+    uint8_t *act;    /* (N) active: head-active and target >= 0; the head's mask */
+    double *c;       /* (N) aggregation weights, 0 on inactive rows */
+    double *rho;     /* (N) gspo: the row's sequence mean delta */
+    float *g, *e;    /* (N) dL/dlogp, dL/dH: the head's dlogprob and dentropy */
+    const float *logp, *ent; /* (N) where the head writes logprob and entropy */
+    void *dev;       /* backend scratch (CUDA: counters, sort buffers) */
+} sph_policy_plan;
+
+/* Validation of the pair of argument blocks into pp: its head plan (every field of a one-pass
+ * forward, upstream gradients unset, the backend's check not yet run) and the policy's fields
+ * (workspace pointers unset). Nothing is written. */
+sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
+                                const sph_policy_args *pol, sph_policy_plan *pp);
+
+/* Host helpers (policy_cpu.c) shared by the reference and the CPU backend. */
+/* The group rows' records: this rank's own when group = 1, else gathered over seq_comm (host
+ * buffers: MPI or an in-process communicator), after checking that every rank has N rows. */
+sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, void *recv,
+                                  size_t bytes_per_rank);
+
+/* The backends' table slots (core/backend.h: policy_workspace, policy). Each copies the plan,
+ * binds its workspace buffers into the copy and runs the head's passes through ctx->head. */
+sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+
+/* head_cpu.c's hook in its one-pass sweep: g and e of the listed rows (their logprob and
+ * entropy are final). The CUDA hook is sph_cuda_policy_rows (src/cuda/policy.cuh). */
+void sph_policy_cpu_rows(const sph_policy_plan *pp, const int64_t *rows, int64_t n);
+
+/* The float64 oracle for tests (policy_ref.c): metrics[SPH_POLICY_N_METRICS], logp / ent (N)
+ * and the gradients of the active rows dh (N, H), dw (V_loc, H) in float64 (each may be NULL),
+ * no accumulate, no allreduce. Host plans only; allocates host scratch. */
+sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double *logp,
+                              double *ent, double *dh, double *dw);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

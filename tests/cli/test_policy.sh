@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# test_policy.sh - `spanhead run --inputs DIR --outputs DIR --policy-loss ...` (the fused RL
+# policy loss, exactly the flags of issue 14): every loss, KL and aggregation against an
+# independent NumPy float64 oracle (tests/cli/policy_oracle.py: loss.json's metrics by name,
+# logprob, entropy, dhidden, dweight), --check, --json, bf16 inputs, the reference kernels;
+# bad input fails with its message and exit code (2 usage, 1 data) and leaves the outputs
+# directory as it was.
+set -uo pipefail
+cli=${1:?usage: test_policy.sh path/to/spanhead}
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+if ! python3 -c 'import numpy' 2>/dev/null; then
+    echo "skipped: numpy is not installed"
+    exit 77
+fi
+oracle() { python3 "$here/policy_oracle.py" "$@"; }
+seed=${SPH_TEST_SEED:-$RANDOM}
+echo "test_policy: seed $seed"
+oracle gen "$tmp/in" "$seed" || exit 1
+oracle gen "$tmp/in16" "$seed" --bf16 || exit 1
+
+# expect_rc CODE NEEDLE -- command...: exit code and a substring of stdout+stderr
+expect_rc() {
+    local want=$1 needle=$2
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc -ne $want ]]; then
+        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
+    fi
+    if [[ -n $needle && $out != *"$needle"* ]]; then
+        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
+    fi
+    ok "$* (exit $rc)"
+}
+
+# case NAME [--dtype D] [--kernel K] -- policy flags...: run, --check, then the oracle
+n=0
+case_() {
+    local name=$1 in=$tmp/in extra=()
+    shift
+    while [[ $1 != -- ]]; do
+        [[ $1 == --dtype ]] && in=$tmp/in16
+        extra+=("$1" "$2")
+        shift 2
+    done
+    shift
+    n=$((n + 1))
+    local out=$tmp/out$n
+    if ! "$cli" run --inputs "$in" --outputs "$out" "$@" "${extra[@]}" --check >"$tmp/log" 2>&1 ||
+        ! grep -q "PASS" "$tmp/log"; then
+        bad "$name: run failed"; tail -5 "$tmp/log"; return
+    fi
+    if oracle check "$in" "$out" "$@" >"$tmp/olog" 2>&1; then ok "$name"
+    else bad "$name: oracle"; cat "$tmp/olog"; fi
+}
+P="--clip-low 0.2 --clip-high 0.28"
+case_ "ppo k3 seq-mean-token-mean" -- --policy-loss ppo $P --clip-ratio-c 3 --kl k3 \
+    --kl-coef 0.05 --entropy-coef 0.01 --agg seq-mean-token-mean
+case_ "ppo k1 token-mean num-tokens" -- --policy-loss ppo $P --kl k1 --kl-coef 0.1 \
+    --entropy-coef 0 --agg token-mean --num-tokens 500
+case_ "ppo seq-mean-token-sum num-seqs" -- --policy-loss ppo $P --kl none --kl-coef 0 \
+    --entropy-coef 0.02 --agg seq-mean-token-sum --num-seqs 40
+case_ "dr-grpo norm" -- --policy-loss ppo --clip-low 0.2 --clip-high 0.2 --kl none --kl-coef 0 \
+    --entropy-coef 0 --agg seq-mean-token-sum-norm --norm-length 128
+case_ "cispo k2" -- --policy-loss cispo --clip-low 0 --clip-high 4 --kl k2 --kl-coef 0.03 \
+    --entropy-coef 0.01 --agg token-mean
+case_ "gspo" -- --policy-loss gspo --clip-low 0.0003 --clip-high 0.0004 --kl none --kl-coef 0 \
+    --entropy-coef 0 --agg seq-mean-token-mean
+case_ "gspo dual clip k3" -- --policy-loss gspo $P --clip-ratio-c 2.5 --kl k3 --kl-coef 0.01 \
+    --entropy-coef 0.001 --agg seq-mean-token-sum
+case_ "bf16 inputs" --dtype bf16 -- --policy-loss ppo $P --kl k3 --kl-coef 0.05 \
+    --entropy-coef 0.01 --agg seq-mean-token-mean
+case_ "reference kernels" --kernel ref -- --policy-loss cispo $P --kl k1 --kl-coef 0.1 \
+    --entropy-coef 0.01 --agg seq-mean-token-sum-norm --norm-length 64
+
+# --json: one object with the metrics and the check
+if "$cli" run --inputs "$tmp/in" --policy-loss ppo --kl none --agg token-mean --json --check \
+    >"$tmp/json" 2>"$tmp/err" &&
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["check"]["passed"]; assert "pg_clipfrac" in d["metrics"]' "$tmp/json"; then
+    ok "--json"
+else
+    bad "--json: $(cat "$tmp/json" "$tmp/err")"
+fi
+
+# bench --mode policy: the three variants of every point, in the table and the JSON lines
+if "$cli" bench --device cpu --mode policy --H 48 --V 300 --N 512 --active 0.5 --repeats 1 \
+    --warmup 0 --json "$tmp/bench.jsonl" >"$tmp/bench.md" 2>"$tmp/err" &&
+    python3 - "$tmp/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+modes = [r["mode"] for r in rows]
+assert modes == ["policy", "one-pass", "general+loss"] * 2, modes
+assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in rows)
+assert all(abs(r["vs_one_pass"] - 1) < 1e-9 for r in rows if r["mode"] == "one-pass")
+PY
+then
+    ok "bench --mode policy"
+else
+    bad "bench --mode policy: $(cat "$tmp/err")"; cat "$tmp/bench.md"
+fi
+
+# ---- bad input: the message, the exit code, the outputs directory untouched -----------------
+mkdir -p "$tmp/keep" && echo keep >"$tmp/keep/loss.json"
+R=("$cli" run --inputs "$tmp/in" --outputs "$tmp/keep")
+expect_rc 2 "--policy-loss 'reinforce'" -- "${R[@]}" --policy-loss reinforce
+expect_rc 2 "--kl 'k4'" -- "${R[@]}" --policy-loss ppo --kl k4
+expect_rc 2 "--agg 'mean'" -- "${R[@]}" --policy-loss ppo --agg mean
+expect_rc 2 "--clip-ratio-c" -- "${R[@]}" --policy-loss ppo --clip-ratio-c 1
+expect_rc 2 "--clip-low" -- "${R[@]}" --policy-loss ppo --clip-low 1.5
+expect_rc 2 "--kl-coef" -- "${R[@]}" --policy-loss ppo --kl k1 --kl-coef -1
+expect_rc 2 "--entropy-coef" -- "${R[@]}" --policy-loss ppo --entropy-coef nan
+expect_rc 2 "--num-tokens" -- "${R[@]}" --policy-loss ppo --num-tokens 0
+expect_rc 2 "needs --norm-length" -- "${R[@]}" --policy-loss ppo --agg seq-mean-token-sum-norm
+expect_rc 2 "needs --inputs" -- "$cli" run --policy-loss ppo
+cp -r "$tmp/in" "$tmp/noref" && rm "$tmp/noref/ref_logprob.npy" "$tmp/noref/seq_id.npy"
+expect_rc 1 "ref_logprob.npy is missing" -- "$cli" run --inputs "$tmp/noref" --outputs "$tmp/keep" \
+    --policy-loss ppo --kl k3 --kl-coef 0.1
+expect_rc 1 "seq_id.npy is missing" -- "$cli" run --inputs "$tmp/noref" --outputs "$tmp/keep" \
+    --policy-loss gspo
+expect_rc 0 "PASS" -- "$cli" run --inputs "$tmp/noref" --policy-loss ppo --kl none --check
+cp -r "$tmp/in" "$tmp/nan"
+python3 - "$tmp/nan" <<'PY'
+import numpy as np, sys
+d = sys.argv[1]
+t, m = np.load(f"{d}/targets.npy"), np.load(f"{d}/mask.npy")
+i = int(np.flatnonzero((m == 1) & (t >= 0))[0])
+a = np.load(f"{d}/advantages.npy"); a[i] = np.nan; np.save(f"{d}/advantages.npy", a)
+print(i)
+PY
+expect_rc 1 "advantages[" -- "$cli" run --inputs "$tmp/nan" --outputs "$tmp/keep" --policy-loss ppo
+cp -r "$tmp/in" "$tmp/short"
+python3 -c 'import numpy as np,sys; d=sys.argv[1]; np.save(d+"/old_logprob.npy", np.zeros(5, np.float32))' "$tmp/short"
+expect_rc 1 "old_logprob.npy" -- "$cli" run --inputs "$tmp/short" --outputs "$tmp/keep" --policy-loss ppo
+python3 -c 'import numpy as np,sys; d=sys.argv[1]; np.save(d+"/old_logprob.npy", np.zeros(61, np.int32))' "$tmp/short"
+expect_rc 1 "expected <f4" -- "$cli" run --inputs "$tmp/short" --outputs "$tmp/keep" --policy-loss ppo
+if [[ $(ls "$tmp/keep") == loss.json && $(cat "$tmp/keep/loss.json") == keep ]]; then
+    ok "outputs untouched by every failure"
+else
+    bad "the outputs directory changed: $(ls "$tmp/keep")"
+fi
+
+echo "test_policy: $fails failure(s)"
+[[ $fails -eq 0 ]]

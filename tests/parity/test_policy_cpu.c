@@ -1,0 +1,234 @@
+/*
+ * test_policy_cpu.c - the CPU backend of the fused policy loss (one-pass sweep with the
+ * per-row hook; gspo through forward + rho + backward) against the float64 reference, on
+ * fresh random inputs with every output poisoned:
+ *   - every loss x KL x aggregation on a shape with several row chunks and a vocabulary one
+ *     past a tile (257), f32 and bf16, 1 and 2 threads;
+ *   - awkward shapes and masks: N = 0, N = 1, V = 1, an empty mask, one active row, every row
+ *     active, spans without a mask, ignored targets;
+ *   - accumulate / overwrite, loss-only calls (no gradient outputs), stats in the workspace;
+ *   - inactive rows: exact zeros in every per-row output and dhidden row;
+ *   - determinism (bitwise, same inputs), TP shards in threads, a sequence group (seq_comm).
+ */
+#include "test_policy_case.h"
+
+typedef struct run_out {
+    float *lp, *ent, *dh, *dw, met[SPH_POLICY_N_METRICS];
+} run_out;
+
+static void out_free(run_out *o) { free(o->lp), free(o->ent), free(o->dh), free(o->dw); }
+
+/* Runs the wired case on a context, copying the outputs out. */
+static void run_case(pcase *c, const char *kernel, int threads, int64_t chunk_rows, run_out *o) {
+    sph_ctx_opts opts = SPH_CTX_OPTS_INIT;
+    opts.force_kernel = kernel;
+    opts.num_threads = threads;
+    opts.chunk_rows = chunk_rows;
+    sph_ctx_t ctx = NULL;
+    expect_ok(sph_ctx_create(&ctx, &opts));
+    pc_poison(c);
+    sph_status st = pc_run(ctx, c);
+    if (st != SPH_OK) fail_msg("policy (%s): %s", kernel ? kernel : "best", sph_last_error());
+    const int64_t N = c->h.N, H = c->h.H, V = c->h.V_loc;
+    o->lp = hc_alloc((size_t)N * 4), o->ent = hc_alloc((size_t)N * 4);
+    o->dh = hc_alloc((size_t)(N * H) * 4), o->dw = hc_alloc((size_t)(V * H) * 4);
+    memcpy(o->lp, c->h.lp, (size_t)N * 4), memcpy(o->ent, c->h.ent, (size_t)N * 4);
+    memcpy(o->dh, c->h.dh, (size_t)(N * H) * 4), memcpy(o->dw, c->h.dw, (size_t)(V * H) * 4);
+    memcpy(o->met, c->metrics, sizeof o->met);
+    sph_ctx_destroy(ctx);
+}
+
+typedef struct grid_case {
+    int64_t N, H, V;
+    sph_dtype dt;
+    int mask;       /* 0 none, 1 random, 2 empty, 3 one active, 4 all active, 5 spans only */
+    int threads;
+    int64_t chunk_rows;
+    int grads;      /* 0 loss only, 1 dh + dw, 2 dh only, 3 accumulate */
+    int place;      /* ratios placed away from kinks */
+} grid_case;
+
+static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kind kl,
+                    sph_loss_agg agg) {
+    pcase c;
+    pc_init(&c, r, g->N, g->H, g->V, g->V, 0, g->dt);
+    unsigned what = HC_LP | HC_ENT | PC_ISW;
+    if (g->mask) {
+        hc_mask(&c.h, r, 0.5);
+        if (g->mask == 2 || g->mask == 3)
+            memset(c.h.mask, 0, (size_t)g->N);
+        if (g->mask == 3 && g->N) c.h.mask[g->N / 2] = 1, c.h.tgt[g->N / 2] = 0;
+        if (g->mask == 4) memset(c.h.mask, 1, (size_t)g->N);
+        what |= g->mask == 5 ? HC_SPANS : HC_MASK;
+    }
+    if (g->grads == 1 || g->grads == 3) what |= HC_DH | HC_DW;
+    if (g->grads == 2) what |= HC_DH;
+    pc_wire(&c, what, loss, kl, agg);
+    if (g->grads == 3) c.h.a.accumulate_dhidden = c.h.a.accumulate_dweight = 1;
+    if (g->place && g->N) {
+        double *lp = hc_alloc((size_t)g->N * 8);
+        sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+        sph_policy_plan pp;
+        expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
+        expect_ok(sph_policy_ref_f64(&pp, NULL, lp, NULL, NULL, NULL));
+        pc_place(&c, lp, loss == SPH_PG_GSPO);
+        sph_ctx_destroy(ctx);
+        free(lp);
+    }
+    run_out ref, got, again;
+    /* accumulate: both runs start from the same gradient contents */
+    const size_t nh = (size_t)(g->N * g->H), nw = (size_t)(g->V * g->H);
+    float *dh0 = hc_alloc(nh * 4), *dw0 = hc_alloc(nw * 4);
+    for (size_t k = 0; k < nh; k++) dh0[k] = (float)rng_normal(r);
+    for (size_t k = 0; k < nw; k++) dw0[k] = (float)rng_normal(r);
+    if (g->grads == 3) {
+        /* pc_poison would clobber the starting values: run the reference by hand */
+        sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+        memcpy(c.h.dh, dh0, nh * 4), memcpy(c.h.dw, dw0, nw * 4);
+        poison_f32(c.metrics, SPH_POLICY_N_METRICS);
+        expect_ok(pc_run(ctx, &c));
+        sph_ctx_destroy(ctx);
+        ref.lp = hc_alloc((size_t)g->N * 4 + 4), ref.ent = hc_alloc((size_t)g->N * 4 + 4);
+        ref.dh = hc_alloc(nh * 4 + 4), ref.dw = hc_alloc(nw * 4 + 4);
+        memcpy(ref.lp, c.h.lp, (size_t)g->N * 4), memcpy(ref.ent, c.h.ent, (size_t)g->N * 4);
+        memcpy(ref.dh, c.h.dh, nh * 4), memcpy(ref.dw, c.h.dw, nw * 4);
+        memcpy(ref.met, c.metrics, sizeof ref.met);
+        ctx = NULL;
+        sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+        o.num_threads = g->threads, o.chunk_rows = g->chunk_rows;
+        expect_ok(sph_ctx_create(&ctx, &o));
+        memcpy(c.h.dh, dh0, nh * 4), memcpy(c.h.dw, dw0, nw * 4);
+        poison_f32(c.metrics, SPH_POLICY_N_METRICS);
+        expect_ok(pc_run(ctx, &c));
+        sph_ctx_destroy(ctx);
+        got.lp = hc_alloc((size_t)g->N * 4 + 4), got.ent = hc_alloc((size_t)g->N * 4 + 4);
+        got.dh = hc_alloc(nh * 4 + 4), got.dw = hc_alloc(nw * 4 + 4);
+        memcpy(got.lp, c.h.lp, (size_t)g->N * 4), memcpy(got.ent, c.h.ent, (size_t)g->N * 4);
+        memcpy(got.dh, c.h.dh, nh * 4), memcpy(got.dw, c.h.dw, nw * 4);
+        memcpy(got.met, c.metrics, sizeof got.met);
+        again = got;
+        again.lp = NULL, again.ent = again.dh = again.dw = NULL;
+    } else {
+        run_case(&c, "ref", 1, 0, &ref);
+        run_case(&c, NULL, g->threads, g->chunk_rows, &got);
+        run_case(&c, NULL, g->threads, g->chunk_rows, &again);
+    }
+    char cs[240];
+    snprintf(cs, sizeof cs,
+             "policy_cpu(N=%lld,H=%lld,V=%lld,dtype=%s,mask=%d,threads=%d,chunk=%lld,grads=%d,"
+             "loss=%d,kl=%d,agg=%d)",
+             (long long)g->N, (long long)g->H, (long long)g->V, sph_dtype_name(g->dt), g->mask,
+             g->threads, (long long)g->chunk_rows, g->grads, (int)loss, (int)kl, (int)agg);
+    const double tol = 2e-5;
+    assert_true(pc_metrics_close("metrics", cs, got.met, SPH_F32, ref.met, SPH_F32, tol));
+    assert_true(hc_close("logprob", cs, got.lp, SPH_F32, ref.lp, SPH_F32, g->N, tol));
+    assert_true(hc_close("entropy", cs, got.ent, SPH_F32, ref.ent, SPH_F32, g->N, tol));
+    if (g->grads) {
+        assert_true(hc_close("dhidden", cs, got.dh, SPH_F32, ref.dh, SPH_F32, (int64_t)nh, tol));
+        if (g->grads != 2)
+            assert_true(hc_close("dweight", cs, got.dw, SPH_F32, ref.dw, SPH_F32, (int64_t)nw,
+                                 tol));
+    }
+    /* inactive rows: exact zeros (overwrite) */
+    uint8_t *act = hc_alloc((size_t)g->N + 1);
+    sph_policy_plan pp;
+    sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+    expect_ok(sph_policy_plan_make(ctx, &c.h.a, &c.p, &pp));
+    sph_head_active_rows(&pp.head, act);
+    sph_ctx_destroy(ctx);
+    for (int64_t i = 0; i < g->N; i++) {
+        if (act[i] && c.h.tgt[i] >= 0) continue;
+        assert_true(got.lp[i] == 0.0f && got.ent[i] == 0.0f);
+        if (g->grads == 1 || g->grads == 2)
+            for (int64_t k = 0; k < g->H; k++) assert_true(got.dh[i * g->H + k] == 0.0f);
+    }
+    if (again.lp) {
+        assert_memory_equal(again.met, got.met, sizeof got.met);
+        assert_memory_equal(again.lp, got.lp, (size_t)g->N * 4);
+        if (g->grads) assert_memory_equal(again.dh, got.dh, nh * 4);
+        if (g->grads == 1) assert_memory_equal(again.dw, got.dw, nw * 4);
+        out_free(&again);
+    }
+    free(act), free(dh0), free(dw0);
+    out_free(&ref), out_free(&got);
+    pc_free(&c);
+}
+
+static void test_every_combination(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    grid_case g = {70, 13, 257, SPH_F32, 1, 2, 16, 1, 1};
+    for (int loss = 0; loss < 3; loss++)
+        for (int kl = 0; kl < 4; kl++)
+            for (int agg = 0; agg < 4; agg++) {
+                g.dt = (loss + kl + agg) % 3 == 0 ? SPH_BF16 : SPH_F32;
+                g.threads = 1 + (kl + agg) % 2;
+                g.place = (loss + agg) % 2;
+                compare(&r, &g, (sph_pg_loss)loss, (sph_kl_kind)kl, (sph_loss_agg)agg);
+            }
+}
+
+static void test_awkward(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 1);
+    const grid_case cases[] = {
+        {0, 4, 6, SPH_F32, 0, 1, 0, 1, 0},    {1, 5, 7, SPH_F32, 0, 1, 0, 1, 1},
+        {1, 5, 7, SPH_F32, 4, 2, 0, 1, 0},    {9, 3, 1, SPH_F32, 1, 1, 0, 1, 0},
+        {33, 6, 40, SPH_F32, 2, 2, 8, 1, 0},  {33, 6, 40, SPH_F32, 3, 2, 8, 1, 1},
+        {40, 7, 256, SPH_F32, 4, 2, 7, 1, 1}, {40, 7, 300, SPH_BF16, 5, 2, 9, 1, 0},
+        {25, 5, 30, SPH_F32, 1, 1, 0, 0, 1},  {25, 5, 30, SPH_F32, 1, 2, 4, 2, 0},
+        {25, 5, 30, SPH_F32, 1, 2, 4, 3, 1},  {25, 5, 30, SPH_BF16, 0, 1, 5, 3, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int loss = 0; loss < 3; loss++)
+            compare(&r, &cases[k], (sph_pg_loss)loss, (sph_kl_kind)((k + loss) % 4),
+                    (sph_loss_agg)((k * 3 + loss) % 4));
+}
+
+/* stats NULL: the workspace holds them; logprob / entropy NULL: likewise. */
+static void test_optional_outputs(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 2);
+    pcase c;
+    pc_init(&c, &r, 21, 6, 19, 19, 0, SPH_F32);
+    hc_mask(&c.h, &r, 0.6);
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK, SPH_PG_PPO, SPH_KL_K3,
+            SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    sph_ctx_t ctx = hc_ctx(NULL, 2, NULL);
+    pc_poison(&c);
+    expect_ok(pc_run(ctx, &c));
+    float met[SPH_POLICY_N_METRICS], *dh = hc_alloc(21 * 6 * 4);
+    memcpy(met, c.metrics, sizeof met), memcpy(dh, c.h.dh, 21 * 6 * 4);
+    c.h.a.stats = NULL, c.h.a.logprob = NULL, c.h.a.entropy = NULL;
+    pc_poison(&c);
+    expect_ok(pc_run(ctx, &c));
+    assert_memory_equal(met, c.metrics, sizeof met);
+    assert_memory_equal(dh, c.h.dh, 21 * 6 * 4);
+    sph_ctx_destroy(ctx);
+    free(dh);
+    pc_free(&c);
+}
+
+static void test_tp_and_groups(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 3);
+    policy_tp_check(&r, NULL, 2, SPH_PG_PPO, SPH_KL_K3, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    policy_tp_check(&r, NULL, 3, SPH_PG_GSPO, SPH_KL_K1, SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM);
+    policy_tp_check(&r, NULL, 2, SPH_PG_CISPO, SPH_KL_K2, SPH_AGG_TOKEN_MEAN);
+    policy_seq_check(&r, NULL, 2, SPH_PG_PPO, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    policy_seq_check(&r, NULL, 3, SPH_PG_GSPO, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_combination),
+        cmocka_unit_test(test_awkward),
+        cmocka_unit_test(test_optional_outputs),
+        cmocka_unit_test(test_tp_and_groups),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,216 @@
+/*
+ * test_policy_validate.c - every bad input of sph_policy_loss fails with its status and a
+ * message naming the argument and the value, and leaves every output untouched (poisoned
+ * before, compared byte for byte after). Reference and optimized CPU kernels.
+ */
+#include "parity/test_policy_case.h"
+
+typedef struct snap {
+    unsigned char *b;
+    size_t n;
+} snap;
+
+/* Copies of every output buffer of the case. */
+static void take(const pcase *c, snap s[6]) {
+    const void *p[6] = {c->h.lp, c->h.ent, c->h.stats, c->h.dh, c->h.dw, c->metrics};
+    size_t n[6] = {(size_t)c->h.N * 4, (size_t)c->h.N * 4, (size_t)c->h.N * 12,
+                   (size_t)(c->h.N * c->h.H) * 4, (size_t)(c->h.V_loc * c->h.H) * 4,
+                   SPH_POLICY_N_METRICS * 4};
+    for (int k = 0; k < 6; k++) {
+        s[k].n = n[k];
+        s[k].b = hc_alloc(n[k]);
+        memcpy(s[k].b, p[k], n[k]);
+    }
+}
+
+static void untouched(const pcase *c, snap s[6]) {
+    const void *p[6] = {c->h.lp, c->h.ent, c->h.stats, c->h.dh, c->h.dw, c->metrics};
+    for (int k = 0; k < 6; k++) {
+        assert_memory_equal(p[k], s[k].b, s[k].n);
+        free(s[k].b);
+    }
+}
+
+#define N_ 12
+#define H_ 5
+#define V_ 9
+
+static void setup(pcase *c, sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg agg) {
+    pc_init(c, r, N_, H_, V_, V_, 0, SPH_F32);
+    hc_mask(&c->h, r, 0.7);
+    c->h.mask[3] = 1, c->h.tgt[3] = 1;
+    c->h.mask[5] = 0;
+    pc_wire(c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK | PC_ISW, loss, kl, agg);
+    pc_poison(c);
+}
+
+/* Runs the case expecting status s with needle in the message, outputs untouched. */
+static void expect_bad(sph_ctx_t ctx, pcase *c, sph_status s, const char *needle) {
+    snap sn[6];
+    take(c, sn);
+    size_t bytes = 0;
+    sph_status st = sph_policy_loss_workspace_size(ctx, &c->h.a, &c->p, &bytes);
+    if (st == SPH_OK) {
+        void *ws = hc_alloc(bytes + 1);
+        st = sph_policy_loss(ctx, &c->h.a, &c->p, ws, bytes);
+        free(ws);
+    }
+    if (st != s || !strstr(sph_last_error(), needle))
+        fail_msg("expected status %d with '%s', got %d: %s", (int)s, needle, (int)st,
+                 sph_last_error());
+    untouched(c, sn);
+}
+
+static void bad_inputs(const char *kernel) {
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    sph_ctx_t ctx = hc_ctx(kernel, 1, NULL);
+    pcase c;
+    float f64buf[N_ * 2];
+    int64_t sh[1] = {N_};
+    int32_t i32buf[N_] = {0};
+
+#define CASE(loss, kl, agg, edit, status, needle)                                              \
+    do {                                                                                       \
+        setup(&c, &r, loss, kl, agg);                                                          \
+        edit;                                                                                  \
+        expect_bad(ctx, &c, status, needle);                                                   \
+        pc_free(&c);                                                                           \
+    } while (0)
+
+    const sph_pg_loss P = SPH_PG_PPO;
+    const sph_kl_kind K0 = SPH_KL_NONE, K3 = SPH_KL_K3;
+    const sph_loss_agg TM = SPH_AGG_TOKEN_MEAN, SMM = SPH_AGG_SEQ_MEAN_TOKEN_MEAN;
+    // arguments a loss / KL / aggregation needs
+    CASE(P, SPH_KL_K1, TM, c.p.ref_logprob = NULL, SPH_ERR_INVALID_ARG, "ref_logprob: NULL");
+    CASE(P, K0, SMM, c.p.seq_id = NULL, SPH_ERR_INVALID_ARG, "seq_id: NULL");
+    CASE(SPH_PG_GSPO, K0, TM, c.p.seq_id = NULL, SPH_ERR_INVALID_ARG, "gspo");
+    CASE(P, K0, TM, c.p.advantages = NULL, SPH_ERR_INVALID_ARG, "advantages: NULL");
+    CASE(P, K0, TM, c.p.old_logprob = NULL, SPH_ERR_INVALID_ARG, "old_logprob: NULL");
+    CASE(P, K0, TM, c.p.metrics = NULL, SPH_ERR_INVALID_ARG, "metrics: NULL");
+    CASE(P, K0, TM, c.h.a.targets = NULL, SPH_ERR_INVALID_ARG, "targets");
+    CASE(P, K0, SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM, c.p.norm_length = 0, SPH_ERR_INVALID_ARG,
+         "norm_length: 0");
+    // scalar domains
+    CASE(P, K3, TM, c.p.kl_coef = -1, SPH_ERR_INVALID_ARG, "kl_coef: -1");
+    CASE(P, K3, TM, c.p.kl_coef = NAN, SPH_ERR_INVALID_ARG, "kl_coef: nan");
+    CASE(P, K0, TM, c.p.entropy_coef = HUGE_VAL, SPH_ERR_INVALID_ARG, "entropy_coef: inf");
+    CASE(P, K0, TM, c.p.entropy_coef = -0.5, SPH_ERR_INVALID_ARG, "entropy_coef: -0.5");
+    CASE(P, K0, TM, c.p.clip_low = 1.5, SPH_ERR_INVALID_ARG, "clip_low: 1.5");
+    CASE(P, K0, TM, c.p.clip_low = -0.1, SPH_ERR_INVALID_ARG, "clip_low: -0.1");
+    CASE(P, K0, TM, c.p.clip_high = NAN, SPH_ERR_INVALID_ARG, "clip_high: nan");
+    CASE(P, K0, TM, c.p.clip_ratio_c = 1.0, SPH_ERR_INVALID_ARG, "clip_ratio_c: 1");
+    CASE(P, K0, TM, c.p.clip_ratio_c = 0.0, SPH_ERR_INVALID_ARG, "clip_ratio_c: 0");
+    CASE(P, K0, TM, c.p.clip_ratio_c = NAN, SPH_ERR_INVALID_ARG, "clip_ratio_c: nan");
+    CASE(P, K0, TM, c.p.num_tokens = -3, SPH_ERR_INVALID_ARG, "num_tokens: -3");
+    CASE(P, K0, SMM, c.p.num_seqs = -1, SPH_ERR_INVALID_ARG, "num_seqs: -1");
+    CASE(P, K0, TM, c.p.norm_length = -2, SPH_ERR_INVALID_ARG, "norm_length: -2");
+    CASE(P, K0, TM, c.p.loss = (sph_pg_loss)7, SPH_ERR_INVALID_ARG, "policy.loss: 7");
+    CASE(P, K0, TM, c.p.kl = (sph_kl_kind)9, SPH_ERR_INVALID_ARG, "policy.kl: 9");
+    CASE(P, K0, TM, c.p.agg = (sph_loss_agg)4, SPH_ERR_INVALID_ARG, "policy.agg: 4");
+    CASE(P, K0, TM, c.p.struct_size = 8, SPH_ERR_INVALID_ARG, "policy.struct_size");
+    // values on active rows (host memory)
+    CASE(P, K0, TM, c.adv[3] = NAN, SPH_ERR_INVALID_ARG, "advantages[3]: nan");
+    CASE(P, K0, TM, c.old[3] = -HUGE_VAL, SPH_ERR_INVALID_ARG, "old_logprob[3]: -inf");
+    CASE(P, SPH_KL_K2, TM, c.ref[3] = NAN, SPH_ERR_INVALID_ARG, "ref_logprob[3]: nan");
+    CASE(P, K0, TM, c.isw[3] = HUGE_VAL, SPH_ERR_INVALID_ARG, "is_weight[3]: inf");
+    // shapes, dtypes, devices
+    CASE(P, K0, TM, c.tadv.shape = sh; sh[0] = N_ - 1, SPH_ERR_SHAPE, "advantages: shape[0]");
+    sh[0] = N_;
+    CASE(P, K0, TM, c.told.dtype = SPH_F64; c.told.data = f64buf, SPH_ERR_DTYPE,
+         "old_logprob: dtype is f64");
+    CASE(P, K0, SMM, c.tseq.dtype = SPH_I32; c.tseq.data = i32buf, SPH_ERR_DTYPE,
+         "seq_id: dtype is i32");
+    CASE(P, K0, TM, c.tmet.shape = sh, SPH_ERR_SHAPE, "metrics: shape[0]");
+    CASE(P, K0, TM, c.tisw.device.type = SPH_DEVICE_CUDA, SPH_ERR_DEVICE, "is_weight: device");
+    CASE(P, K0, TM, c.tadv.ndim = 2, SPH_ERR_SHAPE, "advantages: ndim");
+    // head arguments the policy call refuses
+    CASE(P, K0, TM, c.h.a.dlogprob = &c.h.tg, SPH_ERR_INVALID_ARG, "head.dlogprob");
+    CASE(P, K0, TM, c.h.a.dentropy = &c.h.te, SPH_ERR_INVALID_ARG, "head.dentropy");
+    CASE(P, K0, TM, c.h.a.dlse = &c.h.tgl, SPH_ERR_INVALID_ARG, "head.dlse");
+    // the head's own validation still runs
+    CASE(P, K0, TM, c.h.a.temperature = 0, SPH_ERR_INVALID_ARG, "temperature: 0");
+    CASE(P, K0, TM, c.h.tgt[2] = V_, SPH_ERR_INVALID_ARG, "targets[2]");
+#undef CASE
+    /* bad values on inactive rows or ignored targets are fine */
+    setup(&c, &r, P, K3, TM);
+    c.adv[5] = NAN, c.old[5] = HUGE_VAL, c.ref[5] = NAN;
+    c.h.tgt[3] = -100, c.adv[3] = NAN;
+    expect_ok(pc_run(ctx, &c));
+    for (int m = 0; m < SPH_POLICY_N_METRICS; m++) assert_true(isfinite(c.metrics[m]));
+    pc_free(&c);
+    /* a workspace too small */
+    setup(&c, &r, P, K0, TM);
+    size_t bytes = 0;
+    expect_ok(sph_policy_loss_workspace_size(ctx, &c.h.a, &c.p, &bytes));
+    if (bytes > 0) {
+        snap sn[6];
+        take(&c, sn);
+        void *ws = hc_alloc(bytes);
+        expect_status(sph_policy_loss(ctx, &c.h.a, &c.p, ws, bytes - 1), SPH_ERR_WORKSPACE,
+                      "workspace");
+        free(ws);
+        untouched(&c, sn);
+    }
+    pc_free(&c);
+    sph_ctx_destroy(ctx);
+}
+
+static void test_bad_inputs_ref(void **state) {
+    (void)state;
+    bad_inputs("ref");
+}
+
+static void test_bad_inputs_cpu(void **state) {
+    (void)state;
+    bad_inputs(NULL);
+}
+
+/* A sequence group whose ranks disagree on N: SPH_ERR_MISMATCH on every rank, no hang. */
+typedef struct mm_job {
+    tp_group *g;
+    int64_t rank, N;
+    sph_status st;
+    char msg[256];
+} mm_job;
+
+static void *mm_main(void *arg) {
+    mm_job *j = arg;
+    sph_rng r;
+    rng_seed(&r, 5);
+    pcase c;
+    pc_init(&c, &r, j->N, 4, 7, 7, 0, SPH_F32);
+    pc_wire(&c, HC_LP | HC_DH, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    struct sph_comm comm = tp_comm_of(j->g, j->rank);
+    c.p.seq_comm = &comm;
+    sph_ctx_t ctx = hc_ctx(NULL, 1, NULL);
+    j->st = pc_run(ctx, &c);
+    snprintf(j->msg, sizeof j->msg, "%s", sph_last_error());
+    sph_ctx_destroy(ctx);
+    pc_free(&c);
+    return NULL;
+}
+
+static void test_group_mismatch(void **state) {
+    (void)state;
+    tp_group g;
+    tp_group_init(&g, 2);
+    mm_job jobs[2] = {{&g, 0, 10, SPH_OK, ""}, {&g, 1, 11, SPH_OK, ""}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, mm_main, &jobs[k]);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&g.bar);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(jobs[k].st, SPH_ERR_MISMATCH);
+        assert_non_null(strstr(jobs[k].msg, "seq_comm"));
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_inputs_ref),
+        cmocka_unit_test(test_bad_inputs_cpu),
+        cmocka_unit_test(test_group_mismatch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
