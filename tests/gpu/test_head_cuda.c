@@ -258,7 +258,7 @@ static int run_cfg(const gcfg *f) {
     }
     for (size_t k = 0; k < dhn; k++) dh0[k] = f->acc ? hc_get(c.dh, c.gdt, (int64_t)k) : 0;
     for (size_t k = 0; k < dwn; k++) dw0[k] = f->acc ? hc_get(c.dw, c.gdt, (int64_t)k) : 0;
-    void *dh_start = hc_dup(c.dh, dhn * hc_esize(c.gdt) + 1);
+    void *dh_start = hc_dup(c.dh, dhn * hc_esize(c.gdt));
 
     sph_ctx_t g = gpu_ctx(f->chunk_bytes, f->bi, NULL);
     const double ftol = rows_tol(f->dt);
