@@ -1,7 +1,10 @@
 # spanhead - the two commands of the README:
-#   make demo   set up, build, and run the main job on an embedded default
-#   make test   set up, build, and pass every test (plus one run under ASan + UBSan)
-# Other targets: build, bench, fuzz, python-test, mutants, clean.
+#   make demo   set up, build (progress only), and tell the main job on an embedded default
+#   make test   set up, build, and pass every test (plus one run under ASan + UBSan, and a few
+#               seconds of each fuzzer)
+# Other targets: build, bench (the CLI's benchmark with its table and picture), fuzz (longer
+# fuzzing), python-test, test-asan, test-fuzz, mutants (slow: tests/mutants.txt), install
+# (PREFIX), clean.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -14,7 +17,11 @@ PYTEST_PY   = $$(if [ -x $(VENV)/bin/python ]; then echo $(VENV)/bin/python; els
 WERROR     ?= $(if $(CI),ON,OFF)
 CMAKE_ARGS ?=
 
-.PHONY: all setup build demo test test-main test-asan python-test bench fuzz mutants clean
+PREFIX     ?= /usr/local
+FUZZ_BUILD ?= build-fuzz
+
+.PHONY: all setup build demo test test-main test-asan test-fuzz python-test bench fuzz mutants install \
+        clean
 
 all: build
 
@@ -24,14 +31,20 @@ setup:
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPH_WERROR=$(WERROR) $(CMAKE_ARGS)
 
+# MAKEFLAGS: no "make[n]: Entering directory" lines from CMake's recursive makefiles
 build: setup $(BUILD)/CMakeCache.txt
-	cmake --build $(BUILD) -j $(JOBS)
+	MAKEFLAGS=--no-print-directory cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo needs no torch: the setup skips the Python tests' virtual environment.
+demo:
+	@SPH_VENV=none bash scripts/setup.sh
+	@bash scripts/build_quiet.sh $(BUILD) $(JOBS) -DCMAKE_BUILD_TYPE=Release -DSPH_WERROR=$(WERROR) \
+	  $(CMAKE_ARGS)
+	@echo
 	@bash scripts/demo.sh $(BUILD)/spanhead
 
 test: build
-	$(MAKE) --no-print-directory test-main test-asan python-test
+	$(MAKE) --no-print-directory test-main test-asan python-test test-fuzz
 
 test-main:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -63,15 +76,35 @@ python-test: build $(PY_EXT)
 	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead SPANHEAD_BUILD_DIR=$(CURDIR)/$(BUILD) \
 	  $(PYTEST_PY) -m pytest -q -rs python/tests
 
+# The CLI's benchmark with its defaults (on a GPU the model shapes, on the CPU a small shape that
+# takes seconds), its records and its picture in $(BUILD)/bench-results/; the micro-benchmark
+# programs are in $(BUILD)/bench/ (bench/README.md).
+BENCH_OUT  = $(BUILD)/bench-results
 bench: build
-	@echo "benchmarks are in $(BUILD)/bench_*; see bench/README.md"
+	@mkdir -p $(BENCH_OUT) && rm -f $(BENCH_OUT)/bench.jsonl
+	$(BUILD)/spanhead bench --json $(BENCH_OUT)/bench.jsonl --plot $(BENCH_OUT)/bench.png \
+	  $(BENCH_ARGS) | tee $(BENCH_OUT)/bench.md
+	@echo "bench: table $(BENCH_OUT)/bench.md, records $(BENCH_OUT)/bench.jsonl, picture" \
+	  "$(BENCH_OUT)/bench.png; micro-benchmarks: $(BUILD)/bench/ (see bench/README.md)"
 
-# Bounded libFuzzer runs over the JSON readers and the packers (clang, libFuzzer runtime).
-fuzz: setup
-	CC=clang cmake -S . -B build-fuzz -DSPH_FUZZ=ON -DSPH_CUDA=OFF -DSPH_BUILD_BENCH=OFF \
-	  -DSPH_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug
-	cmake --build build-fuzz -j $(JOBS)
-	@bash scripts/fuzz.sh build-fuzz $${FUZZ_SECONDS:-60}
+# libFuzzer over the .npy reader, the argument parser, the JSON readers and the packers (clang
+# and its libFuzzer runtime: scripts/setup.sh). make fuzz: FUZZ_SECONDS (60) per target;
+# make test: 5 s each.
+$(FUZZ_BUILD)/CMakeCache.txt:
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DSPH_FUZZ=ON -DSPH_CUDA=OFF -DSPH_BUILD_BENCH=OFF \
+	  -DSPH_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug >$(FUZZ_BUILD).log 2>&1 || \
+	  { tail -20 $(FUZZ_BUILD).log; exit 1; }
+
+fuzz: setup $(FUZZ_BUILD)/CMakeCache.txt
+	MAKEFLAGS=--no-print-directory cmake --build $(FUZZ_BUILD) --target fuzzers -j $(JOBS)
+	@bash scripts/fuzz.sh $(FUZZ_BUILD) $${FUZZ_SECONDS:-60}
+
+test-fuzz: $(FUZZ_BUILD)/CMakeCache.txt
+	MAKEFLAGS=--no-print-directory cmake --build $(FUZZ_BUILD) --target fuzzers -j $(JOBS)
+	@bash scripts/fuzz.sh $(FUZZ_BUILD) $${FUZZ_SECONDS:-5}
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Mutation check (slow, not part of `make test`): each bug of tests/mutants.txt planted alone in
 # a scratch copy, CPU build, the ctest suite; every mutant must make a test fail.
@@ -79,4 +112,4 @@ mutants: setup
 	$(PYTHON) scripts/mutants.py --jobs $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(FUZZ_BUILD).log

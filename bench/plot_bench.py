@@ -2,13 +2,15 @@
 """Time against active fraction per shape, from `spanhead bench --json` records.
 
 usage: plot_bench.py BENCH.jsonl OUT.png [--N 16384] [--peers PEERS.jsonl]
+(`spanhead bench --plot OUT.png [--peers PEERS.jsonl]` runs it on the records it just made.)
 
 One panel per shape at the chosen N (default: the smallest N in the file): spanhead's general
 path and one-pass for each mask pattern, the active floors (8 and 6 N_active H V at the
 same-run burst GEMM rate, dotted; at the sustained rate, dashed, where the records carry
 floor_sustained_ms: older files have only the burst floor) and, with --peers
 (bench/cuda/peers.py's peers.jsonl), each peer's time on the response mask. Needs
-matplotlib; exits 2 with a message without it or on bad input.
+matplotlib (scripts/setup.sh installs it; or pip install matplotlib). Exit status: 0 picture
+written, 1 bad input, 2 usage error, 3 matplotlib is missing.
 """
 import argparse
 import json
@@ -37,7 +39,10 @@ def load(path, skip_unmeasured=False):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Needs matplotlib (scripts/setup.sh installs it, or pip install matplotlib). "
+               "Exit status: 0 written, 1 bad input, 2 usage error, 3 matplotlib missing.")
     ap.add_argument("bench")
     ap.add_argument("out")
     ap.add_argument("--N", type=int, default=None)
@@ -48,8 +53,9 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plot_bench: matplotlib is not installed", file=sys.stderr)
-        sys.exit(2)
+        print("plot_bench: matplotlib is not installed (scripts/setup.sh installs it, or "
+              "pip install matplotlib)", file=sys.stderr)
+        sys.exit(3)
     recs = load(a.bench)
     N = a.N if a.N is not None else min(int(r["N"]) for r in recs)
     recs = [r for r in recs if int(r["N"]) == N]
@@ -99,9 +105,13 @@ def main():
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
-    fig.savefig(a.out, dpi=110)
+    fig.tight_layout()
+    # below the panels, as many rows as it needs; bbox_inches="tight" grows the picture to hold
+    # it, so no entry is clipped whatever the number of shapes and peers
+    ncol = max(1, min(len(labels), 2 * len(shapes) + 1))
+    legend = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                        ncol=ncol, fontsize=7, frameon=False)
+    fig.savefig(a.out, dpi=110, bbox_inches="tight", bbox_extra_artists=(legend,))
     print(f"plot_bench: wrote {a.out} ({len(shapes)} shapes, N = {N})")
 
 

@@ -20,25 +20,50 @@
  *   - Sizes, indices and offsets are int64_t; token ids are int32 or int64.
  *   - GPU calls enqueue on the context's stream and return; faults surface at the next sync.
  *
- * Example (CPU, one process):
+ * Example (examples/head_forward_backward.c, a program the tests build against an installed
+ * prefix and run; N, H, V are its compile-time sizes): the forward gives logp, the backward
+ * the gradients of sum_i g_i logp_i.
  *
- *   sph_ctx_opts o = SPH_CTX_OPTS_INIT;            // CPU, all threads
- *   sph_ctx_t ctx;  if (sph_ctx_create(&ctx, &o)) { puts(sph_last_error()); return 1; }
- *   int64_t hs[2] = {N, H}, ws_[2] = {V, H}, ns[1] = {N}, ss[2] = {N, 3};
- *   sph_tensor hid = {h, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, hs, NULL, 0};
- *   sph_tensor w   = {w_, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ws_, NULL, 0};
- *   sph_tensor tgt = {t, {SPH_DEVICE_CPU, 0}, 1, SPH_I64, ns, NULL, 0};
- *   sph_tensor lp  = {logp, {SPH_DEVICE_CPU, 0}, 1, SPH_F32, ns, NULL, 0};
- *   sph_tensor st  = {stats, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, ss, NULL, 0};
- *   sph_head_args a = SPH_HEAD_ARGS_INIT;
- *   a.hidden = &hid; a.weight = &w; a.targets = &tgt; a.logprob = &lp; a.stats = &st;
- *   size_t bytes; sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
- *   void *ws = malloc(bytes);
- *   sph_head_forward(ctx, &a, ws, bytes);            // logp[i] = log p(t_i | h_i)
- *   ... a.dlogprob = &g; a.dhidden = &dh; a.dweight = &dw;
- *   sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &bytes); ...
- *   sph_head_backward(ctx, &a, ws, bytes);
- *   sph_ctx_destroy(ctx);
+ *   static int run(float *h, float *w, int64_t *t, float *g, float *logp, float *dh, float *dw) {
+ *       sph_ctx_opts o = SPH_CTX_OPTS_INIT; // CPU, all threads
+ *       sph_ctx_t ctx;
+ *       if (sph_ctx_create(&ctx, &o) != SPH_OK) {
+ *           fprintf(stderr, "spanhead: %s\n", sph_last_error());
+ *           return 1;
+ *       }
+ *       int64_t hs[2] = {N, H}, vs[2] = {V, H}, ns[1] = {N}, ss[2] = {N, 3};
+ *       float stats[N * 3]; // (max, lse, mu) per row: the forward writes it, the backward reads it
+ *       const sph_device cpu = {SPH_DEVICE_CPU, 0};
+ *       sph_tensor hid = {.data = h, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = hs};
+ *       sph_tensor wt = {.data = w, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = vs};
+ *       sph_tensor tgt = {.data = t, .device = cpu, .ndim = 1, .dtype = SPH_I64, .shape = ns};
+ *       sph_tensor lp = {.data = logp, .device = cpu, .ndim = 1, .dtype = SPH_F32, .shape = ns};
+ *       sph_tensor st = {.data = stats, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = ss};
+ *       sph_tensor up = {.data = g, .device = cpu, .ndim = 1, .dtype = SPH_F32, .shape = ns};
+ *       sph_tensor dht = {.data = dh, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = hs};
+ *       sph_tensor dwt = {.data = dw, .device = cpu, .ndim = 2, .dtype = SPH_F32, .shape = vs};
+ *
+ *       sph_head_args a = SPH_HEAD_ARGS_INIT;
+ *       a.hidden = &hid, a.weight = &wt, a.targets = &tgt, a.logprob = &lp, a.stats = &st;
+ *       size_t bytes = 0, need = 0; // the caller owns the workspace, sized by the same arguments
+ *       void *ws = NULL;
+ *       sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
+ *       if (s == SPH_OK && !(ws = malloc(bytes ? bytes : 1))) s = SPH_ERR_ALLOC;
+ *       if (s == SPH_OK) s = sph_head_forward(ctx, &a, ws, bytes); // logp[i] = log p(t_i | h_i)
+ *
+ *       a.dlogprob = &up, a.dhidden = &dht, a.dweight = &dwt; // gradients of sum_i g_i logp_i
+ *       if (s == SPH_OK) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &a, &need);
+ *       if (s == SPH_OK && need > bytes) {
+ *           free(ws);
+ *           if (!(ws = malloc(need))) s = SPH_ERR_ALLOC;
+ *           bytes = need;
+ *       }
+ *       if (s == SPH_OK) s = sph_head_backward(ctx, &a, ws, bytes);
+ *       if (s != SPH_OK) fprintf(stderr, "%s: %s\n", sph_status_str(s), sph_last_error());
+ *       free(ws);
+ *       sph_ctx_destroy(ctx);
+ *       return s != SPH_OK;
+ *   }
  */
 #ifndef SPANHEAD_H
 #define SPANHEAD_H
@@ -87,6 +112,8 @@ typedef enum sph_status {
     SPH_ERR_MISMATCH = 15,    /* ranks of a communicator disagree on the configuration */
     SPH_ERR_NO_DEVICE = 16,   /* no CUDA device present */
     SPH_ERR_INTERNAL = 17,    /* a broken invariant inside spanhead (a bug: please report) */
+    SPH_ERR_NONFINITE = 18,   /* NaN or infinity in the statistics of an active row (see
+                                 "Policies": non-finite inputs) */
 } sph_status;
 
 /* A static, human name for a status code ("invalid argument"); never NULL. */
@@ -97,6 +124,59 @@ SPH_API const char *sph_last_error(void);
 /* Library version as "major.minor.patch" (SPH_VERSION_MAJOR . MINOR . PATCH of this header at
  * the library's build). */
 SPH_API const char *sph_version(void);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Policies (decided once; every entry point follows them)                                   */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * Validation. Every argument is checked before any output is written; a failure names the
+ * argument and the value. Nothing aborts, exits or prints.
+ *
+ * Non-finite inputs. NaN or infinity in hidden or weight (or logits that overflow float) makes
+ * an active row's statistics (row max m, lse, mu) non-finite. The forward finds it in its
+ * statistics sweep, no extra pass:
+ *   - host contexts (CPU, reference): SPH_ERR_NONFINITE naming the count and the first row;
+ *     no per-row output or stats written (one-pass: gradient rows of chunks before the one
+ *     with the row may already be written; the message says so). The backward refuses
+ *     non-finite stats or upstream gradients of active rows the same way, before writing.
+ *   - CUDA contexts: a host sync is not allowed inside a pass, so the pass returns SPH_OK (its
+ *     outputs for such rows are NaN) and the device counts the rows; sph_ctx_nonfinite, the
+ *     one call that synchronizes, reports them.
+ *   Either way sph_ctx_nonfinite(ctx, &count, &first_row) returns the rows found since its
+ *   last call (and resets). Inactive rows are never read for this.
+ *
+ * Aliasing. An output (per-row outputs and stats in the forward, dhidden, dweight) may overlap
+ * no input and no other output, byte range against byte range (from shapes and strides):
+ * SPH_ERR_INVALID_ARG naming both. Inputs may share memory.
+ *
+ * Strides. Every tensor, input or output, is validated alike: inner stride 1, outer strides
+ * covering a whole row (rows never overlap), the offset of the last element and its byte
+ * extent within int64 (SPH_ERR_OVERFLOW naming the stride), data aligned to its element.
+ *
+ * Context validity. A context carries a magic word from sph_ctx_create until
+ * sph_ctx_destroy; a call on a garbage or destroyed one is SPH_ERR_INVALID_ARG where the
+ * memory can still be read. This is best effort: a use after free reads freed memory (which a
+ * sanitizer reports) and may find a new owner's bytes there. sph_ctx_destroy of such a
+ * pointer does nothing (a double destroy is harmless where it is detected).
+ *
+ * Threads. opts.num_threads is at most 4 x the processors (at least 64, within OpenMP's
+ * thread limit): beyond, SPH_ERR_INVALID_ARG naming the value and the bound. 0 takes
+ * OMP_NUM_THREADS or the processor count, capped at the same bound.
+ *
+ * Float conversions. The kernels compute in float: user doubles they take (temperature,
+ * softcap, and the policy loss's coefficients) must be finite, > 0 (softcap: or 0 = off) and,
+ * with their inverses where the kernels multiply by them, normal floats (temperature and a
+ * non-zero softcap in about [2.9e-39, 8.5e37]); otherwise SPH_ERR_INVALID_ARG.
+ *
+ * Tensor-parallel calls. Every rank of a TP group must make the same call: N, H, vocab_total,
+ * the dtype, temperature, softcap, candidates K, the mask or spans, the targets, candidates and
+ * upstream gradients, which outputs are requested, accumulate/allreduce, and contexts with the
+ * same chunk_rows / chunk_bytes. With a host communicator (MPI) every pass checks this first
+ * with one allgather of a 128-byte record (exact scalars, hashes of the arrays; measured at
+ * a few microseconds): a difference is SPH_ERR_MISMATCH on every rank, naming the field and
+ * the ranks, before any output is written. With a device communicator (NCCL) a check would
+ * need a host sync: it is the caller's duty there, checked in debug builds (NDEBUG unset).
+ */
 
 /* Optional log sink; silent by default. level: 0 error, 1 warn, 2 info, 3 debug. The
  * environment variable SPH_LOG=debug|info|warn|error also logs to stderr when no callback
@@ -251,6 +331,13 @@ SPH_API void sph_ctx_free(sph_ctx_t ctx, void *ptr);
 SPH_API sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes);
 SPH_API sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes);
 SPH_API sph_status sph_ctx_synchronize(sph_ctx_t ctx);
+/* The active rows whose statistics were non-finite in the passes on ctx since the last call
+ * (or the context's creation), and the first (lowest) such row, -1 when none; resets both.
+ * Host contexts: the rows their passes refused with SPH_ERR_NONFINITE. CUDA contexts: counted on
+ * the device by the passes (which returned SPH_OK); this call synchronizes the context's
+ * stream to read them (the only one that does). first_row may be NULL. Errors:
+ * SPH_ERR_INVALID_ARG (ctx not live, count NULL), SPH_ERR_CUDA. */
+SPH_API sph_status sph_ctx_nonfinite(sph_ctx_t ctx, int64_t *count, int64_t *first_row);
 /* Number of CUDA devices visible (0 without CUDA or without a device); never fails. */
 SPH_API int sph_cuda_device_count(void);
 
@@ -531,14 +618,19 @@ SPH_API sph_status sph_head_workspace_size(sph_ctx_t ctx, sph_head_pass pass,
 /* Forward: writes stats and every requested per-row output. One-pass mode: when dhidden or
  * dweight is given, the upstream gradients are taken as known and the gradients are
  * computed in the same sweep (each chunk of logits computed once). Everything is validated
- * before any output is written. */
+ * before any output is written ("Policies" above). Errors: SPH_ERR_INVALID_ARG, _SHAPE,
+ * _DTYPE, _DEVICE, _OVERFLOW, _WORKSPACE (the arguments), SPH_ERR_UNSUPPORTED (this backend),
+ * SPH_ERR_MISMATCH (the ranks of a TP group make different calls), SPH_ERR_NONFINITE (host
+ * contexts: non-finite statistics of an active row), SPH_ERR_ALLOC (the reference's scratch),
+ * SPH_ERR_MPI / _NCCL / _CUDA. */
 SPH_API sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                                     size_t workspace_bytes);
 
 /* Backward: reads stats (from the forward) and the upstream gradients; writes dhidden and/or
- * dweight. Masked mode (active_mask or spans): skips every chunk/tile without an active row;
- * dhidden rows outside the spans are written as exact zeros (or left as they are when
- * accumulating). */
+ * dweight. Errors as the forward's (SPH_ERR_NONFINITE: non-finite stats or upstream
+ * gradients of an active row, host contexts). Masked mode (active_mask or spans): skips every
+ * chunk/tile without an active row; dhidden rows outside the spans are written as exact zeros
+ * (or left as they are when accumulating). */
 SPH_API sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                                      size_t workspace_bytes);
 

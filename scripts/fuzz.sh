@@ -2,7 +2,7 @@
 # Runs each libFuzzer target of a fuzz build for a bounded time.
 # usage: scripts/fuzz.sh BUILD_DIR SECONDS_PER_TARGET   (make fuzz: build-fuzz, $FUZZ_SECONDS or 60)
 # Corpora live in BUILD_DIR/fuzz-corpus/<target> (seeded from tests/data and small built-in
-# examples); findings are written to BUILD_DIR/fuzz-findings/<target>/ and fail the run.
+# examples: .npy files and headers, command lines of every subcommand); findings are written to BUILD_DIR/fuzz-findings/<target>/ and fail the run.
 set -euo pipefail
 build=${1:-build-fuzz}
 secs=${2:-60}
@@ -32,6 +32,31 @@ for t in "${targets[@]}"; do
         printf '\x10\x10\x00\x05\x02\x02\x00\x00' | cat - "$here/tests/data/demo/lengths.json" >"$corpus/seed-demo"
         printf '\x1a\x00\x01\x00\x03\x00\x00\x00[6,5,4,3,2]' >"$corpus/seed-small"
         printf '\x1a\x00\x02\x00\x00\x00\x00\x006\n5\n4\n30\n' >"$corpus/seed-lines"
+        ;;
+    fuzz_npy)
+        # mode byte (0 file, 1 stream, 2 header alone), then a .npy file or a header
+        npy() { # VERSION_BYTE HEADER DATA_BYTES
+            local h="$2" pad
+            pad=$(( (64 - (10 + ${#h} + 1) % 64) % 64 ))
+            printf "\\x93NUMPY\\x01\\x00"
+            printf "\\x$(printf %02x $(( (${#h} + pad + 1) % 256 )))\\x$(printf %02x $(( (${#h} + pad + 1) / 256 )))"
+            printf '%s%*s\n' "$h" "$pad" ""
+            head -c "$3" /dev/zero
+        }
+        { printf '\x00'; npy 1 "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }" 48; } >"$corpus/seed-f4"
+        { printf '\x00'; npy 1 "{'descr': '|u1', 'fortran_order': False, 'shape': (5,), }" 5; } >"$corpus/seed-u1"
+        { printf '\x01'; npy 1 "{'descr': '<i8', 'fortran_order': False, 'shape': (), }" 8; } >"$corpus/seed-scalar"
+        { printf '\x00'; npy 1 "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }" 16; } >"$corpus/seed-fortran"
+        printf "\x02{'descr': '<f2', 'fortran_order': False, 'shape': (7, 1, 3L), }   \n" >"$corpus/seed-header"
+        ;;
+    fuzz_args)
+        # table byte (0 layout 1 pack 2 spans 3 tune 4 run 5 run --tp 6 bench; +0x80 allows
+        # positional arguments, +0x40 prints the help), then NUL-separated arguments
+        printf '\x84--N\0004K\000--H\000256\000--V=4096\000--mask\000random\000--active\0000.3' >"$corpus/seed-run"
+        printf '\x06--shape\000A,B\000--N\00016K,64K\000--active\0001,0.5\000--mask\000response,packed-rl' >"$corpus/seed-bench"
+        printf '\x81--capacity\00016K\000--algorithm\000mffd\000-\000--tp\0002' >"$corpus/seed-pack"
+        printf '\x45--tp\0002\000--cp\0002\000--temperature\0000.7\000--pack\000balanced\000--help' >"$corpus/seed-dist"
+        printf '\x80--tp\0002\000-3\00017\000--fp8=mxfp8' >"$corpus/seed-layout"
         ;;
     fuzz_policy)
         # 16 option bytes (shape, flags, loss/KL/agg, scalars) then per-row bytes

@@ -2,8 +2,9 @@
 # Installs what spanhead needs to build and test on a fresh Debian machine:
 # compilers and CMake come with the image; this adds cmocka (C unit tests), cJSON (JSON in the
 # CLI), OpenBLAS (CPU tile products, OpenMP flavour so it runs serially inside our own OpenMP
-# regions), Open MPI (communicator), clang's libFuzzer runtime (fuzz target) and the Python test
-# tools. Idempotent: does nothing when everything is present.
+# regions), Open MPI (communicator), clang's libFuzzer runtime (fuzz targets, also run briefly by
+# make test), the Python test tools and matplotlib (spanhead bench --plot, bench/plot_bench.py).
+# Idempotent: does nothing when everything is present.
 set -euo pipefail
 
 pkgs=(cmake pkg-config libcmocka-dev libcjson-dev libopenblas-openmp-dev liblapack-dev
@@ -21,9 +22,9 @@ if ((${#missing[@]})); then
 fi
 
 py=${PYTHON:-python3}
-if ! $py -c 'import numpy, pytest' >/dev/null 2>&1; then
-    echo "setup: installing numpy and pytest"
-    $py -m pip install -q numpy pytest
+if ! $py -c 'import numpy, pytest, matplotlib' >/dev/null 2>&1; then
+    echo "setup: installing numpy, pytest and matplotlib"
+    $py -m pip install -q numpy pytest matplotlib
 fi
 
 # The Python tests run in a virtual environment with PyPI's default torch wheel (the CUDA one,

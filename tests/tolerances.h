@@ -61,11 +61,14 @@
  * tensor-core products (u_D = u_bf16 or u_f16 on every element; f16 also underflows below
  * 2^-14, eta_D = TOL_ETA_F16), then accumulate in fp32 (tensor-core adds, TOL_ACC_CUDA of A
  * for sums of up to 20000 terms: sqrt(V) 2^-22 ~ 3e-5, times 3). TOL_CUDA_MARGIN multiplies
- * the u_D and eta_D terms: they are upper bounds already, the factor covers the dlogits'
- * own f32 error feeding the rounding. Was a flat 2.5e-2 normwise for both half dtypes,
- * eight times f16's arithmetic. */
+ * the u_D and eta_D terms: the sm_90a one-pass path stages E = e^(z - m) in f16 before forming
+ * the dlogits (a second rounding of <= u_f16 <= u_D in p, and of z through log E in the
+ * entropy term), and the dlogits' own f32 error feeds the rounding: 3 covers u_D + u_E with
+ * u_D to spare. Was a flat 2.5e-2 normwise for both half dtypes (eight times f16's
+ * arithmetic); run 21 saw a max abs error 4.9e-3 for bf16 inputs with f32 dhidden, which an
+ * elementwise 2e-4 + 2e-2 |ref| did not cover and this budget (per element, with A) does. */
 #define TOL_ACC_CUDA 1e-4
-#define TOL_CUDA_MARGIN 2.0
+#define TOL_CUDA_MARGIN 3.0
 /* The same, normwise, for tests that do not compute A (the policy loss on the GPU): the
  * rounding of D contributes <= u_D A_ik to dhidden_ik, and A_ik stays within a few max|dh|
  * for these softmax gradients (sum_j |du_ij| <= 2 |g_i| (1 - p_t) + ...): 6 u_D, which is the

@@ -105,10 +105,17 @@ class InternalError(Error, RuntimeError):
     status = 17
 
 
+class NonFiniteError(Error, FloatingPointError):
+    """NaN or infinity in the statistics of an active row (SPH_ERR_NONFINITE): NaN/inf in
+    hidden or weight, or logits beyond float. CUDA passes do not raise it; see
+    Context.nonfinite / sph_ctx_nonfinite."""
+    status = 18
+
+
 #: Exception class of each status code (index = code; 0 is success and maps to Error).
 BY_STATUS = (Error, InvalidArgumentError, ShapeError, DTypeError, DeviceError, AllocError,
              SizeOverflowError, UnsupportedError, CudaError, MPIError, NCCLError, ParseError,
              InfeasibleError, FileError, WorkspaceError, MismatchError, NoDeviceError,
-             InternalError)
+             InternalError, NonFiniteError)
 
 __all__ = [c.__name__ for c in BY_STATUS] + ["BY_STATUS"]

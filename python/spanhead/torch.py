@@ -79,6 +79,8 @@ class LossOutputs(NamedTuple):
 # ---- argument preparation (traceable by torch.compile: metadata and torch ops only) ---------
 
 def _i64(v: Any, name: str) -> int:
+    if isinstance(v, torch.SymInt):
+        return v  # under torch.compile with dynamic shapes: checked by the operator
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise DTypeError(f"{name}: expected an integer, got {v!r}")
     if not -2**63 <= int(v) < 2**63:
@@ -87,6 +89,8 @@ def _i64(v: Any, name: str) -> int:
 
 
 def _real(v: Any, name: str) -> float:
+    if isinstance(v, (torch.SymFloat, torch.SymInt)):
+        return v  # under torch.compile: a symbolic scalar (the operator checks it)
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise DTypeError(f"{name}: expected a real number, got {v!r}")
     try:
@@ -171,6 +175,15 @@ def _comm_for(group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
     return comm
 
 
+def _tp_constant(fn):
+    """torch.compile runs the communicator lookup at trace time and keeps its result (an int
+    key and vocab_total) as a constant of the graph: the lookup calls into the extension and
+    torch.distributed, which dynamo cannot trace; the result is fixed for a given group."""
+    mark = getattr(getattr(torch, "_dynamo", None), "assume_constant_result", None)
+    return mark(fn) if mark is not None else fn
+
+
+@_tp_constant
 def _tp(tp_group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
         dtype: torch.dtype, temperature: float):
     """(communicator key, vocab_total) of a tp_group (None, a spanhead.Comm or a
@@ -240,8 +253,13 @@ def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
     vocab_start = _i64(vocab_start, "vocab_start")
     temperature = _real(temperature, "temperature")
     softcap = 0.0 if softcap is None else _real(softcap, "softcap")
-    key, vocab_total = _tp(tp_group, _i64(vocab_total, "vocab_total"), vocab_start,
-                           w2.shape[0], h2.dtype, temperature)
+    vocab_total = _i64(vocab_total, "vocab_total")
+    key = 0
+    if tp_group is not None:
+        # plain Python values for the trace-time lookup (a symbolic size or temperature is
+        # specialized here: a communicator is made for one configuration)
+        key, vocab_total = _tp(tp_group, int(vocab_total), int(vocab_start), int(w2.shape[0]),
+                               h2.dtype, float(temperature))
     if reduce_dhidden is None:
         reduce_dhidden = key != 0
     opts = _ops.opts_from(options)
@@ -354,7 +372,7 @@ def weighted_logprob_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     if targets is None:
         raise InvalidArgumentError("targets: required (the loss weights log-probs of targets)")
     coef = _real(entropy_coef, "entropy_coef")
-    if not math.isfinite(coef):
+    if not (coef == coef and -math.inf < coef < math.inf):  # finite (traceable: no isfinite)
         raise InvalidArgumentError(f"entropy_coef: {entropy_coef}, expected a finite number")
     loss, lp, ent = _one_pass(hidden, weight, targets, weights, loss_mask, spans, temperature,
                               softcap, tp_group, vocab_start, vocab_total, gap, reduce_dhidden,

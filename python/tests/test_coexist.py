@@ -139,10 +139,18 @@ w = torch.randn(11, 8, device="cuda", requires_grad=True)
 t = torch.randint(0, 11, (5,), device="cuda")
 lp = sht.logprobs(h, w, t, tp_group=g)
 lp.sum().backward()
+gw = w.grad.clone()
+# the same under torch.compile(fullgraph): the group lookup is a trace-time constant
+w.grad = None
+lpc = torch.compile(lambda h, w, t: sht.logprobs(h, w, t, tp_group=g), fullgraph=True,
+                    backend="aot_eager")(h, w, t)
+lpc.sum().backward()
+compiled = max((lpc - lp).abs().max().item(), (w.grad - gw).abs().max().item())
 ref = torch.log_softmax(h.double() @ w.double().T, -1).gather(1, t[:, None])[:, 0]
 torch.cuda.synchronize()
 libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if "libnccl" in l})
-print(json.dumps({"err": (lp.double() - ref).abs().max().item(), "libs": libs}))
+print(json.dumps({"err": (lp.double() - ref).abs().max().item(), "libs": libs,
+                  "compiled": compiled}))
 dist.destroy_process_group()
 """
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "pg")], capture_output=True,
@@ -153,3 +161,4 @@ dist.destroy_process_group()
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["err"] < 2e-5, r
     assert len(r["libs"]) == 1, r["libs"]
+    assert r["compiled"] < 1e-6, r  # compiled == eager over the torch.distributed group

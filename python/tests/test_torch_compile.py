@@ -306,3 +306,57 @@ def test_compile_policy_loss_equals_eager(loss_type, kl, mask_kind):
         assert_close("policy vs torch loss", y_e, y_t.detach(), F32)
         assert_close("policy vs torch dhidden", gh_e, h2.grad, F32)
         assert_close("policy vs torch dweight", gw_e, w2.grad, F32)
+
+
+def test_compile_with_a_spanhead_comm():
+    """tp_group=spanhead.Comm: the communicator lookup runs at trace time (a constant of the
+    graph), the call itself is the operator; one rank (Comm.none) equals no group."""
+    torch._dynamo.reset()
+    h, w, t, m = case(51)
+    h.requires_grad_(True)
+    comm = spanhead.Comm.none()
+
+    def f(h, w, t, m):
+        return (sht.logprobs(h, w, t, loss_mask=m, tp_group=comm).sum() +
+                sht.weighted_logprob_loss(h, w, t, 0.1, loss_mask=m, tp_group=comm))
+
+    y_c, (g_c,) = grads(lambda: torch.compile(f, fullgraph=True, backend="aot_eager")(h, w, t, m),
+                        h)
+    y_e, (g_e,) = grads(lambda: (sht.logprobs(h, w, t, loss_mask=m).sum() +
+                                 sht.weighted_logprob_loss(h, w, t, 0.1, loss_mask=m)), h)
+    assert_close("loss", y_c, y_e, 1e-6)
+    assert_close("dhidden", g_c, g_e, 1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_library_errors_arrive_as_spanhead_exceptions(compiled):
+    """What the C API rejects inside an operator is the same spanhead exception, eager or
+    compiled (the fake implementation does not validate; the real one runs the library)."""
+    torch._dynamo.reset()
+    h, w, t, _ = case(61)
+
+    def f(h, w, t, temperature):
+        return sht.logprobs(h, w, t, temperature=temperature)
+
+    g = torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f
+    with pytest.raises(spanhead.InvalidArgumentError, match="temperature"):
+        g(h, w, t, 0.0)
+    with pytest.raises(spanhead.Error):
+        g(h, w, torch.full_like(t, w.shape[0] + 5), 1.0)  # a target beyond the vocabulary
+
+
+def test_compile_dynamic_shapes_and_scalars():
+    """One compiled function over changing N, V, temperature and coefficients (dynamo makes
+    them symbolic after the first change): no graph break, each call equals eager."""
+    torch._dynamo.reset()
+
+    def f(h, w, t, temperature, coef, eps):
+        return (sht.logprobs(h, w, t, temperature=temperature).sum() +
+                sht.weighted_logprob_loss(h, w, t, 0.1, entropy_coef=coef) +
+                sht.linear_cross_entropy(h, w, t, label_smoothing=eps))
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for i, (N, V, T, c, e) in enumerate([(5, 7, 1.0, 0.0, 0.0), (9, 11, 0.7, 0.1, 0.1),
+                                         (13, 17, 1.3, 0.2, 0.0), (21, 19, 0.9, 0.3, 0.2)]):
+        h, w, t, _ = case(70 + i, N=N, H=8, V=V)
+        assert_close(f"N={N} V={V} T={T}", cf(h, w, t, T, c, e), f(h, w, t, T, c, e), 1e-6)

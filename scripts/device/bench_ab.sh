@@ -2,7 +2,8 @@
 # bench_ab.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh):
 # one `spanhead bench` argument list run once per variant, back to back in one call, so that
 # kernel versions compare in the same run (the card is power-limited: only same-run ratios
-# count). A variant is "default" or a comma-separated list of environment settings, e.g.
+# count). A variant is "default" or a comma-separated list of environment settings and extra
+# bench options ("+name=value" adds "--name value"), e.g.
 #   VARIANTS="default SPH_CUDA_STORE16=0 SPH_CUDA_ONEPASS=recompute" \
 #   BENCH_ARGS="--shape A,E --N 16K --mode both" bash .devbundle/bench_ab.sh
 # Knobs: VARIANTS, BENCH_ARGS (default: shapes A,B,D,E at 16K, dense and response 0.5, both
@@ -37,12 +38,19 @@ for t in ${TESTS:-}; do
 done
 args=${BENCH_ARGS:---shape A,B,D,E --N 16K --active 1,0.5 --mask response --mode both}
 for v in ${VARIANTS:-default}; do
-  n=$(echo "$v" | tr '=,' '__')
-  envs=""
-  [ "$v" != default ] && envs=$(echo "$v" | tr ',' ' ')
+  n=$(echo "$v" | tr '=,+' '___')
+  envs="" extra=""
+  if [ "$v" != default ]; then
+    for item in $(echo "$v" | tr ',' ' '); do
+      case "$item" in
+        +*) kv=${item#+}; extra="$extra --${kv%%=*} ${kv#*=}" ;;
+        *) envs="$envs $item" ;;
+      esac
+    done
+  fi
   t0=$(date +%s)
-  env $envs timeout "${TIMEOUT:-150}" ./bin/spanhead bench $args --json "$R/bench_$n.jsonl" \
-    > "$R/bench_$n.md" 2>&1
+  env $envs timeout "${TIMEOUT:-150}" ./bin/spanhead bench $args $extra \
+    --json "$R/bench_$n.jsonl" > "$R/bench_$n.md" 2>&1
   echo "bench $v rc=$? $(( $(date +%s) - t0 )) s" >> "$R/steps.txt"
 done
 tar czf "$OUT/bench_ab.tgz" -C "$R" .
@@ -53,7 +61,7 @@ import json, sys, os
 R, variants = sys.argv[1], sys.argv[2:]
 rows, keys = {}, []
 for v in variants:
-    f = os.path.join(R, "bench_%s.jsonl" % v.replace("=", "_").replace(",", "_"))
+    f = os.path.join(R, "bench_%s.jsonl" % v.replace("=", "_").replace(",", "_").replace("+", "_"))
     if not os.path.exists(f):
         continue
     for line in open(f):

@@ -33,6 +33,8 @@ if [ "${1:-}" = prepare ]; then
     cmake -S . -B build-pywheel -DCMAKE_BUILD_TYPE=Release -DSPH_MPI=OFF -DSPH_BUILD_TESTS=OFF \
         -DSPH_BUILD_BENCH=OFF -DSPH_BUILD_CLI=OFF -DSPH_WERROR=ON >/dev/null
     rm -rf .pywhl && mkdir -p .pywhl
+    # --no-build-isolation builds with this Python's own setuptools and wheel
+    "$py" -c 'import setuptools, wheel' 2>/dev/null || "$py" -m pip install -q setuptools wheel
     SPANHEAD_BUILD_DIR=$root/build-pywheel SPANHEAD_WHEEL_LIBS=auto \
         "$py" -m pip wheel --no-build-isolation --no-deps -w .pywhl ./python
     "$py" -m pip install -q --no-deps --target .pywhl/pydeps pytest pluggy iniconfig packaging

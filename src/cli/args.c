@@ -10,6 +10,21 @@
 
 static void *at(void *dst, const sph_cli_opt *o) { return (char *)dst + o->off; }
 
+/* A user's value as messages show it: at most 64 characters, control characters as '?', so
+ * that a message stays one line whatever argv holds. */
+typedef struct shown {
+    char s[72];
+} shown;
+
+static shown show(const char *v) {
+    shown r;
+    size_t k = 0;
+    for (; v[k] && k < 64; k++) r.s[k] = (unsigned char)v[k] < 0x20 || v[k] == 0x7f ? '?' : v[k];
+    if (v[k]) r.s[k++] = '.', r.s[k++] = '.', r.s[k++] = '.';
+    r.s[k] = '\0';
+    return r;
+}
+
 /* "f32, bf16 or f16" */
 static void choice_list(const sph_cli_opt *o, char *buf, size_t n) {
     buf[0] = '\0';
@@ -48,7 +63,7 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
     char what[160];
     switch (o->kind) {
     case SPH_OPT_FLAG:
-        sph_cli_err(err, errlen, "%s takes no value (got '%s')", o->name, v);
+        sph_cli_err(err, errlen, "%s takes no value (got '%s')", o->name, show(v).s);
         return 2;
     case SPH_OPT_I64:
     case SPH_OPT_COUNT: {
@@ -57,7 +72,7 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
                                          : sph_cli_parse_count(v, o->lo, o->hi, &x);
         if (bad) {
             range_text(o, what, sizeof what);
-            sph_cli_err(err, errlen, "%s '%s': expected %s %s", o->name, v,
+            sph_cli_err(err, errlen, "%s '%s': expected %s %s", o->name, show(v).s,
                         o->kind == SPH_OPT_I64 ? "an integer" : "a count (like 4096 or 16K)", what);
             return 2;
         }
@@ -68,7 +83,8 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
         double x;
         if (!f64_ok(o, v, &x)) {
             range_text(o, what, sizeof what);
-            sph_cli_err(err, errlen, "%s '%s': expected a finite number %s", o->name, v, what);
+            sph_cli_err(err, errlen, "%s '%s': expected a finite number %s", o->name, show(v).s,
+                        what);
             return 2;
         }
         *(double *)at(dst, o) = x;
@@ -85,7 +101,7 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
         int k = choice_index(o, v, strlen(v));
         if (k < 0) {
             choice_list(o, what, sizeof what);
-            sph_cli_err(err, errlen, "%s '%s': expected %s", o->name, v, what);
+            sph_cli_err(err, errlen, "%s '%s': expected %s", o->name, show(v).s, what);
             return 2;
         }
         *(int *)at(dst, o) = k;
@@ -114,7 +130,8 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
                     ok = k >= 0;
                     for (int j = 0; ok && j < l.n; j++)
                         if (l.i[j] == k) {
-                            sph_cli_err(err, errlen, "%s '%s': %s given twice", o->name, v, tok);
+                            sph_cli_err(err, errlen, "%s '%s': %s given twice", o->name,
+                                        show(v).s, tok);
                             return 2;
                         }
                     l.i[l.n] = k;
@@ -124,11 +141,11 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
                 if (o->kind == SPH_OPT_CHOICES) {
                     choice_list(o, what, sizeof what);
                     sph_cli_err(err, errlen, "%s '%s': expected up to %d of %s, comma-separated",
-                                o->name, v, SPH_CLI_LIST_MAX, what);
+                                o->name, show(v).s, SPH_CLI_LIST_MAX, what);
                 } else {
                     range_text(o, what, sizeof what);
                     sph_cli_err(err, errlen, "%s '%s': expected up to %d comma-separated %s %s",
-                                o->name, v, SPH_CLI_LIST_MAX,
+                                o->name, show(v).s, SPH_CLI_LIST_MAX,
                                 o->kind == SPH_OPT_COUNTS ? "counts (like 16K)" : "numbers", what);
                 }
                 return 2;
@@ -164,7 +181,7 @@ int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
         /* "-" (stdin) and negative numbers ("-3") are positional */
         if (options_done || a[0] != '-' || a[1] == '\0' || (a[1] >= '0' && a[1] <= '9')) {
             if (!pos) {
-                sph_cli_err(err, errlen, "unexpected argument '%s' (see --help)", a);
+                sph_cli_err(err, errlen, "unexpected argument '%s' (see --help)", show(a).s);
                 return 2;
             }
             pos[out->n_pos++] = a;
@@ -177,7 +194,9 @@ int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
             if (strlen(table[k].name) == nl && !strncmp(table[k].name, a, nl)) break;
         const sph_cli_opt *o = &table[k];
         if (!o->name) {
-            sph_cli_err(err, errlen, "unknown option '%.*s' (see --help)", (int)(nl < 200 ? nl : 200), a);
+            char name[80];
+            snprintf(name, sizeof name, "%.*s", (int)(nl < 64 ? nl : 64), a);
+            sph_cli_err(err, errlen, "unknown option '%s' (see --help)", show(name).s);
             return 2;
         }
         if (k < 64) out->given[k] = 1;

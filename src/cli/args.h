@@ -47,6 +47,9 @@ typedef struct sph_cli_opt {
     const char *help;            /* lines separated by '\n' */
 } sph_cli_opt;
 
+/* The row that ends a table. */
+#define SPH_CLI_OPT_END {.name = NULL}
+
 /* Result of sph_cli_parse beyond the options struct. */
 typedef struct sph_cli_parsed {
     unsigned char given[64]; /* given[k]: table row k appeared (rows past 64 are not tracked) */

@@ -14,22 +14,13 @@
 
 #include "cli.h"
 
-typedef struct shape {
-    const char *name;
-    int64_t H, V; /* V: the per-rank vocabulary V_loc */
-} shape;
 
-/* Per rank at TP4 (the seed's layout): A 2048x62080, B 4096x37984, C 5120x37984, D 2048x151936;
- * E 4096x128256 (a whole 128K vocabulary). The seed's matrix uses A-D. */
-extern const shape bench_shapes[5];
-extern const char *const bench_shape_names[];  /* "A".."E", for option tables */
-extern const char *const bench_mask_names[];   /* response, fragmented, packed-rl */
 
 /* One (shape, per-rank N) the bench allocates buffers for. tp, cp and tokens (the total
  * tokens over the CP group) are 0 for grid points, which have no parallel layout: the JSON
  * writes them as null rather than inventing TP1/CP1. */
 typedef struct work {
-    shape sh;
+    bench_shape sh;
     int64_t N, tp, cp, tokens;
 } work;
 
@@ -40,26 +31,6 @@ typedef struct run_spec {
     int one_pass;
 } run_spec;
 
-#define MAX_LIST SPH_CLI_LIST_MAX
-#define MAX_WORK 256
-#define MAX_RUNS (2 * (1 + 3 * MAX_LIST))
-
-typedef struct bopts {
-    /* options as parsed */
-    int device, dtype_opt, matrix, mode, list;
-    sph_cli_list shape_list, N_list, act_list, mask_list;
-    int64_t H, V, repeats, warmup, chunk_bytes, gap, seed;
-    const char *json, *commit, *plot, *peers;
-    /* derived */
-    sph_device_type dev;
-    sph_dtype dt;
-    const char *dt_name;
-    shape shapes[MAX_LIST];
-    int n_shapes;
-    const char *masks[3];
-    int n_masks;
-    int modes; /* 1 general, 2 one-pass, 3 both (4: policy, bench_policy.c) */
-} bopts;
 
 /* The work points: the --shape x --N grid, or the seed's matrix (--matrix seed). */
 int bench_grid(const bopts *o, work *out);

@@ -9,11 +9,6 @@
 
 #include "bench.h"
 
-const shape bench_shapes[5] = {
-    {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936},
-    {"E", 4096, 128256}};
-const char *const bench_shape_names[] = {"A", "B", "C", "D", "E", NULL};
-const char *const bench_mask_names[] = {"response", "fragmented", "packed-rl", NULL};
 
 // ---- response and fragmented masks -----------------------------------------------------------
 // response: the last act*2048 rows of each 2048-row sequence; fragmented: runs of 16 active
@@ -126,7 +121,7 @@ static int packed_rl_mask(const bopts *o, const work *w, uint8_t *mask, int64_t 
 
 // ---- points ----------------------------------------------------------------------------------
 
-static int add_work(work *out, int n, const shape *sh, int64_t tp, int64_t cp, int64_t T) {
+static int add_work(work *out, int n, const bench_shape *sh, int64_t tp, int64_t cp, int64_t T) {
     const int64_t V_full = 4 * sh->V;
     int64_t V = V_full / tp;
     if (V_full % tp) V -= V % 8;

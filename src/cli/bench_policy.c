@@ -112,7 +112,7 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
                          const uint8_t *hm, const int64_t *spans, int64_t ns, int masked,
                          int64_t n_active, const float *hadv, const float *hold,
                          const float *href, const int32_t *htgt, double rate, row rows[3]) {
-    const shape *sh = &w->sh;
+    const bench_shape *sh = &w->sh;
     const int64_t N = w->N;
     int64_t sh_h[2] = {N, sh->H}, sh_w[2] = {sh->V, sh->H}, sh_n[1] = {N}, sh_s[2] = {N, 3};
     int64_t sh_m[1] = {SPH_POLICY_N_METRICS};
@@ -229,7 +229,7 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
     int rc = 0;
     for (int wi = 0; wi < n_work && !rc; wi++) {
         const work *w = &ws[wi];
-        const shape *sh = &w->sh;
+        const bench_shape *sh = &w->sh;
         const int64_t N = w->N;
         double rate = 0;
         if (o->dev == SPH_DEVICE_CUDA) {

@@ -9,6 +9,7 @@
 #define SPH_CLI_H
 
 #include "args.h"
+#include "opts.h"
 #include "spanhead.h"
 #include "util.h"
 
@@ -18,9 +19,6 @@ int sph_cli_spans(int argc, char **argv);
 int sph_cli_run(int argc, char **argv);
 int sph_cli_bench(int argc, char **argv);
 int sph_cli_tune(int argc, char **argv);
-
-/* The FP8 recipes in sph_fp8 order, for option tables. */
-extern const char *const sph_cli_fp8_names[];
 
 /* Parses a command's table (sph_cli_parse), printing the help or the usage error itself:
  * returns 0 to go on, else the exit code (0 after --help, 2 on a usage error) with *done set. */

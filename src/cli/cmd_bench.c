@@ -29,7 +29,7 @@
  * --peers, the peers). A terminal sees progress on stderr (runs done/total, elapsed, ETA).
  *
  * Defaults serve the device: on a GPU the model shapes A,B at 16K and 64K tokens; on the CPU
- * (no GPU, or --device cpu) one small shape, H 256 x V_loc 4096 at N = 2K with 3 repeats,
+ * (no GPU, or --device cpu) one small shape, H 256 x V_loc 4096 at N = 1K with 3 repeats,
  * which finishes in seconds on 2 cores.
  */
 #include <errno.h>
@@ -47,80 +47,8 @@
 #include "bench.h"
 #include "synth.h"
 
-static const char *const k_devices[] = {"cpu", "cuda", NULL};
-static const char *const k_dtypes[] = {"bf16", "f16", "f32", NULL};
-static const char *const k_matrix[] = {"seed", NULL};
-static const char *const k_modes[] = {"general", "one-pass", "both", "policy", NULL};
 
-#define O(f) offsetof(bopts, f)
-static const sph_cli_opt k_opts[] = {
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
-     "(default cuda when a GPU is present, else cpu)"},
-    {"--dtype", "bf16|f16|f32", SPH_OPT_CHOICE, O(dtype_opt), 0, 0, 0, 0, k_dtypes, 0,
-     "(default bf16 on cuda, f32 on cpu)"},
-    {"--shape", "A,B,C,D,E", SPH_OPT_CHOICES, O(shape_list), 0, 0, 0, 0, bench_shape_names, 0,
-     "model shapes per rank at TP4 (A 2048x62080, B 4096x37984,\n"
-     "C 5120x37984, D 2048x151936; E 4096x128256, a whole 128K\n"
-     "vocabulary); default on cuda A,B (matrix: A-D)"},
-    {"--H", "N", SPH_OPT_COUNT, O(H), 1, INT32_MAX, 0, 0, NULL, 0,
-     "a custom shape instead, with --V (default on cpu: 256 x 4096)"},
-    {"--V", "N", SPH_OPT_COUNT, O(V), 1, INT32_MAX, 0, 0, NULL, 0, "local vocabulary of the custom shape"},
-    {"--N", "16K,64K", SPH_OPT_COUNTS, O(N_list), 1, (int64_t)1 << 40, 0, 0, NULL, 0,
-     "tokens per rank (default 16K,64K on cuda, 2K on cpu)"},
-    {"--matrix", "seed", SPH_OPT_CHOICE, O(matrix), 0, 0, 0, 0, k_matrix, 0,
-     "instead of the --shape x --N grid, the seed's matrix as\n"
-     "per-rank work: each shape at TP4/CP2 with 16K..256K total\n"
-     "tokens T (5 sizes), and at every (TP, CP), powers of two\n"
-     "with TP*CP <= 8 (10 layouts), with T = 16K; N = T / CP,\n"
-     "V_loc = 4 V / TP. 56 unique points (the seed says 58 but\n"
-     "does not list them); JSON gains tp, cp, tokens (null on\n"
-     "grid points)"},
-    {"--list", NULL, SPH_OPT_FLAG, O(list), 0, 0, 0, 0, NULL, 0,
-     "print the runs (point, mask, active, mode), run nothing"},
-    {"--active", "1,0.5,0.25", SPH_OPT_F64S, O(act_list), 0, 0, 0, 1, NULL, SPH_OPTF_GT,
-     "active fractions in (0, 1] (default 1,0.5,0.25)"},
-    {"--mask", "PATTERNS", SPH_OPT_CHOICES, O(mask_list), 0, 0, 0, 0, bench_mask_names, 0,
-     "response,fragmented,packed-rl (default response):\n"
-     "response: the last active*2048 rows of each 2048-row\n"
-     "sequence; fragmented: runs of 16 active rows, evenly\n"
-     "spaced; packed-rl: a packed RL batch from the library's\n"
-     "metadata: prompts log-normal (median 512, sigma 1,\n"
-     "clipped to [32, 4096] tokens), responses log-normal\n"
-     "(median 768, sigma 1, [16, 8192]), concatenated until\n"
-     "the T tokens are full (the last one cut), padded to the\n"
-     "TP/CP sequence alignment, loss on response tokens, CP\n"
-     "rank 0's rows; --active does not apply: it runs once\n"
-     "and reports its own fraction (n_active / N)"},
-    {"--seed", "N", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
-     "packed-rl length draws (default 1; same seed, same batch)"},
-    {"--mode", "general|one-pass|both|policy", SPH_OPT_CHOICE, O(mode), 0, 0, 0, 0, k_modes, 0,
-     "(default both); policy: the fused RL policy loss next to the\n"
-     "one-pass weighted loss and the general path + the loss on the\n"
-     "host, same run (bench_policy.c)"},
-    {"--repeats", "N", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
-     "timed runs per point (default 5 on cuda, 3 on cpu)"},
-    {"--warmup", "N", SPH_OPT_I64, O(warmup), 0, 1000, 0, 0, NULL, 0,
-     "untimed runs first (default 2 on cuda, 1 on cpu)"},
-    {"--chunk-bytes", "N", SPH_OPT_COUNT, O(chunk_bytes), 0, INT64_MAX, 0, 0, NULL, 0,
-     "workspace budget (default the context's: 1 GiB on CUDA)"},
-    {"--gap", "N", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
-     "coalesce active runs across gaps of <= N rows into one\n"
-     "span (default 0: exact spans; the CUDA backend gathers\n"
-     "rows across spans, so coalescing only adds work)"},
-    {"--json", "FILE", SPH_OPT_STR, O(json), 0, 0, 0, 0, NULL, 0,
-     "JSON lines, one object per run (appended)"},
-    {"--commit", "SHA", SPH_OPT_STR, O(commit), 0, 0, 0, 0, NULL, 0,
-     "recorded in the JSON (default $SPH_COMMIT or unknown)"},
-    {"--plot", "FILE.png", SPH_OPT_STR, O(plot), 0, 0, 0, 0, NULL, 0,
-     "draw time against active fraction per shape, with the floors\n"
-     "(bench/plot_bench.py; needs python3 and matplotlib, which\n"
-     "scripts/setup.sh installs; without them the plot is skipped\n"
-     "with a message)"},
-    {"--peers", "FILE", SPH_OPT_STR, O(peers), 0, 0, 0, 0, NULL, 0,
-     "with --plot: also draw the peers of bench/cuda/peers.py's\n"
-     "peers.jsonl (same shapes and N)"},
-    {NULL}};
-#undef O
+/* options: sph_cli_bench_opts (opts.c) */
 
 // ---- rates -----------------------------------------------------------------------------------
 
@@ -194,7 +122,7 @@ typedef struct point {
 } point;
 
 /* Times one configuration; returns 0 and fills pt, or an exit code. */
-static int time_point(sph_ctx_t ctx, const bopts *o, const shape *sh, int64_t N, dev_bufs *b,
+static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int64_t N, dev_bufs *b,
                       const int64_t *spans, int64_t n_spans, int masked, int one_pass,
                       const rates *rt, point *pt) {
     int64_t sh_h[2] = {N, sh->H}, sh_w[2] = {sh->V, sh->H}, sh_n[1] = {N}, sh_s[2] = {N, 3};
@@ -427,26 +355,26 @@ static const char k_about[] =
     "active floor (8 or 6 N_active H V flops at the dense GEMM rate measured in the same run)\n"
     "and the dense path, over a grid of shapes, token counts, mask patterns and active\n"
     "fractions. Defaults: on a GPU shapes A,B at 16K and 64K tokens; on the CPU one small\n"
-    "shape (H 256, V_loc 4096, N 2K), seconds on 2 cores.";
+    "shape (H 256, V_loc 4096, N 1K), seconds on 2 cores.";
 
 /* Fills the derived fields; 0 or the usage exit code. */
 static int settle(bopts *o, const sph_cli_parsed *pp) {
     const int cuda_present = sph_cuda_device_count() > 0;
-    const int given_dev = sph_cli_given(k_opts, pp, "--device");
+    const int given_dev = sph_cli_given(sph_cli_bench_opts, pp, "--device");
     o->dev = given_dev ? (o->device ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU)
                        : (cuda_present ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU);
     const int cpu = o->dev == SPH_DEVICE_CPU;
-    if (!sph_cli_given(k_opts, pp, "--dtype")) o->dtype_opt = cpu ? 2 : 0;
+    if (!sph_cli_given(sph_cli_bench_opts, pp, "--dtype")) o->dtype_opt = cpu ? 2 : 0;
     static const sph_dtype dts[3] = {{SPH_DTYPE_BFLOAT, 16, 1}, {SPH_DTYPE_FLOAT, 16, 1},
                                      {SPH_DTYPE_FLOAT, 32, 1}};
     o->dt = dts[o->dtype_opt];
-    o->dt_name = k_dtypes[o->dtype_opt];
-    o->matrix = sph_cli_given(k_opts, pp, "--matrix");
+    o->dt_name = bench_dtype_names[o->dtype_opt];
+    o->matrix = sph_cli_given(sph_cli_bench_opts, pp, "--matrix");
     o->modes = o->mode + 1;
-    if (!sph_cli_given(k_opts, pp, "--repeats")) o->repeats = cpu ? 3 : 5;
-    if (!sph_cli_given(k_opts, pp, "--warmup")) o->warmup = cpu ? 1 : 2;
+    if (!sph_cli_given(sph_cli_bench_opts, pp, "--repeats")) o->repeats = cpu ? 3 : 5;
+    if (!sph_cli_given(sph_cli_bench_opts, pp, "--warmup")) o->warmup = cpu ? 1 : 2;
     if (!o->commit) o->commit = getenv("SPH_COMMIT") ? getenv("SPH_COMMIT") : "unknown";
-    const int N_given = sph_cli_given(k_opts, pp, "--N"), shape_given = o->shape_list.n > 0;
+    const int N_given = sph_cli_given(sph_cli_bench_opts, pp, "--N"), shape_given = o->shape_list.n > 0;
     if (o->matrix && (o->H || o->V || N_given))
         return sph_cli_fail("bench", 2, "--matrix seed sets the shapes' V and N itself: it takes "
                                         "--shape, not --H, --V or --N");
@@ -454,12 +382,12 @@ static int settle(bopts *o, const sph_cli_parsed *pp) {
     if (o->H || o->V) {
         if (!o->H || !o->V) return sph_cli_fail("bench", 2, "--H and --V go together");
         if (shape_given) return sph_cli_fail("bench", 2, "--shape: not with --H/--V");
-        o->shapes[0] = (shape){"custom", o->H, o->V};
+        o->shapes[0] = (bench_shape){"custom", o->H, o->V};
         o->n_shapes = 1;
     } else if (cpu && !shape_given && !o->matrix) {
-        o->shapes[0] = (shape){"custom", 256, 4096}; /* seconds on 2 cores */
+        o->shapes[0] = (bench_shape){"custom", 256, 4096}; /* seconds on 2 cores */
         o->n_shapes = 1;
-        if (!N_given) o->N_list = (sph_cli_list){.n = 1, .i = {2048}};
+        if (!N_given) o->N_list = (sph_cli_list){.n = 1, .i = {1024}};
     } else {
         if (!shape_given) {
             o->shape_list.n = o->matrix ? 4 : 2;
@@ -481,7 +409,7 @@ int sph_cli_bench(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.mode = 2, o.seed = 1;
     sph_cli_parsed pp = {0};
-    int done, rc = sph_cli_parse_or_exit("bench", k_synopsis, k_about, k_opts, argc, argv, &o,
+    int done, rc = sph_cli_parse_or_exit("bench", k_synopsis, k_about, sph_cli_bench_opts, argc, argv, &o,
                                          &pp, &done);
     if (done) return rc;
     if ((rc = settle(&o, &pp))) return rc;
@@ -542,7 +470,7 @@ int sph_cli_bench(int argc, char **argv) {
     sph_cli_progress_start(&pr, "spanhead bench: runs", (int64_t)n_work * n_runs);
     for (int wi = 0; wi < n_work && !rc; wi++) {
         const work *w = &ws[wi];
-        const shape *sh = &w->sh;
+        const bench_shape *sh = &w->sh;
         const int64_t N = w->N;
         rates rt;
         if ((rc = gemm_rates(ctx, &o, N, sh->V, sh->H, &rt))) break;

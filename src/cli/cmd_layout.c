@@ -10,19 +10,8 @@
 #include "cli.h"
 #include "json_util.h"
 
-typedef struct layout_opts {
-    int64_t tp, cp;
-    int fp8;
-} layout_opts;
 
-static const sph_cli_opt k_opts[] = {
-    {"--tp", "T", SPH_OPT_I64, offsetof(layout_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "tensor-parallel size (default 1)"},
-    {"--cp", "C", SPH_OPT_I64, offsetof(layout_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "context-parallel size (default 1)"},
-    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(layout_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
-     "FP8 recipe: none (default), blockwise, mxfp8"},
-    {NULL}};
+/* options: sph_cli_layout_opts (opts.c) */
 
 static const char k_synopsis[] =
     "usage: spanhead layout [--tp T] [--cp C] [--fp8 none|blockwise|mxfp8] L1 L2 ...";
@@ -43,7 +32,7 @@ int sph_cli_layout(int argc, char **argv) {
         return sph_cli_fail("layout", 1, "out of memory");
     }
     sph_cli_parsed p = {.pos = pos};
-    rc = sph_cli_parse_or_exit("layout", k_synopsis, k_about, k_opts, argc, argv, &o, &p, &done);
+    rc = sph_cli_parse_or_exit("layout", k_synopsis, k_about, sph_cli_layout_opts, argc, argv, &o, &p, &done);
     if (done) goto out;
     int64_t n = p.n_pos;
     for (int64_t k = 0; k < n; k++)

@@ -12,31 +12,9 @@
 #include "cli.h"
 #include "json_util.h"
 
-typedef struct pack_opts {
-    int64_t capacity, tp, cp, min_bins, bin_multiple;
-    int algorithm, fp8;
-} pack_opts;
 
-static const char *const k_algos[] = {"ffd", "mffd", "balanced", NULL}; /* sph_pack_algo order */
 
-static const sph_cli_opt k_opts[] = {
-    {"--capacity", "N", SPH_OPT_COUNT, offsetof(pack_opts, capacity), 1, INT64_MAX, 0, 0, NULL, 0,
-     "tokens per bin (required)"},
-    {"--algorithm", "A", SPH_OPT_CHOICE, offsetof(pack_opts, algorithm), 0, 0, 0, 0, k_algos, 0,
-     "ffd (default): first-fit decreasing; mffd: Johnson & Garey's\n"
-     "modified FFD; balanced: least-loaded, a sequence longer than N\n"
-     "gets a bin of its own"},
-    {"--tp", "T", SPH_OPT_I64, offsetof(pack_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "tensor-parallel size (default 1)"},
-    {"--cp", "C", SPH_OPT_I64, offsetof(pack_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "context-parallel size (default 1)"},
-    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(pack_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
-     "FP8 recipe: none (default), blockwise, mxfp8"},
-    {"--min-bins", "K", SPH_OPT_I64, offsetof(pack_opts, min_bins), 0, INT64_MAX, 0, 0, NULL, 0,
-     "at least K bins"},
-    {"--bin-multiple", "D", SPH_OPT_I64, offsetof(pack_opts, bin_multiple), 1, INT64_MAX, 0, 0,
-     NULL, 0, "a multiple of D bins (the data-parallel size)"},
-    {NULL}};
+/* options: sph_cli_pack_opts (opts.c) */
 
 static const char k_synopsis[] =
     "usage: spanhead pack --capacity N [--algorithm ffd|mffd|balanced]\n"
@@ -56,7 +34,7 @@ int sph_cli_pack(int argc, char **argv) {
     pack_opts o = {0, 1, 1, 0, 1, 0, 0};
     const char *path = NULL;
     char err[512];
-    int done = 0, rc = sph_cli_parse_file_cmd("pack", k_synopsis, k_about, k_opts, argc, argv,
+    int done = 0, rc = sph_cli_parse_file_cmd("pack", k_synopsis, k_about, sph_cli_pack_opts, argc, argv,
                                               &o, &path, &done);
     if (done) return rc;
     if (!o.capacity) return sph_cli_fail("pack", 2, "--capacity is required (see --help)");

@@ -28,66 +28,8 @@
 #include "run_policy.h"
 #include "synth.h"
 
-static const char *const k_devices[] = {"cpu", "cuda", NULL};
-static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 
-#define O(f) offsetof(run_opts, f)
-const sph_cli_opt run_opt_table[] = {
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
-     "where to compute (default cpu)"},
-    {"--N", "ROWS", SPH_OPT_COUNT, O(N), 1, INT64_MAX, 0, 0, NULL, 0, "tokens (rows of hidden)"},
-    {"--H", "SIZE", SPH_OPT_COUNT, O(H), 1, INT64_MAX, 0, 0, NULL, 0, "hidden size"},
-    {"--V", "ROWS", SPH_OPT_COUNT, O(V), 1, INT64_MAX, 0, 0, NULL, 0,
-     "local vocabulary rows (V_loc); --N, --H and --V go together"},
-    {"--vocab-total", "V", SPH_OPT_COUNT, O(V_total), 1, INT64_MAX, 0, 0, NULL, 0,
-     "full vocabulary (default V_loc)"},
-    {"--vocab-start", "v0", SPH_OPT_I64, O(v0), 0, INT64_MAX, 0, 0, NULL, 0,
-     "first id of this shard (default 0)"},
-    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
-     "input dtype (default f32); gradients are written in f32"},
-    {"--mask", "PATTERN", SPH_OPT_CHOICE, O(mask), 0, 0, 0, 0, synth_mask_names, 0,
-     "response|random|fragmented|all|none: active rows (default\n"
-     "response without shape options, else all)"},
-    {"--active", "FRAC", SPH_OPT_F64, O(active), 0, 0, 0, 1, NULL, 0,
-     "active fraction of random/fragmented masks (default 0.5)"},
-    {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
-     "coalesce active runs across <= G inactive rows into one span\n"
-     "(default 0: exact spans)"},
-    {"--entropy", NULL, SPH_OPT_FLAG, O(entropy), 0, 0, 0, 0, NULL, 0,
-     "also compute entropy and backpropagate an entropy bonus"},
-    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 1e308, NULL, 0,
-     "tanh logit cap (default 0: off)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, -1e308, 1e308, NULL, 0,
-     "softmax temperature, > 0 (default 1)"},
-    {"--one-pass", NULL, SPH_OPT_FLAG, O(one_pass), 0, 0, 0, 0, NULL, 0,
-     "gradients from the forward sweep (no recompute)"},
-    {"--support", "K", SPH_OPT_I64, O(K), 1, INT64_MAX, 0, 0, NULL, 0,
-     "sample-support mode with K candidates per row (K <= vocabulary)"},
-    {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
-     "synthetic data seed (default 1)"},
-    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT64_MAX, 0, 0, NULL, 0,
-     "CPU threads, at most this machine's CPUs (default 0: all)"},
-    {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
-     "timed runs after a warm-up, median reported (default 3)"},
-    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
-     "force a CPU kernel set: ref, generic, avx2, avx512"},
-    {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
-     "compare what was computed with the float64 reference; exit 1 if\n"
-     "off. Without an upstream gradient there is no backward: the\n"
-     "check covers the forward outputs and says so"},
-    {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
-     "read hidden.npy weight.npy targets.npy and optional mask.npy\n"
-     "dlogprob.npy dentropy.npy dlse.npy dlogit_mean.npy\n"
-     "candidates.npy (bf16 data: uint16 .npy plus --dtype bf16);\n"
-     "the backward runs when an upstream gradient is given"},
-    {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
-     "write logprob entropy lse logit_mean dhidden dweight .npy (what\n"
-     "was computed): all at once after the run (and --check) succeeded,\n"
-     "or none"},
-    {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
-     "print the results and the check as one JSON object"},
-    {NULL}};
-#undef O
+/* options: sph_cli_run_opts (opts.c) */
 
 static const char k_synopsis[] = "usage: spanhead run [options]\n"
                                  "       mpirun -np T*C*D spanhead run --tp T --cp C --dp D "
@@ -117,9 +59,9 @@ static void prefer_passive_wait(int argc, char **argv) {
 
 /* Values the parser cannot judge alone; 0 or an exit code (message printed). */
 static int validate(run_opts *o, const sph_cli_parsed *pp) {
-    o->dtype_given = sph_cli_given(run_opt_table, pp, "--dtype");
-    o->shape_given = sph_cli_given(run_opt_table, pp, "--N") ||
-                     sph_cli_given(run_opt_table, pp, "--H") || sph_cli_given(run_opt_table, pp, "--V");
+    o->dtype_given = sph_cli_given(sph_cli_run_opts, pp, "--dtype");
+    o->shape_given = sph_cli_given(sph_cli_run_opts, pp, "--N") ||
+                     sph_cli_given(sph_cli_run_opts, pp, "--H") || sph_cli_given(sph_cli_run_opts, pp, "--V");
     if (o->inputs && o->shape_given)
         return sph_cli_fail(RUN_CMD, 2, "--inputs takes its shapes from the files: drop --N/--H/--V");
     if (o->inputs && o->K)
@@ -166,7 +108,7 @@ int sph_cli_run(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.mask = -1, o.repeats = 3, o.active = 0.5, o.temperature = 1.0, o.seed = 1;
     sph_cli_parsed pp = {0};
-    int done, rc = sph_cli_parse_or_exit(RUN_CMD, k_synopsis, k_about, run_opt_table, argc, argv,
+    int done, rc = sph_cli_parse_or_exit(RUN_CMD, k_synopsis, k_about, sph_cli_run_opts, argc, argv,
                                          &o, &pp, &done);
     if (done) return rc;
     if ((rc = validate(&o, &pp))) return rc;

@@ -12,25 +12,8 @@
 #include "cli.h"
 #include "json_util.h"
 
-typedef struct spans_opts {
-    int64_t tp, cp, cp_rank, gap;
-    int fp8;
-} spans_opts;
 
-static const sph_cli_opt k_opts[] = {
-    {"--tp", "T", SPH_OPT_I64, offsetof(spans_opts, tp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "tensor-parallel size (default 1)"},
-    {"--cp", "C", SPH_OPT_I64, offsetof(spans_opts, cp), 1, INT64_MAX, 0, 0, NULL, 0,
-     "context-parallel size (default 1)"},
-    {"--cp-rank", "R", SPH_OPT_I64, offsetof(spans_opts, cp_rank), 0, INT64_MAX, 0, 0, NULL, 0,
-     "this context-parallel rank, 0 <= R < C (default 0)"},
-    {"--fp8", "R", SPH_OPT_CHOICE, offsetof(spans_opts, fp8), 0, 0, 0, 0, sph_cli_fp8_names, 0,
-     "FP8 recipe: none (default), blockwise, mxfp8"},
-    {"--gap", "G", SPH_OPT_I64, offsetof(spans_opts, gap), 0, INT64_MAX, 0, 0, NULL, 0,
-     "merge active runs across at most G inactive rows (default 0:\n"
-     "exact spans, which alone say which rows are active; a gap > 0 makes\n"
-     "fewer spans that need the mask beside them)"},
-    {NULL}};
+/* options: sph_cli_spans_opts (opts.c) */
 
 static const char k_synopsis[] =
     "usage: spanhead spans [--tp T] [--cp C] [--cp-rank R] [--fp8 none|blockwise|mxfp8]\n"
@@ -51,7 +34,7 @@ int sph_cli_spans(int argc, char **argv) {
     spans_opts o = {1, 1, 0, so.gap, 0};
     const char *path = NULL;
     char err[512];
-    int done = 0, rc = sph_cli_parse_file_cmd("spans", k_synopsis, k_about, k_opts, argc, argv,
+    int done = 0, rc = sph_cli_parse_file_cmd("spans", k_synopsis, k_about, sph_cli_spans_opts, argc, argv,
                                               &o, &path, &done);
     if (done) return rc;
     if (o.cp_rank >= o.cp)

@@ -11,34 +11,9 @@
 
 #include "cli.h"
 
-static const char *const k_dtypes[] = {"bf16", "f16", "f32", NULL};
 
-typedef struct tune_opts {
-    int dtype, quiet;
-    int64_t H, V, repeats, device_id;
-    sph_cli_list N;
-    const char *cache;
-} tune_opts;
 
-#define O(f) offsetof(tune_opts, f)
-static const sph_cli_opt k_opts[] = {
-    {"--dtype", "bf16|f16|f32", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0, "(default bf16)"},
-    {"--H", "N", SPH_OPT_COUNT, O(H), 1, INT32_MAX, 0, 0, NULL, 0, "hidden size (required)"},
-    {"--V", "N", SPH_OPT_COUNT, O(V), 1, INT32_MAX, 0, 0, NULL, 0,
-     "local vocabulary V_loc (required)"},
-    {"--N", "16K,64K", SPH_OPT_COUNTS, O(N), 1, (int64_t)1 << 40, 0, 0, NULL, 0,
-     "token counts, one tuned entry per power-of-two bucket\n(default 16K)"},
-    {"--repeats", "N", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
-     "timed repetitions per candidate (default 5)"},
-    {"--cache", "PATH", SPH_OPT_STR, O(cache), 0, 0, 0, 0, NULL, 0,
-     "tune cache (default $SPH_TUNE_CACHE, else\n"
-     "$XDG_CACHE_HOME/spanhead/tune.json or ~/.cache/...)"},
-    {"--device-id", "N", SPH_OPT_I64, O(device_id), 0, 1 << 16, 0, 0, NULL, 0,
-     "CUDA device (default 0)"},
-    {"--quiet", NULL, SPH_OPT_FLAG, O(quiet), 0, 0, 0, 0, NULL, 0,
-     "no per-candidate timings on stderr"},
-    {NULL}};
-#undef O
+/* options: sph_cli_tune_opts (opts.c) */
 
 int sph_cli_tune(int argc, char **argv) {
     tune_opts o;
@@ -50,7 +25,7 @@ int sph_cli_tune(int argc, char **argv) {
         "Autotunes the CUDA head for a shape (needs a GPU): each candidate configuration is\n"
         "timed on random data and the winner appended to the tune cache, which contexts read\n"
         "at creation.",
-        k_opts, argc, argv, &o, &pp, &done);
+        sph_cli_tune_opts, argc, argv, &o, &pp, &done);
     if (done) return rc;
     if (!o.H || !o.V) return sph_cli_fail("tune", 2, "--H and --V are required (see --help)");
     if (!o.N.n) o.N = (sph_cli_list){.n = 1, .i = {16384}};

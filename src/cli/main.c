@@ -8,8 +8,6 @@
 
 #include "cli.h"
 
-const char *const sph_cli_fp8_names[] = {"none", "blockwise", "mxfp8", NULL};
-
 int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
                           const sph_cli_opt *table, int argc, char **argv, void *dst,
                           sph_cli_parsed *parsed, int *done) {

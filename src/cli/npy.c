@@ -71,14 +71,15 @@ static int eat(cursor *c, char ch) {
     return 0;
 }
 
-/* A quoted string without escapes into out (at most n - 1 characters). */
+/* A quoted string of printable characters, without escapes, into out (at most n - 1
+ * characters): NumPy's keys and dtypes are such strings, and messages quote them. */
 static int string(cursor *c, char *out, size_t n) {
     skip_ws(c);
     if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return 0;
     const char q = *c->p++;
     size_t k = 0;
     while (c->p < c->end && *c->p != q) {
-        if (*c->p == '\\' || *c->p == '\0' || k + 1 >= n) return 0;
+        if (*c->p == '\\' || *c->p < 0x20 || *c->p > 0x7e || k + 1 >= n) return 0;
         out[k++] = *c->p++;
     }
     if (c->p >= c->end) return 0;

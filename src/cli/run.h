@@ -20,20 +20,7 @@
 
 #define RUN_CMD "run"
 
-enum { RUN_F32, RUN_BF16, RUN_F16 };     /* --dtype, in the order of its choices */
-enum { RUN_CPU, RUN_CUDA };              /* --device */
 
-typedef struct run_opts {
-    int device, dtype, mask; /* mask: a synth pattern, -1 = the default for the input */
-    const char *kernel, *inputs, *outputs;
-    int64_t N, H, V, V_total, v0, K, threads, repeats, gap, seed;
-    double active, softcap, temperature;
-    int entropy, one_pass, check, json;
-    /* derived */
-    int dtype_given, shape_given, default_batch;
-} run_opts;
-
-extern const sph_cli_opt run_opt_table[];
 
 /* ---- the host problem --------------------------------------------------------------------- */
 

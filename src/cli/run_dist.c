@@ -76,77 +76,8 @@ int sph_cli_run_dist(int argc, char **argv) {
 #else
 #include <mpi.h>
 
-static const char *const k_devices[] = {"cpu", "cuda", NULL};
-static const char *const k_dtypes[] = {"f32", "bf16", NULL};
-static const char *const k_masks[] = {"rl", "dense", NULL};
-static const char *const k_packs[] = {"ffd", "mffd", "balanced", NULL}; /* sph_pack_algo order */
-static const char *const k_refs[] = {"ref", "device", NULL};
-static const char *const k_dh[] = {"allreduce", "partial", NULL};
 
-#define O(f) offsetof(dopts, f)
-static const sph_cli_opt k_opts[] = {
-    {"--tp", "T", SPH_OPT_I64, O(tp), 1, 1 << 20, 0, 0, NULL, 0,
-     "tensor-parallel size (default 1); T*C*D must equal the world size"},
-    {"--cp", "C", SPH_OPT_I64, O(cp), 1, 1 << 20, 0, 0, NULL, 0, "context-parallel size (default 1)"},
-    {"--dp", "D", SPH_OPT_I64, O(dp), 1, 1 << 20, 0, 0, NULL, 0, "data-parallel size (default 1)"},
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
-     "cuda: one GPU per rank, NCCL communicator (default cpu)"},
-    {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
-     "rank 0 reads DIR/{hidden,weight,targets}.npy and optionally\n"
-     "mask, lengths, dlogprob, dentropy, dlse, dlogit_mean,\n"
-     "candidates .npy (absent gradients are 0; bf16 data as\n"
-     "uint16 .npy with --dtype bf16)"},
-    {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
-     "rank 0 writes logprob, entropy, lse, logit_mean, dhidden,\n"
-     "dweight .npy, the files of a single-process run (all or none)"},
-    {"--seqs", "N", SPH_OPT_I64, O(seqs), 1, 1 << 24, 0, 0, NULL, 0,
-     "synthetic batch: N ragged sequences (default 8)"},
-    {"--min-len", "A", SPH_OPT_I64, O(min_len), 1, 1 << 24, 0, 0, NULL, 0,
-     "shortest sequence (default 3)"},
-    {"--max-len", "B", SPH_OPT_I64, O(max_len), 1, 1 << 24, 0, 0, NULL, 0,
-     "longest sequence (default 40)"},
-    {"--hidden", "H", SPH_OPT_I64, O(H), 1, 1 << 24, 0, 0, NULL, 0, "hidden size (default 24)"},
-    {"--vocab", "V", SPH_OPT_I64, O(V), 1, 1 << 30, 0, 0, NULL, 0, "vocabulary (default 203)"},
-    {"--mask", "rl|dense", SPH_OPT_CHOICE, O(mask), 0, 0, 0, 0, k_masks, 0,
-     "rl: prompt rows and holes masked out (default); dense: all"},
-    {"--support", "K", SPH_OPT_I64, O(K), 0, 1 << 20, 0, 0, NULL, 0,
-     "sample-support run with K candidates per row (0 = full vocab)"},
-    {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0, "(default 1)"},
-    {"--dtype", "f32|bf16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
-     "input dtype (default f32)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 1e30, NULL, SPH_OPTF_GT,
-     "(default 1)"},
-    {"--capacity", "N", SPH_OPT_COUNT, O(capacity), 1, INT64_MAX, 0, 0, NULL, 0,
-     "tokens per bin (default: about two bins per DP rank)"},
-    {"--pack", "ffd|mffd|balanced", SPH_OPT_CHOICE, O(pack), 0, 0, 0, 0, k_packs, 0,
-     "bin packing algorithm (default ffd)"},
-    {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
-     "span coalescing gap (default 0: exact spans)"},
-    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
-     "force the per-rank kernel (ref, generic, avx2, ...)"},
-    {"--atol", "a", SPH_OPT_F64, O(atol), 0, 0, 0, 1e30, NULL, 0,
-     "pass if |got - ref| <= a + r |ref| (1e-4; bf16 on cuda 2e-2)"},
-    {"--rtol", "r", SPH_OPT_F64, O(rtol), 0, 0, 0, 1e30, NULL, 0, "(see --atol)"},
-    {"--dhidden", "allreduce|partial", SPH_OPT_CHOICE, O(dhidden), 0, 0, 0, 0, k_dh, 0,
-     "allreduce: the head sums dhidden over the TP group\n"
-     "(allreduce_dhidden, default); partial: each rank keeps its\n"
-     "shard's partial and rank 0 sums the gathered partials"},
-    {"--reference", "ref|device", SPH_OPT_CHOICE, O(reference), 0, 0, 0, 0, k_refs, 0,
-     "what rank 0 compares with: the float64 reference kernels on\n"
-     "the CPU (default), or one process on the ranks' device and\n"
-     "kernels without a communicator (the single-GPU result)"},
-    {"--one-pass", NULL, SPH_OPT_FLAG, O(one_pass), 0, 0, 0, 0, NULL, 0,
-     "gradients in the forward sweep (one combine per chunk of\n"
-     "rows) instead of a separate backward"},
-    {"--chunk-rows", "N", SPH_OPT_I64, O(chunk_rows), 1, INT64_MAX, 0, 0, NULL, 0,
-     "rows per chunk on the ranks (default: automatic)"},
-    {"--no-check", NULL, SPH_OPT_FLAG, O(no_check), 0, 0, 0, 0, NULL, 0,
-     "skip the reference (timing or output only)"},
-    {"--bench", "R", SPH_OPT_I64, O(bench), 1, 100000, 0, 0, NULL, 0,
-     "time forward and backward of each rank's first bin R times,\n"
-     "with and without the TP collectives (their share)"},
-    {NULL}};
-#undef O
+/* options: sph_cli_dist_opts (opts.c) */
 
 static const char k_synopsis[] =
     "usage: mpirun -np T*C*D spanhead run --tp T --cp C --dp D [options]";
@@ -207,7 +138,7 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
     verdict mine;
     memset(&mine, 0, sizeof mine);
     sph_cli_parsed pp = {0};
-    mine.rc = sph_cli_parse(k_opts, argc, argv, o, &pp, mine.msg, sizeof mine.msg);
+    mine.rc = sph_cli_parse(sph_cli_dist_opts, argc, argv, o, &pp, mine.msg, sizeof mine.msg);
     if (mine.rc == 0 && o->max_len < o->min_len) {
         snprintf(mine.msg, sizeof mine.msg, "--max-len %lld: shorter than --min-len %lld",
                  (long long)o->max_len, (long long)o->min_len);
@@ -250,7 +181,7 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
         }
     free(all);
     if (all_help) {
-        if (dist_rank == 0) sph_cli_usage(stdout, k_synopsis, k_about, k_opts, SPH_CLI_EXIT_STATUS);
+        if (dist_rank == 0) sph_cli_usage(stdout, k_synopsis, k_about, sph_cli_dist_opts, SPH_CLI_EXIT_STATUS);
         return 0;
     }
     if (rc >= 0) {

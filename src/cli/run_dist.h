@@ -34,19 +34,6 @@ int sph_cli_run_dist(int argc, char **argv);
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-enum { DIST_MASK_RL, DIST_MASK_DENSE };
-
-typedef struct dopts {
-    int64_t tp, cp, dp;
-    int device, dtype, mask, pack, reference, dhidden; /* choice indices */
-    const char *inputs, *outputs, *kernel;
-    int64_t seqs, min_len, max_len, H, V, K, capacity, gap, chunk_rows, bench, seed;
-    int no_check, one_pass;
-    double temperature, atol, rtol;
-    /* derived */
-    int cuda, bf16, masked, check, dh_partial, ref_device;
-    sph_pack_algo algo;
-} dopts;
 
 /* ---- ranks -------------------------------------------------------------------------------- */
 

@@ -421,4 +421,7 @@ done:
     if (!ok) dist_share_free(sh);
     return ok;
 }
+#else
+/* without MPI the file holds nothing; ISO C wants a declaration in every translation unit */
+typedef int sph_run_dist_batch_no_mpi;
 #endif /* SPH_HAVE_MPI */

@@ -303,4 +303,7 @@ done:
     return ok;
 }
 
+#else
+/* without MPI the file holds nothing; ISO C wants a declaration in every translation unit */
+typedef int sph_run_dist_head_no_mpi;
 #endif /* SPH_HAVE_MPI */

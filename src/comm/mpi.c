@@ -96,7 +96,7 @@ sph_status sph_mpi_agree(MPI_Comm c, const sph_comm_config *cfg, int64_t local_f
     mine.w[SPH_REC_FLAGS] |= local_flags;
     SPH_MPI_TRY(MPI_Comm_size(c, &size), c);
     SPH_MPI_TRY(MPI_Comm_rank(c, &rank), c);
-    all = calloc((size_t)size, sizeof *all);
+    all = sph_calloc((size_t)size, sizeof *all);
     /* A rank without room for the records cannot join the allgather; a tiny all-reduce first
      * tells every rank whether the exchange can happen at all (never a hang). */
     int no_mem = all ? INT_MAX : rank, first_no_mem = INT_MAX;
@@ -111,7 +111,7 @@ sph_status sph_mpi_agree(MPI_Comm c, const sph_comm_config *cfg, int64_t local_f
                 c);
     st = sph_comm_check_records(all, size, world);
 fail:
-    free(all);
+    sph_free(all);
     return st;
 }
 
@@ -234,7 +234,7 @@ static void mpi_destroy(sph_comm_t c) {
     MPI_Finalized(&fin);
     /* After MPI_Finalize every communicator is gone; freeing would be erroneous. */
     if (!fin && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
-    free(m);
+    sph_free(m);
     c->impl = NULL;
 }
 
@@ -273,14 +273,14 @@ sph_status sph_comm_create_mpi(sph_comm_t *comm, const void *mpi_comm,
               "%s: mpi_comm is NULL, expected a pointer to an MPI_Comm", who);
     SPH_TRY(sph_mpi_dup(*(const MPI_Comm *)mpi_comm, who, &dup));
     /* Allocate before the exchange: a rank out of memory says so in its record. */
-    sph_comm_t pre = calloc(1, sizeof *pre);
-    mpi_impl *impl = calloc(1, sizeof *impl);
+    sph_comm_t pre = sph_calloc(1, sizeof *pre);
+    mpi_impl *impl = sph_calloc(1, sizeof *impl);
     int64_t flags = (comm ? 0 : SPH_REC_F_NO_OUT) | (pre && impl ? 0 : SPH_REC_F_ALLOC);
     st = sph_mpi_agree(dup, cfg, flags, 0);
     if (st == SPH_OK) st = wrap(comm, &dup, cfg, pre, impl);
     if (st != SPH_OK) {
-        free(pre);
-        free(impl);
+        sph_free(pre);
+        sph_free(impl);
         if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
         return sph_err_prefix(st, "%s: ", who);
     }
@@ -297,8 +297,8 @@ sph_status sph_comm_create_mpi_world(sph_comm_t *comm, const sph_comm_config *cf
     if (comm) *comm = NULL;
     SPH_TRY(sph_mpi_ready(who));
     SPH_TRY(sph_mpi_dup(MPI_COMM_WORLD, who, &dup));
-    pre = calloc(1, sizeof *pre);
-    impl = calloc(1, sizeof *impl);
+    pre = sph_calloc(1, sizeof *pre);
+    impl = sph_calloc(1, sizeof *impl);
     int64_t flags = (comm ? 0 : SPH_REC_F_NO_OUT) | (pre && impl ? 0 : SPH_REC_F_ALLOC);
     st = sph_mpi_agree(dup, cfg, flags, 1);
     if (st != SPH_OK) goto fail;
@@ -317,8 +317,8 @@ sph_status sph_comm_create_mpi_world(sph_comm_t *comm, const sph_comm_config *cf
     return SPH_OK;
 fail:
     if (comm) *comm = NULL;
-    free(pre);
-    free(impl);
+    sph_free(pre);
+    sph_free(impl);
     if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
     if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
     return sph_err_prefix(st, "%s: ", who);

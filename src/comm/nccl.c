@@ -132,7 +132,7 @@ static void nccl_destroy(sph_comm_t c) {
     nccl_impl *m = c->impl;
     if (!m) return;
     if (m->owned && m->comm) ncclCommDestroy(m->comm);
-    free(m);
+    sph_free(m);
     c->impl = NULL;
 }
 
@@ -140,11 +140,11 @@ static const sph_comm_ops nccl_ops = {nccl_allgather, nccl_allreduce, nccl_destr
 
 static sph_status wrap(sph_comm_t *out, ncclComm_t nc, int owned, int device, int rank,
                        int size, const sph_comm_config *cfg) {
-    sph_comm_t c = calloc(1, sizeof *c);
-    nccl_impl *m = calloc(1, sizeof *m);
+    sph_comm_t c = sph_calloc(1, sizeof *c);
+    nccl_impl *m = sph_calloc(1, sizeof *m);
     if (!c || !m) {
-        free(c);
-        free(m);
+        sph_free(c);
+        sph_free(m);
         return sph_err(SPH_ERR_ALLOC, "rank %d: out of host memory for the communicator", rank);
     }
     m->comm = nc;
@@ -171,7 +171,7 @@ static sph_status agree_over_nccl(ncclComm_t nc, int rank, int size, int device,
     cudaStream_t s = NULL;
     int prev = -1;
     sph_comm_rec_encode(cfg, out_ok, &mine);
-    all = calloc((size_t)size, sizeof *all);
+    all = sph_calloc((size_t)size, sizeof *all);
     if (!all) return sph_err(SPH_ERR_ALLOC, "rank %d: out of host memory for %d records", rank,
                              size);
     SPH_CUDA_TRY(cudaGetDevice(&prev), rank);
@@ -189,7 +189,7 @@ fail:
     if (d) cudaFree(d);
     if (s) cudaStreamDestroy(s);
     if (prev >= 0) cudaSetDevice(prev);
-    free(all);
+    sph_free(all);
     return st;
 }
 

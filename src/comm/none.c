@@ -28,7 +28,8 @@ static const sph_comm_ops none_ops = {none_allgather, none_allreduce, none_destr
 
 sph_status sph_comm_create_none(sph_comm_t *comm) {
     SPH_CHECK(comm != NULL, SPH_ERR_INVALID_ARG, "comm: output pointer is NULL");
-    sph_comm_t c = calloc(1, sizeof *c);
+    *comm = NULL; /* on failure too (the torture tests found it left as it was) */
+    sph_comm_t c = sph_calloc(1, sizeof *c);
     SPH_CHECK(c != NULL, SPH_ERR_ALLOC, "comm: out of host memory");
     sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
     c->backend = SPH_COMM_NONE;
@@ -43,7 +44,7 @@ sph_status sph_comm_create_none(sph_comm_t *comm) {
 void sph_comm_destroy(sph_comm_t comm) {
     if (!comm) return;
     if (comm->ops && comm->ops->destroy) comm->ops->destroy(comm);
-    free(comm);
+    sph_free(comm);
 }
 
 sph_status sph_comm_info(sph_comm_t comm, sph_comm_backend *backend, int64_t *rank,

@@ -68,6 +68,10 @@ typedef struct sph_head_backend {
                          size_t ws_bytes);
     /* CPU backends: the tile micro-kernels of the context's ISA (picked once at creation). */
     const struct sph_head_kern *cpu_kern;
+    /* 1 when the forward/backward slots honour batch_invariant (a row's outputs bitwise
+     * independent of the other rows, N, the mask, the row's position); a context asking for it
+     * from a backend that does not is SPH_ERR_UNSUPPORTED at creation. */
+    int batch_invariant;
 } sph_head_backend;
 
 /* The reference in every slot: plain (host memory) or staged (device memory: inputs copied
@@ -102,6 +106,9 @@ typedef struct sph_device_ops {
      * -1 unknown. NULL on the host device. */
     int (*count)(void);
     int (*pointer_is_device)(const void *p);
+    /* sph_ctx_nonfinite on this device: rows found non-finite since the last call (reset),
+     * the first of them (-1: none). NULL: the host counters of the context. */
+    sph_status (*nonfinite)(sph_ctx_t ctx, int64_t *count, int64_t *first_row);
     /* The CUDA-only public calls (spanhead.h); NULL on other devices. */
     sph_status (*tune)(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
     sph_status (*gemm_rate)(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N, int64_t K,

@@ -137,8 +137,12 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     SPH_CHECK(opts->struct_size >= offsetof(sph_ctx_opts, tune_cache) + sizeof(char *),
               SPH_ERR_INVALID_ARG, "opts.struct_size is %zu, expected %zu (use SPH_CTX_OPTS_INIT)",
               opts->struct_size, sizeof(sph_ctx_opts));
-    SPH_CHECK(opts->num_threads >= 0, SPH_ERR_INVALID_ARG, "opts.num_threads is %d, expected >= 0",
-              opts->num_threads);
+    /* libgomp dies when thread creation fails (100000 threads): bounded by the machine */
+    const int max_threads = sph_max_threads();
+    SPH_CHECK(opts->num_threads >= 0 && opts->num_threads <= max_threads, SPH_ERR_INVALID_ARG,
+              "opts.num_threads is %d, expected 0 (all processors) to %d (4 x the %d processors "
+              "of this machine, at least 64)",
+              opts->num_threads, max_threads, omp_get_num_procs());
     SPH_CHECK(opts->chunk_rows >= 0, SPH_ERR_INVALID_ARG, "opts.chunk_rows is %lld, expected >= 0",
               (long long)opts->chunk_rows);
     SPH_CHECK(opts->chunk_bytes >= 0, SPH_ERR_INVALID_ARG,
@@ -166,7 +170,7 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
               "opts.cuda_flags is 0x%x: the SPH_CUDA_FLAG_ONEPASS_* switches exclude each other",
               flags);
 
-    sph_ctx_t ctx = calloc(1, sizeof *ctx);
+    sph_ctx_t ctx = sph_calloc(1, sizeof *ctx);
     SPH_CHECK(ctx != NULL, SPH_ERR_ALLOC, "ctx: out of host memory");
     memcpy(&ctx->opts, opts, sizeof *opts < opts->struct_size ? sizeof *opts : opts->struct_size);
     ctx->opts.struct_size = sizeof ctx->opts;
@@ -174,6 +178,13 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     ctx->device = opts->device;
     ctx->stream = opts->stream;
     ctx->num_threads = opts->num_threads > 0 ? opts->num_threads : omp_get_max_threads();
+    if (ctx->num_threads > max_threads) { /* OMP_NUM_THREADS beyond the bound */
+        sph_log(1, "context: %d threads (OMP_NUM_THREADS) capped at %d", ctx->num_threads,
+                max_threads);
+        ctx->num_threads = max_threads;
+    }
+    if (ctx->num_threads < 1) ctx->num_threads = 1;
+    ctx->nf_first = -1;
     ctx->isa = sph_cpu_isa_detect();
     ctx->chunk_rows = opts->chunk_rows;
     ctx->chunk_bytes = opts->chunk_bytes
@@ -202,52 +213,101 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     if (s == SPH_OK && ctx->dev->ctx_init) s = ctx->dev->ctx_init(ctx);
     if (s != SPH_OK) {
         if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
-        free(ctx);
+        sph_free(ctx);
         return s;
     }
     /* the head table: the reference in every slot (staged when the device's memory is not
      * host memory), then the device's kernels over it unless the reference is forced */
     sph_head_ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
     if (!ctx->use_ref && ctx->dev->head_fill) ctx->dev->head_fill(ctx, &ctx->head);
+    if (ctx->opts.batch_invariant && !ctx->head.batch_invariant) {
+        s = sph_err(SPH_ERR_UNSUPPORTED,
+                    "opts.batch_invariant: the %s backend does not keep a row's outputs "
+                    "independent of the other rows (force_kernel \"ref\" does, by "
+                    "construction; so does a CUDA context)",
+                    ctx->head.name);
+        if (ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
+        sph_free(ctx);
+        return s;
+    }
     sph_log(3, "context: %s (head: %s)", ctx->describe, ctx->head.name);
+    ctx->magic = SPH_CTX_MAGIC;
     *out = ctx;
     return SPH_OK;
 }
 
-void sph_ctx_destroy(sph_ctx_t ctx) {
-    if (!ctx) return;
-    if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
-    free(ctx);
+int sph_max_threads(void) {
+    int procs = omp_get_num_procs(), limit = omp_get_thread_limit();
+    int bound = 4 * procs > 64 ? 4 * procs : 64;
+    if (limit > 0 && bound > limit) bound = limit;
+    return bound > 0 ? bound : 1;
 }
 
-const char *sph_ctx_describe(sph_ctx_t ctx) { return ctx ? ctx->describe : "(null context)"; }
+sph_status sph_ctx_check(sph_ctx_t ctx, const char *who) {
+    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL (%s)", who);
+    SPH_CHECK(ctx->magic == SPH_CTX_MAGIC, SPH_ERR_INVALID_ARG,
+              "ctx: %p is not a live context (%s: destroyed, or not made by sph_ctx_create)",
+              (void *)ctx, who);
+    return SPH_OK;
+}
+
+void sph_ctx_note_nonfinite(sph_ctx_t ctx, int64_t n, int64_t first) {
+    if (n <= 0) return;
+    if (ctx->nf_count == 0 || first < ctx->nf_first) ctx->nf_first = first;
+    ctx->nf_count += n;
+}
+
+void sph_ctx_destroy(sph_ctx_t ctx) {
+    /* NULL, a destroyed (best effort) or foreign pointer: nothing to free */
+    if (!ctx || ctx->magic != SPH_CTX_MAGIC) return;
+    if (ctx->dev && ctx->dev->ctx_fini) ctx->dev->ctx_fini(ctx);
+    ctx->magic = SPH_CTX_DEAD;
+    sph_free(ctx);
+}
+
+const char *sph_ctx_describe(sph_ctx_t ctx) {
+    if (!ctx) return "(null context)";
+    return ctx->magic == SPH_CTX_MAGIC ? ctx->describe : "(not a live context)";
+}
+
+sph_status sph_ctx_nonfinite(sph_ctx_t ctx, int64_t *count, int64_t *first_row) {
+    SPH_TRY(sph_ctx_check(ctx, "ctx_nonfinite"));
+    SPH_CHECK(count != NULL, SPH_ERR_INVALID_ARG, "ctx_nonfinite: count is NULL");
+    if (ctx->dev->nonfinite) return ctx->dev->nonfinite(ctx, count, first_row);
+    *count = ctx->nf_count;
+    if (first_row) *first_row = ctx->nf_count ? ctx->nf_first : -1;
+    ctx->nf_count = 0;
+    ctx->nf_first = -1;
+    return SPH_OK;
+}
 
 sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
-    SPH_CHECK(ctx && ptr, SPH_ERR_INVALID_ARG, "ctx_malloc: ctx or ptr is NULL");
+    SPH_CHECK(ptr != NULL, SPH_ERR_INVALID_ARG, "ctx_malloc: ptr is NULL");
     *ptr = NULL;
+    SPH_TRY(sph_ctx_check(ctx, "ctx_malloc"));
     return ctx->dev->malloc(ctx, bytes, ptr);
 }
 
 void sph_ctx_free(sph_ctx_t ctx, void *ptr) {
-    if (!ctx || !ptr) return;
+    if (!ctx || !ptr || ctx->magic != SPH_CTX_MAGIC) return;
     ctx->dev->free(ctx, ptr);
 }
 
 sph_status sph_ctx_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
-    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memcpy: ctx is NULL");
+    SPH_TRY(sph_ctx_check(ctx, "ctx_memcpy"));
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst && src, SPH_ERR_INVALID_ARG, "ctx_memcpy: dst or src is NULL");
     return ctx->dev->memcpy(ctx, dst, src, bytes);
 }
 
 sph_status sph_ctx_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
-    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: ctx is NULL");
+    SPH_TRY(sph_ctx_check(ctx, "ctx_memset"));
     if (bytes == 0) return SPH_OK;
     SPH_CHECK(dst != NULL, SPH_ERR_INVALID_ARG, "ctx_memset: dst is NULL");
     return ctx->dev->memset(ctx, dst, value, bytes);
 }
 
 sph_status sph_ctx_synchronize(sph_ctx_t ctx) {
-    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx_synchronize: ctx is NULL");
+    SPH_TRY(sph_ctx_check(ctx, "ctx_synchronize"));
     return ctx->dev->synchronize(ctx);
 }

@@ -20,7 +20,14 @@ typedef enum sph_cpu_isa {
     SPH_ISA_AVX512BF16 = 4
 } sph_cpu_isa;
 
+/* A live context's first word; sph_ctx_destroy overwrites it before freeing, so a destroyed
+ * or garbage context is refused where the memory can still be read (best effort: a freed
+ * block may be reused, and reading it at all is what the sanitizers report). */
+#define SPH_CTX_MAGIC UINT64_C(0x3130585443485053) /* "SPHCTX01" */
+#define SPH_CTX_DEAD UINT64_C(0x44414544585443)    /* "CTXDEAD" */
+
 struct sph_ctx {
+    uint64_t magic;         /* SPH_CTX_MAGIC while alive */
     sph_ctx_opts opts;      /* a copy; pointers inside are the caller's */
     sph_device device;
     void *stream;           /* cudaStream_t */
@@ -36,9 +43,20 @@ struct sph_ctx {
     void *cuda;             /* backend state owned by src/cuda (cuBLAS handle, props, ...) */
     const sph_device_ops *dev; /* the device's table (registry.c) */
     sph_head_backend head;  /* the head's entry points, filled once at creation */
+    /* Non-finite rows found by host passes since the last sph_ctx_nonfinite (CUDA keeps its
+     * own, on the device). */
+    int64_t nf_count, nf_first;
 };
 
+/* SPH_OK when ctx is a live context; SPH_ERR_INVALID_ARG naming `who` otherwise. */
+sph_status sph_ctx_check(sph_ctx_t ctx, const char *who);
+/* Records n non-finite rows, the first of them row `first`, on a host context. */
+void sph_ctx_note_nonfinite(sph_ctx_t ctx, int64_t n, int64_t first);
+
 const char *sph_cpu_isa_name(sph_cpu_isa isa);
+/* The most threads a context may use on this machine: 4 x the processors, at least 64, within
+ * OpenMP's thread limit (spanhead.h, "Policies"). */
+int sph_max_threads(void);
 /* Best ISA this CPU supports (detected once per process). */
 sph_cpu_isa sph_cpu_isa_detect(void);
 

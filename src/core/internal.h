@@ -42,6 +42,17 @@ void sph_log(int level, const char *fmt, ...) SPH_PRINTF(2, 3);
         if (sph_try_s_ != SPH_OK) return sph_try_s_;                                          \
     } while (0)
 
+/* The library's heap (alloc.c). Every host allocation of src/ outside src/cli goes through
+ * these, so the torture tests (tests/torture) can fail the k-th one: sph_alloc_fail_at(k)
+ * makes the k-th allocation from now return NULL (k = 0: never), sph_alloc_count() counts
+ * allocations since the last arming. Disarmed, they are malloc & co. */
+void *sph_malloc(size_t bytes);
+void *sph_calloc(size_t n, size_t size);
+void *sph_realloc(void *p, size_t bytes);
+void sph_free(void *p);
+void sph_alloc_fail_at(int64_t k);
+int64_t sph_alloc_count(void);
+
 /* Checked int64 arithmetic: return false on overflow. */
 static inline bool sph_add_i64(int64_t a, int64_t b, int64_t *r) {
     return !__builtin_add_overflow(a, b, r);
@@ -95,16 +106,31 @@ typedef struct sph_view {
     int32_t ndim;
     int64_t shape[4];
     int64_t stride[4];   /* elements, always filled */
+    size_t bytes;        /* bytes from data to the end of the last element (0: no element); the
+                            region the aliasing checks compare */
 } sph_view;
 
 /* Checks t (named `name` in messages): non-NULL data unless it has zero elements, ndim equal
  * to ndim, non-negative shape, strides describing rows (inner stride 1, row stride >= the
- * row length, no overlap). Fills v. */
+ * row length, no overlap), the extent (last element's offset, and in bytes) within int64
+ * (SPH_ERR_OVERFLOW otherwise), data aligned to its element. Fills v. */
 sph_status sph_view_of(const sph_tensor *t, const char *name, int32_t ndim, sph_view *v);
 /* Shape check helpers producing messages like "hidden: shape[1] is 7, expected 8 (H)". */
 sph_status sph_view_expect_dim(const sph_view *v, const char *name, int dim, int64_t want,
                                const char *what);
 bool sph_device_is_host(sph_device d);
+/* 1 when the byte regions of a and b (non-empty) overlap. */
+static inline bool sph_view_overlap(const sph_view *a, const sph_view *b) {
+    if (!a->bytes || !b->bytes) return false;
+    const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + b->bytes && b0 < a0 + a->bytes;
+}
+
+/* Float conversion policy of user doubles (spanhead.h, "Policies"): x must be finite, > 0
+ * (or exactly 0 when zero_ok: "off") and, with its inverse when inverse is set, round to a
+ * normal float (FLT_MIN <= |float(x)| <= FLT_MAX): kernels compute in float and multiply by the
+ * inverse. SPH_ERR_INVALID_ARG naming `name`, the value and the accepted range otherwise. */
+sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse);
 
 #ifdef __cplusplus
 }

@@ -3,9 +3,10 @@
  * float64 reference and the optimized CPU head): which rows are active, and how many.
  * A row is active when the mask says so, else when it lies inside a span, else always.
  */
+#include <math.h>
 #include <string.h>
 
-#include "core/plan.h"
+#include "core/ctx.h"
 
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
     if (p->mask) {
@@ -31,4 +32,47 @@ int64_t sph_head_count_active(const sph_head_plan *p) {
         return n;
     }
     return p->N;
+}
+
+// ---- non-finite policy (spanhead.h, "Policies") ------------------------------------------
+
+static int finite_or_absent(const float *x, int64_t i) { return !x || isfinite(x[i]); }
+
+int64_t sph_head_scan_backward_inputs(const sph_head_plan *p, int64_t *first) {
+    int64_t n = 0, k = 0;
+    *first = -1;
+    for (int64_t i = 0; i < p->N; i++) {
+        if (p->mask) {
+            if (!p->mask[i]) continue;
+        } else if (p->spans) { /* ordered and disjoint: walk them along i */
+            while (k < p->n_spans && p->spans[2 * k + 1] <= i) k++;
+            if (k >= p->n_spans || i < p->spans[2 * k]) continue;
+        }
+        const int ok = isfinite(p->stats[i * 3 + 1]) && isfinite(p->stats[i * 3 + 2]) &&
+                       finite_or_absent(p->dlogprob, i) && finite_or_absent(p->dentropy, i) &&
+                       finite_or_absent(p->dlse, i) &&
+                       (p->K || finite_or_absent(p->dlogit_mean, i));
+        if (!ok) {
+            if (!n) *first = i;
+            n++;
+        }
+    }
+    return n;
+}
+
+sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t count,
+                                    int64_t first, const char *partial) {
+    sph_ctx_note_nonfinite(ctx, count, first);
+    if (pass == SPH_HEAD_BACKWARD)
+        return sph_err(SPH_ERR_NONFINITE,
+                       "head backward: %lld active rows have a non-finite stats (lse, mu) or "
+                       "upstream gradient, the first row %lld (stats of a forward that failed? "
+                       "NaN in dlogprob/dentropy/dlse/dlogit_mean?); nothing written",
+                       (long long)count, (long long)first);
+    return sph_err(SPH_ERR_NONFINITE,
+                   "head forward: %lld active rows have non-finite statistics (row max, lse or "
+                   "mean logit), the first row %lld: NaN or infinity in hidden or weight, or "
+                   "logits beyond float; %s",
+                   (long long)count, (long long)first,
+                   partial ? partial : "no output written");
 }

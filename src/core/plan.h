@@ -74,6 +74,24 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p);
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
 int64_t sph_head_count_active(const sph_head_plan *p);
 
+/* Non-finite policy (spanhead.h, "Policies"), host plans. scan_backward_inputs: the active rows
+ * whose stats (lse, mu) or upstream gradients are not finite (*first: the first, -1: none).
+ * nonfinite_error: records count and first on ctx (sph_ctx_nonfinite) and returns
+ * SPH_ERR_NONFINITE with the message of the pass; partial: what was written already (NULL:
+ * nothing). */
+int64_t sph_head_scan_backward_inputs(const sph_head_plan *p, int64_t *first);
+sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t count,
+                                    int64_t first, const char *partial);
+
+/* The tensor-parallel consistency check of a pass (head_tp.c; spanhead.h, "Policies"): with a
+ * TP group, every rank allgathers a record of its call and all compare them; local is this
+ * rank's validation status (p unused unless SPH_OK). Returns local when it failed (its message
+ * kept), SPH_ERR_MISMATCH naming the field and ranks when the calls differ,
+ * SPH_ERR_INVALID_ARG when another rank's validation failed, SPH_OK otherwise. Without a
+ * group, or with a device communicator in a release build, returns local at once. */
+sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                             sph_status local);
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,14 +28,14 @@ static sph_status host_ctx_init(sph_ctx_t ctx) {
 
 static sph_status host_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
     (void)ctx;
-    *ptr = malloc(bytes ? bytes : 1);
+    *ptr = sph_malloc(bytes ? bytes : 1);
     SPH_CHECK(*ptr != NULL, SPH_ERR_ALLOC, "ctx_malloc: %zu bytes of host memory", bytes);
     return SPH_OK;
 }
 
 static void host_free(sph_ctx_t ctx, void *ptr) {
     (void)ctx;
-    free(ptr);
+    sph_free(ptr);
 }
 
 static sph_status host_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
@@ -101,6 +101,7 @@ sph_status sph_tune(sph_ctx_t ctx, const sph_tune_opts *opts, const char **resul
         if (result) *result = "";
         return sph_err(SPH_ERR_UNSUPPORTED, "tune: this build of spanhead has no CUDA backend");
     }
+    if (ctx) SPH_TRY(sph_ctx_check(ctx, "tune")); /* NULL: its own message */
     return cu->tune(ctx, opts, result);
 }
 
@@ -112,6 +113,7 @@ sph_status sph_tune_gemm_rate(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t
         return sph_err(SPH_ERR_UNSUPPORTED,
                        "tune_gemm_rate: this build of spanhead has no CUDA backend");
     }
+    if (ctx) SPH_TRY(sph_ctx_check(ctx, "tune_gemm_rate")); /* NULL: its own message */
     return cu->gemm_rate(ctx, dtype, M, N, K, repeats, tflops);
 }
 
@@ -123,5 +125,6 @@ sph_status sph_tune_gemm_rate_sustained(sph_ctx_t ctx, sph_dtype dtype, int64_t 
         return sph_err(SPH_ERR_UNSUPPORTED,
                        "tune_gemm_rate_sustained: this build of spanhead has no CUDA backend");
     }
+    if (ctx) SPH_TRY(sph_ctx_check(ctx, "tune_gemm_rate_sustained")); /* NULL: its message */
     return cu->gemm_rate_sustained(ctx, dtype, M, N, K, chain, repeats, tflops);
 }

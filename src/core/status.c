@@ -32,6 +32,7 @@ const char *sph_status_str(sph_status s) {
     case SPH_ERR_MISMATCH: return "ranks disagree";
     case SPH_ERR_NO_DEVICE: return "no CUDA device";
     case SPH_ERR_INTERNAL: return "internal error";
+    case SPH_ERR_NONFINITE: return "non-finite values";
     }
     return "unknown status";
 }

@@ -3,6 +3,7 @@
  * that turns a caller's DLPack-style sph_tensor into the plain pointer + sizes + strides the
  * kernels use, with a message naming the argument whenever something is off.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -118,14 +119,38 @@ sph_status sph_view_of(const sph_tensor *t, const char *name, int32_t ndim, sph_
             }
             v->stride[d] = s;
         }
-        int64_t span = v->stride[d] * (t->shape[d] > 0 ? t->shape[d] : 0);
+        int64_t span;
+        SPH_CHECK(sph_mul_i64(v->stride[d], t->shape[d], &span), SPH_ERR_OVERFLOW,
+                  "%s: stride[%d] %lld x shape[%d] %lld overflows int64", name, d,
+                  (long long)v->stride[d], d, (long long)t->shape[d]);
         compact = span > compact ? span : compact;
     }
+    /* The extent: offset of the last element + 1, in elements and in bytes, within int64
+     * (kernels index with int64; the aliasing checks compare these byte regions). */
+    const size_t es = t->dtype.bits / 8;
+    int64_t last = 0, extent_bytes = 0;
+    if (elems > 0) {
+        for (int d = 0; d < ndim; d++) {
+            int64_t o;
+            SPH_CHECK(sph_mul_i64(t->shape[d] - 1, v->stride[d], &o) && sph_add_i64(last, o, &last),
+                      SPH_ERR_OVERFLOW, "%s: the offset of the last element overflows int64 "
+                      "(stride[%d] %lld, shape[%d] %lld)", name, d, (long long)v->stride[d], d,
+                      (long long)t->shape[d]);
+        }
+        SPH_CHECK(sph_add_i64(last, 1, &last) && sph_mul_i64(last, (int64_t)es, &extent_bytes),
+                  SPH_ERR_OVERFLOW, "%s: %lld elements of %zu bytes overflow int64", name,
+                  (long long)last, es);
+    }
+    v->bytes = (size_t)extent_bytes;
     SPH_CHECK(elems == 0 || t->data != NULL, SPH_ERR_INVALID_ARG, "%s: data pointer is NULL",
               name);
+    SPH_CHECK(!t->data || t->byte_offset <= UINTPTR_MAX - (uintptr_t)t->data, SPH_ERR_OVERFLOW,
+              "%s: byte_offset %llu overflows the address space", name,
+              (unsigned long long)t->byte_offset);
     v->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+    SPH_CHECK(!v->data || v->bytes <= UINTPTR_MAX - (uintptr_t)v->data, SPH_ERR_OVERFLOW,
+              "%s: %zu bytes from %p overflow the address space", name, v->bytes, v->data);
     /* every kernel reads whole elements (vector loads, TMA, cuBLAS) */
-    const size_t es = t->dtype.bits / 8;
     SPH_CHECK(v->data == NULL || (uintptr_t)v->data % es == 0, SPH_ERR_INVALID_ARG,
               "%s: pointer %p is misaligned, expected a multiple of %zu bytes (%s elements)",
               name, v->data, es, sph_dtype_name(t->dtype));
@@ -136,5 +161,18 @@ sph_status sph_view_expect_dim(const sph_view *v, const char *name, int dim, int
                                const char *what) {
     SPH_CHECK(v->shape[dim] == want, SPH_ERR_SHAPE, "%s: shape[%d] is %lld, expected %lld (%s)",
               name, dim, (long long)v->shape[dim], (long long)want, what);
+    return SPH_OK;
+}
+
+sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse) {
+    if (zero_ok && x == 0) return SPH_OK;
+    /* the largest and smallest doubles whose float (and inverse's float) is a normal float */
+    const double hi = inverse ? 1.0 / FLT_MIN : FLT_MAX, lo = inverse ? 1.0 / FLT_MAX : FLT_MIN;
+    const float xf = (float)x, inv = inverse ? (float)(1.0 / x) : 1.0f;
+    SPH_CHECK(isfinite(x) && x > 0 && isnormal(xf) && isnormal(inv), SPH_ERR_INVALID_ARG,
+              "%s: %g, expected finite and > 0%s, with %s a normal float (about %.3g <= %s <= "
+              "%.3g): the kernels compute in float",
+              name, x, zero_ok ? " (or 0 = off)" : "", inverse ? "it and its inverse" : "it", lo,
+              name, hi);
     return SPH_OK;
 }

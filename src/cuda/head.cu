@@ -484,8 +484,8 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     return SPH_OK;
 }
 
-/* Ablation (SPH_CUDA_FLAG_DENSE_BACKWARD): the backward ignores the spans and computes every row, the
- * mask zeroing the inactive rows' dlogits: the dense baseline of the seed's same-run A/B of
+/* Ablation (SPH_CUDA_FLAG_DENSE_BACKWARD): the backward ignores the spans and computes every row,
+ * the mask zeroing the inactive rows' dlogits: the dense baseline of the seed's same-run A/B of
  * dlogit-tile skipping, span-restricted dHidden and active-row dW (all three come from the
  * backward's row space being the active rows). Results are the same; only the cost differs. */
 static const sph_head_plan *backward_plan(sph_ctx_t ctx, const sph_head_plan *p,
@@ -552,7 +552,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
             SPH_TRY(sph_cuda_combine(ctx, p, part + ch.k0 * SPH_PARTIAL_FIELDS, recv, ch.rows,
                                      lay.comm_size, &recs));
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
-                                           ch.r0, ch.rowmap, ch.rows, c.stream));
+                                           ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
             if (lay.onepass_e) {
                 SPH_TRY(chunk_e2d(&c, &ch));
                 SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
@@ -568,13 +568,14 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     const int64_t stride = p->N * SPH_PARTIAL_FIELDS;
     if (lay.gather) {
         SPH_TRY(sph_cuda_finalize_rows(p, recs, stride, lay.comm_size, 0,
-                                       (const int64_t *)(c.ws + lay.off_act), lay.M, c.stream));
+                                       (const int64_t *)(c.ws + lay.off_act), lay.M, c.st->nf,
+                                       c.stream));
     } else {
         for (int64_t k = 0; k < spans_count(p); k++) {
             int64_t a, b;
             spans_get(p, k, &a, &b);
             SPH_TRY(sph_cuda_finalize_rows(p, recs + a * SPH_PARTIAL_FIELDS, stride, lay.comm_size,
-                                           a, NULL, b - a, c.stream));
+                                           a, NULL, b - a, c.st->nf, c.stream));
         }
     }
     if (!p->one_pass) return SPH_OK;
@@ -708,6 +709,7 @@ extern "C" void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->backward = sph_head_cuda_backward;
     be->support_forward = cuda_support_forward;
     be->support_backward = cuda_support_backward;
+    be->batch_invariant = 1; /* fixed tiling and split width (head_layout.cu) */
     be->policy_workspace = sph_policy_cuda_workspace; /* src/cuda/policy.cu */
     be->policy = sph_policy_cuda_run;
 }

@@ -158,10 +158,11 @@ sph_status sph_cuda_chunk_h(pass_ctx *c, const chunk *ch, const char **hp, int64
 sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, int64_t c0,
                                  int64_t w, int merge);
 /* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);
- * row k is global row rowmap[k] or r0 + k. */
+ * row k is global row rowmap[k] or r0 + k. Non-finite active rows are counted in nf (the
+ * context's sph_cuda_state.nf; NULL: not counted). */
 sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int64_t rank_stride,
                                   int64_t comm_size, int64_t r0, const int64_t *rowmap,
-                                  int64_t rows, cudaStream_t stream);
+                                  int64_t rows, unsigned long long *nf, cudaStream_t stream);
 /* D (rows, w) = du of the chunk from the logits in L (D may alias L when fp32). */
 sph_status sph_cuda_launch_dlogits(pass_ctx *c, const float *L, void *D, const chunk *ch,
                                    int64_t c0, int64_t w);
@@ -201,7 +202,7 @@ sph_status sph_cuda_sample_backward(sph_ctx_t ctx, const sph_head_plan *p, char 
 /* Shared kernel launchers of head.cu used by head_sample.cu. */
 sph_status sph_cuda_finalize(const sph_head_plan *p, const float *recv, int64_t rank_stride,
                              int64_t comm_size, int64_t r0, int64_t rows, int64_t recv_row0,
-                             cudaStream_t stream);
+                             unsigned long long *nf, cudaStream_t stream);
 sph_status sph_cuda_zero_rows_out(const sph_head_plan *p, cudaStream_t stream);
 sph_status sph_cuda_combine(sph_ctx_t ctx, const sph_head_plan *p, float *part, float *recv,
                             int64_t rows, int64_t comm_size, const float **out);

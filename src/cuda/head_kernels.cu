@@ -71,13 +71,16 @@ __global__ void __launch_bounds__(STATS_THREADS)
     record_store(recs + r * SPH_PARTIAL_FIELDS, m, s, b, zt, sz, merge);
 }
 
-/* Combines the ranks' records in rank order and writes the per-row outputs and stats. */
+/* Combines the ranks' records in rank order and writes the per-row outputs and stats. An
+ * active row whose statistics are not finite is counted in nf (nf[0] += 1, nf[1] = min row):
+ * the non-finite policy's device flag, read by sph_ctx_nonfinite (integer atomics: the count
+ * does not depend on the order). */
 __global__ void head_finalize_kernel(const float *__restrict__ recv, int64_t rank_stride,
                                      int comm_size, int64_t r0, const int64_t *rowmap,
                                      int64_t rows, const uint8_t *__restrict__ mask, const void *tgt,
                                      int tgt_i64, int64_t V, int sample, float *logprob,
                                      float *entropy, float *lse_out, float *logit_mean,
-                                     float *stats) {
+                                     float *stats, unsigned long long *nf) {
     int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= rows) return;
     int64_t i = rowmap ? rowmap[k] : r0 + k;
@@ -97,6 +100,9 @@ __global__ void head_finalize_kernel(const float *__restrict__ recv, int64_t ran
     if (!active || (m == -INFINITY && s == 0.f)) {
         active = false;
         m = lse = mu = lp = sz = 0.f;
+    } else if (nf && !(isfinite(m) && isfinite(lse) && isfinite(mu))) {
+        atomicAdd(&nf[0], 1ull);
+        atomicMin(&nf[1], (unsigned long long)i);
     }
     if (logprob) logprob[i] = lp;
     if (entropy) entropy[i] = active ? lse - mu : 0.f;
@@ -279,12 +285,12 @@ sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, i
  * row k is global row rowmap[k] or r0 + k. */
 sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int64_t rank_stride,
                                   int64_t comm_size, int64_t r0, const int64_t *rowmap,
-                                  int64_t rows, cudaStream_t stream) {
+                                  int64_t rows, unsigned long long *nf, cudaStream_t stream) {
     if (rows <= 0) return SPH_OK;
     unsigned blocks = (unsigned)((rows + 255) / 256);
     head_finalize_kernel<<<blocks, 256, 0, stream>>>(
         rec0, rank_stride, (int)comm_size, r0, rowmap, rows, p->mask, p->targets, p->tgt_i64,
-        p->V, p->K > 0, p->logprob, p->entropy, p->lse, p->logit_mean, p->stats);
+        p->V, p->K > 0, p->logprob, p->entropy, p->lse, p->logit_mean, p->stats, nf);
     SPH_LAUNCH_CHECK("head_finalize_kernel", stream);
     /* a fused policy loss: these rows' dlogprob / dentropy from their final statistics */
     SPH_TRY(sph_cuda_policy_rows(p, r0, rowmap, rows, stream));
@@ -293,9 +299,9 @@ sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int
 
 sph_status sph_cuda_finalize(const sph_head_plan *p, const float *recv, int64_t rank_stride,
                              int64_t comm_size, int64_t r0, int64_t rows, int64_t recv_row0,
-                             cudaStream_t stream) {
+                             unsigned long long *nf, cudaStream_t stream) {
     return sph_cuda_finalize_rows(p, recv + recv_row0 * SPH_PARTIAL_FIELDS, rank_stride, comm_size,
-                                  r0, NULL, rows, stream);
+                                  r0, NULL, rows, nf, stream);
 }
 
 sph_status sph_cuda_zero_rows_out(const sph_head_plan *p, cudaStream_t stream) {

@@ -252,7 +252,7 @@ sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *
     for (int64_t s = 0; s < n_spans; s++) {
         int64_t r0 = p->spans ? p->spans[2 * s] : 0, r1 = p->spans ? p->spans[2 * s + 1] : p->N;
         SPH_TRY(sph_cuda_finalize(p, recs, p->N * SPH_PARTIAL_FIELDS, comm_size, r0, r1 - r0, r0,
-                                  stream));
+                                  ((sph_cuda_state *)ctx->cuda)->nf, stream));
     }
     return SPH_OK;
 }

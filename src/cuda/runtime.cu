@@ -39,21 +39,21 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         return sph_err(SPH_ERR_INVALID_ARG, "opts.device.id is %d, but only %d CUDA device(s)",
                        (int)ctx->device.id, n);
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
-    sph_cuda_state *st = (sph_cuda_state *)calloc(1, sizeof *st);
+    sph_cuda_state *st = (sph_cuda_state *)sph_calloc(1, sizeof *st);
     if (!st) return sph_err(SPH_ERR_ALLOC, "cuda context: out of host memory");
     cudaError_t e = cudaGetDeviceProperties(&st->prop, ctx->device.id);
     if (e != cudaSuccess) {
-        free(st);
+        sph_free(st);
         return sph_err(SPH_ERR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
     }
     sph_status ls = sph_cublas_load(); /* the process's cuBLAS, else one from the search */
     if (ls != SPH_OK) {
-        free(st);
+        sph_free(st);
         return ls;
     }
     cublasStatus_t b = cublasCreate(&st->cublas);
     if (b != CUBLAS_STATUS_SUCCESS) {
-        free(st);
+        sph_free(st);
         return sph_err(SPH_ERR_CUDA, "cublasCreate failed: status %d", (int)b);
     }
     cublasSetStream(st->cublas, (cudaStream_t)ctx->stream);
@@ -75,6 +75,18 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
                        : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
                                                                 : 0;
     st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
+    /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
+    e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));
+    if (e == cudaSuccess) e = cudaMemset(st->nf, 0, sizeof(unsigned long long));
+    if (e == cudaSuccess) e = cudaMemset(st->nf + 1, 0xff, sizeof(unsigned long long));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (st->nf) cudaFree(st->nf);
+        cublasDestroy(st->cublas);
+        sph_free(st);
+        return sph_err(SPH_ERR_CUDA, "cuda context: the non-finite counter (16 bytes): %s",
+                       cudaGetErrorString(e));
+    }
     ctx->cuda = st;
     /* force_kernel "ref" runs the float64 reference on host copies (head_ref_stage.c) */
     snprintf(ctx->describe, sizeof ctx->describe, "cuda %s sm_%d SMs=%d%s", st->prop.name, st->cc,
@@ -87,8 +99,32 @@ static void sph_cuda_ctx_fini(sph_ctx_t ctx) {
     sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
     if (!st) return;
     if (st->cublas) cublasDestroy(st->cublas);
-    free(st);
+    if (st->nf) cudaFree(st->nf);
+    sph_free(st);
     ctx->cuda = NULL;
+}
+
+/* sph_ctx_nonfinite: the device's count (after the stream's work), reset, plus what host
+ * paths of this context refused (the staged reference). */
+static sph_status sph_cuda_nonfinite(sph_ctx_t ctx, int64_t *count, int64_t *first_row) {
+    sph_cuda_state *st = (sph_cuda_state *)ctx->cuda;
+    cudaStream_t s = (cudaStream_t)ctx->stream;
+    unsigned long long h[2] = {0, ~0ull};
+    SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
+    SPH_CUDA_RET(cudaMemcpyAsync(h, st->nf, sizeof h, cudaMemcpyDeviceToHost, s));
+    SPH_CUDA_RET(cudaMemsetAsync(st->nf, 0, sizeof(unsigned long long), s));
+    SPH_CUDA_RET(cudaMemsetAsync(st->nf + 1, 0xff, sizeof(unsigned long long), s));
+    SPH_CUDA_RET(cudaStreamSynchronize(s));
+    int64_t n = (int64_t)h[0], first = h[0] ? (int64_t)h[1] : -1;
+    if (ctx->nf_count) {
+        if (first < 0 || ctx->nf_first < first) first = ctx->nf_first;
+        n += ctx->nf_count;
+    }
+    ctx->nf_count = 0;
+    ctx->nf_first = -1;
+    *count = n;
+    if (first_row) *first_row = first;
+    return SPH_OK;
 }
 
 static sph_status sph_cuda_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
@@ -139,6 +175,7 @@ static sph_device_ops make_ops(void) {
     o.memcpy = sph_cuda_memcpy;
     o.memset = sph_cuda_memset;
     o.synchronize = sph_cuda_synchronize;
+    o.nonfinite = sph_cuda_nonfinite;
     o.count = sph_cuda_count;
     o.pointer_is_device = sph_cuda_pointer_is_device;
     o.tune = sph_cuda_tune;

@@ -37,6 +37,9 @@ typedef struct sph_cuda_state {
     int onepass_mode;                /* ONEPASS_*: 0 auto, 1 staged E, 2 staged fp32 logits
                                         (unfused), 3 recompute (the fused sweep) */
     int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
+    unsigned long long *nf;          /* device: [0] non-finite active rows found by the
+                                        finalize kernel, [1] the lowest such row (~0: none);
+                                        read and reset by sph_ctx_nonfinite */
     int assume_sm90;                 /* layout tests without a GPU: plan as on an sm_90 device */
     int forcing;                     /* 1 while sph_tune times a candidate: */
     int64_t force_rows, force_split; /* its configuration (0 = automatic) */

@@ -22,6 +22,47 @@
 
 // ---- small helpers ---------------------------------------------------------------------
 
+/* The byte regions of one call's tensors, for the aliasing policy: an output may overlap no
+ * input and no other output (spanhead.h, "Policies"). */
+#define MAX_REGIONS 24
+typedef struct regions {
+    sph_view v[MAX_REGIONS];
+    const char *name[MAX_REGIONS];
+    int out[MAX_REGIONS];
+    int n;
+} regions;
+
+static void region_add(regions *rs, const sph_view *v, const char *name, int out) {
+    if (rs->n < MAX_REGIONS && v->bytes) {
+        rs->v[rs->n] = *v;
+        rs->name[rs->n] = name;
+        rs->out[rs->n] = out;
+        rs->n++;
+    }
+}
+
+static sph_status regions_check(const regions *rs) {
+    for (int i = 0; i < rs->n; i++)
+        for (int j = 0; j < rs->n; j++) {
+            if (i == j || !rs->out[i] || (rs->out[j] && j < i)) continue;
+            const sph_view *a = &rs->v[i], *b = &rs->v[j];
+            SPH_CHECK(!sph_view_overlap(a, b), SPH_ERR_INVALID_ARG,
+                      "%s: bytes [%p, %p) overlap %s's [%p, %p): an output must not alias an "
+                      "input or another output",
+                      rs->name[i], a->data, (void *)((char *)a->data + a->bytes), rs->name[j],
+                      b->data, (void *)((char *)b->data + b->bytes));
+        }
+    return SPH_OK;
+}
+
+/* "a + b" for a message: the sum, or both terms when it overflows (never printed wrapped). */
+static const char *sum_str(char *buf, size_t n, int64_t a, int64_t b) {
+    int64_t r;
+    if (sph_add_i64(a, b, &r)) snprintf(buf, n, "%lld", (long long)r);
+    else snprintf(buf, n, "%lld + %lld (beyond int64)", (long long)a, (long long)b);
+    return buf;
+}
+
 /* Every tensor must live on the context's device: host memory (CPU or pinned) for a CPU
  * context, the context's GPU for a CUDA context. */
 static sph_status check_device(sph_ctx_t ctx, const sph_view *v, const char *name) {
@@ -37,10 +78,11 @@ static sph_status check_device(sph_ctx_t ctx, const sph_view *v, const char *nam
     return SPH_OK;
 }
 
-static sph_status row_vector(sph_ctx_t ctx, const sph_tensor *t, const char *name, int64_t N,
-                             sph_dtype want, float **out) {
+static sph_status row_vector(sph_ctx_t ctx, regions *rs, int is_out, const sph_tensor *t,
+                             const char *name, int64_t N, sph_dtype want, float **out) {
     sph_view v;
     SPH_TRY(sph_view_of(t, name, 1, &v));
+    region_add(rs, &v, name, is_out);
     SPH_TRY(check_device(ctx, &v, name));
     SPH_CHECK(sph_dtype_eq(v.dtype, want), SPH_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
               sph_dtype_name(v.dtype), sph_dtype_name(want));
@@ -61,12 +103,13 @@ static int cmp_i64(const void *a, const void *b) {
 // ---- validation ------------------------------------------------------------------------
 
 /* A gradient output (rows x H) in the input dtype or f32; absent (NULL) leaves it unset. */
-static sph_status grad_output(sph_ctx_t ctx, const sph_tensor *t, const char *name, int64_t rows,
-                              const char *rows_what, sph_dtype in, int64_t H, void **data,
-                              int64_t *ld, sph_dtype *dtype) {
+static sph_status grad_output(sph_ctx_t ctx, regions *rs, const sph_tensor *t, const char *name,
+                              int64_t rows, const char *rows_what, sph_dtype in, int64_t H,
+                              void **data, int64_t *ld, sph_dtype *dtype) {
     if (!t) return SPH_OK;
     sph_view v;
     SPH_TRY(sph_view_of(t, name, 2, &v));
+    region_add(rs, &v, name, 1);
     SPH_TRY(check_device(ctx, &v, name));
     SPH_CHECK(sph_dtype_eq(v.dtype, in) || sph_dtype_eq(v.dtype, SPH_F32), SPH_ERR_DTYPE,
               "%s: dtype is %s, expected %s%s", name, sph_dtype_name(v.dtype), sph_dtype_name(in),
@@ -81,7 +124,7 @@ static sph_status grad_output(sph_ctx_t ctx, const sph_tensor *t, const char *na
 
 sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
                               sph_head_plan *p) {
-    SPH_CHECK(ctx != NULL, SPH_ERR_INVALID_ARG, "ctx: NULL");
+    SPH_TRY(sph_ctx_check(ctx, "head"));
     SPH_CHECK(a != NULL, SPH_ERR_INVALID_ARG, "args: NULL");
     SPH_CHECK(p != NULL, SPH_ERR_INVALID_ARG, "plan: NULL");
     SPH_CHECK(a->struct_size >= sizeof(sph_head_args), SPH_ERR_INVALID_ARG,
@@ -91,15 +134,20 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
               "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
     memset(p, 0, sizeof *p);
     p->device = ctx->device;
+    regions rs;
+    rs.n = 0;
+    char b1[64], b2[64];
     const int host = ctx->dev->host_memory; /* data readable here (content checks) */
 
     // hidden and weight
     sph_view hv, wv;
     SPH_TRY(sph_view_of(a->hidden, "hidden", 2, &hv));
+    region_add(&rs, &hv, "hidden", 0);
     SPH_TRY(check_device(ctx, &hv, "hidden"));
     SPH_CHECK(sph_dtype_is_float_input(hv.dtype), SPH_ERR_DTYPE,
               "hidden: dtype is %s, expected f32, bf16 or f16", sph_dtype_name(hv.dtype));
     SPH_TRY(sph_view_of(a->weight, "weight", 2, &wv));
+    region_add(&rs, &wv, "weight", 0);
     SPH_TRY(check_device(ctx, &wv, "weight"));
     SPH_CHECK(sph_dtype_eq(wv.dtype, hv.dtype), SPH_ERR_DTYPE,
               "weight: dtype is %s, expected %s (hidden's)", sph_dtype_name(wv.dtype),
@@ -125,21 +173,21 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     SPH_CHECK(p->V > 0, SPH_ERR_INVALID_ARG, "vocab_total: %lld, expected > 0 (or 0 = V_loc)",
               (long long)a->vocab_total);
     SPH_CHECK(p->v0 >= 0 && p->v0 <= p->V - p->V_loc, SPH_ERR_INVALID_ARG,
-              "vocab_start: shard [%lld, %lld) lies outside [0, vocab_total = %lld)",
-              (long long)p->v0, (long long)p->v0 + (long long)p->V_loc, (long long)p->V);
+              "vocab_start: shard [%lld, %s) lies outside [0, vocab_total = %lld)",
+              (long long)p->v0, sum_str(b1, sizeof b1, p->v0, p->V_loc), (long long)p->V);
 
     // scalars
     p->temperature = a->temperature;
     p->softcap = a->softcap;
-    SPH_CHECK(isfinite(a->temperature) && a->temperature > 0, SPH_ERR_INVALID_ARG,
-              "temperature: %g, expected finite and > 0", a->temperature);
-    SPH_CHECK(isfinite(a->softcap) && a->softcap >= 0, SPH_ERR_INVALID_ARG,
-              "softcap: %g, expected finite and >= 0 (0 = off)", a->softcap);
+    /* the kernels compute z = u / T as u * float(1 / T), tanh(u / c) as u * float(1 / c) */
+    SPH_TRY(sph_check_float_scalar("temperature", a->temperature, 0, 1));
+    SPH_TRY(sph_check_float_scalar("softcap", a->softcap, 1, 1));
 
     // active mask
     if (a->active_mask) {
         sph_view mv;
         SPH_TRY(sph_view_of(a->active_mask, "active_mask", 1, &mv));
+        region_add(&rs, &mv, "active_mask", 0);
         SPH_TRY(check_device(ctx, &mv, "active_mask"));
         SPH_CHECK(sph_dtype_eq(mv.dtype, SPH_U8) || sph_dtype_eq(mv.dtype, SPH_BOOL),
                   SPH_ERR_DTYPE, "active_mask: dtype is %s, expected u8 or bool",
@@ -158,12 +206,21 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         if (!host) SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, NULL));
         p->spans = a->spans;
         p->n_spans = a->n_spans;
+        sph_view spv;
+        memset(&spv, 0, sizeof spv);
+        spv.data = (void *)a->spans;
+        /* valid spans are disjoint and non-empty inside [0, N): n_spans <= N (bad ones fail
+         * their validation below; they are no region here) */
+        spv.bytes = a->spans && a->n_spans > 0 && a->n_spans <= p->N ? (size_t)a->n_spans * 16
+                                                                     : 0;
+        region_add(&rs, &spv, "spans", 0);
     }
 
     // targets
     if (a->targets) {
         sph_view tv;
         SPH_TRY(sph_view_of(a->targets, "targets", 1, &tv));
+        region_add(&rs, &tv, "targets", 0);
         SPH_TRY(check_device(ctx, &tv, "targets"));
         SPH_CHECK(sph_dtype_eq(tv.dtype, SPH_I32) || sph_dtype_eq(tv.dtype, SPH_I64),
                   SPH_ERR_DTYPE, "targets: dtype is %s, expected i32 or i64",
@@ -177,6 +234,7 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     if (a->candidates) {
         sph_view cv;
         SPH_TRY(sph_view_of(a->candidates, "candidates", 2, &cv));
+        region_add(&rs, &cv, "candidates", 0);
         SPH_TRY(check_device(ctx, &cv, "candidates"));
         SPH_CHECK(sph_dtype_eq(cv.dtype, SPH_I32) || sph_dtype_eq(cv.dtype, SPH_I64),
                   SPH_ERR_DTYPE, "candidates: dtype is %s, expected i32 or i64",
@@ -190,11 +248,17 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
 
     // per-row outputs and stats
-    if (a->logprob) SPH_TRY(row_vector(ctx, a->logprob, "logprob", p->N, SPH_F32, &p->logprob));
-    if (a->entropy) SPH_TRY(row_vector(ctx, a->entropy, "entropy", p->N, SPH_F32, &p->entropy));
-    if (a->lse) SPH_TRY(row_vector(ctx, a->lse, "lse", p->N, SPH_F32, &p->lse));
+    /* the backward leaves the per-row outputs alone: they are regions of the call only when
+     * the forward writes them */
+    const int fwd = pass == SPH_HEAD_FORWARD;
+    if (a->logprob)
+        SPH_TRY(row_vector(ctx, &rs, fwd, a->logprob, "logprob", p->N, SPH_F32, &p->logprob));
+    if (a->entropy)
+        SPH_TRY(row_vector(ctx, &rs, fwd, a->entropy, "entropy", p->N, SPH_F32, &p->entropy));
+    if (a->lse) SPH_TRY(row_vector(ctx, &rs, fwd, a->lse, "lse", p->N, SPH_F32, &p->lse));
     if (a->logit_mean)
-        SPH_TRY(row_vector(ctx, a->logit_mean, "logit_mean", p->N, SPH_F32, &p->logit_mean));
+        SPH_TRY(row_vector(ctx, &rs, fwd, a->logit_mean, "logit_mean", p->N, SPH_F32,
+                           &p->logit_mean));
     SPH_CHECK(a->logprob == NULL || a->targets != NULL, SPH_ERR_INVALID_ARG,
               "logprob: requested without targets");
     SPH_CHECK(a->logit_mean == NULL || p->K == 0, SPH_ERR_INVALID_ARG,
@@ -204,6 +268,7 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     {
         sph_view sv;
         SPH_TRY(sph_view_of(a->stats, "stats", 2, &sv));
+        region_add(&rs, &sv, "stats", fwd); /* the forward writes it, the backward reads it */
         SPH_TRY(check_device(ctx, &sv, "stats"));
         SPH_CHECK(sph_dtype_eq(sv.dtype, SPH_F32), SPH_ERR_DTYPE, "stats: dtype is %s, expected f32",
                   sph_dtype_name(sv.dtype));
@@ -215,10 +280,10 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
 
     // gradient outputs
-    SPH_TRY(grad_output(ctx, a->dhidden, "dhidden", p->N, "N, rows of hidden", p->dtype, p->H,
+    SPH_TRY(grad_output(ctx, &rs, a->dhidden, "dhidden", p->N, "N, rows of hidden", p->dtype, p->H,
                         &p->dhidden, &p->ld_dh, &p->dh_dtype));
-    SPH_TRY(grad_output(ctx, a->dweight, "dweight", p->V_loc, "V_loc, rows of weight", p->dtype,
-                        p->H, &p->dweight, &p->ld_dw, &p->dw_dtype));
+    SPH_TRY(grad_output(ctx, &rs, a->dweight, "dweight", p->V_loc, "V_loc, rows of weight",
+                        p->dtype, p->H, &p->dweight, &p->ld_dw, &p->dw_dtype));
     p->acc_dh = a->accumulate_dhidden != 0;
     p->acc_dw = a->accumulate_dweight != 0;
     p->allreduce_dh = a->allreduce_dhidden != 0;
@@ -231,20 +296,21 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     // upstream gradients: read by the backward and by a one-pass forward
     if (pass == SPH_HEAD_BACKWARD || p->one_pass) {
         if (a->dlogprob) {
-            SPH_TRY(row_vector(ctx, a->dlogprob, "dlogprob", p->N, SPH_F32,
+            SPH_TRY(row_vector(ctx, &rs, 0, a->dlogprob, "dlogprob", p->N, SPH_F32,
                                (float **)&p->dlogprob));
             SPH_CHECK(a->targets != NULL, SPH_ERR_INVALID_ARG,
                       "dlogprob: given without targets (logprob is not computed)");
         }
         if (a->dentropy)
-            SPH_TRY(row_vector(ctx, a->dentropy, "dentropy", p->N, SPH_F32,
+            SPH_TRY(row_vector(ctx, &rs, 0, a->dentropy, "dentropy", p->N, SPH_F32,
                                (float **)&p->dentropy));
-        if (a->dlse) SPH_TRY(row_vector(ctx, a->dlse, "dlse", p->N, SPH_F32, (float **)&p->dlse));
+        if (a->dlse)
+            SPH_TRY(row_vector(ctx, &rs, 0, a->dlse, "dlse", p->N, SPH_F32, (float **)&p->dlse));
         if (a->dlogit_mean) {
             SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
                       "dlogit_mean: given in sample-support mode, where logit_mean is not "
                       "defined");
-            SPH_TRY(row_vector(ctx, a->dlogit_mean, "dlogit_mean", p->N, SPH_F32,
+            SPH_TRY(row_vector(ctx, &rs, 0, a->dlogit_mean, "dlogit_mean", p->N, SPH_F32,
                                (float **)&p->dlogit_mean));
         }
     }
@@ -268,9 +334,10 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         const sph_comm_config *c = &p->comm->cfg;
         SPH_CHECK(p->V == c->vocab_total && p->v0 == c->vocab_start && p->V_loc == c->vocab_local,
                   SPH_ERR_MISMATCH,
-                  "vocab shard: [%lld, %lld) of %lld, but tp_comm was created for [%lld, %lld) "
-                  "of %lld", (long long)p->v0, (long long)(p->v0 + p->V_loc), (long long)p->V,
-                  (long long)c->vocab_start, (long long)(c->vocab_start + c->vocab_local),
+                  "vocab shard: [%lld, %s) of %lld, but tp_comm was created for [%lld, %s) of "
+                  "%lld", (long long)p->v0, sum_str(b1, sizeof b1, p->v0, p->V_loc),
+                  (long long)p->V, (long long)c->vocab_start,
+                  sum_str(b2, sizeof b2, c->vocab_start, c->vocab_local),
                   (long long)c->vocab_total);
     }
     if (p->allreduce_dh) {
@@ -288,6 +355,7 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                       (long long)p->comm->size);
         }
     }
+    SPH_TRY(regions_check(&rs));
     if (host) SPH_TRY(sph_head_plan_check_data(p));
     return SPH_OK;
 }
@@ -306,7 +374,8 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
             SPH_CHECK(p->mask[i] <= 1, SPH_ERR_INVALID_ARG,
                       "active_mask[%lld]: %u, expected 0 or 1", (long long)i, p->mask[i]);
     /* ordered, disjoint, inside [0, N), covering every active row of the mask */
-    if (p->spans || p->n_spans) SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
+    if (p->spans || p->n_spans)
+        SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
     if (p->targets)
         for (int64_t i = 0; i < p->N; i++) {
             int64_t t = id_at(p->targets, p->tgt_i64, i);
@@ -315,7 +384,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
                       (long long)i, (long long)t, (long long)p->V);
         }
     if (p->cand && p->N > 0) {
-        int64_t *row = malloc((size_t)p->K * sizeof *row);
+        int64_t *row = sph_malloc((size_t)p->K * sizeof *row);
         SPH_CHECK(row != NULL, SPH_ERR_ALLOC, "candidates: out of host memory (K = %lld)",
                   (long long)p->K);
         sph_status st = SPH_OK;
@@ -346,7 +415,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
                                  (long long)i, (long long)t, (long long)i);
             }
         }
-        free(row);
+        sph_free(row);
         SPH_TRY(st);
     }
     return SPH_OK;
@@ -390,21 +459,32 @@ sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_head_a
     return SPH_OK;
 }
 
-static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
-                           void *ws, size_t ws_bytes) {
-    sph_head_plan p;
-    SPH_TRY(sph_head_plan_make(ctx, pass, args, &p));
+/* The workspace the caller gives against the one the pass's slot asks for. */
+static sph_status check_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
+                                  void *ws, size_t ws_bytes) {
     const sph_head_backend *be = &ctx->head;
     size_t need = 0;
-    SPH_TRY(be->workspace(ctx, pass, &p, &need));
+    SPH_TRY(be->workspace(ctx, pass, p, &need));
     SPH_CHECK(ws_bytes >= need, SPH_ERR_WORKSPACE,
               "workspace_bytes: %zu, expected >= %zu (sph_head_workspace_size)", ws_bytes, need);
     SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (need > 0 && be->check_workspace) SPH_TRY(be->check_workspace(ctx, ws, need));
-    sph_head_pass_fn fn = pass_slot(be, pass, &p);
-    if (!fn) return sph_backend_missing(ctx, p.K ? "head (sample support)" : "head");
-    return fn(ctx, &p, ws, ws_bytes);
+    SPH_CHECK(pass_slot(be, pass, p) != NULL, SPH_ERR_UNSUPPORTED,
+              "%s: not implemented by the %s backend of this context",
+              p->K ? "head (sample support)" : "head", be->name ? be->name : "(no)");
+    return SPH_OK;
+}
+
+static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                           void *ws, size_t ws_bytes) {
+    sph_head_plan p;
+    sph_status s = sph_head_plan_make(ctx, pass, args, &p);
+    if (s == SPH_OK) s = check_workspace(ctx, pass, &p, ws, ws_bytes);
+    /* a TP group agrees on the call (or on one rank's failure) before any output is written */
+    if (ctx && ctx->magic == SPH_CTX_MAGIC) s = sph_head_tp_agree(ctx, pass, &p, s);
+    SPH_TRY(s);
+    return pass_slot(&ctx->head, pass, &p)(ctx, &p, ws, ws_bytes);
 }
 
 sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,

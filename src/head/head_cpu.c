@@ -149,6 +149,7 @@ sph_status sph_head_cpu_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_h
 // ---- shared pieces -----------------------------------------------------------------------
 
 typedef struct run {
+    sph_ctx_t ctx;
     const sph_head_plan *p;
     layout L;
     sph_head_kern k;
@@ -250,6 +251,24 @@ static void finalize_row(const run *r, int64_t i, const double *rec, int active)
     p->stats[i * 3 + 2] = (float)mu;
 }
 
+/* Non-finite policy: the rows (rows[0 .. n), records rec[q] or rec[rows[q]] when by_row) whose
+ * combined statistics are not finite. Empty records (a support row with no candidate in any
+ * shard) are finite: they give zeros. */
+static int64_t nonfinite_rows(const double *rec, const int64_t *rows, int64_t n, int by_row,
+                              int64_t *first) {
+    int64_t bad = 0;
+    *first = -1;
+    for (int64_t q = 0; q < n; q++) {
+        const double *o = rec + (by_row ? rows[q] : q) * SPH_PARTIAL_FIELDS;
+        if (o[0] == -INFINITY && o[1] == 0) continue;
+        const double lse = o[0] + log(o[1]), mu = o[2] / o[1];
+        if (isfinite(o[0]) && isfinite(lse) && isfinite(mu)) continue;
+        if (!bad || rows[q] < *first) *first = rows[q];
+        bad++;
+    }
+    return bad;
+}
+
 static void make_coef(const run *r, int64_t i, float lse, float mu, coef *c) {
     const sph_head_plan *p = r->p;
     int64_t t = target_of(p, i);
@@ -327,6 +346,7 @@ static sph_status allreduce_dh(const run *r) {
 static sph_status setup(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, void *ws,
                         size_t bytes, run *r) {
     memset(r, 0, sizeof *r);
+    r->ctx = ctx;
     r->p = p;
     /* head.c checked the workspace against this layout's total */
     SPH_TRY(make_layout(ctx, pass, p, &r->L));
@@ -515,7 +535,7 @@ static sph_status full_forward(const run *r) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
     double *rec = at(r, L->o_rec), *crec = at(r, L->o_crec), *gath = at(r, L->o_gath);
-    clear_outputs(r);
+    int64_t first;
     if (!p->one_pass) {
         /* records of every row (inactive rows: empty), one combine for the whole forward */
         for (int64_t i = 0; i < p->N; i++) {
@@ -531,19 +551,42 @@ static sph_status full_forward(const run *r) {
                        SPH_PARTIAL_FIELDS * sizeof(double));
         }
         SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+        /* the statistics of every row are known: refuse non-finite ones before writing */
+        const int64_t bad = nonfinite_rows(rec, r->rows, L->n_act, 1, &first);
+        if (bad) return sph_head_nonfinite_error(r->ctx, SPH_HEAD_FORWARD, bad, first, NULL);
+        clear_outputs(r);
         for (int64_t q = 0; q < L->n_act; q++)
             finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
         return SPH_OK;
     }
-    /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place */
+    /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place. The outputs
+     * are first written after the first chunk's statistics are known to be finite. */
     int64_t ld_dw = 0;
-    float *dw = dw_begin(r, &ld_dw);
-    clear_dhidden(r);
-    for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
+    float *dw = NULL;
+    int started = 0;
+    for (int64_t c0 = 0; c0 < L->n_act || !started; c0 += L->R) {
+        if (c0 >= L->n_act) { /* no active row: the outputs' zeros only */
+            clear_outputs(r);
+            dw = dw_begin(r, &ld_dw);
+            clear_dhidden(r);
+            break;
+        }
         int64_t nr = L->n_act - c0 < L->R ? L->n_act - c0 : L->R;
         gather_chunk(r, c0, nr);
         chunk_forward(r, c0, nr, crec);
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
+        /* every rank holds the same combined records: the same verdict on every rank */
+        const int64_t bad = nonfinite_rows(crec, r->rows + c0, nr, 0, &first);
+        if (bad)
+            return sph_head_nonfinite_error(
+                r->ctx, SPH_HEAD_FORWARD, bad, first,
+                started ? "one-pass: the chunks before the row's are already written" : NULL);
+        if (!started) {
+            clear_outputs(r);
+            dw = dw_begin(r, &ld_dw);
+            clear_dhidden(r);
+            started = 1;
+        }
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
         /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
@@ -556,7 +599,16 @@ static sph_status full_forward(const run *r) {
     return allreduce_dh(r);
 }
 
+/* Non-finite policy of the backward: the stats and upstream gradients of the active rows,
+ * checked before anything is written. */
+static sph_status check_backward_inputs(const run *r) {
+    int64_t first;
+    const int64_t bad = sph_head_scan_backward_inputs(r->p, &first);
+    return bad ? sph_head_nonfinite_error(r->ctx, SPH_HEAD_BACKWARD, bad, first, NULL) : SPH_OK;
+}
+
 static sph_status full_backward(const run *r) {
+    SPH_TRY(check_backward_inputs(r));
     const layout *L = &r->L;
     int64_t ld_dw = 0;
     float *dw = dw_begin(r, &ld_dw);
@@ -643,6 +695,7 @@ static sph_status support_forward_rows(const run *r) {
 static sph_status support_backward(const run *r, int from_rec) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
+    if (!from_rec) SPH_TRY(check_backward_inputs(r));
     const double *rec = at(r, L->o_rec);
     float *du = at(r, L->o_du);
     int64_t ld_dw = 0;
@@ -713,9 +766,12 @@ static sph_status support_backward(const run *r, int from_rec) {
 
 static sph_status support_forward(const run *r) {
     const sph_head_plan *p = r->p;
-    clear_outputs(r);
     SPH_TRY(support_forward_rows(r));
     const double *rec = at(r, r->L.o_rec);
+    int64_t first;
+    const int64_t bad = nonfinite_rows(rec, r->rows, r->L.n_act, 1, &first);
+    if (bad) return sph_head_nonfinite_error(r->ctx, SPH_HEAD_FORWARD, bad, first, NULL);
+    clear_outputs(r);
     for (int64_t q = 0; q < r->L.n_act; q++)
         finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
     if (!p->one_pass) return SPH_OK;
@@ -773,6 +829,10 @@ void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->backward = cpu_backward;
     be->support_forward = cpu_support_forward;
     be->support_backward = cpu_support_backward;
+    /* Not row-invariant: a row's sgemm results may depend on its chunk (OpenBLAS blocking and
+     * edge kernels) and its dH on the chunk's split; refused at creation rather than not
+     * honoured (issue 18 item 14). */
+    be->batch_invariant = 0;
     be->policy_workspace = sph_policy_cpu_workspace; /* src/policy/policy_cpu.c */
     be->policy = sph_policy_cpu_run;
     switch (ctx->isa) {

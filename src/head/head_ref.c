@@ -87,11 +87,11 @@ sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
     const int64_t N = p->N, ncols = p->K ? p->K : p->V_loc;
     const int64_t R = SPH_PARTIAL_FIELDS;
     const int64_t ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
-    uint8_t *active = malloc((size_t)N + 1);
-    int64_t *cols = malloc((size_t)ncols * sizeof *cols);
-    double *zrow = malloc((size_t)ncols * sizeof *zrow); /* z of the row's columns */
-    double *rec = malloc(((size_t)N * R + 1) * sizeof *rec);
-    double *gath = ranks > 1 ? malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
+    uint8_t *active = sph_malloc((size_t)N + 1);
+    int64_t *cols = sph_malloc((size_t)ncols * sizeof *cols);
+    double *zrow = sph_malloc((size_t)ncols * sizeof *zrow); /* z of the row's columns */
+    double *rec = sph_malloc(((size_t)N * R + 1) * sizeof *rec);
+    double *gath = ranks > 1 ? sph_malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
     sph_status st = SPH_OK;
     if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
@@ -139,11 +139,11 @@ sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
         o[6] = mu;
     }
 done:
-    free(active);
-    free(cols);
-    free(zrow);
-    free(rec);
-    free(gath);
+    sph_free(active);
+    sph_free(cols);
+    sph_free(zrow);
+    sph_free(rec);
+    sph_free(gath);
     return st;
 }
 
@@ -154,11 +154,11 @@ static double upstream(const float *g, int64_t i) { return g ? (double)g[i] : 0.
 sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats64, double *dh,
                                      double *dw) {
     const int64_t N = p->N, H = p->H, ncols = p->K ? p->K : p->V_loc;
-    uint8_t *active = malloc((size_t)N + 1);
-    int64_t *cols = malloc((size_t)ncols * sizeof *cols);
+    uint8_t *active = sph_malloc((size_t)N + 1);
+    int64_t *cols = sph_malloc((size_t)ncols * sizeof *cols);
     if (!active || !cols) {
-        free(active);
-        free(cols);
+        sph_free(active);
+        sph_free(cols);
         return sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
     }
     sph_head_active_rows(p, active);
@@ -190,8 +190,8 @@ sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats
             }
         }
     }
-    free(active);
-    free(cols);
+    sph_free(active);
+    sph_free(cols);
     return SPH_OK;
 }
 
@@ -200,7 +200,7 @@ sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats
 static sph_status store_grads(const sph_head_plan *p, const double *dh, const double *dw) {
     const int64_t N = p->N, H = p->H;
     if (p->dhidden) {
-        uint8_t *active = malloc((size_t)N + 1);
+        uint8_t *active = sph_malloc((size_t)N + 1);
         SPH_CHECK(active != NULL, SPH_ERR_ALLOC, "head_ref: out of host memory");
         sph_head_active_rows(p, active);
         for (int64_t i = 0; i < N; i++) {
@@ -212,7 +212,7 @@ static sph_status store_grads(const sph_head_plan *p, const double *dh, const do
                 store(p->dhidden, p->dh_dtype, o, v);
             }
         }
-        free(active);
+        sph_free(active);
         if (p->allreduce_dh && p->comm && p->comm->size > 1 && N > 0) {
             sph_status s = p->comm->ops->allreduce_sum_f32(p->comm, (float *)p->dhidden,
                                                            (size_t)(N * H), NULL);
@@ -234,7 +234,7 @@ static sph_status store_grads(const sph_head_plan *p, const double *dh, const do
 static sph_status backward_from(const sph_head_plan *p, const double *stats64) {
     size_t nh = p->dhidden ? (size_t)p->N * (size_t)p->H : 0;
     size_t nw = p->dweight ? (size_t)p->V_loc * (size_t)p->H : 0;
-    double *dh = malloc((nh + 1) * sizeof *dh), *dw = malloc((nw + 1) * sizeof *dw);
+    double *dh = sph_malloc((nh + 1) * sizeof *dh), *dw = sph_malloc((nw + 1) * sizeof *dw);
     sph_status st;
     if (!dh || !dw) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory for float64 gradients");
@@ -243,15 +243,15 @@ static sph_status backward_from(const sph_head_plan *p, const double *stats64) {
                                        p->dweight ? dw : NULL);
         if (st == SPH_OK) st = store_grads(p, dh, dw);
     }
-    free(dh);
-    free(dw);
+    sph_free(dh);
+    sph_free(dw);
     return st;
 }
 
-sph_status sph_head_ref_forward(const sph_head_plan *p) {
+sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p) {
     const int64_t N = p->N;
-    double *o = malloc(((size_t)N * 7 + 1) * sizeof *o);
-    double *st64 = malloc(((size_t)N * 3 + 1) * sizeof *st64);
+    double *o = sph_malloc(((size_t)N * 7 + 1) * sizeof *o);
+    double *st64 = sph_malloc(((size_t)N * 3 + 1) * sizeof *st64);
     sph_status st = SPH_OK;
     if (!o || !st64) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
@@ -259,31 +259,49 @@ sph_status sph_head_ref_forward(const sph_head_plan *p) {
     }
     st = sph_head_ref_rows_f64(p, o);
     if (st != SPH_OK) goto done;
+    /* non-finite policy: every row's statistics are known, nothing is written yet (inactive
+     * and empty rows are zeros) */
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < N; i++) {
+        const double *r = o + i * 7;
+        if (isfinite(r[4]) && isfinite(r[5]) && isfinite(r[6])) continue;
+        if (!bad) first = i;
+        bad++;
+    }
+    if (bad) {
+        st = sph_head_nonfinite_error(ctx, SPH_HEAD_FORWARD, bad, first, NULL);
+        goto done;
+    }
+    for (int64_t i = 0; i < N; i++)
+        for (int f = 0; f < 3; f++) st64[i * 3 + f] = o[i * 7 + 4 + f];
+    /* one-pass: the gradients first, so that a failure there (host memory) leaves the per-row
+     * outputs unwritten too */
+    if (p->one_pass) st = backward_from(p, st64);
+    if (st != SPH_OK) goto done;
     for (int64_t i = 0; i < N; i++) {
         const double *r = o + i * 7;
         if (p->logprob) p->logprob[i] = (float)r[0];
         if (p->entropy) p->entropy[i] = (float)r[1];
         if (p->lse) p->lse[i] = (float)r[2];
         if (p->logit_mean) p->logit_mean[i] = (float)r[3];
-        for (int f = 0; f < 3; f++) {
-            p->stats[i * 3 + f] = (float)r[4 + f];
-            st64[i * 3 + f] = r[4 + f];
-        }
+        for (int f = 0; f < 3; f++) p->stats[i * 3 + f] = (float)r[4 + f];
     }
-    if (p->one_pass) st = backward_from(p, st64);
 done:
-    free(o);
-    free(st64);
+    sph_free(o);
+    sph_free(st64);
     return st;
 }
 
-sph_status sph_head_ref_backward(const sph_head_plan *p) {
-    double *st64 = malloc(((size_t)p->N * 3 + 1) * sizeof *st64);
+sph_status sph_head_ref_backward(sph_ctx_t ctx, const sph_head_plan *p) {
+    int64_t first;
+    const int64_t bad = sph_head_scan_backward_inputs(p, &first);
+    if (bad) return sph_head_nonfinite_error(ctx, SPH_HEAD_BACKWARD, bad, first, NULL);
+    double *st64 = sph_malloc(((size_t)p->N * 3 + 1) * sizeof *st64);
     SPH_CHECK(st64 != NULL, SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)",
               (long long)p->N);
     for (int64_t k = 0; k < p->N * 3; k++) st64[k] = p->stats[k];
     sph_status st = backward_from(p, st64);
-    free(st64);
+    sph_free(st64);
     return st;
 }
 
@@ -297,13 +315,13 @@ static sph_status ref_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
 }
 
 static sph_status ref_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
-    (void)ctx, (void)ws, (void)bytes;
-    return sph_head_ref_forward(p);
+    (void)ws, (void)bytes;
+    return sph_head_ref_forward(ctx, p);
 }
 
 static sph_status ref_backward(sph_ctx_t ctx, const sph_head_plan *p, void *ws, size_t bytes) {
-    (void)ctx, (void)ws, (void)bytes;
-    return sph_head_ref_backward(p);
+    (void)ws, (void)bytes;
+    return sph_head_ref_backward(ctx, p);
 }
 
 static sph_status staged_forward(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
@@ -327,6 +345,7 @@ void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged) {
     /* the reference handles sample support in the same loops (row_columns) */
     be->forward = be->support_forward = staged ? staged_forward : ref_forward;
     be->backward = be->support_backward = staged ? staged_backward : ref_backward;
+    be->batch_invariant = 1; /* every row is its own float64 loop */
     /* the fused policy loss's reference reads host memory only (src/policy/policy_ref.c) */
     be->policy_workspace = staged ? NULL : sph_policy_ref_workspace;
     be->policy = staged ? NULL : sph_policy_ref_run;

@@ -53,7 +53,7 @@ static sph_status stage(stage_set *ss, const void *dev, size_t bytes, int out, c
     *host = NULL;
     if (!dev) return SPH_OK;
     SPH_CHECK(ss->n < MAX_STAGED, SPH_ERR_INTERNAL, "head (staged reference): too many regions");
-    void *h = bytes < SIZE_MAX ? malloc(bytes ? bytes : 1) : NULL;
+    void *h = bytes < SIZE_MAX ? sph_malloc(bytes ? bytes : 1) : NULL;
     SPH_CHECK(h != NULL, SPH_ERR_ALLOC, "%s: no host copy of %zu bytes for the staged reference",
               name, bytes);
     ss->s[ss->n++] = (staged){(void *)dev, h, bytes, out};
@@ -65,7 +65,7 @@ static sph_status stage(stage_set *ss, const void *dev, size_t bytes, int out, c
 }
 
 static void stage_free(stage_set *ss) {
-    for (int k = 0; k < ss->n; k++) free(ss->s[k].host);
+    for (int k = 0; k < ss->n; k++) sph_free(ss->s[k].host);
     ss->n = 0;
 }
 
@@ -118,8 +118,8 @@ sph_status sph_head_ref_stage_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_
     sph_status s = stage_plan(&ss, pass, p, &h);
     /* the checks validation could not run on device data, before any output is written */
     if (s == SPH_OK) s = sph_head_plan_check_data(&h);
-    if (s == SPH_OK) s = pass == SPH_HEAD_FORWARD ? sph_head_ref_forward(&h)
-                                                  : sph_head_ref_backward(&h);
+    if (s == SPH_OK) s = pass == SPH_HEAD_FORWARD ? sph_head_ref_forward(ctx, &h)
+                                                  : sph_head_ref_backward(ctx, &h);
     for (int k = 0; k < ss.n && s == SPH_OK; k++) {
         const staged *r = &ss.s[k];
         if (!r->out || r->bytes == 0) continue;

@@ -24,9 +24,10 @@ sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *ga
  * (m, s, b, zt, sz) += (m', s', b', zt', sz'). Exact up to rounding; handles m = -inf. */
 void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS], const double add[SPH_PARTIAL_FIELDS]);
 
-/* The reference's passes on a host plan (head_ref.c): no workspace, host scratch. */
-sph_status sph_head_ref_forward(const sph_head_plan *p);
-sph_status sph_head_ref_backward(const sph_head_plan *p);
+/* The reference's passes on a host plan (head_ref.c): no workspace, host scratch; ctx takes
+ * the non-finite rows they refuse (sph_ctx_nonfinite). */
+sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p);
+sph_status sph_head_ref_backward(sph_ctx_t ctx, const sph_head_plan *p);
 
 /* Float64 cores of the reference, for tests (finite differences need float64 end to end).
  * rows_f64 writes per-row (logprob, entropy, lse, logit_mean, m, lse, mu) as out[N][7];

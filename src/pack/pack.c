@@ -60,7 +60,7 @@ typedef struct fit_tree {
 static bool tree_init(fit_tree *ft, int64_t n_leaves, int64_t room) {
     ft->size = 1;
     while (ft->size < n_leaves) ft->size *= 2;
-    ft->t = malloc(sizeof(int64_t) * 2 * (size_t)ft->size);
+    ft->t = sph_malloc(sizeof(int64_t) * 2 * (size_t)ft->size);
     if (!ft->t) return false;
     for (int64_t i = 0; i < ft->size; i++) ft->t[ft->size + i] = i < n_leaves ? room : -1;
     for (int64_t i = ft->size - 1; i >= 1; i--)
@@ -144,9 +144,9 @@ static int64_t last_le(const item *asc, int64_t n, int64_t g) {
 static sph_status mffd(const item *desc, int64_t n, int64_t cap, int64_t *load,
                        int64_t *bin_of, int64_t *n_bins) {
     sph_status st = SPH_OK;
-    item *asc = malloc(sizeof(item) * (size_t)(n + 1));
-    skipper sk = {malloc(sizeof(int64_t) * (size_t)(n + 1)),
-                  malloc(sizeof(int64_t) * (size_t)(n + 1)), n};
+    item *asc = sph_malloc(sizeof(item) * (size_t)(n + 1));
+    skipper sk = {sph_malloc(sizeof(int64_t) * (size_t)(n + 1)),
+                  sph_malloc(sizeof(int64_t) * (size_t)(n + 1)), n};
     int64_t *has_medium = NULL;
     fit_tree ft = {NULL, 0};
     if (!asc || !sk.left || !sk.right) goto oom;
@@ -157,7 +157,7 @@ static sph_status mffd(const item *desc, int64_t n, int64_t cap, int64_t *load,
     const int64_t e_t = last_le(asc, n, cap / 6) + 1, e_s = last_le(asc, n, cap / 3) + 1,
                   e_m = last_le(asc, n, cap / 2) + 1;
     const int64_t n_large = n - e_m;
-    has_medium = calloc((size_t)n_large + 1, sizeof(int64_t));
+    has_medium = sph_calloc((size_t)n_large + 1, sizeof(int64_t));
     if (!has_medium) goto oom;
     /* (1) one bin per large item, largest first: bin b holds asc[n-1-b] */
     for (int64_t b = 0; b < n_large; b++) {
@@ -218,11 +218,11 @@ static sph_status mffd(const item *desc, int64_t n, int64_t cap, int64_t *load,
 oom:
     st = sph_err(SPH_ERR_ALLOC, "pack: out of host memory for %lld sequences", (long long)n);
 done:
-    free(asc);
-    free(sk.left);
-    free(sk.right);
-    free(has_medium);
-    free(ft.t);
+    sph_free(asc);
+    sph_free(sk.left);
+    sph_free(sk.right);
+    sph_free(has_medium);
+    sph_free(ft.t);
     return st;
 }
 
@@ -290,7 +290,7 @@ static sph_status balanced(const item *desc, int64_t n, int64_t cap, int64_t sum
     SPH_TRY(target_bins(k0 + n_over, o, &t));
     k0 = t - n_over;
     if (k0 > n_normal) k0 = n_normal; /* more bins than items: the adjustment reports it */
-    bin_heap h = {malloc(sizeof(int64_t) * (size_t)(n + 1)), 0, load, 0};
+    bin_heap h = {sph_malloc(sizeof(int64_t) * (size_t)(n + 1)), 0, load, 0};
     if (!h.b) return sph_err(SPH_ERR_ALLOC, "pack: out of host memory");
     int64_t nb = n_over + k0;
     for (int64_t b = n_over; b < nb; b++) {
@@ -310,7 +310,7 @@ static sph_status balanced(const item *desc, int64_t n, int64_t cap, int64_t sum
         bin_of[desc[i].idx] = b;
         heap_push(&h, b);
     }
-    free(h.b);
+    sph_free(h.b);
     *n_bins = nb;
     return SPH_OK;
 }
@@ -321,11 +321,11 @@ static sph_status adjust_and_emit(const item *desc, int64_t n, int64_t nb, int64
                                   int64_t *load, int64_t *bin_of, int64_t capacity,
                                   int64_t sum, sph_pack_result **out) {
     sph_status st = SPH_OK;
-    int64_t *start = calloc((size_t)target + 2, sizeof(int64_t));
-    int64_t *head = malloc(sizeof(int64_t) * (size_t)(target + 1));
-    int64_t *list = malloc(sizeof(int64_t) * (size_t)(n + 1)); /* positions into desc */
-    bin_heap h = {malloc(sizeof(int64_t) * (size_t)(target + 1)), 0, load, 1};
-    sph_pack_result *r = calloc(1, sizeof *r);
+    int64_t *start = sph_calloc((size_t)target + 2, sizeof(int64_t));
+    int64_t *head = sph_malloc(sizeof(int64_t) * (size_t)(target + 1));
+    int64_t *list = sph_malloc(sizeof(int64_t) * (size_t)(n + 1)); /* positions into desc */
+    bin_heap h = {sph_malloc(sizeof(int64_t) * (size_t)(target + 1)), 0, load, 1};
+    sph_pack_result *r = sph_calloc(1, sizeof *r);
     if (!start || !head || !list || !h.b || !r) goto oom;
     if (target > nb) {
         /* per-bin item lists in decreasing cost order (stable counting sort of desc by bin) */
@@ -352,9 +352,9 @@ static sph_status adjust_and_emit(const item *desc, int64_t n, int64_t nb, int64
     /* output: bins in order, each bin's items by increasing index */
     r->n_bins = nb;
     r->n_items = n;
-    r->bin_offsets = calloc((size_t)nb + 2, sizeof(int64_t));
-    r->items = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    r->bin_tokens = malloc(sizeof(int64_t) * (size_t)(nb + 1));
+    r->bin_offsets = sph_calloc((size_t)nb + 2, sizeof(int64_t));
+    r->items = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    r->bin_tokens = sph_malloc(sizeof(int64_t) * (size_t)(nb + 1));
     if (!r->bin_offsets || !r->items || !r->bin_tokens) goto oom;
     for (int64_t i = 0; i < n; i++) r->bin_offsets[bin_of[i] + 1]++;
     for (int64_t b = 0; b < nb; b++) r->bin_offsets[b + 1] += r->bin_offsets[b];
@@ -375,19 +375,19 @@ oom:
     st = sph_err(SPH_ERR_ALLOC, "pack: out of host memory for %lld sequences", (long long)n);
 done:
     sph_pack_free(r);
-    free(start);
-    free(head);
-    free(list);
-    free(h.b);
+    sph_free(start);
+    sph_free(head);
+    sph_free(list);
+    sph_free(h.b);
     return st;
 }
 
 void sph_pack_free(sph_pack_result *r) {
     if (!r) return;
-    free(r->bin_offsets);
-    free(r->items);
-    free(r->bin_tokens);
-    free(r);
+    sph_free(r->bin_offsets);
+    sph_free(r->items);
+    sph_free(r->bin_tokens);
+    sph_free(r);
 }
 
 sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_opts *opts,
@@ -423,9 +423,9 @@ sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_opts *opts
               "n: %lld sequences overflow the host address space", (long long)n);
     const bool soft = opts->algorithm == SPH_PACK_BALANCED;
 
-    item *desc = malloc(sizeof(item) * (size_t)(n + 1));
-    int64_t *load = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    int64_t *bin_of = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    item *desc = sph_malloc(sizeof(item) * (size_t)(n + 1));
+    int64_t *load = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    int64_t *bin_of = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
     fit_tree ft = {NULL, 0};
     sph_status st = SPH_OK;
     if (!desc || !load || !bin_of) {
@@ -483,9 +483,9 @@ sph_status sph_pack(const int64_t *lengths, int64_t n, const sph_pack_opts *opts
     }
     st = adjust_and_emit(desc, n, nb, target, load, bin_of, opts->capacity, sum, out);
 done:
-    free(desc);
-    free(load);
-    free(bin_of);
-    free(ft.t);
+    sph_free(desc);
+    sph_free(load);
+    sph_free(bin_of);
+    sph_free(ft.t);
     return st;
 }

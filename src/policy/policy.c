@@ -54,7 +54,7 @@ static const char *agg_name(int a) {
 /* Host data: every per-row input finite on the active rows (mask / spans and target >= 0). */
 static sph_status check_values(const sph_head_plan *hp, const sph_policy_plan *pp) {
     if (hp->N == 0) return SPH_OK;
-    uint8_t *act = malloc((size_t)hp->N);
+    uint8_t *act = sph_malloc((size_t)hp->N);
     SPH_CHECK(act != NULL, SPH_ERR_ALLOC, "policy: out of host memory (N = %lld)",
               (long long)hp->N);
     sph_head_active_rows(hp, act);
@@ -72,7 +72,7 @@ static sph_status check_values(const sph_head_plan *hp, const sph_policy_plan *p
                              "%s[%lld]: %g on an active row, expected a finite value", names[k],
                              (long long)i, (double)arr[k][i]);
     }
-    free(act);
+    sph_free(act);
     return st;
 }
 

@@ -59,7 +59,7 @@ sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, v
     }
     /* every rank must hold the same number of rows: check first (one small allgather),
      * so a mismatch is an error on every rank rather than a wrong-sized collective */
-    int64_t n = pp->N, *ns = malloc((size_t)c->size * sizeof *ns);
+    int64_t n = pp->N, *ns = sph_malloc((size_t)c->size * sizeof *ns);
     SPH_CHECK(ns != NULL, SPH_ERR_ALLOC, "policy: out of host memory");
     sph_status st = c->ops->allgather(c, &n, ns, sizeof n, NULL);
     for (int64_t r = 0; st == SPH_OK && r < c->size; r++)
@@ -68,7 +68,7 @@ sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, v
                          "seq_comm: rank %lld has N = %lld rows, rank %lld has %lld (every rank "
                          "of the sequence group passes the same N)",
                          (long long)c->rank, (long long)n, (long long)r, (long long)ns[r]);
-    free(ns);
+    sph_free(ns);
     if (st != SPH_OK) return st == SPH_ERR_MISMATCH ? st : sph_err_prefix(st, "seq_comm: ");
     st = c->ops->allgather(c, send, recv, bytes_per_rank, NULL);
     return st == SPH_OK ? st : sph_err_prefix(st, "seq_comm: allgather: ");

@@ -35,12 +35,12 @@ typedef struct core_out {
 } core_out;
 
 static void core_free(core_out *o) {
-    free(o->act);
-    free(o->logp);
-    free(o->ent);
-    free(o->stats);
-    free(o->g);
-    free(o->e);
+    sph_free(o->act);
+    sph_free(o->logp);
+    sph_free(o->ent);
+    sph_free(o->stats);
+    sph_free(o->g);
+    sph_free(o->e);
     memset(o, 0, sizeof *o);
 }
 
@@ -50,16 +50,16 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
     const int64_t N = hp->N, P = pp->group, G = P * N;
     memset(o, 0, sizeof *o);
     sph_status st = SPH_OK;
-    double *rows = malloc(((size_t)N * 7 + 1) * sizeof *rows);
-    grow *mine = malloc(((size_t)N + 1) * sizeof *mine);
-    grow *all = P > 1 ? malloc(((size_t)G + 1) * sizeof *all) : mine;
-    int64_t *tj = malloc(((size_t)N + 1) * sizeof *tj);
-    o->act = malloc((size_t)N + 1);
-    o->logp = calloc((size_t)N + 1, sizeof(double));
-    o->ent = calloc((size_t)N + 1, sizeof(double));
-    o->stats = calloc((size_t)N * 3 + 1, sizeof(double));
-    o->g = calloc((size_t)N + 1, sizeof(double));
-    o->e = calloc((size_t)N + 1, sizeof(double));
+    double *rows = sph_malloc(((size_t)N * 7 + 1) * sizeof *rows);
+    grow *mine = sph_malloc(((size_t)N + 1) * sizeof *mine);
+    grow *all = P > 1 ? sph_malloc(((size_t)G + 1) * sizeof *all) : mine;
+    int64_t *tj = sph_malloc(((size_t)N + 1) * sizeof *tj);
+    o->act = sph_malloc((size_t)N + 1);
+    o->logp = sph_calloc((size_t)N + 1, sizeof(double));
+    o->ent = sph_calloc((size_t)N + 1, sizeof(double));
+    o->stats = sph_calloc((size_t)N * 3 + 1, sizeof(double));
+    o->g = sph_calloc((size_t)N + 1, sizeof(double));
+    o->e = sph_calloc((size_t)N + 1, sizeof(double));
     if (!rows || !mine || !all || !tj || !o->act || !o->logp || !o->ent || !o->stats || !o->g ||
         !o->e) {
         st = sph_err(SPH_ERR_ALLOC, "policy_ref: out of host memory (N = %lld)", (long long)N);
@@ -139,10 +139,10 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
     m[SPH_METRIC_TOKENS] = (double)T;
     m[SPH_METRIC_SEQS] = (double)S;
 done:
-    free(rows);
-    if (all != mine) free(all);
-    free(mine);
-    free(tj);
+    sph_free(rows);
+    if (all != mine) sph_free(all);
+    sph_free(mine);
+    sph_free(tj);
     if (st != SPH_OK) core_free(o);
     return st;
 }
@@ -158,7 +158,7 @@ sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double
     if (ent) memcpy(ent, o.ent, (size_t)N * sizeof *ent);
     sph_status st = SPH_OK;
     if (dh || dw) {
-        float *g = malloc(((size_t)N + 1) * sizeof *g), *e = malloc(((size_t)N + 1) * sizeof *e);
+        float *g = sph_malloc(((size_t)N + 1) * sizeof *g), *e = sph_malloc(((size_t)N + 1) * sizeof *e);
         if (!g || !e) {
             st = sph_err(SPH_ERR_ALLOC, "policy_ref: out of host memory (N = %lld)", (long long)N);
         } else {
@@ -170,8 +170,8 @@ sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double
             b.dlse = b.dlogit_mean = NULL;
             st = sph_head_ref_backward_f64(&b, o.stats, dh, dw);
         }
-        free(g);
-        free(e);
+        sph_free(g);
+        sph_free(e);
     }
     core_free(&o);
     return st;
@@ -184,13 +184,13 @@ sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, si
 }
 
 sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes) {
-    (void)ctx, (void)ws, (void)bytes;
+    (void)ws, (void)bytes;
     const sph_head_plan *hp = &pp->head;
     core_out o;
     SPH_TRY(ref_core(pp, &o));
     const int64_t N = hp->N;
-    float *g = malloc(((size_t)N + 1) * sizeof *g), *e = malloc(((size_t)N + 1) * sizeof *e);
-    float *stats = hp->stats ? NULL : malloc(((size_t)N * 3 + 1) * sizeof *stats);
+    float *g = sph_malloc(((size_t)N + 1) * sizeof *g), *e = sph_malloc(((size_t)N + 1) * sizeof *e);
+    float *stats = hp->stats ? NULL : sph_malloc(((size_t)N * 3 + 1) * sizeof *stats);
     sph_status st = SPH_OK;
     if (!g || !e || (!hp->stats && !stats)) {
         st = sph_err(SPH_ERR_ALLOC, "policy_ref: out of host memory (N = %lld)", (long long)N);
@@ -205,13 +205,13 @@ sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws
     b.dlogprob = g;
     b.dentropy = pp->coef.eta != 0 ? e : NULL;
     b.dlse = b.dlogit_mean = NULL;
-    st = sph_head_ref_forward(&b);
+    st = sph_head_ref_forward(ctx, &b);
     if (st != SPH_OK) goto done;
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++) pp->metrics[k] = (float)o.metrics[k];
 done:
-    free(g);
-    free(e);
-    free(stats);
+    sph_free(g);
+    sph_free(e);
+    sph_free(stats);
     core_free(&o);
     return st;
 }

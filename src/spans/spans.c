@@ -92,11 +92,11 @@ sph_status sph_spans_validate(const int64_t *spans, int64_t n_spans, int64_t n,
 
 void sph_spans_free(sph_spans *s) {
     if (!s) return;
-    free(s->active_mask);
-    free(s->local_mask);
-    free(s->spans);
-    free(s->cu_seqlens_padded);
-    free(s);
+    sph_free(s->active_mask);
+    sph_free(s->local_mask);
+    sph_free(s->spans);
+    sph_free(s->cu_seqlens_padded);
+    sph_free(s);
 }
 
 // ---- batch description checks ---------------------------------------------------------------
@@ -183,15 +183,15 @@ static sph_status check_desc(const sph_batch_desc *d, const sph_spans_opts *o) {
 
 static sph_status alloc_out(sph_spans **out, int64_t global_rows, int64_t local_rows,
                             int64_t n_segments, bool packed) {
-    sph_spans *s = calloc(1, sizeof *s);
+    sph_spans *s = sph_calloc(1, sizeof *s);
     if (!s) return sph_err(SPH_ERR_ALLOC, "sph_spans_build: out of host memory");
     s->global_rows = global_rows;
     s->local_rows = local_rows;
     s->n_segments = n_segments;
-    s->active_mask = calloc((size_t)global_rows + 1, 1);
-    s->local_mask = calloc((size_t)local_rows + 1, 1);
-    s->spans = malloc(sizeof(int64_t) * (size_t)(2 * ((local_rows + 1) / 2) + 2));
-    if (packed) s->cu_seqlens_padded = malloc(sizeof(int64_t) * (size_t)(n_segments + 1));
+    s->active_mask = sph_calloc((size_t)global_rows + 1, 1);
+    s->local_mask = sph_calloc((size_t)local_rows + 1, 1);
+    s->spans = sph_malloc(sizeof(int64_t) * (size_t)(2 * ((local_rows + 1) / 2) + 2));
+    if (packed) s->cu_seqlens_padded = sph_malloc(sizeof(int64_t) * (size_t)(n_segments + 1));
     if (!s->active_mask || !s->local_mask || !s->spans || (packed && !s->cu_seqlens_padded)) {
         sph_spans_free(s);
         return sph_err(SPH_ERR_ALLOC, "sph_spans_build: out of host memory for %lld rows",
@@ -256,11 +256,11 @@ static sph_status packed_segments(const sph_batch_desc *d, int64_t **lengths_out
     } else {
         n = B;
     }
-    int64_t *len = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    int64_t *first = malloc(sizeof(int64_t) * (size_t)(B + 1));
+    int64_t *len = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    int64_t *first = sph_malloc(sizeof(int64_t) * (size_t)(B + 1));
     if (!len || !first) {
-        free(len);
-        free(first);
+        sph_free(len);
+        sph_free(first);
         return sph_err(SPH_ERR_ALLOC, "sph_spans_build: out of host memory");
     }
     int64_t k = 0;
@@ -336,8 +336,8 @@ static sph_status build_packed(const sph_batch_desc *d, const sph_spans_opts *o,
     sph_spans *s = NULL;
     sph_status st = packed_segments(d, &len, &n, &first);
     if (st != SPH_OK) return st;
-    padded = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    cu = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    padded = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    cu = sph_malloc(sizeof(int64_t) * (size_t)(n + 1));
     if (!padded || !cu) {
         st = sph_err(SPH_ERR_ALLOC, "sph_spans_build: out of host memory");
         goto fail;
@@ -359,7 +359,7 @@ static sph_status build_packed(const sph_batch_desc *d, const sph_spans_opts *o,
         st = mark_row(d, len, first, cu, b, s->active_mask);
         if (st != SPH_OK) goto fail;
     }
-    rows = malloc(sizeof(int64_t) * (size_t)(max_p / C + 1));
+    rows = sph_malloc(sizeof(int64_t) * (size_t)(max_p / C + 1));
     if (!rows) {
         st = sph_err(SPH_ERR_ALLOC, "sph_spans_build: out of host memory");
         goto fail;
@@ -384,11 +384,11 @@ static sph_status build_packed(const sph_batch_desc *d, const sph_spans_opts *o,
     s = NULL;
 fail:
     sph_spans_free(s);
-    free(len);
-    free(first);
-    free(padded);
-    free(cu);
-    free(rows);
+    sph_free(len);
+    sph_free(first);
+    sph_free(padded);
+    sph_free(cu);
+    sph_free(rows);
     return st;
 }
 

@@ -165,6 +165,13 @@ assert d["backward"] is False and d["backward_ms"] is None, d
 assert c["not_computed"] == ["entropy", "dhidden", "dweight"] and c["passed"], c' "$out" \
     && ok "run --json forward only" || bad "run --json forward only: $out"
 
+# ---- progress: on a terminal (forced here with SPH_PROGRESS=1), never in a pipe or a file --------
+SPH_PROGRESS=1 "$cli" run --N 512 --H 64 --V 2048 --repeats 80 >/dev/null 2>"$tmp/prog"
+grep -qE "spanhead run: passes: [0-9]+/81 done, [0-9]+s elapsed, ETA [0-9]+s" "$tmp/prog" \
+    && ok "progress line (done/total, elapsed, ETA)" || bad "progress: '$(tr '\r' '\n' <"$tmp/prog" | tail -2)'"
+"$cli" run --N 512 --H 64 --V 2048 --repeats 80 >/dev/null 2>"$tmp/prog"
+[[ ! -s $tmp/prog ]] && ok "no progress when stderr is not a terminal" || bad "progress in a file: $(head -c 200 "$tmp/prog")"
+
 [[ $fails -eq 0 ]] && echo "all run tests passed" && exit 0
 echo "$fails run test(s) failed"
 exit 1

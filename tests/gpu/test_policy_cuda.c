@@ -87,6 +87,7 @@ static void dcase_free(sph_ctx_t g, dcase *d) {
 
 static sph_ctx_t gpu_ctx(int64_t chunk_bytes) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    expect_ok(sph_ctx_opts_apply_env(&o)); /* policy_check.sh's SPH_CUDA_FUSED=0 ... reruns */
     o.device.type = SPH_DEVICE_CUDA;
     o.chunk_bytes = chunk_bytes;
     o.tune_cache = "/nonexistent/spanhead-test-tune.json";

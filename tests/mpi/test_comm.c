@@ -373,10 +373,50 @@ static void test_size_mismatch(void) {
         size_t need = 0;
         MT_OK(sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need));
         void *ws = malloc(need + 1);
+        /* the consistency check comes before any output is written (issue 18 item 7) */
+        for (int64_t i = 0; i < N; i++) lp[i] = 123.f, stt[3 * i] = 123.f;
         st = sph_head_forward(ctx, &a, ws, need);
-        MT_CHECK(st == SPH_ERR_MISMATCH && strstr(sph_last_error(), "ranks disagree on the size"),
+        MT_CHECK(st == SPH_ERR_MISMATCH && strstr(sph_last_error(), "calls with N (rows of "
+                                                                    "hidden)"),
                  "head forward with N differing across TP ranks: %d (%s) %s", (int)st,
                  sph_status_str(st), sph_last_error());
+        for (int64_t i = 0; i < N; i++)
+            MT_CHECK(lp[i] == 123.f && stt[3 * i] == 123.f, "row %lld written after a mismatch",
+                     (long long)i);
+        /* the same N, another temperature on one rank: the same message on every rank */
+        N = 5;
+        sh[0] = sn[0] = ss[0] = N;
+        a.temperature = mt_rank == last ? 0.75 : 1.0;
+        MT_OK(sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &need));
+        free(ws);
+        ws = malloc(need + 1);
+        st = sph_head_forward(ctx, &a, ws, need);
+        snprintf(needle, sizeof needle, "rank %d calls with temperature 0.75, rank 0 with 1",
+                 last);
+        MT_CHECK(st == SPH_ERR_MISMATCH && strstr(sph_last_error(), needle),
+                 "temperature differing across TP ranks: %d %s", (int)st, sph_last_error());
+        /* other targets on one rank */
+        a.temperature = 1.0;
+        int64_t t0 = tg[2];
+        if (mt_rank == last) tg[2] = 4;
+        st = sph_head_forward(ctx, &a, ws, need);
+        MT_CHECK(st == SPH_ERR_MISMATCH && strstr(sph_last_error(), "targets differ"),
+                 "targets differing across TP ranks: %d %s", (int)st, sph_last_error());
+        tg[2] = t0;
+        /* one rank's call is invalid: it says why, the others fail with it (no hang) */
+        a.stats = mt_rank == last ? NULL : &ts;
+        st = sph_head_forward(ctx, &a, ws, need);
+        if (mt_rank == last)
+            MT_CHECK(st == SPH_ERR_INVALID_ARG && strstr(sph_last_error(), "stats: NULL"),
+                     "invalid rank: %d %s", (int)st, sph_last_error());
+        else {
+            snprintf(needle, sizeof needle, "rank %d of the group refused its call", last);
+            MT_CHECK(st == SPH_ERR_INVALID_ARG && strstr(sph_last_error(), needle),
+                     "valid ranks: %d %s", (int)st, sph_last_error());
+        }
+        a.stats = &ts;
+        /* and the same call everywhere passes */
+        MT_OK(sph_head_forward(ctx, &a, ws, need));
         free(ws);
         free(h), free(wt), free(lp), free(stt), free(hb), free(wb);
         sph_ctx_destroy(ctx);

@@ -146,7 +146,8 @@ static void test_init_defaults(void **state) {
     sph_tune_opts t = SPH_TUNE_OPTS_INIT;
     assert_true(sph_dtype_eq(t.dtype, SPH_BF16) && t.struct_size == sizeof t);
     sph_pack_opts p = SPH_PACK_OPTS_INIT;
-    assert_true(p.par.tp == 1 && p.par.cp == 1 && p.bin_multiple == 1 && p.algorithm == SPH_PACK_FFD);
+    assert_true(p.par.tp == 1 && p.par.cp == 1 && p.bin_multiple == 1 &&
+                p.algorithm == SPH_PACK_FFD);
     sph_spans_opts s = SPH_SPANS_OPTS_INIT;
     assert_true(s.gap == 0 && s.par.tp == 1 && s.cp_rank == 0); /* exact spans */
     sph_batch_desc b = SPH_BATCH_DESC_INIT;

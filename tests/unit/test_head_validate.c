@@ -220,30 +220,59 @@ static void test_bad_inputs(void **state) {
     memset(&C, 0, sizeof C);
 }
 
-/* Non-finite hidden values give non-finite outputs in their rows only. */
+/* The non-finite policy (spanhead.h, "Policies"): NaN or infinity in hidden makes the rows'
+ * statistics non-finite; the forward says so (SPH_ERR_NONFINITE, the count and the first row),
+ * writes no output, and sph_ctx_nonfinite reports the rows once. Also through one-pass, sample
+ * support and the backward (non-finite upstream gradient of an active row). */
 static void test_nonfinite_rows(void **state) {
     (void)state;
     const char *kernels[] = {"ref", NULL};
-    for (int kk = 0; kk < N_KERNELS; kk++) {
-        sph_ctx_t ctx = hc_ctx(kernels[kk], 2, NULL);
-        sph_rng r;
-        rng_seed(&r, test_seed() + 9);
-        hcase c;
-        hc_init(&c, &r, 9, 6, 37, 37, 0, 0, SPH_F32);
-        ((float *)c.h)[2 * 6 + 3] = NAN;
-        ((float *)c.h)[5 * 6 + 1] = INFINITY;
-        c.tgt[2] = 1, c.tgt[5] = 2;
-        hc_wire(&c, HC_LP | HC_ENT | HC_LSE);
-        hc_poison(&c);
-        expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
-        for (int64_t i = 0; i < 9; i++) {
-            int bad = i == 2 || i == 5;
-            assert_true(bad == !isfinite(c.lp[i]));
-            assert_true(bad == !isfinite(c.ent[i]));
-        }
-        sph_ctx_destroy(ctx);
-        hc_free(&c);
-    }
+    for (int kk = 0; kk < N_KERNELS; kk++)
+        for (int K = 0; K <= 3; K += 3)
+            for (int one_pass = 0; one_pass < 2; one_pass++) {
+                sph_ctx_t ctx = hc_ctx(kernels[kk], 2, NULL);
+                sph_rng r;
+                rng_seed(&r, test_seed() + 9);
+                hcase c;
+                hc_init(&c, &r, 9, 6, 37, 37, 0, K, SPH_F32);
+                ((float *)c.h)[5 * 6 + 3] = NAN;
+                ((float *)c.h)[2 * 6 + 1] = INFINITY;
+                hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_G | (one_pass ? HC_DH | HC_DW : 0));
+                hc_poison(&c);
+                expect_status(hc_run(ctx, SPH_HEAD_FORWARD, &c.a), SPH_ERR_NONFINITE,
+                              "2 active rows have non-finite statistics");
+                assert_non_null(strstr(sph_last_error(), "the first row 2"));
+                for (int64_t i = 0; i < 9; i++) { /* nothing written: still poisoned */
+                    assert_true(isnan(c.lp[i]) && isnan(c.ent[i]) && isnan(c.stats[3 * i]));
+                    if (one_pass) assert_true(isnan(((float *)c.dh)[i * 6]));
+                }
+                int64_t n = -1, first = -7;
+                expect_ok(sph_ctx_nonfinite(ctx, &n, &first));
+                assert_int_equal(n, 2);
+                assert_int_equal(first, 2);
+                expect_ok(sph_ctx_nonfinite(ctx, &n, &first)); /* reset by the query */
+                assert_int_equal(n, 0);
+                assert_int_equal(first, -1);
+                /* masked out, the bad rows are never read */
+                c.mask = hc_alloc(9);
+                for (int i = 0; i < 9; i++) c.mask[i] = i != 2 && i != 5;
+                hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_G | HC_MASK |
+                                (one_pass ? HC_DH | HC_DW : 0));
+                expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
+                for (int64_t i = 0; i < 9; i++) assert_true(isfinite(c.lp[i]));
+                /* the backward: a NaN upstream gradient of an active row, refused unwritten */
+                hc_wire(&c, HC_G | HC_DH | HC_MASK);
+                c.g[4] = NAN;
+                poison_bytes(c.dh, 9 * 6 * 4);
+                expect_status(hc_run(ctx, SPH_HEAD_BACKWARD, &c.a), SPH_ERR_NONFINITE,
+                              "first row 4");
+                assert_true(isnan(((float *)c.dh)[0]));
+                c.g[5] = NAN; /* row 5 is masked out: its gradient is never read */
+                c.g[4] = 0.5f;
+                expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &c.a));
+                sph_ctx_destroy(ctx);
+                hc_free(&c);
+            }
 }
 
 int main(void) {
