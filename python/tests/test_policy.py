@@ -109,11 +109,11 @@ def torch_formulation(torch, logp, ent, adv, old, act, *, loss_type, clip_low, c
     T = float(num_tokens) if num_tokens else m.sum()
     if seq is not None:
         uniq, inv = torch.unique(seq, return_inverse=True)
-        cnt = torch.zeros(len(uniq), dtype=m.dtype).index_add_(0, inv, m)
+        cnt = torch.zeros(len(uniq), dtype=m.dtype, device=m.device).index_add_(0, inv, m)
         S = float(num_seqs) if num_seqs else (cnt > 0).sum().to(m.dtype)
         Tj = cnt[inv]
     if loss_type == "gspo":
-        sums = torch.zeros(len(uniq), dtype=m.dtype).index_add_(0, inv, (neg_kl * m).detach())
+        sums = torch.zeros(len(uniq), dtype=m.dtype, device=m.device).index_add_(0, inv, (neg_kl * m).detach())
         rho = (sums / cnt.clamp(min=1))[inv]
         log_r = logp - logp.detach() + rho
         ratio = torch.exp(torch.clamp(log_r, max=10.0))
@@ -123,7 +123,7 @@ def torch_formulation(torch, logp, ent, adv, old, act, *, loss_type, clip_low, c
     cr = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     pg2 = -adv * cr
     clipfrac = (torch.gt(pg2, pg1).to(m.dtype) * m).sum() / T
-    lower = torch.zeros((), dtype=m.dtype)
+    lower = torch.zeros((), dtype=m.dtype, device=m.device)
     if loss_type == "cispo":
         pg = -adv * cr.detach() * logp
     else:

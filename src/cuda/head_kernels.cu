@@ -96,11 +96,16 @@ __global__ void head_finalize_kernel(const float *__restrict__ recv, int64_t ran
     int64_t t = load_target(tgt, tgt_i64, i);
     /* device-resident targets are not range-checked on the host: >= V shows as NaN */
     float lp = t < 0 ? 0.f : (t >= V ? NAN : zt - lse);
-    /* inactive rows, and support rows with no candidate in any shard, output zeros */
-    if (!active || (m == -INFINITY && s == 0.f)) {
+    /* Inactive rows, and support rows with no candidate in any shard, output zeros. A
+     * full-vocabulary row always has columns, so an empty-looking record there means every
+     * logit was NaN or -inf (fmaxf drops NaN from the maxima, merge3 skips m = -inf records):
+     * non-finite, like a NaN sum of the logits (sz), not an empty row. */
+    const bool empty = m == -INFINITY && s == 0.f;
+    if (!active || (sample && empty)) {
         active = false;
         m = lse = mu = lp = sz = 0.f;
-    } else if (nf && !(isfinite(m) && isfinite(lse) && isfinite(mu))) {
+    } else if (nf && (empty || !(isfinite(m) && isfinite(lse) && isfinite(mu)) ||
+                      (!sample && !isfinite(sz)))) {
         atomicAdd(&nf[0], 1ull);
         atomicMin(&nf[1], (unsigned long long)i);
     }

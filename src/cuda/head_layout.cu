@@ -56,7 +56,11 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      * slice, the per-row records, the fp32 dW accumulator) comes off the top, and the rest
      * holds the staged logits (+ dlogits, + the fp32 dH chunk). When the fixed part alone
      * exceeds 7/8 of the budget, the chunk keeps an eighth of it and the workspace exceeds
-     * chunk_bytes (reported by sph_head_workspace_size). */
+     * chunk_bytes (reported by sph_head_workspace_size and sph_head_describe's
+     * SPH_PASS_OVER_BUDGET); when the fixed part exceeds the whole budget (both fp32
+     * accumulators over it: E with 64K rows, D with 256K), the chunks keep half of it, since
+     * the budget is broken anyway and an eighth of it made 256-row chunks (E 64K general:
+     * 709.9 ms, 1.79x the floor, in run 22). */
     const int64_t chunk_bytes = ctx->chunk_bytes > 0 ? ctx->chunk_bytes : ((int64_t)1 << 30);
     const int half_dw = lay->grads && p->dweight && dt_kind(p->dw_dtype) != DT_F32;
     const int half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
@@ -127,7 +131,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                      (lay->gather || n_spans <= 1) && col_fixed < row_fixed && !st->no_colouter;
     int64_t fixed = base_fixed + (lay->col_outer ? col_fixed : row_fixed);
     int64_t budget = chunk_bytes - fixed;
-    if (budget < chunk_bytes / 8) budget = chunk_bytes / 8;
+    if (budget < chunk_bytes / 8) budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     const int stage_L = !lay->fused;
     const int tile_recs = lay->fused && (!lay->grads || p->one_pass);
     /* bytes per staged element: fp32 logits, half dlogits (fp32 dlogits alias L) */

@@ -148,6 +148,16 @@ expect_err repeats 2 "--repeats '0': expected an integer in [1, 1000]" "$cli" ru
 expect_err one-pass-no-grad 1 "--one-pass computes the gradients in the forward, but no upstream gradient" \
     "$cli" run --inputs "$tmp/nograd" --one-pass
 
+# ---- every command's --help: exit 0, the usage first, the exit-status line last ----------------
+for c in pack layout spans run bench tune "run --tp 1" "run --policy-loss ppo"; do
+    if out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$cli" $c --help 2>&1) &&
+        [[ $out == usage:* ]] && [[ $(tail -1 <<<"$out") == "Exit status: 0 ok, 1 bad input data or runtime failure, 2 usage error." ]]; then
+        echo "ok   help-$c"
+    else
+        echo "FAIL help-$c: $(tail -2 <<<"$out")"; fails=$((fails + 1))
+    fi
+done
+
 # ---- JSON and text inputs --------------------------------------------------------------------
 printf '[10,20] [30,40]' >"$tmp/trail.json"
 expect_err json-trailing 1 "byte 8: data after the JSON document ('[30,40]')" "$cli" pack --capacity 64 "$tmp/trail.json"

@@ -266,6 +266,7 @@ static void test_bad_device(void **state) {
     sph_ctx_t g = gpu_ctx(0);
     dcase d;
     dcase_make(g, &c, &d);
+    d.p.seq_id = NULL; /* token-mean needs none (dcase_make leaves the host one) */
     d.p.advantages = &c.tadv; /* host tensor */
     size_t bytes = 0;
     expect_status(sph_policy_loss_workspace_size(g, &d.a, &d.p, &bytes), SPH_ERR_DEVICE,
