@@ -17,40 +17,13 @@
 #include <stdint.h>
 
 #include "cuda/head.cuh"
+#include "cuda/head_mma.cuh"
 
 #define MMA_BM 128
 #define MMA_BN 128
 #define MMA_BK 32
 #define MMA_PAD 8 /* halves: row stride 40 halves = 20 words, conflict-free fragment loads */
 #define MMA_LDS (MMA_BK + MMA_PAD)
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-template <typename T> struct mma_op;
-template <> struct mma_op<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct mma_op<__half> {
-    static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
 
 /* Loads a (128 x 32) tile of rows [row0, row0+128) x cols [k0, k0+32) of a row-major matrix
  * with nrows rows, K columns and row stride ld into smem (128 x MMA_LDS). Out-of-range

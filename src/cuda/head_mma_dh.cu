@@ -22,6 +22,7 @@
 
 #include "cuda/head.cuh"
 #include "cuda/head_math.cuh"
+#include "cuda/head_mma.cuh"
 
 #define DH_BM 128
 #define DH_BN 128
@@ -29,34 +30,6 @@
 #define DH_LDA (DH_BK + 8)  /* halves: A rows of 40 (conflict-free fragment loads) */
 #define DH_LDB (DH_BN + 8)  /* halves: B rows of 136 = 272 bytes (ldmatrix rows 16-aligned,
                                8 consecutive k rows on distinct 4-bank groups) */
-
-__device__ __forceinline__ void dh_cp16(void *smem, const void *gmem, int src_bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void dh_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N> __device__ __forceinline__ void dh_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-template <typename T> struct dh_mma;
-template <> struct dh_mma<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
-template <> struct dh_mma<__half> {
-    static __device__ __forceinline__ void run(float *d, const uint32_t *a, const uint32_t *b) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
 
 /* A tile: rows [row0, row0 + 128) x k [k0, k0 + 32) of D (row stride ldD, K = Vs columns). */
 template <typename T, bool AL>
@@ -71,7 +44,7 @@ __device__ __forceinline__ void dh_load_a(T *s, const T *D, int64_t ldD, int64_t
         if (AL) {
             const int64_t valid = gr < R ? Vs - gk : 0;
             const int bytes = valid <= 0 ? 0 : (valid >= 8 ? 16 : (int)valid * 2);
-            dh_cp16(dst, bytes ? D + gr * ldD + gk : D, bytes); /* 0 bytes: zero fill */
+            cp_async16(dst, bytes ? D + gr * ldD + gk : D, bytes); /* 0 bytes: zero fill */
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++)
@@ -93,7 +66,7 @@ __device__ __forceinline__ void dh_load_b(T *s, const T *W, int64_t ld_w, int64_
         if (AL) {
             const int64_t valid = gk < Vs ? H - gn : 0;
             const int bytes = valid <= 0 ? 0 : (valid >= 8 ? 16 : (int)valid * 2);
-            dh_cp16(dst, bytes ? W + gk * ld_w + gn : W, bytes);
+            cp_async16(dst, bytes ? W + gk * ld_w + gn : W, bytes);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++)
@@ -124,18 +97,18 @@ __global__ void __launch_bounds__(256)
     const int64_t nk = (Vs + DH_BK - 1) / DH_BK;
     dh_load_a<T, AL>(As[0], D, ldD, R, Vs, row0, 0);
     dh_load_b<T, AL>(Bs[0], W, ld_w, Vs, H, 0, col0);
-    if (AL) dh_commit();
+    if (AL) cp_async_commit();
     for (int64_t kt = 0; kt < nk; kt++) {
         const int buf = kt & 1;
         if (kt + 1 < nk) {
             dh_load_a<T, AL>(As[buf ^ 1], D, ldD, R, Vs, row0, (kt + 1) * DH_BK);
             dh_load_b<T, AL>(Bs[buf ^ 1], W, ld_w, Vs, H, (kt + 1) * DH_BK, col0);
             if (AL) {
-                dh_commit();
-                dh_wait<1>(); /* tile kt has landed, kt + 1 may still be in flight */
+                cp_async_commit();
+                cp_async_wait<1>(); /* tile kt has landed, kt + 1 may still be in flight */
             }
         } else if (AL) {
-            dh_wait<0>();
+            cp_async_wait<0>();
         }
         __syncthreads(); /* tile kt visible to every warp */
         const T *A = As[buf], *B = Bs[buf];
@@ -163,7 +136,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) dh_mma<T>::run(acc[mt][nt], af[mt], bfr[nt]);
+                for (int nt = 0; nt < 4; nt++) mma_op<T>::run(acc[mt][nt], af[mt], bfr[nt]);
         }
         __syncthreads(); /* everyone done reading buf before it is refilled */
     }

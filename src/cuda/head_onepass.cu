@@ -32,22 +32,6 @@
 
 #define E2D_TILE 256 /* columns per tile record (SPH_SM90_TILE_N) */
 
-__device__ __forceinline__ float e2d_exp(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
-}
-
-template <typename T> __device__ __forceinline__ uint32_t e2d_pack(float a, float b);
-template <> __device__ __forceinline__ uint32_t e2d_pack<__nv_bfloat16>(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&v;
-}
-template <> __device__ __forceinline__ uint32_t e2d_pack<__half>(float a, float b) {
-    __half2 v = __floats2half2_rn(a, b);
-    return *(uint32_t *)&v;
-}
-
 /* One warp per (row, tile): lane l takes columns 8 l .. 8 l + 7 of the tile, one 16-byte load
  * of E and one 16-byte store of D. Rows x tiles warps, 8 warps per block. NEEDZ: the entropy
  * or softcap term needs z per element. */
@@ -71,7 +55,7 @@ __global__ void __launch_bounds__(256) head_e2d_kernel(sph_e2d_args a) {
         const float g = a.g && t >= 0 ? a.g[i] : 0.f;
         const float eg = a.e ? a.e[i] : 0.f, gl = a.gl ? a.gl[i] : 0.f;
         const float gmV = a.gm ? a.gm[i] * a.inv_V : 0.f;
-        const float scale = e2d_exp(mt - lse); /* p = E scale */
+        const float scale = fexp(mt - lse); /* p = E scale */
         const float cp = gl - g + eg * mu;
         const int64_t tl = t >= 0 ? t - a.col_g0 - col0 : -1; /* target's offset in the 8 */
         const uint4 raw = *ptr;
@@ -99,7 +83,7 @@ __global__ void __launch_bounds__(256) head_e2d_kernel(sph_e2d_args a) {
                 }
                 du[h] = col0 + c < a.w ? d : 0.f;
             }
-            out[q] = e2d_pack<T>(du[0], du[1]);
+            out[q] = pack2<T>(du[0], du[1]);
         }
     }
     *ptr = make_uint4(out[0], out[1], out[2], out[3]);

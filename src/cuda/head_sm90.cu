@@ -230,24 +230,6 @@ __device__ __forceinline__ int64_t epi_row(const sph_sm90_epi &ep, int64_t rr, i
     return ep.rowmap ? ep.rowmap[rc] : ep.r0 + rc;
 }
 
-/* exp(x) through one MUFU.EX2 (relative error ~2^-21 on the |x| < 100 a softmax sees). */
-__device__ __forceinline__ float fexp(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
-}
-
-/* Two values as one 32-bit word of T (the pair a thread holds for adjacent columns). */
-template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&v;
-}
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
-    __half2 v = __floats2half2_rn(a, b);
-    return *(uint32_t *)&v;
-}
-
 /* The 16-byte store path of the half-precision epilogues. In the D fragment the 4 threads of a
  * quad hold one row's 8-column group j as one 32-bit word each (columns 8j + 2q, 8j + 2q + 1
  * in lane q). For 4 consecutive groups 4m .. 4m + 3, lane q holds w[0..3] = its word of each;
