@@ -3,7 +3,8 @@
 #   make test   set up, build, and pass every test (plus one run under ASan + UBSan, and a few
 #               seconds of each fuzzer)
 # Other targets: build, bench (the CLI's benchmark with its table and picture), fuzz (longer
-# fuzzing), python-test, test-asan, test-fuzz, install (PREFIX), clean.
+# fuzzing), python-test, test-asan, test-fuzz, mutants (slow: tests/mutants.txt), install
+# (PREFIX), clean.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -19,7 +20,8 @@ CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 FUZZ_BUILD ?= build-fuzz
 
-.PHONY: all setup build demo test test-main test-asan test-fuzz python-test bench fuzz install clean
+.PHONY: all setup build demo test test-main test-asan test-fuzz python-test bench fuzz mutants install \
+        clean
 
 all: build
 
@@ -103,6 +105,11 @@ test-fuzz: $(FUZZ_BUILD)/CMakeCache.txt
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# Mutation check (slow, not part of `make test`): each bug of tests/mutants.txt planted alone in
+# a scratch copy, CPU build, the ctest suite; every mutant must make a test fail.
+mutants: setup
+	$(PYTHON) scripts/mutants.py --jobs $(JOBS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(FUZZ_BUILD).log

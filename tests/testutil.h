@@ -37,6 +37,10 @@ int check_close(const char *what, const char *case_str, const float *got, const 
 int check_close_f64(const char *what, const char *case_str, const double *got,
                     const double *ref, size_t n, double atol, double rtol);
 
+/* |got - ref| <= bound[i] elementwise (a budget computed per element); NaN fails. */
+int check_within(const char *what, const char *case_str, const double *got, const double *ref,
+                 const double *bound, size_t n);
+
 /* Expect status s and that sph_last_error() contains needle. */
 #define expect_status(call, s, needle)                                                       \
     do {                                                                                     \
@@ -66,10 +70,30 @@ int check_close_f64(const char *what, const char *case_str, const double *got,
 sph_tensor tensor1(void *data, sph_dtype dt, int64_t *shape, int64_t n0);
 sph_tensor tensor2(void *data, sph_dtype dt, int64_t *shape, int64_t n0, int64_t n1);
 
-/* Tolerances by input dtype (tests/tolerances.h numbers). */
-#define TOL_F32_RTOL 2e-5
-#define TOL_F32_ATOL 2e-5
-#define TOL_HALF_RTOL 1e-2
-#define TOL_HALF_ATOL 1e-2
+/* Skips are skips. test_skip(reason) skips the current cmocka test and records why;
+ * test_exit(failed) turns cmocka_run_group_tests' count into the process status: 1 when
+ * anything failed, else 77 (ctest: Skipped) when any test was skipped, with every reason
+ * printed, else 0. A test that did not run what its name says never exits 0. */
+#define test_skip(...)                                                                      \
+    do {                                                                                     \
+        test_note_skip(__func__, __VA_ARGS__);                                               \
+        skip();                                                                              \
+    } while (0)
+void test_note_skip(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int test_exit(int failed);
+int test_skipped(void); /* skips recorded so far */
+
+/* Largest error / budget ratio seen per output name (check_close and friends record it), and
+ * a one-line report of them: how much of each tolerance the run used. */
+void tol_track(const char *what, double ratio);
+void tol_report(const char *title);
+
+/* The kernel set a test was asked to check (argv[1], "--kernel NAME" or "NAME"; def when
+ * absent), and whether this machine runs it: 1 yes, 0 not on this CPU, -1 not a kernel set
+ * (reason written to why in both cases). */
+const char *test_kernel_arg(int argc, char **argv, const char *def);
+int test_kernel_available(const char *kernel, char *why, size_t why_len);
+
+#include "tolerances.h"
 
 #endif

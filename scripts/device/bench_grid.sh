@@ -27,7 +27,7 @@ R=$(mktemp -d)
   /usr/local/cuda/bin/nvcc --version | tail -1
 } > "$R/machine.txt" 2>&1
 if [ -n "${PROBE:-}" ]; then
-  SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_pingpong timeout 100 ./bin/gpu_test_head_cuda \
+  SPH_GPU_TESTS=test_pingpong timeout 100 ./bin/gpu_test_head_cuda \
     > "$R/test_pingpong.txt" 2>&1
   echo "test_pingpong rc=$?" >> "$R/steps.txt"
   for s in "2048 62080" "4096 37984" "5120 37984" "2048 151936"; do

@@ -36,7 +36,7 @@ cd "$root"
 # QUICK=1: the default and SPH_CUDA_FUSED=0 test runs, memcheck on the fused-path tests only
 if [ -n "${QUICK:-}" ]; then
     OUT=$res/tests QUICK=1 step gpu_tests 300 bash "$B/run_tests.sh"
-    SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_fused,test_sweep,test_pingpong step memcheck 100 \
+    SPH_GPU_TESTS=test_fused,test_sweep,test_pingpong step memcheck 100 \
         /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$B/bin/gpu_test_head_cuda"
 else

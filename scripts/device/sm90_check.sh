@@ -23,8 +23,8 @@ run() { # name timeout cmd...
   grep -E "PASSED|FAILED|ERROR SUMMARY|skip|speedup|^\| " "$OUT/$name.log" | tail -8
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || { status=1; tail -30 "$OUT/$name.log"; } # 77: skipped
 }
-SPH_CUDA_SM90=1 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_sm90on 120 bin/gpu_test_head_cuda
-SPH_CUDA_SM90=0 SPH_TEST_SKIP_HUGE=1 run gpu_test_head_cuda_sm90off 120 bin/gpu_test_head_cuda
+SPH_CUDA_SM90=1 SPH_GPU_TESTS=-test_huge run gpu_test_head_cuda_sm90on 120 bin/gpu_test_head_cuda
+SPH_CUDA_SM90=0 SPH_GPU_TESTS=-test_huge run gpu_test_head_cuda_sm90off 120 bin/gpu_test_head_cuda
 SPH_GPU_TESTS=test_bi_sm90 run memcheck_bi_sm90 60 compute-sanitizer --tool memcheck \
   --error-exitcode 9 bin/gpu_test_head_cuda
 run bench_sm90_logits 40 bin/bench_sm90_logits --N 16384 --H 4096 --V 32768 --reps 10

@@ -277,7 +277,7 @@ const sph_cli_opt sph_cli_dist_opts[] = {
     {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
      "force the per-rank kernel (ref, generic, avx2, ...)"},
     {"--atol", "a", SPH_OPT_F64, O(atol), 0, 0, 0, 1e30, NULL, 0,
-     "pass if |got - ref| <= a + r |ref| (f32 1e-4, bf16 2e-2)"},
+     "pass if |got - ref| <= a + r |ref| (1e-4; bf16 on cuda 2e-2)"},
     {"--rtol", "r", SPH_OPT_F64, O(rtol), 0, 0, 0, 1e30, NULL, 0, "(see --atol)"},
     {"--dhidden", "allreduce|partial", SPH_OPT_CHOICE, O(dhidden), 0, 0, 0, 0, k_dist_dh, 0,
      "allreduce: the head sums dhidden over the TP group\n"

@@ -45,6 +45,9 @@ with open(f"{tmp}/steps", "w") as out:
             cmd = line
             if rel != "build":  # the README's build/ is this test's build directory
                 cmd = re.sub(r"(^|[\s=/(])build(?=[/\s]|$)", lambda m: m.group(1) + rel, cmd)
+            # the README's /tmp/... paths (install prefix, example build) are this run's own:
+            # checkouts sharing a machine must not install into or reuse each other's
+            cmd = re.sub(r"(?<![\w.])/tmp/", tmp + "/", cmd)
             out.write(f"sh\t{line}\t{cmd}\n")
 PY
 

@@ -179,13 +179,13 @@ static void check(const prob *p, const char *kernel, int tp, sph_pg_loss loss,
     MPI_Allreduce(mine, sum, SPH_POLICY_N_METRICS, MPI_DOUBLE, MPI_SUM, cpw);
     sum[SPH_METRIC_TOKENS] = o.met[SPH_METRIC_TOKENS];
     sum[SPH_METRIC_SEQS] = o.met[SPH_METRIC_SEQS];
-    MT_CHECK(metrics_close(sum, ref.met, 3e-5), "%s: metrics (loss %g vs %g)", cs,
+    MT_CHECK(metrics_close(sum, ref.met, TOL_CPU_F32), "%s: metrics (loss %g vs %g)", cs,
              sum[SPH_METRIC_LOSS], (double)ref.met[SPH_METRIC_LOSS]);
-    MT_CHECK(close_to(o.lp, ref.lp + r0, n, 3e-5), "%s: logprob", cs);
-    MT_CHECK(close_to(o.dh, ref.dh + r0 * p->H, n * p->H, 3e-5), "%s: dhidden", cs);
+    MT_CHECK(close_to(o.lp, ref.lp + r0, n, TOL_CPU_F32), "%s: logprob", cs);
+    MT_CHECK(close_to(o.dh, ref.dh + r0 * p->H, n * p->H, TOL_CPU_F32), "%s: dhidden", cs);
     float *dw = malloc((size_t)((v1 - v0) * p->H) * 4 + 4);
     MPI_Allreduce(o.dw, dw, (int)((v1 - v0) * p->H), MPI_FLOAT, MPI_SUM, cpw);
-    MT_CHECK(close_to(dw, ref.dw + v0 * p->H, (v1 - v0) * p->H, 3e-5), "%s: dweight", cs);
+    MT_CHECK(close_to(dw, ref.dw + v0 * p->H, (v1 - v0) * p->H, TOL_CPU_F32), "%s: dweight", cs);
     free(dw);
     outs_free(&o), outs_free(&ref);
     sph_comm_destroy(tpc);

@@ -1,12 +1,76 @@
 /*
  * test_head_ref.c - the float64 reference of the LM head against independent computations:
- * central finite differences of its own forward (both gradients, every upstream, softcap on
- * and off, sample support), z-loss and label-smoothed cross-entropy written from scratch,
- * masking rules, and TP sharding through an in-process communicator (each rank a thread).
+ * an independent float64 forward and backward (test_head_case.h: entropy as -sum p log p,
+ * the gradient from the formulas) over every dtype x support x softcap x temperature x shard x
+ * mask, central finite differences of its own forward (both gradients, every upstream,
+ * softcap on and off, sample support), z-loss and label-smoothed cross-entropy written from
+ * scratch, masking rules, and TP sharding of the reference through the in-process
+ * communicator against the unsharded reference. Budgets: tolerances.h (TOL_F64, TOL_FD).
  */
-#include "core/plan.h"
-#include "head/host.h"
 #include "test_head_case.h"
+
+// ---- the float64 cores against the independent float64 forward and backward ----------------
+
+static int g_indep_cases;
+
+static void test_independent(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 7);
+    const sph_dtype dts[3] = {SPH_F32, SPH_BF16, SPH_F16};
+    int ok = 1;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 2; k++)
+            for (int cp = 0; cp < 2; cp++)
+                for (int tt = 0; tt < 2; tt++)
+                    for (int sh = 0; sh < 2; sh++)
+                        for (int mk = 0; mk < 2; mk++) {
+                            const int64_t N = 13, H = 11, VL = 37, V = sh ? 60 : 37,
+                                          v0 = sh ? 9 : 0, K = k ? 6 : 0;
+                            const double T = tt ? 0.6 : 1.0, cap = cp ? 2.5 : 0.0;
+                            hcase c;
+                            hc_init(&c, &r, N, H, VL, V, v0, K, dts[d]);
+                            hc_edge_targets(&c);
+                            if (mk) hc_mask_ragged(&c, &r, 0.6);
+                            hc_wire(&c, HC_OUTS | HC_UPS | HC_DH | HC_DW | (mk ? HC_MASK : 0));
+                            c.a.temperature = T, c.a.softcap = cap;
+                            char cs[160];
+                            snprintf(cs, sizeof cs,
+                                     "head_ref_indep(dtype=%s,K=%lld,cap=%g,T=%g,shard=%d,mask=%d)",
+                                     sph_dtype_name(dts[d]), (long long)K, cap, T, sh, mk);
+                            sph_ctx_t rc = hc_ctx("ref", 1, NULL);
+                            hexp x;
+                            hc_expect(rc, &c.a, &x);
+                            sph_ctx_destroy(rc);
+                            double *ind = hc_alloc(N * HC_IND * 8);
+                            double *dh = hc_alloc(N * H * 8), *dw = hc_alloc(VL * H * 8);
+                            hc_indep_forward(&c, T, cap, x.active, ind);
+                            hc_indep_backward(&c, T, cap, x.active, ind, HC_UPS, dh, dw, NULL,
+                                              NULL, NULL, NULL);
+                            /* rows: logprob, entropy, lse, logit_mean; stats m, lse, mu */
+                            const int rc7[7] = {0, 1, 2, 3, 4, 5, 6};
+                            const int ic[7] = {0, 1, 2, 3, 5, 2, 4};
+                            const char *nm[7] = {"logprob", "entropy", "lse", "logit_mean",
+                                                 "m", "stats.lse", "mu"};
+                            for (int f = 0; f < 7; f++) {
+                                double *a = hc_alloc(N * 8), *b = hc_alloc(N * 8);
+                                for (int64_t i = 0; i < N; i++)
+                                    a[i] = x.rows[i * 7 + rc7[f]], b[i] = ind[i * HC_IND + ic[f]];
+                                ok &= hc_close(nm[f], cs, a, SPH_F64, b, SPH_F64, N, TOL_F64);
+                                free(a), free(b);
+                            }
+                            ok &= hc_close("dhidden", cs, x.dh, SPH_F64, dh, SPH_F64, N * H,
+                                           TOL_F64);
+                            ok &= hc_close("dweight", cs, x.dw, SPH_F64, dw, SPH_F64, VL * H,
+                                           TOL_F64);
+                            free(ind), free(dh), free(dw);
+                            hc_expect_free(&x);
+                            hc_free(&c);
+                            g_indep_cases++;
+                        }
+    assert_int_equal(g_indep_cases, 96);
+    assert_true(ok);
+}
 
 // ---- finite differences -------------------------------------------------------------------
 
@@ -63,9 +127,9 @@ static void fd_case(sph_rng *r, int64_t K, double softcap, double temp, int mask
     snprintf(cs, sizeof cs, "head_ref_fd(K=%lld,softcap=%g,T=%g,masked=%d)", (long long)K,
              softcap, temp, masked);
     assert_true(hc_close("dhidden vs central differences", cs, dh, SPH_F64, fdh, SPH_F64, N * H,
-                         2e-5));
+                         TOL_FD));
     assert_true(hc_close("dweight vs central differences", cs, dw, SPH_F64, fdw, SPH_F64, V * H,
-                         2e-5));
+                         TOL_FD));
     if (masked)
         for (int64_t k = 0; k < H; k++) assert_true(dh[2 * H + k] == 0.0);
     free(o), free(st), free(dh), free(dw), free(fdh), free(fdw);
@@ -135,8 +199,8 @@ static void test_zloss_label_smoothing(void **state) {
             }
         }
     }
-    assert_true(fabs(Lz - Lz_ref) <= 1e-5 * fabs(Lz_ref) + 1e-7);
-    assert_true(fabs(Ls - Ls_ref) <= 1e-5 * fabs(Ls_ref) + 1e-7);
+    assert_true(fabs(Lz - Lz_ref) <= TOL_CPU_F32 * fabs(Lz_ref) + 1e-7);
+    assert_true(fabs(Ls - Ls_ref) <= TOL_CPU_F32 * fabs(Ls_ref) + 1e-7);
     /* the gradients of both losses through the upstream slots */
     for (int64_t i = 0; i < N; i++) {
         int ign = c.tgt[i] < 0;
@@ -148,9 +212,9 @@ static void test_zloss_label_smoothing(void **state) {
     c.a.temperature = T;
     expect_ok(hc_run(ctx, SPH_HEAD_BACKWARD, &c.a));
     assert_true(hc_close("dhidden (z-loss + label smoothing)", "head_ref_zloss_ls", c.dh, SPH_F32,
-                         dh_ref, SPH_F64, N * H, 1e-5));
+                         dh_ref, SPH_F64, N * H, TOL_CPU_F32));
     assert_true(hc_close("dweight (z-loss + label smoothing)", "head_ref_zloss_ls", c.dw, SPH_F32,
-                         dw_ref, SPH_F64, V * H, 1e-5));
+                         dw_ref, SPH_F64, V * H, TOL_CPU_F32));
     free(dh_ref), free(dw_ref);
     sph_ctx_destroy(ctx);
     hc_free(&c);
@@ -204,17 +268,20 @@ static void test_tp_ref(void **state) {
     (void)state;
     sph_rng r;
     rng_seed(&r, test_seed() + 3);
-    tp_check(&r, "ref", 2, 0, SPH_F32);
-    tp_check(&r, "ref", 3, 0, SPH_BF16);
-    tp_check(&r, "ref", 4, 6, SPH_F32);
+    int ok = 1;
+    for (int k = 0; k < N_TP_CFGS; k++) ok &= tp_check_cfg(&r, "ref", &TP_CFGS[k]);
+    assert_true(ok);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_independent),
         cmocka_unit_test(test_fd),
         cmocka_unit_test(test_zloss_label_smoothing),
         cmocka_unit_test(test_mask_rules),
         cmocka_unit_test(test_tp_ref),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    tol_report("head_ref");
+    return test_exit(failed);
 }

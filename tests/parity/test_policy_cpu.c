@@ -119,7 +119,7 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
              "loss=%d,kl=%d,agg=%d)",
              (long long)g->N, (long long)g->H, (long long)g->V, sph_dtype_name(g->dt), g->mask,
              g->threads, (long long)g->chunk_rows, g->grads, (int)loss, (int)kl, (int)agg);
-    const double tol = 2e-5;
+    const double tol = TOL_CPU_F32; /* tolerances.h */
     assert_true(pc_metrics_close("metrics", cs, got.met, SPH_F32, ref.met, SPH_F32, tol));
     assert_true(hc_close("logprob", cs, got.lp, SPH_F32, ref.lp, SPH_F32, g->N, tol));
     assert_true(hc_close("entropy", cs, got.ent, SPH_F32, ref.ent, SPH_F32, g->N, tol));

@@ -137,7 +137,7 @@ static void fd_case(sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg a
     snprintf(cs, sizeof cs, "policy_ref(loss=%d,kl=%d,agg=%d,masked=%d,isw=%d)", (int)loss,
              (int)kl, (int)agg, masked, isw);
     assert_true(check_close_f64("metrics vs the issue's formulas", cs, met, nm,
-                                SPH_POLICY_N_METRICS, 1e-12, 1e-12));
+                                SPH_POLICY_N_METRICS, TOL_F64, TOL_F64));
     if (fd) {
         double fdh[9 * 4], fdw[6 * 4];
         for (int which = 0; which < 2; which++) {
@@ -155,9 +155,9 @@ static void fd_case(sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg a
             }
         }
         assert_true(hc_close("dhidden vs central differences", cs, dh, SPH_F64, fdh, SPH_F64,
-                             N * H, 1e-5));
+                             N * H, TOL_FD));
         assert_true(hc_close("dweight vs central differences", cs, dw, SPH_F64, fdw, SPH_F64,
-                             V * H, 1e-5));
+                             V * H, TOL_FD));
         for (int64_t i = 0; i < N; i++)
             if (!act[i])
                 for (int64_t k = 0; k < H; k++) assert_true(dh[i * H + k] == 0.0);
@@ -201,7 +201,7 @@ static void test_global_counts(void **state) {
         naive n = {&c, act, lp, 3.0, 0.8, 1.28, 0.1, 0.01};
         naive_loss(&n, lp, en, nm);
         assert_true(check_close_f64("metrics with num_tokens / num_seqs", "policy_counts", met, nm,
-                                    SPH_POLICY_N_METRICS, 1e-12, 1e-12));
+                                    SPH_POLICY_N_METRICS, TOL_F64, TOL_F64));
         sph_ctx_destroy(ctx);
         pc_free(&c);
     }

@@ -1,4 +1,6 @@
-/* test_core.c - status strings, error messages, tensor view validation, half conversions,
+/* test_core.c - status strings, error messages, tensor view validation, half conversions
+ * (all 65536 patterns of bf16 and f16; float32 rounding against an independent round to nearest
+ * even: ties, overflow, subnormals, infinities, NaNs),
  * the dense GEMM rates' argument errors. */
 #include <string.h>
 
@@ -55,25 +57,145 @@ static void test_view_validation(void **state) {
     expect_status(sph_view_of(NULL, "y", 2, &v), SPH_ERR_INVALID_ARG, "y: tensor pointer");
 }
 
-static void test_half_roundtrip(void **state) {
+// ---- half / bfloat conversions against an independent decoding and rounding ----------------
+
+/* The value of a 16-bit pattern, decoded here from the format's definition (sign, 8 or 5
+ * exponent bits, 7 or 10 mantissa bits, subnormals); NaN for NaN patterns. */
+static double half_value(int bf, uint16_t u) {
+    const int mb = bf ? 7 : 10, eb = bf ? 8 : 5, bias = bf ? 127 : 15;
+    const int e = (u >> mb) & ((1 << eb) - 1), m = u & ((1 << mb) - 1);
+    const double s = u & 0x8000 ? -1 : 1;
+    if (e == (1 << eb) - 1) return m ? NAN : s * INFINITY;
+    if (e == 0) return s * ldexp(m, 1 - bias - mb);
+    return s * ldexp((1 << mb) + m, e - bias - mb);
+}
+
+/* Round to nearest even of x into the format, by search over the format's values: the two
+ * neighbours of |x|, the nearer one, on a tie the one with an even pattern. Past the largest
+ * finite value the next step (the infinity pattern, worth 2^16 or 2^128, even) takes part in
+ * the comparison, so overflow follows the same rule. */
+static uint16_t half_round_ref(int bf, double x) {
+    const uint16_t inf = bf ? 0x7f80 : 0x7c00;
+    const double top = bf ? ldexp(1, 128) : ldexp(1, 16);
+    if (isnan(x)) return 0;
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double ax = fabs(x);
+    if (ax >= top) return sign | inf;
+    uint16_t lo = 0, hi = inf; /* val(lo) <= ax < val(hi) */
+    while (hi - lo > 1) {
+        uint16_t mid = (uint16_t)(lo + (hi - lo) / 2);
+        if (half_value(bf, mid) <= ax) lo = mid;
+        else hi = mid;
+    }
+    double vl = half_value(bf, lo), vh = hi == inf ? top : half_value(bf, hi);
+    if (ax == vl) return sign | lo;
+    double dl = ax - vl, dh = vh - ax; /* exact: neighbouring float32 values */
+    uint16_t r = dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo);
+    return sign | r;
+}
+
+static uint16_t to_half(int bf, float f) { return bf ? sph_f32_to_bf16(f) : sph_f32_to_f16(f); }
+static float from_half(int bf, uint16_t u) { return bf ? sph_bf16_to_f32(u) : sph_f16_to_f32(u); }
+static int half_is_nan(int bf, uint16_t u) {
+    return bf ? (u & 0x7f80) == 0x7f80 && (u & 0x7f) : (u & 0x7c00) == 0x7c00 && (u & 0x3ff);
+}
+
+/* Checks f32 -> 16 bits of one value against the reference; counts failures. */
+static int64_t g_conv_bad, g_conv_checked;
+static unsigned bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (unsigned)u;
+}
+static void check_round(int bf, float f) {
+    uint16_t got = to_half(bf, f);
+    g_conv_checked++;
+    if (isnan(f)) {
+        if (!half_is_nan(bf, got) || (got & 0x8000) != (signbit(f) ? 0x8000 : 0)) {
+            if (g_conv_bad++ < 10)
+                print_error("%s(NaN %08x) = %04x: not a NaN of the same sign\n",
+                            bf ? "f32_to_bf16" : "f32_to_f16", bits_of(f), got);
+        }
+        return;
+    }
+    uint16_t want = half_round_ref(bf, (double)f);
+    if (got != want && g_conv_bad++ < 10)
+        print_error("%s(%.9g = %08x) = %04x, round to nearest even gives %04x\n",
+                    bf ? "f32_to_bf16" : "f32_to_f16", (double)f, bits_of(f), got, want);
+}
+
+/* Every one of the 65536 patterns of each format: it decodes to the value the format defines
+ * (NaN patterns to a NaN of the same sign), and the value encodes back to the same pattern
+ * (a NaN to a NaN of the same sign). No pattern is filtered out. */
+static void test_half_patterns(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    for (int bf = 0; bf < 2; bf++)
+        for (uint32_t u = 0; u < 65536; u++) {
+            uint16_t h = (uint16_t)u;
+            float f = from_half(bf, h);
+            double want = half_value(bf, h);
+            uint16_t back = to_half(bf, f);
+            int good;
+            if (isnan(want))
+                good = isnan(f) && !!signbit(f) == !!(h & 0x8000) && half_is_nan(bf, back) &&
+                       (back & 0x8000) == (h & 0x8000);
+            else
+                good = (double)f == want && !!signbit(f) == !!(h & 0x8000) && back == h;
+            if (!good && bad++ < 10)
+                print_error("%s pattern %04x: decodes to %.9g (want %.9g), encodes back to %04x\n",
+                            bf ? "bf16" : "f16", h, (double)f, want, back);
+        }
+    assert_int_equal(bad, 0);
+}
+
+/* float32 -> bf16 / f16 rounding: for every finite pattern a and its successor b, the values
+ * a, b's midpoint (the ties), one float32 ulp either side of a and of the midpoint, and a
+ * random value in between, both signs; float32 subnormals, the overflow threshold and beyond,
+ * infinities, NaNs; then 2^21 random float32 bit patterns. Against half_round_ref. */
+static void test_half_rounding(void **state) {
     (void)state;
     sph_rng r;
     rng_seed(&r, test_seed());
-    for (int i = 0; i < 10000; i++) {
-        float f = (float)(rng_normal(&r) * 100.0);
-        float b = sph_bf16_to_f32(sph_f32_to_bf16(f));
-        assert_true(fabsf(b - f) <= fabsf(f) * (1.0f / 256));
-        float h = sph_f16_to_f32(sph_f32_to_f16(f));
-        assert_true(fabsf(h - f) <= fabsf(f) * (1.0f / 2048) + 6e-8f);
+    g_conv_bad = g_conv_checked = 0;
+    for (int bf = 0; bf < 2; bf++) {
+        const uint16_t inf = bf ? 0x7f80 : 0x7c00;
+        for (uint16_t a = 0; a < inf; a++) {
+            double va = half_value(bf, a);
+            double vb = a + 1 == inf ? (bf ? ldexp(1, 128) : ldexp(1, 16)) : half_value(bf, a + 1);
+            float mid = (float)((va + vb) / 2); /* exact: one more bit than the format */
+            float pts[7] = {(float)va, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY),
+                            nextafterf((float)va, 0), nextafterf((float)va, INFINITY),
+                            (float)(va + rng_uniform(&r) * (vb - va))};
+            for (int k = 0; k < 7; k++) {
+                if (!isfinite(pts[k])) continue;
+                check_round(bf, pts[k]);
+                check_round(bf, -pts[k]);
+            }
+        }
+        const float special[] = {INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, 0x1p-126f,
+                                 0x1.fffffcp-127f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
+                                 3.3895314e38f, 3.4028235e38f, 0x1p-24f, 0x1p-25f, 0x1.000002p-25f,
+                                 0x1.8p-25f, 0x1p-26f, 0x1.ffcp-15f, 0x1.ffep-15f, 0x1.ffdp-15f};
+        for (size_t k = 0; k < sizeof special / sizeof special[0]; k++) {
+            check_round(bf, special[k]);
+            check_round(bf, -special[k]);
+        }
+        union { uint32_t u; float f; } x;
+        for (uint32_t k = 0; k < 4096; k++) { /* NaN payloads: signalling and quiet */
+            x.u = 0x7f800001u + k * 997u % 0x7fffffu;
+            check_round(bf, x.f);
+            x.u |= 0x80000000u;
+            check_round(bf, x.f);
+        }
+        for (int k = 0; k < (1 << 21); k++) {
+            x.u = (uint32_t)rng_u64(&r);
+            check_round(bf, x.f);
+        }
     }
-    /* every half value survives the round trip exactly */
-    for (uint32_t u = 0; u < 65536; u++) {
-        uint16_t h = (uint16_t)u;
-        float f = sph_f16_to_f32(h);
-        if (isnan(f)) continue;
-        assert_int_equal(sph_f32_to_f16(f), h);
-        assert_int_equal(sph_f32_to_bf16(sph_bf16_to_f32(h)), h);
-    }
+    print_message("conversions: %lld float32 values checked, %lld wrong\n",
+                  (long long)g_conv_checked, (long long)g_conv_bad);
+    assert_int_equal(g_conv_bad, 0);
 }
 
 static void test_ctx_cpu(void **state) {
@@ -150,7 +272,8 @@ static void test_gemm_rate_args(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings), cmocka_unit_test(test_error_message),
-        cmocka_unit_test(test_view_validation), cmocka_unit_test(test_half_roundtrip),
+        cmocka_unit_test(test_view_validation), cmocka_unit_test(test_half_patterns),
+        cmocka_unit_test(test_half_rounding),
         cmocka_unit_test(test_ctx_cpu), cmocka_unit_test(test_gemm_rate_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,20 +17,31 @@ static void setup_case(void) {
     hc_wire(&C, HC_LP | HC_ENT | HC_LSE | HC_LM);
 }
 
-/* Expects status and message for both passes' entry points, and untouched outputs. */
+/* Expects status and message for both passes' entry points, and every output untouched:
+ * logprob, entropy, lse, logit_mean, stats, dhidden and dweight are poisoned with a pattern
+ * before the call and must hold it bitwise after (the args of a bad call may point at any
+ * of them). */
 static void expect_bad(sph_head_pass pass, sph_status s, const char *needle) {
     size_t bytes = 0;
     expect_status(sph_head_workspace_size(CTX, pass, &C.a, &bytes), s, needle);
-    poison_bytes(C.lp, (size_t)C.N * 4);
-    poison_bytes(C.dh, (size_t)(C.N * C.H) * 4);
+    void *outs[7] = {C.lp, C.ent, C.lse, C.lm, C.stats, C.dh, C.dw};
+    const char *names[7] = {"logprob", "entropy", "lse", "logit_mean", "stats", "dhidden",
+                            "dweight"};
+    const size_t sz[7] = {(size_t)C.N * 4, (size_t)C.N * 4, (size_t)C.N * 4, (size_t)C.N * 4,
+                          (size_t)C.N * 12, (size_t)(C.N * C.H) * 4, (size_t)(C.V_loc * C.H) * 4};
+    for (int k = 0; k < 7; k++) poison_bytes(outs[k], sz[k]);
     static char ws[4096] __attribute__((aligned(64)));
     if (pass == SPH_HEAD_FORWARD)
         expect_status(sph_head_forward(CTX, &C.a, ws, sizeof ws), s, needle);
     else
         expect_status(sph_head_backward(CTX, &C.a, ws, sizeof ws), s, needle);
-    const uint32_t *lp = (const uint32_t *)C.lp, *dh = (const uint32_t *)C.dh;
-    for (int64_t i = 0; i < C.N; i++) assert_true(lp[i] == 0xffffffffu);
-    for (int64_t i = 0; i < C.N * C.H; i++) assert_true(dh[i] == 0xffffffffu);
+    for (int k = 0; k < 7; k++)
+        for (size_t b = 0; b < sz[k]; b++)
+            if (((const unsigned char *)outs[k])[b] != 0xff) {
+                print_error("%s after a call that failed with '%s': byte %zu written\n",
+                            names[k], needle ? needle : "", b);
+                fail();
+            }
 }
 
 static void test_bad_inputs(void **state) {
@@ -168,6 +179,22 @@ static void test_bad_inputs(void **state) {
         C.a.allreduce_dhidden = 1;
         expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG, "allreduce_dhidden: set but");
 
+        // one-pass forward: errors found last in validation still leave every output as it was
+        setup_case();
+        hc_wire(&C, HC_OUTS | HC_UPS | HC_DH | HC_DW);
+        C.tgm.dtype = SPH_F64;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_DTYPE, "dlogit_mean: dtype is f64");
+        hc_wire(&C, HC_OUTS | HC_UPS | HC_DH | HC_DW);
+        C.a.allreduce_dhidden = 1;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "allreduce_dhidden: set but");
+        hc_wire(&C, HC_OUTS | HC_UPS | HC_DH | HC_DW);
+        C.sh_dw[1] = 4;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, "dweight: shape[1] is 4");
+        hc_wire(&C, HC_OUTS | HC_UPS | HC_DH | HC_DW);
+        C.a.accumulate_dhidden = C.a.accumulate_dweight = 1;
+        C.a.temperature = -2;
+        expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "temperature: -2");
+
         // workspace
         hc_wire(&C, HC_LP | HC_G | HC_DH | HC_DW);
         expect_ok(sph_head_workspace_size(CTX, SPH_HEAD_FORWARD, &C.a, &bytes));
@@ -253,5 +280,5 @@ int main(void) {
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_nonfinite_rows),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

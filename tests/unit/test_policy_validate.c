@@ -199,7 +199,7 @@ static void test_group_mismatch(void **state) {
     pthread_t th[2];
     for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, mm_main, &jobs[k]);
     for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
-    pthread_barrier_destroy(&g.bar);
+    tp_group_destroy(&g);
     for (int k = 0; k < 2; k++) {
         assert_int_equal(jobs[k].st, SPH_ERR_MISMATCH);
         assert_non_null(strstr(jobs[k].msg, "seq_comm"));
