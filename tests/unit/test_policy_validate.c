@@ -258,7 +258,7 @@ static void test_tp_mismatch(void **state) {
             pthread_create(&th[k], NULL, tpm_main, &jobs[k]);
         }
         for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
-        pthread_barrier_destroy(&g.bar);
+        tp_group_destroy(&g);
         for (int k = 0; k < 2; k++) {
             assert_true(jobs[k].untouched);
             if (what == 2) {
