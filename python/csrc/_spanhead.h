@@ -32,6 +32,7 @@
     X(sph_ctx_destroy, void, (sph_ctx_t))                                                     \
     X(sph_ctx_describe, const char *, (sph_ctx_t))                                            \
     X(sph_ctx_synchronize, sph_status, (sph_ctx_t))                                           \
+    X(sph_ctx_nonfinite, sph_status, (sph_ctx_t, int64_t *, int64_t *))                       \
     X(sph_cuda_device_count, int, (void))                                                     \
     X(sph_alignment_get, sph_status, (const sph_parallel *, sph_alignment *))                 \
     X(sph_layout_packed, sph_status,                                                          \
@@ -166,6 +167,7 @@ SPH_PY_METHOD(py_ctx_create);
 SPH_PY_METHOD(py_ctx_destroy);
 SPH_PY_METHOD(py_ctx_describe);
 SPH_PY_METHOD(py_ctx_synchronize);
+SPH_PY_METHOD(py_ctx_nonfinite);
 SPH_PY_METHOD(py_comm_create);
 SPH_PY_METHOD(py_comm_destroy);
 SPH_PY_METHOD(py_comm_info);

@@ -100,6 +100,24 @@ PyObject *py_ctx_describe(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(d ? d : "");
 }
 
+/* (count, first_row) of sph_ctx_nonfinite: synchronizes a CUDA context's stream */
+PyObject *py_ctx_nonfinite(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    NEED(sph_ctx_nonfinite);
+    sph_ctx_t c = ctx_of(cap);
+    if (!c) return NULL;
+    int64_t count = 0, first = -1;
+    sph_status s;
+    {
+        PyThreadState *ts_ = PyEval_SaveThread();
+        s = lib.sph_ctx_nonfinite(c, &count, &first);
+        PyEval_RestoreThread(ts_);
+    }
+    if (s) return raise_lib(s);
+    return Py_BuildValue("(LL)", (long long)count, (long long)first);
+}
+
 PyObject *py_ctx_synchronize(PyObject *self, PyObject *args) {
     PyObject *cap;
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;

@@ -248,6 +248,8 @@ static PyMethodDef methods[] = {
     {"ctx_create", py_ctx_create, METH_VARARGS, "Creates a context handle."},
     {"ctx_destroy", py_ctx_destroy, METH_VARARGS, "Destroys a context handle now."},
     {"ctx_describe", py_ctx_describe, METH_VARARGS, "Describes a context's kernels."},
+    {"ctx_nonfinite", py_ctx_nonfinite, METH_VARARGS,
+     "Non-finite active rows since the last call: (count, first_row)."},
     {"ctx_synchronize", py_ctx_synchronize, METH_VARARGS, "Waits for a context's stream."},
     {"comm_create", py_comm_create, METH_VARARGS, "Creates a communicator handle."},
     {"comm_destroy", py_comm_destroy, METH_VARARGS, "Destroys a communicator handle now."},

@@ -113,6 +113,15 @@ class Context:
         """One line naming the chosen kernels ("cpu avx512 threads=2 openblas")."""
         return _ext.ctx_describe(self._live())
 
+    def nonfinite(self) -> Tuple[int, int]:
+        """(count, first_row): the active rows whose statistics were non-finite (NaN or
+        infinity in hidden or weight, logits beyond float) in this context's passes since the
+        last call, and the lowest such row (-1 when none); resets both (sph_ctx_nonfinite).
+        Host passes raise NonFiniteError instead of writing; CUDA passes never sync, write NaN
+        for such rows and count them on the device: this call synchronizes to read the count."""
+        count, first = _ext.ctx_nonfinite(self._live())
+        return int(count), int(first)
+
     def synchronize(self) -> None:
         """Waits for the context's stream; raises any pending device error."""
         _ext.ctx_synchronize(self._live())

@@ -235,3 +235,25 @@ def test_workspace_cached_per_context(rng):
     c.close()
     with pytest.raises(spanhead.InvalidArgumentError, match="after close"):
         spanhead.head_forward(h, w, t, context=c)
+
+
+def test_nonfinite_refused_and_counted(ctx, rng):
+    """A NaN hidden row on an active row: the host pass refuses it with NonFiniteError, writes
+    nothing, and Context.nonfinite() reports the row once (then resets)."""
+    N, H, V = 9, 5, 13
+    h, w, t, _ = case(rng, N, H, V, ignore_every=0)
+    assert ctx.nonfinite() == (0, -1)
+    h[6, 2] = np.nan
+    h[4, 0] = np.inf
+    outs = nan_outputs(N, H, V)
+    outs["logprob"][:] = 7.0
+    with pytest.raises(spanhead.NonFiniteError, match="4"):
+        run_or_skip(ctx, spanhead.head_forward, h, w, t, logprob=outs["logprob"])
+    assert np.all(outs["logprob"] == 7.0)  # nothing written
+    assert ctx.nonfinite() == (2, 4)
+    assert ctx.nonfinite() == (0, -1)  # reset by the call
+    # a non-finite row the mask leaves out is not counted
+    m = np.ones(N, np.uint8)
+    m[[4, 6]] = 0
+    run_or_skip(ctx, spanhead.head_forward, h, w, t, active_mask=m)
+    assert ctx.nonfinite() == (0, -1)

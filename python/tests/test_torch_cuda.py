@@ -189,6 +189,28 @@ def test_generic_api_on_gpu():
         spanhead.head_forward(h, w.cpu(), t)
 
 
+def test_nonfinite_counted_on_device():
+    """A CUDA pass does not sync: a NaN hidden row on an active row comes out NaN, the pass
+    returns, and Context.nonfinite() (the one synchronizing call) counts it, then resets."""
+    N, H, V = 300, 64, 999
+    h, w, t = make(5, N, H, V, torch.float32, ignore_every=0)
+    h[17, 3] = float("nan")
+    h[250, 0] = float("inf")
+    ctx = spanhead.Context(("cuda", 0))
+    try:
+        assert ctx.nonfinite() == (0, -1)
+        r = spanhead.head_forward(h, w, t, context=ctx)
+        lp = r.logprob.cpu()
+        assert torch.isnan(lp[17]) and not torch.isfinite(lp[250])
+        fin = torch.ones(N, dtype=torch.bool)
+        fin[[17, 250]] = False
+        assert torch.isfinite(lp[fin]).all()
+        assert ctx.nonfinite() == (2, 17)
+        assert ctx.nonfinite() == (0, -1)
+    finally:
+        ctx.close()
+
+
 # ---- torch.compile, autocast, drop-in cross-entropy on the GPU ------------------------------
 
 @pytest.mark.parametrize("backend,mask_kind", [("aot_eager", "device"),
