@@ -145,7 +145,8 @@ const sph_cli_opt sph_cli_bench_opts[] = {
     {"--warmup", "N", SPH_OPT_I64, O(warmup), 0, 1000, 0, 0, NULL, 0,
      "untimed runs first (default 2 on cuda, 1 on cpu)"},
     {"--chunk-bytes", "N", SPH_OPT_COUNT, O(chunk_bytes), 0, INT64_MAX, 0, 0, NULL, 0,
-     "workspace budget (default the context's: 1 GiB on CUDA)"},
+     "workspace budget (default the context's: on CUDA 1 GiB,\n"
+     "4 GiB for the one-pass path)"},
     {"--gap", "N", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "coalesce active runs across gaps of <= N rows into one\n"
      "span (default 0: exact spans; the CUDA backend gathers\n"
