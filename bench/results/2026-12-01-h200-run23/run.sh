@@ -14,7 +14,7 @@ cd "$root"
 B=$root/.devbundle
 [ -d "$B/bin" ] || { mkdir -p "$B" && tar xJf "$root/.devbundle.txz" -C "$B"; } || exit 1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-R=$(mktemp -d); mkdir -p "$R/tests"
+R=$(mktemp -d); mkdir -p "$R/py" "$R/cli"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export SPH_COMMIT=$(cat "$B/COMMIT")
 cli=$B/bin/spanhead
@@ -35,15 +35,15 @@ step() { # name timeout cmd...
 # A. benchmarks, one at a time
 for v in default 2G:2147483648 8G:8589934592; do
   extra=""; [ "$v" = default ] || extra="--chunk-bytes ${v#*:}"
-  step "bench_onepass_${v%%:*}" 60 "$cli" bench --device cuda --shape D,E --N 16K --active 1,0.5 \
+  step "bench_onepass_${v%%:*}" 45 "$cli" bench --device cuda --shape D,E --N 16K --active 1,0.5 \
     --mask response --mode one-pass $extra --json "$R/bench_onepass_${v%%:*}.jsonl"
 done
-step bench_e64k_general 60 "$cli" bench --device cuda --shape E --N 64K --active 1 \
+step bench_e64k_general 45 "$cli" bench --device cuda --shape E --N 64K --active 1 \
   --mode general --json "$R/bench_e64k_general.jsonl"
-step bench_policy 90 "$cli" bench --device cuda --mode policy --shape A,D,E --N 16K \
+step bench_policy 60 "$cli" bench --device cuda --mode policy --shape A,D,E --N 16K \
   --mask response --active 0.5 --json "$R/bench_policy.jsonl"
-# B. the checks, in parallel, all done by ~t0 + 480 s
-left=$(( 470 - ($(date +%s) - t0) )); [ $left -lt 120 ] && left=120
+# B. the checks, in parallel, all done by ~t0 + 420 s
+left=$(( 420 - ($(date +%s) - t0) )); [ $left -lt 100 ] && left=100
 for t in gpu_test_head_cuda_ref gpu_test_head_cuda_policies gpu_test_head_cuda_tp \
          gpu_test_policy_cuda gpu_test_bi_dhidden; do
   step "$t" $left "$B/bin/$t" &
