@@ -3,6 +3,7 @@
 # usage: scripts/fuzz.sh BUILD_DIR SECONDS_PER_TARGET   (make fuzz: build-fuzz, $FUZZ_SECONDS or 60)
 # Corpora live in BUILD_DIR/fuzz-corpus/<target> (seeded from tests/data and small built-in
 # examples: .npy files and headers, command lines of every subcommand); findings are written to BUILD_DIR/fuzz-findings/<target>/ and fail the run.
+# Inputs that once failed live in tests/fuzz/regress/<target>/ and are replayed before fuzzing.
 set -euo pipefail
 build=${1:-build-fuzz}
 secs=${2:-60}
@@ -67,6 +68,16 @@ for t in "${targets[@]}"; do
         ;;
     esac
     echo "== $name: ${secs}s =="
+    # the inputs that once failed (tests/fuzz/regress/<target>/), replayed first, every run
+    regress=("$here/tests/fuzz/regress/$name"/*)
+    if ((${#regress[@]})) && ! ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+        "$t" -rss_limit_mb=2048 -timeout=10 "${regress[@]}" >"$build/fuzz-$name-regress.log" 2>&1; then
+        echo "fuzz.sh: $name fails a regression input of tests/fuzz/regress/$name" >&2
+        tail -40 "$build/fuzz-$name-regress.log" >&2
+        status=1
+        continue
+    fi
+    ((${#regress[@]})) && echo "regression inputs: ${#regress[@]} passed"
     if ! ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
         "$t" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
         -artifact_prefix="$findings/" -print_final_stats=1 "$corpus" 2>"$build/fuzz-$name.log"; then

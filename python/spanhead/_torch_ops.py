@@ -58,25 +58,30 @@ _comm_lock = threading.Lock()
 
 
 def comm_key(comm: Optional[Comm]) -> int:
-    """The integer an operator takes for a communicator (0: none); the communicator stays
-    alive in the registry for the life of the process (the context cache holds it anyway)."""
+    """The integer an operator takes for a communicator (0: none): the Comm's own key. A
+    communicator that reached an operator this way stays alive in the registry for the life of
+    the process (the context cache holds it anyway)."""
     if comm is None:
         return 0
     with _comm_lock:
-        k = _COMM_KEYS.get(id(comm))
-        if k is None or _COMMS.get(k) is not comm:
-            k = len(_COMMS) + 1
-            _COMMS[k] = comm
-            _COMM_KEYS[id(comm)] = k
-        return k
+        _COMMS[comm._key] = comm
+    return comm._key
 
 
 def comm_of(key: int) -> Optional[Comm]:
+    """The communicator of a key: registered by comm_key, or (a key read from the Comm under
+    torch.compile) any live Comm."""
     if key == 0:
         return None
     comm = _COMMS.get(key)
     if comm is None:
-        raise InvalidArgumentError(f"tp_group: communicator key {key} is not registered")
+        from .comm import _by_key
+        comm = _by_key.get(key)
+        if comm is None:
+            raise InvalidArgumentError(f"tp_group: communicator key {key} is not registered "
+                                       "(the spanhead.Comm was garbage collected)")
+        with _comm_lock:
+            _COMMS[key] = comm
     return comm
 
 

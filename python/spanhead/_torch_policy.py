@@ -159,6 +159,18 @@ def _row(x: Any, name: str, N: int, lead: tuple, device: torch.device,
     return x.detach().reshape(N).to(dtype).contiguous()
 
 
+def _seq_key(seq_group: Any) -> int:
+    """The operator's integer for seq_group (a spanhead.Comm or None): the Comm's own key, an
+    attribute read that torch.compile traces as a constant."""
+    if seq_group is None:
+        return 0
+    from .comm import Comm
+    if not isinstance(seq_group, Comm):
+        raise InvalidArgumentError(f"seq_group: {type(seq_group).__name__}, expected a "
+                                   "spanhead.Comm or None")
+    return seq_group._key
+
+
 def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 advantages: torch.Tensor, old_logprobs: torch.Tensor, *, loss_mask: Any,
                 loss_type: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2,
@@ -226,7 +238,7 @@ def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     fl = [clip_low, clip_high, clip_ratio_c, kl_coef, entropy_coef, norm_length, temperature,
           softcap]
     it = [loss_type, kl_type, agg, num_tokens, num_seqs, int(need_h), int(need_w),
-          _ops.comm_key(seq_group), gap, vocab_start, vocab_total, int(reduce_dh), comm,
+          _seq_key(seq_group), gap, vocab_start, vocab_total, int(reduce_dh), comm,
           threads, int(allow_tf32), int(batch_invariant), chunk_rows, chunk_bytes]
     out = policy_loss_op(h2, p.weight, p.targets, p.mask, p.spans, *rows, fl, it, kernel,
                          tune_cache)

@@ -21,6 +21,7 @@ The library must be built with MPI / NCCL for those backends (UnsupportedError o
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Tuple
 
@@ -51,6 +52,12 @@ class Comm:
     def __init__(self, handle: Any, keepalive: Any = None):
         self._handle = handle
         self._keepalive = keepalive  # the mpi4py / torch object whose handle we borrow
+        # The integer the torch operators carry for this communicator and the group size,
+        # fixed here: under torch.compile they are plain attribute reads (constants of the
+        # graph), where a call into the extension could not be traced.
+        self._key = next(_keys)
+        self._size = int(_ext.comm_info(handle)[2]) if handle is not None else 1
+        _by_key[self._key] = self
         _live.add(self)
 
     def close(self) -> None:
@@ -135,6 +142,8 @@ class Comm:
 
 
 _live: "weakref.WeakSet[Comm]" = weakref.WeakSet()
+_keys = itertools.count(1)
+_by_key: "weakref.WeakValueDictionary[int, Comm]" = weakref.WeakValueDictionary()
 
 
 def _close_all() -> None:

@@ -183,17 +183,22 @@ def _tp_constant(fn):
     return mark(fn) if mark is not None else fn
 
 
-@_tp_constant
 def _tp(tp_group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
         dtype: torch.dtype, temperature: float):
     """(communicator key, vocab_total) of a tp_group (None, a spanhead.Comm or a
-    torch.distributed group)."""
+    torch.distributed group). A Comm's key and size are attributes (constants under
+    torch.compile, which takes no Comm as a constant argument); a torch group goes through
+    the trace-time lookup."""
     if tp_group is None:
         return 0, vocab_total
     if isinstance(tp_group, Comm):
-        if not vocab_total:
-            vocab_total = vocab_local * tp_group.info()[2]
-        return _ops.comm_key(tp_group), vocab_total
+        return tp_group._key, vocab_total or vocab_local * tp_group._size
+    return _tp_group(tp_group, vocab_total, vocab_start, vocab_local, dtype, temperature)
+
+
+@_tp_constant
+def _tp_group(tp_group: Any, vocab_total: int, vocab_start: int, vocab_local: int,
+              dtype: torch.dtype, temperature: float):
     import torch.distributed as dist
     if not vocab_total:
         vocab_total = vocab_local * dist.get_world_size(tp_group)

@@ -37,8 +37,11 @@ __device__ __forceinline__ float transform(float u, float inv_t, float cap, floa
  * -inf and is skipped, so exp never sees (-inf) - (-inf). */
 __device__ __forceinline__ void merge3(float &m, float &s, float &b, float m2, float s2,
                                        float b2) {
-    if (m2 == -INFINITY) return;
-    if (m == -INFINITY) {
+    /* An empty record (m = -inf, s = 0) adds nothing. m = -inf with s NaN is a row part whose
+     * every logit was NaN or -inf (fmaxf drops NaN from the maxima): it must poison the row,
+     * not vanish (a NaN hidden row would come out as an empty row, uncounted). */
+    if (m2 == -INFINITY && s2 == 0.f) return;
+    if (m == -INFINITY && s == 0.f) {
         m = m2, s = s2, b = b2;
         return;
     }

@@ -77,8 +77,8 @@ sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, v
 // ---- workspace ------------------------------------------------------------------------
 
 typedef struct cpu_layout {
-    size_t head, o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_mine, o_all, o_keys, o_cnt,
-        o_sum, total;
+    size_t head, o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_lse, o_lm, o_mine, o_all,
+        o_keys, o_cnt, o_sum, total;
 } cpu_layout;
 
 static size_t take(size_t *off, size_t bytes) {
@@ -120,9 +120,14 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout
     L->o_rho = take(&off, pp->coef.loss == SPH_PM_GSPO ? N * sizeof(double) : 0);
     L->o_g = take(&off, N * sizeof(float));
     L->o_e = take(&off, N * sizeof(float));
-    L->o_lp = take(&off, hp->logprob ? 0 : N * sizeof(float));
-    L->o_ent = take(&off, hp->entropy ? 0 : N * sizeof(float));
-    L->o_st = take(&off, hp->stats ? 0 : 3 * N * sizeof(float));
+    /* gspo: its forward writes here, the caller's buffers get a copy once the backward took
+     * the gradients (a refused backward leaves them untouched) */
+    const int own = pp->coef.loss == SPH_PM_GSPO;
+    L->o_lp = take(&off, hp->logprob && !own ? 0 : N * sizeof(float));
+    L->o_ent = take(&off, hp->entropy && !own ? 0 : N * sizeof(float));
+    L->o_st = take(&off, hp->stats && !own ? 0 : 3 * N * sizeof(float));
+    L->o_lse = take(&off, own && hp->lse ? N * sizeof(float) : 0);
+    L->o_lm = take(&off, own && hp->logit_mean ? N * sizeof(float) : 0);
     L->o_mine = take(&off, N * sizeof(grow));
     L->o_all = take(&off, pp->group > 1 ? G * sizeof(grow) : 0);
     L->o_keys = take(&off, pp->need_seq ? G * sizeof(key) : 0);
@@ -280,9 +285,14 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
     pp->rho = pp->coef.loss == SPH_PM_GSPO ? AT(L.o_rho) : NULL;
     pp->g = AT(L.o_g);
     pp->e = AT(L.o_e);
-    if (!hp->logprob) hp->logprob = AT(L.o_lp);
-    if (!hp->entropy) hp->entropy = AT(L.o_ent);
-    if (!hp->stats) hp->stats = AT(L.o_st);
+    float *const out_lp = hp->logprob, *const out_ent = hp->entropy, *const out_st = hp->stats;
+    float *const out_lse = hp->lse, *const out_lm = hp->logit_mean;
+    const int own = pp->coef.loss == SPH_PM_GSPO;
+    if (!hp->logprob || own) hp->logprob = AT(L.o_lp);
+    if (!hp->entropy || own) hp->entropy = AT(L.o_ent);
+    if (!hp->stats || own) hp->stats = AT(L.o_st);
+    if (own && hp->lse) hp->lse = AT(L.o_lse);
+    if (own && hp->logit_mean) hp->logit_mean = AT(L.o_lm);
     pp->logp = hp->logprob;
     pp->ent = hp->entropy;
     cpu_run r;
@@ -311,6 +321,12 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
         SPH_TRY(gspo_rho(pp, &r));
         for (int64_t i = 0; i < pp->N; i++) sph_policy_cpu_rows(pp, &i, 1);
         if (hp->one_pass) SPH_TRY(ctx->head.backward(ctx, &b, ws, L.head));
+        const size_t nb = (size_t)pp->N * sizeof(float);
+        if (out_lp && nb) memcpy(out_lp, hp->logprob, nb);
+        if (out_ent && nb) memcpy(out_ent, hp->entropy, nb);
+        if (out_st && nb) memcpy(out_st, hp->stats, 3 * nb);
+        if (out_lse && nb) memcpy(out_lse, hp->lse, nb);
+        if (out_lm && nb) memcpy(out_lm, hp->logit_mean, nb);
     }
     write_metrics(pp, &r);
     return SPH_OK;

@@ -197,6 +197,21 @@ sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws
         goto done;
     }
     for (int64_t i = 0; i < N; i++) g[i] = (float)o.g[i], e[i] = (float)o.e[i];
+    if (pp->coef.loss == SPH_PM_GSPO && hp->one_pass) {
+        /* gspo's gradients come from a backward after the forward, and a backward refuses
+         * upstream gradients that are not finite (as the optimized backends' do): a loss
+         * gradient beyond float (advantages or weights near FLT_MAX) is refused, not written */
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < N; i++)
+            if (o.act[i] && !(isfinite(g[i]) && isfinite(e[i]))) bad++, first = first < 0 ? i : first;
+        if (bad) {
+            st = sph_err(SPH_ERR_NONFINITE,
+                         "policy (gspo): %lld active rows have a loss gradient beyond float "
+                         "range, the first row %lld (advantages or is_weight near FLT_MAX?); "
+                         "nothing written", (long long)bad, (long long)first);
+            goto done;
+        }
+    }
     /* the head's reference writes the per-row outputs, stats and gradients with its rules
      * (inactive rows 0, accumulate, all-reduce); the loss's rows are its active rows */
     sph_head_plan b = *hp;
