@@ -288,7 +288,10 @@ static int walk_points(const bopts *o, const work *ws, int n_work, const run_spe
 static const char *plot_script(char *buf, size_t n) {
     const char *env = getenv("SPH_PLOT_SCRIPT");
     struct stat st;
-    if (env) return stat(env, &st) == 0 ? env : NULL;
+    if (env) { /* into buf: the caller runs buf */
+        snprintf(buf, n, "%s", env);
+        return stat(buf, &st) == 0 ? buf : NULL;
+    }
     char exe[4096];
     ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (l > 0) {

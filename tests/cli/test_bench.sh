@@ -164,5 +164,23 @@ expect_fail ab-dup 2 "dup.jsonl:4: point A" python3 "$ab" "$tmp/dup.jsonl" "$tmp
 sed 's/"ms":[0-9]*,//' "$tmp/a.jsonl" >"$tmp/noms.jsonl"
 expect_fail ab-missing 2 "missing field(s) ms" python3 "$ab" "$tmp/noms.jsonl" "$tmp/b.jsonl"
 
+# --- --plot with the script named by SPH_PLOT_SCRIPT (a copy elsewhere: the path must be the
+# one run; H200 run 23 ran an empty path). matplotlib comes with scripts/setup.sh.
+if python3 -c 'import matplotlib' 2>/dev/null; then
+    cp "$(dirname "$ab")/plot_bench.py" "$tmp/myplot.py"
+    SPH_PLOT_SCRIPT=$tmp/myplot.py "$cli" bench --device cpu --H 64 --V 520 --N 1024 --repeats 1 \
+        --warmup 0 --mode general --active 1,0.5 --plot "$tmp/p.png" >"$tmp/plot.out" 2>&1 \
+        || fail "plot via SPH_PLOT_SCRIPT: $(tail -2 "$tmp/plot.out")"
+    [ -s "$tmp/p.png" ] && [ "$(head -c 4 "$tmp/p.png" | tail -c 3)" = PNG ] \
+        || fail "plot via SPH_PLOT_SCRIPT: no PNG"
+    # a script that is not there: the run goes on, the plot is skipped and says why
+    SPH_PLOT_SCRIPT=$tmp/none.py "$cli" bench --device cpu --H 64 --V 520 --N 1024 \
+        --repeats 1 --warmup 0 --mode general --plot "$tmp/q.png" >"$tmp/plot.out" 2>"$tmp/plot.err" \
+        && grep -q "skipped: .*SPH_PLOT_SCRIPT" "$tmp/plot.err" && [ ! -e "$tmp/q.png" ] \
+        || fail "plot with a missing SPH_PLOT_SCRIPT: $(cat "$tmp/plot.err")"
+else
+    echo "SKIP plot checks: matplotlib is not installed"
+fi
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "bench CLI: all checks passed"
