@@ -1,0 +1,1 @@
+"""The parts of bench/cuda/peers.py (the driver): common, cli, loaders, steps, inputs, report."""
