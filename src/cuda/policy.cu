@@ -340,18 +340,6 @@ static size_t take(size_t *off, size_t bytes) {
     return o;
 }
 
-static void gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_plan *bwd) {
-    *fwd = *hp;
-    fwd->dhidden = fwd->dweight = NULL;
-    fwd->one_pass = 0;
-    fwd->policy = NULL;
-    fwd->dlogprob = fwd->dentropy = NULL;
-    fwd->allreduce_dh = 0;
-    *bwd = *hp;
-    bwd->one_pass = 0;
-    bwd->policy = NULL;
-}
-
 struct pol_max {
     __host__ __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
 };
@@ -382,7 +370,7 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout
     memset(L, 0, sizeof *L);
     if (pp->coef.loss == SPH_PM_GSPO) {
         sph_head_plan f, b;
-        gspo_plans(hp, &f, &b);
+        sph_policy_gspo_plans(hp, &f, &b);
         size_t a = 0, c = 0;
         SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
         if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
@@ -597,7 +585,7 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
         st = ctx->head.forward(ctx, hp, ws, L.head);
     } else {
         sph_head_plan f, b;
-        gspo_plans(hp, &f, &b);
+        sph_policy_gspo_plans(hp, &f, &b);
         st = ctx->head.forward(ctx, &f, ws, L.head);
         if (st == SPH_OK) st = gspo_middle(ctx, pp, stream);
         if (st == SPH_OK && hp->one_pass) st = ctx->head.backward(ctx, &b, ws, L.head);

@@ -366,3 +366,16 @@ sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
     SPH_TRY(s);
     return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
 }
+
+/* policy.h: gspo's forward plan (no gradients, no hook) and its backward plan. */
+void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_plan *bwd) {
+    *fwd = *hp;
+    fwd->dhidden = fwd->dweight = NULL;
+    fwd->one_pass = 0;
+    fwd->policy = NULL;
+    fwd->dlogprob = fwd->dentropy = NULL;
+    fwd->allreduce_dh = 0;
+    *bwd = *hp;
+    bwd->one_pass = 0;
+    bwd->policy = NULL;
+}

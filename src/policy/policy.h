@@ -55,6 +55,10 @@ typedef struct sph_policy_plan {
 sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
                                 const sph_policy_args *pol, sph_policy_plan *pp);
 
+/* gspo's two head plans, from the loss's head plan: fwd (statistics and per-row outputs, no
+ * gradients) and bwd (the gradients after rho; not one-pass). CPU and CUDA (policy.c). */
+void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_plan *bwd);
+
 /* Host helpers (policy_cpu.c) shared by the reference and the CPU backend. */
 /* The group rows' records: this rank's own when group = 1, else gathered over seq_comm (host
  * buffers: MPI or an in-process communicator), after checking that every rank has N rows. */

@@ -87,25 +87,13 @@ static size_t take(size_t *off, size_t bytes) {
     return o;
 }
 
-/* The head plans of the pass: fwd (gspo: no gradients) and bwd (gspo with gradients). */
-static void gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_plan *bwd) {
-    *fwd = *hp;
-    fwd->dhidden = fwd->dweight = NULL;
-    fwd->one_pass = 0;
-    fwd->policy = NULL;
-    fwd->dlogprob = fwd->dentropy = NULL;
-    fwd->allreduce_dh = 0;
-    *bwd = *hp;
-    bwd->one_pass = 0;
-    bwd->policy = NULL;
-}
 
 static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout *L) {
     const sph_head_plan *hp = &pp->head;
     memset(L, 0, sizeof *L);
     if (pp->coef.loss == SPH_PM_GSPO) {
         sph_head_plan f, b;
-        gspo_plans(hp, &f, &b);
+        sph_policy_gspo_plans(hp, &f, &b);
         size_t a = 0, c = 0;
         SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
         if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
@@ -315,7 +303,7 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
         SPH_TRY(ctx->head.forward(ctx, hp, ws, L.head));
     } else {
         sph_head_plan f, b;
-        gspo_plans(hp, &f, &b);
+        sph_policy_gspo_plans(hp, &f, &b);
         if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, &f));
         SPH_TRY(ctx->head.forward(ctx, &f, ws, L.head));
         SPH_TRY(gspo_rho(pp, &r));
