@@ -53,7 +53,6 @@ def _cache() -> dict:
 
 # communicators by key: operators take the key (an int), not the object
 _COMMS: dict = {}
-_COMM_KEYS: dict = {}
 _comm_lock = threading.Lock()
 
 

@@ -87,7 +87,6 @@ static size_t take(size_t *off, size_t bytes) {
     return o;
 }
 
-
 static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout *L) {
     const sph_head_plan *hp = &pp->head;
     memset(L, 0, sizeof *L);
