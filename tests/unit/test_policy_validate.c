@@ -131,6 +131,10 @@ static void bad_inputs(const char *kernel) {
     // the head's own validation still runs
     CASE(P, K0, TM, c.h.a.temperature = 0, SPH_ERR_INVALID_ARG, "temperature: 0");
     CASE(P, K0, TM, c.h.tgt[2] = V_, SPH_ERR_INVALID_ARG, "targets[2]");
+    // a finite loss gradient beyond float (gspo: its backward refuses it): nothing written,
+    // the reference and the CPU alike (fuzz_policy found the CPU writing the forward's rows)
+    CASE(SPH_PG_GSPO, K0, TM, c.p.clip_low = 1; c.p.clip_high = 1e30; c.adv[3] = 1e30f;
+         c.isw[3] = 1e30f, SPH_ERR_NONFINITE, "first row 3");
 #undef CASE
     /* bad values on inactive rows or ignored targets are fine */
     setup(&c, &r, P, K3, TM);
