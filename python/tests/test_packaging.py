@@ -32,6 +32,16 @@ def _need(mod):
         pytest.skip(f"{mod} is not installed in this environment (no build isolation here)")
 
 
+def _need_bdist_wheel():
+    """pip wheel --no-build-isolation needs bdist_wheel: setuptools >= 70.1 has it, older ones
+    take it from the wheel package."""
+    _need("setuptools")
+    try:
+        import setuptools.command.bdist_wheel  # noqa: F401
+    except ImportError:
+        _need("wheel")
+
+
 def _clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_LIBRARY_PATH", "SPANHEAD_LIB", "PYTHONPATH", "SPANHEAD_CLI")}
@@ -41,7 +51,7 @@ def _clean_env(**extra):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    _need("setuptools")
+    _need_bdist_wheel()
     out = tmp_path_factory.mktemp("wheel")
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
            "-w", str(out), os.path.join(ROOT, "python")]
@@ -94,7 +104,7 @@ def test_wheel_installs_and_runs_without_ld_library_path(wheel, tmp_path):
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux `script` (a pty) missing")
 def test_build_shows_progress_on_a_terminal(tmp_path):
     """pip without -v captures the build's output; the progress still reaches the terminal."""
-    _need("setuptools")
+    _need_bdist_wheel()
     cmd = (f"{sys.executable} -m pip wheel --no-build-isolation --no-deps -w {tmp_path} "
            f"{os.path.join(ROOT, 'python')}")
     p = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True,
