@@ -368,16 +368,7 @@ static sph_status cub_bytes_of(sph_ctx_t ctx, int64_t G, size_t *bytes) {
 static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout *L) {
     const sph_head_plan *hp = &pp->head;
     memset(L, 0, sizeof *L);
-    if (pp->coef.loss == SPH_PM_GSPO) {
-        sph_head_plan f, b;
-        sph_policy_gspo_plans(hp, &f, &b);
-        size_t a = 0, c = 0;
-        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
-        if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
-        L->head = a > c ? a : c;
-    } else {
-        SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, hp, &L->head));
-    }
+    SPH_TRY(sph_policy_head_workspace(ctx, pp, &L->head));
     const size_t N = (size_t)pp->N, G = (size_t)(pp->group * pp->N);
     const int gspo = pp->coef.loss == SPH_PM_GSPO;
     SPH_CHECK(G <= ((size_t)1 << 40), SPH_ERR_UNSUPPORTED,

@@ -379,3 +379,16 @@ void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head
     bwd->one_pass = 0;
     bwd->policy = NULL;
 }
+
+/* policy.h: the head's share of the workspace (gspo: its forward's or backward's, the larger). */
+sph_status sph_policy_head_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
+    const sph_head_plan *hp = &pp->head;
+    if (pp->coef.loss != SPH_PM_GSPO) return ctx->head.workspace(ctx, SPH_HEAD_FORWARD, hp, bytes);
+    sph_head_plan f, b;
+    sph_policy_gspo_plans(hp, &f, &b);
+    size_t a = 0, c = 0;
+    SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_FORWARD, &f, &a));
+    if (hp->one_pass) SPH_TRY(ctx->head.workspace(ctx, SPH_HEAD_BACKWARD, &b, &c));
+    *bytes = a > c ? a : c;
+    return SPH_OK;
+}

@@ -58,6 +58,8 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
 /* gspo's two head plans, from the loss's head plan: fwd (statistics and per-row outputs, no
  * gradients) and bwd (the gradients after rho; not one-pass). CPU and CUDA (policy.c). */
 void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head_plan *bwd);
+/* The head's bytes of the loss's workspace: the forward's, gspo the larger of its two passes'. */
+sph_status sph_policy_head_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
 
 /* Host helpers (policy_cpu.c) shared by the reference and the CPU backend. */
 /* The group rows' records: this rank's own when group = 1, else gathered over seq_comm (host
