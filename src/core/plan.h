@@ -18,6 +18,7 @@
 #define SPH_CORE_PLAN_H
 
 #include "core/internal.h"
+#include "core/validate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +64,13 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
  * check). */
 sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
+/* The generic validation feeding the caller's validator (core/validate.h): every tensor of
+ * args registered there, the caller adds its own (the loss's tensors, the workspace) and runs
+ * sph_val_finish. flags: SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: the
+ * policy loss keeps them in its workspace). */
+#define SPH_PLAN_STATS_OPTIONAL 1u
+sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                                  sph_head_plan *plan, sph_validator *val, unsigned flags);
 /* The data checks of a plan whose mask, targets and candidates are in host memory: mask
  * values 0/1, spans covering every active row, targets < V, candidates < V without
  * duplicates and holding the row's target. sph_head_plan_make runs it on host plans; the
