@@ -260,8 +260,13 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
                       (long long)p->comm->size);
         }
     }
-    if (host) SPH_TRY(sph_head_plan_check_data(p));
     return SPH_OK;
+}
+
+/* After the regions: the contents of host data (an input that aliases an output is refused
+ * as such, not for the output's bytes it would read). */
+static sph_status check_data(sph_ctx_t ctx, const sph_head_plan *p) {
+    return ctx->dev->host_memory ? sph_head_plan_check_data(p) : SPH_OK;
 }
 
 sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
@@ -269,7 +274,8 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     sph_validator val;
     sph_val_init(&val, ctx);
     SPH_TRY(sph_head_plan_validate(ctx, pass, a, p, &val, 0));
-    return sph_val_finish(&val);
+    SPH_TRY(sph_val_finish(&val));
+    return check_data(ctx, p);
 }
 
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
@@ -400,6 +406,7 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
     if (s == SPH_OK && ctx->head.check) s = ctx->head.check(ctx, pass, &p);
     if (s == SPH_OK) s = check_workspace(ctx, pass, &p, ws, ws_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
+    if (s == SPH_OK) s = check_data(ctx, &p);
     /* a TP group agrees on the call (or on one rank's failure) before any output is written */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) s = sph_head_tp_agree(ctx, pass, &p, s);
     SPH_TRY(s);

@@ -215,9 +215,14 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
                   (long long)N);
     }
 
-    // values of host data
-    if (ctx->dev->host_memory) SPH_TRY(check_values(hp, pp));
     return SPH_OK;
+}
+
+/* After the regions (sph_val_finish): the contents of host data, the head's and the loss's. */
+static sph_status check_data(sph_ctx_t ctx, const sph_policy_plan *pp) {
+    if (!ctx->dev->host_memory) return SPH_OK;
+    SPH_TRY(sph_head_plan_check_data(&pp->head));
+    return check_values(&pp->head, pp);
 }
 
 sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
@@ -225,7 +230,8 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     sph_validator val;
     sph_val_init(&val, ctx);
     SPH_TRY(plan_validate(ctx, head, pol, pp, &val));
-    return sph_val_finish(&val);
+    SPH_TRY(sph_val_finish(&val));
+    return check_data(ctx, pp);
 }
 
 // ---- dispatch through the context's table ---------------------------------------------------
@@ -354,6 +360,7 @@ static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
     sph_status s = plan_validate(ctx, head, policy, &pp, &val);
     if (s == SPH_OK) s = check_workspace(ctx, &pp, workspace, workspace_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
+    if (s == SPH_OK) s = check_data(ctx, &pp);
     /* a TP group agrees on the call (or on one rank's failure) before any output is written:
      * the head's part, then the loss's */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) {
