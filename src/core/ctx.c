@@ -218,7 +218,7 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     }
     /* the head table: the reference in every slot (staged when the device's memory is not
      * host memory), then the device's kernels over it unless the reference is forced */
-    sph_head_ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
+    if (ctx->dev->ref_fill) ctx->dev->ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
     if (!ctx->use_ref && ctx->dev->head_fill) ctx->dev->head_fill(ctx, &ctx->head);
     if (ctx->opts.batch_invariant && !ctx->head.batch_invariant) {
         s = sph_err(SPH_ERR_UNSUPPORTED,

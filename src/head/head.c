@@ -19,6 +19,7 @@
 
 #include "comm/comm.h"
 #include "core/ctx.h"
+#include "head/plan.h"
 
 // ---- small helpers ---------------------------------------------------------------------
 

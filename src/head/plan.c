@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "head/plan.h"
 
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
     if (p->mask) {
