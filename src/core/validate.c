@@ -58,8 +58,9 @@ sph_status sph_val_dtype(const char *name, sph_dtype d, unsigned set, const char
 sph_status sph_val_device(sph_ctx_t ctx, const sph_view *v, const char *name) {
     if (ctx->device.type == SPH_DEVICE_CUDA) {
         SPH_CHECK(v->device.type == SPH_DEVICE_CUDA && v->device.id == ctx->device.id,
-                  SPH_ERR_DEVICE, "%s: device is (type %d, id %d), expected cuda:%d (the context's)",
-                  name, (int)v->device.type, (int)v->device.id, (int)ctx->device.id);
+                  SPH_ERR_DEVICE,
+                  "%s: device is (type %d, id %d), expected cuda:%d (the context's)", name,
+                  (int)v->device.type, (int)v->device.id, (int)ctx->device.id);
     } else {
         SPH_CHECK(sph_device_is_host(v->device), SPH_ERR_DEVICE,
                   "%s: device is (type %d, id %d), expected host memory (cpu context)", name,

@@ -109,10 +109,10 @@ sph_status sph_val_finish(const sph_validator *v);
 #define SPH_FR_INVERSE 2u
 #define SPH_FR_INF_OK 4u
 sph_status sph_val_float(const char *name, double x, unsigned flags, double lo, double hi);
-/* The head's form of the rule (temperature, softcap): Float conversion policy of user doubles (spanhead.h, "Policies"): x must be finite, > 0
- * (or exactly 0 when zero_ok: "off") and, with its inverse when inverse is set, round to a
- * normal float (FLT_MIN <= |float(x)| <= FLT_MAX): kernels compute in float and multiply by the
- * inverse. SPH_ERR_INVALID_ARG naming `name`, the value and the accepted range otherwise. */
+/* The head's form of the rule (temperature, softcap), its messages kept: x must be finite,
+ * > 0 (or exactly 0 when zero_ok: "off") and, with its inverse when inverse is set, round to
+ * a normal float (FLT_MIN <= |float(x)| <= FLT_MAX): kernels compute in float and multiply by
+ * the inverse. SPH_ERR_INVALID_ARG naming `name`, the value and the accepted range otherwise. */
 sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse);
 
 #ifdef __cplusplus

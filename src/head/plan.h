@@ -74,8 +74,9 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                               sph_head_plan *plan);
 /* The generic validation feeding the caller's validator (core/validate.h): every tensor of
  * args registered there, the caller adds its own (the loss's tensors, the workspace) and runs
- * sph_val_finish, then (host contexts) sph_head_plan_check_data. flags: SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: the
- * policy loss keeps them in its workspace). */
+ * sph_val_finish, then (host contexts) sph_head_plan_check_data. flags:
+ * SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: the policy loss keeps them in
+ * its workspace). */
 #define SPH_PLAN_STATS_OPTIONAL 1u
 sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                                   sph_head_plan *plan, sph_validator *val, unsigned flags);

@@ -153,7 +153,8 @@ static sph_status sc_staged_support(int *clean) { return head_case("ref", 3, 0, 
  * gradients, and the loss's metrics. */
 static size_t policy_outputs(const pcase *c, char *dst) {
     const hcase *h = &c->h;
-    const size_t N = (size_t)h->N, nh = (size_t)(h->N * h->H) * 4, nw = (size_t)(h->V_loc * h->H) * 4;
+    const size_t N = (size_t)h->N, nh = (size_t)(h->N * h->H) * 4;
+    const size_t nw = (size_t)(h->V_loc * h->H) * 4;
     const void *src[6] = {h->lp, h->ent, h->stats, h->dh, h->dw, c->metrics};
     const size_t n[6] = {N * 4, N * 4, N * 12, nh, nw, SPH_POLICY_N_METRICS * 4};
     size_t total = 0;

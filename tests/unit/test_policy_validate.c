@@ -352,7 +352,8 @@ static void test_one_thread_at_a_time(void **state) {
     pthread_t ta, tb;
     assert_int_equal(pthread_create(&ta, NULL, busy_main, &ja), 0);
     assert_int_equal(pthread_create(&tb, NULL, busy_main, &jb), 0);
-    for (int k = 0; k < 2000 && ja.refused + jb.refused < 3; k++) thrd_sleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    const struct timespec ms = {.tv_nsec = 1000000};
+    for (int k = 0; k < 2000 && ja.refused + jb.refused < 3; k++) thrd_sleep(&ms, NULL);
     ja.stop = jb.stop = 1;
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
