@@ -145,9 +145,11 @@ SPH_API const char *sph_version(void);
  *   Either way sph_ctx_nonfinite(ctx, &count, &first_row) returns the rows found since its
  *   last call (and resets). Inactive rows are never read for this.
  *
- * Aliasing. An output (per-row outputs and stats in the forward, dhidden, dweight) may overlap
- * no input and no other output, byte range against byte range (from shapes and strides):
- * SPH_ERR_INVALID_ARG naming both. Inputs may share memory.
+ * Aliasing. An output (per-row outputs and stats in the forward, dhidden, dweight, the policy
+ * loss's metrics, and the bytes of the caller's workspace the call uses) may overlap no input
+ * and no other output, byte range against byte range (from shapes and strides; the policy
+ * loss's per-row inputs and spans are inputs too): SPH_ERR_INVALID_ARG naming both, before
+ * any byte is written. Inputs may share memory.
  *
  * Strides. Every tensor, input or output, is validated alike: inner stride 1, outer strides
  * covering a whole row (rows never overlap), the offset of the last element and its byte
@@ -161,12 +163,19 @@ SPH_API const char *sph_version(void);
  *
  * Threads. opts.num_threads is at most 4 x the processors (at least 64, within OpenMP's
  * thread limit): beyond, SPH_ERR_INVALID_ARG naming the value and the bound. 0 takes
- * OMP_NUM_THREADS or the processor count, capped at the same bound.
+ * OMP_NUM_THREADS or the processor count, capped at the same bound. A context serves one
+ * thread at a time: a compute call (sph_head_forward / backward, sph_policy_loss,
+ * sph_ctx_nonfinite) made while another call runs on the same context is refused with
+ * SPH_ERR_INVALID_ARG ("in use by another call"), nothing written; use one context per thread.
  *
  * Float conversions. The kernels compute in float: user doubles they take (temperature,
- * softcap, and the policy loss's coefficients) must be finite, > 0 (softcap: or 0 = off) and,
- * with their inverses where the kernels multiply by them, normal floats (temperature and a
- * non-zero softcap in about [2.9e-39, 8.5e37]); otherwise SPH_ERR_INVALID_ARG.
+ * softcap, and the policy loss's coefficients) must be finite, > 0 (softcap and the policy's
+ * coefficients: or 0 = off; clip_ratio_c: or infinity = none) and, with their inverses where
+ * the kernels multiply by them (temperature, softcap, norm_length), normal floats
+ * (temperature and a non-zero softcap in about [2.9e-39, 8.5e37]); a product the policy loss
+ * forms from its coefficients alone (the per-row entropy and k1 gradients, c eta and c beta,
+ * c <= 1 / norm_length or 1) must fit float too; otherwise SPH_ERR_INVALID_ARG naming the
+ * value.
  *
  * Tensor-parallel calls. Every rank of a TP group must make the same call: N, H, vocab_total,
  * the dtype, temperature, softcap, candidates K, the mask or spans, the targets, candidates and
@@ -751,15 +760,17 @@ typedef enum sph_policy_metric {
 typedef struct sph_policy_args {
     size_t struct_size;          /* sizeof(sph_policy_args); set by SPH_POLICY_ARGS_INIT */
     sph_pg_loss loss;            /* default SPH_PG_PPO */
-    double clip_low, clip_high;  /* eps_low in [0, 1], eps_high >= 0 (0.2, 0.2) */
+    double clip_low, clip_high;  /* eps_low in [0, 1], eps_high >= 0 (0.2, 0.2); each 0 or a
+                                    normal float ("Policies", float conversions) */
     double clip_ratio_c;         /* dual clip c > 1; INFINITY (default) = none; ppo / gspo */
     sph_kl_kind kl;              /* default SPH_KL_NONE */
-    double kl_coef;              /* beta >= 0, finite */
-    double entropy_coef;         /* eta >= 0, finite (the loss subtracts eta H) */
+    double kl_coef;              /* beta >= 0, 0 or a normal float */
+    double entropy_coef;         /* eta >= 0, 0 or a normal float (the loss subtracts eta H) */
     sph_loss_agg agg;            /* default SPH_AGG_TOKEN_MEAN */
     int64_t num_tokens;          /* T of a global batch (>= 1); 0 = the active rows counted */
     int64_t num_seqs;            /* S of a global batch (>= 1); 0 = the sequences counted */
-    double norm_length;          /* L > 0 of seq-mean-token-sum-norm (required there) */
+    double norm_length;          /* L > 0 of seq-mean-token-sum-norm (required there); L and
+                                    1 / L normal floats */
     /* per-row inputs on the head's device, (N) each */
     const sph_tensor *advantages;  /* f32, required */
     const sph_tensor *old_logprob; /* f32, required */
@@ -798,9 +809,12 @@ SPH_API sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_
  * TP: every rank of tp_comm gets the same loss and metrics (bitwise: the statistics combine
  * in rank order); dweight is the rank's shard, dhidden its partial unless allreduce_dhidden.
  * Errors (nothing is written): SPH_ERR_INVALID_ARG for a missing ref_logprob with a KL, a
- * missing seq_id with a seq-* aggregation or gspo, negative or non-finite coefficients,
- * clip_low outside [0, 1], clip_ratio_c <= 1, num_tokens / num_seqs < 0, norm_length <= 0
- * with seq-mean-token-sum-norm, NaN / inf in advantages, old_logprob, ref_logprob or is_weight
+ * missing seq_id with a seq-* aggregation or gspo, negative or non-finite coefficients or
+ * ones that are not normal floats ("Policies", float conversions), clip_low outside [0, 1],
+ * clip_ratio_c <= 1, num_tokens / num_seqs < 0, norm_length <= 0 with
+ * seq-mean-token-sum-norm, any output overlapping an input or another output (the head's
+ * tensors, the per-row inputs, metrics, the workspace: "Policies", aliasing), a context in
+ * use by another thread, NaN / inf in advantages, old_logprob, ref_logprob or is_weight
  * on an active row (host memory: checked here; device memory, the non-finite policy: the pass
  * returns SPH_OK with a NaN loss and metrics and the rows are counted for sph_ctx_nonfinite),
  * upstream gradients given; SPH_ERR_MISMATCH when the ranks of a host TP group make different

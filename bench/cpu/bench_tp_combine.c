@@ -42,7 +42,7 @@ int main(void) {
 #include <mpi.h>
 
 #include "comm/comm.h"
-#include "core/plan.h"
+#include "head/plan.h"
 #include "head/host.h"
 #include "bench_cpu.h"
 #include "spanhead.h"

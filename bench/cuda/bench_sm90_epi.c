@@ -33,7 +33,7 @@ int main(void) {
 #include "bench_cuda.h"
 #include "core/internal.h"
 #include "cuda/head_sm90.cuh"
-#include "core/plan.h"
+#include "head/plan.h"
 
 #define CHAIN 4
 

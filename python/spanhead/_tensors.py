@@ -238,3 +238,32 @@ def nbytes_buffer(ref: Any, nbytes: int, align: int = 256) -> Any:
                 "workspace")
     off = (-data_ptr(raw)) % align
     return raw[off:off + nbytes]
+
+
+# ---- rules every Python front end shares (NumPy, torch, metadata) ---------------------------
+
+def check_int64(v: Any, name: str) -> int:
+    """An integer argument the library takes as int64: SizeOverflowError naming it beyond
+    [-2^63, 2^63) (as the C boundary does), DTypeError for a non-integer."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise DTypeError(f"{name}: expected an integer, got {v!r}")
+    if not -2**63 <= int(v) < 2**63:
+        raise SizeOverflowError(f"{name}: {int(v)} does not fit in a signed 64-bit integer")
+    return int(v)
+
+
+def host_mask_u8(mask: Any, name: str = "loss_mask") -> np.ndarray:
+    """The rule of a host active / loss mask for every Python front end, the C library's
+    (active_mask: 0 or 1): bool, integer or float values, each exactly 0 or 1 (0.5, -1, 2, NaN
+    are refused naming the first such row and its value); returned as a flat uint8 array."""
+    a = np.asarray(mask).reshape(-1)
+    if a.dtype == np.bool_:
+        return a.astype(np.uint8)
+    if a.dtype.kind not in "iuf":
+        raise DTypeError(f"{name}: dtype is {a.dtype}, expected bool or 0/1 integers")
+    bad = np.flatnonzero((a != 0) & (a != 1))  # NaN is neither
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidArgumentError(f"{name}[{i}]: {a[i].item()!r}, expected 0 or 1")
+    return a.astype(np.uint8)
+

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from . import _spanhead as _ext
+from . import _tensors as _T
 from ._errors import InvalidArgumentError
 from .comm import Comm
 from .head import BACKWARD, FORWARD, Context
@@ -101,7 +102,10 @@ def opts_from(options: dict) -> Opts:
     if unknown:
         raise TypeError(f"unknown context option(s) {sorted(unknown)}; expected some of "
                         f"{list(Opts._fields)}")
-    return Opts(**options)
+    o = Opts(**options)
+    for name in ("threads", "chunk_rows", "chunk_bytes"):  # before torch's List[int] sees them
+        _T.check_int64(getattr(o, name), name)
+    return o
 
 
 def context_for(device: torch.device, comm: Optional[Comm] = None, **options: Any) -> Context:
@@ -155,7 +159,10 @@ def resolve_mask(hidden: torch.Tensor, mask: Optional[torch.Tensor],
     if mask is None:
         return None, host_spans
     if mask.device.type == "cpu":
-        hm = (mask.detach() != 0).to(torch.uint8)
+        t = mask.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()  # no NumPy dtype: the values are what the rule reads
+        hm = torch.from_numpy(_T.host_mask_u8(t.numpy(), "loss_mask"))
         if host_spans is None:
             host_spans = spans_from_mask(hm.numpy(), gap)
         if hidden.is_cuda:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _spanhead as _ext
 from ._errors import InvalidArgumentError, ParseError, ShapeError
-from ._tensors import int64_pairs
+from ._tensors import host_mask_u8, int64_pairs
 
 _FP8 = {"none": 0, "blockwise": 1, "mxfp8": 2}
 _ALGO = {"ffd": 0, "mffd": 1, "balanced": 2}
@@ -94,6 +94,12 @@ def _mask_rows(rows: Any, name: str, width: Optional[int]) -> bytes:
     return bytes(out)
 
 
+# The keys of a spans document: the CLI's list (src/cli/json_util.c, batch_from), which refuses
+# any other key the same way (a misspelt "atention_mask" must not give another layout).
+SPANS_DOC_KEYS = ("layout", "sequence_length", "num_actions", "loss_mask", "attention_mask",
+                  "sub_seq_lengths")
+
+
 def _load_doc(doc: Any) -> Mapping[str, Any]:
     if isinstance(doc, Mapping):
         return doc
@@ -124,6 +130,10 @@ def spans(doc: Any, tp: int = 1, cp: int = 1, cp_rank: int = 0, fp8: Optional[st
     "cu_seqlens_padded" (None for unpacked layouts).
     """
     d = _load_doc(doc)
+    unknown = [k for k in d if k not in SPANS_DOC_KEYS]
+    if unknown:
+        raise InvalidArgumentError(f"spans: unknown key {str(unknown[0])!r} in the document "
+                                   f"(expected some of {', '.join(SPANS_DOC_KEYS)})")
     for key in ("layout", "sequence_length", "num_actions", "loss_mask"):
         if key not in d:
             raise InvalidArgumentError(f"spans: the document lacks {key!r}")
@@ -164,12 +174,13 @@ def spans(doc: Any, tp: int = 1, cp: int = 1, cp_rank: int = 0, fp8: Optional[st
 
 
 def spans_from_mask(mask: Any, gap: int = 0) -> np.ndarray:
-    """Ordered [start, end) runs of the nonzero entries of a host 1-d mask, merged across gaps
-    of at most ``gap`` zeros, as an (n_spans, 2) int64 array (what head calls take)."""
+    """Ordered [start, end) runs of the 1 entries of a host 1-d 0/1 mask, merged across gaps
+    of at most ``gap`` zeros, as an (n_spans, 2) int64 array (what head calls take). The mask
+    follows the library's rule (bool or values exactly 0 / 1; 0.5, 2, -1, NaN refused)."""
     m = np.asarray(mask)
     if m.ndim != 1:
         raise ShapeError(f"mask: shape is {m.shape}, expected (N,)")
-    b = (m != 0).astype(np.uint8).tobytes()
+    b = host_mask_u8(m, "mask").tobytes()
     sp = _ext.spans_from_mask(b, _int(gap, "gap"))
     return np.asarray(sp, dtype=np.int64).reshape(-1, 2)
 
@@ -177,7 +188,7 @@ def spans_from_mask(mask: Any, gap: int = 0) -> np.ndarray:
 def validate_spans(spans_: Any, n: int, mask: Any = None) -> None:
     """Raises unless spans are ordered, disjoint, inside [0, n) and cover every 1 of mask."""
     a = int64_pairs(spans_, "spans").reshape(-1)
-    mb = None if mask is None else (np.asarray(mask).reshape(-1) != 0).astype(np.uint8).tobytes()
+    mb = None if mask is None else host_mask_u8(mask, "mask").tobytes()
     _ext.spans_validate(a.tolist(), _int(n, "n"), mb)
 
 

@@ -69,7 +69,7 @@ def _count(v: Any, name: str) -> int:
         raise DTypeError(f"{name}: expected an integer, got {v!r}")
     if int(v) < 1:
         raise InvalidArgumentError(f"{name}: {int(v)}, expected >= 1 (or None to count)")
-    return int(v)
+    return T.check_int64(v, name)
 
 
 def config(loss_type: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2,

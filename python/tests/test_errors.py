@@ -307,3 +307,57 @@ def test_comm_config_out_of_range():
         spanhead.Comm.from_nccl(1, tp=1, vocab_total=2**63, vocab_start=0, vocab_local=4)
     with pytest.raises(spanhead.InvalidArgumentError, match="handle"):
         spanhead.Comm.from_nccl(-1, tp=1, vocab_total=4, vocab_start=0, vocab_local=4)
+
+
+@pytest.mark.parametrize("which", ["policy_loss", "head_forward"])
+def test_context_two_threads(which):
+    """One Context used from two threads at once (issue 26 case 10): a call that finds the
+    context busy raises naming the cause; a call that runs returns the one-thread answer
+    (was: wrong results in 30 of 30 calls, no error)."""
+    import threading
+    import time
+    rng = np.random.default_rng(7)
+    N, H, V = 96, 64, 1500
+    h = rng.standard_normal((N, H)).astype(np.float32)
+    w = (rng.standard_normal((V, H)) / 8).astype(np.float32)
+    t = rng.integers(0, V, N).astype(np.int64)
+    adv = rng.standard_normal(N).astype(np.float32)
+    old = np.full(N, -7.0, np.float32)
+    ctx = spanhead.Context("cpu", threads=1)
+
+    def call():
+        if which == "policy_loss":
+            r = spanhead.policy_loss(h, w, t, adv, old, context=ctx)
+            return r["logprob"].copy(), r["dhidden"].copy()
+        r = spanhead.head_forward(h, w, t, logprob=True, entropy=True, context=ctx)
+        return r["logprob"].copy(), r["entropy"].copy()
+
+    want = call()
+    refused, wrong, ran = [], [], [0]
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            try:
+                got = call()
+            except spanhead.InvalidArgumentError as e:
+                refused.append(str(e))
+                continue
+            ran[0] += 1
+            if not all(np.array_equal(a, b) for a, b in zip(got, want)):
+                wrong.append(ran[0])
+
+    ts = [threading.Thread(target=worker) for _ in range(2)]
+    for th in ts:
+        th.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and len(refused) < 3:
+        time.sleep(0.01)
+    stop.set()
+    for th in ts:
+        th.join()
+    assert not wrong, f"{len(wrong)} wrong results"
+    assert refused, "two threads on one context were never refused"
+    assert all("in use by another call" in m for m in refused), refused[0]
+    assert np.array_equal(call()[0], want[0])  # the context serves the next call
+    ctx.close()

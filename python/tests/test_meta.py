@@ -131,6 +131,55 @@ def test_spans_bad_input():
                         "loss_mask": [[1, 0]]}, cp=2)
 
 
+@pytest.mark.parametrize("key", ["atention_mask", "loss_masks", "Layout", "sub_seq_length", ""])
+def test_spans_unknown_key(key, tmp_path):
+    """An unknown key of a spans document is refused naming it, as the CLI refuses it (was:
+    ignored, so a misspelt attention_mask gave another layout). Dict, JSON text and file."""
+    import json
+    doc = {"layout": "unpacked", "sequence_length": 5, "num_actions": 2,
+           "loss_mask": [[1, 0], [1, 1]], key: [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]}
+    with pytest.raises(spanhead.InvalidArgumentError, match=f"unknown key '{key}'"):
+        spanhead.spans(doc)
+    with pytest.raises(spanhead.InvalidArgumentError, match=f"unknown key '{key}'"):
+        spanhead.spans(json.dumps(doc))
+    f = tmp_path / "doc.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(spanhead.InvalidArgumentError, match="unknown key"):
+        spanhead.spans(str(f))
+    del doc[key]
+    spanhead.spans(doc)  # every known key passes
+    spanhead.spans(dict(doc, attention_mask=[[1] * 5] * 2))
+    spanhead.spans(dict(doc, layout="packed", sub_seq_lengths=[[5], [5]]))
+
+
+def test_spans_keys_match_the_cli():
+    """The Python list of document keys is the CLI's (src/cli/json_util.c)."""
+    import os
+    import re
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src", "cli", "json_util.c")
+    if not os.path.exists(src):
+        pytest.skip("the CLI's source is not beside this checkout")
+    text = open(src, encoding="utf-8").read()
+    m = re.search(r"known\[\] = \{([^}]*)\}", text)
+    assert m, "json_util.c: the known-key list moved"
+    cli = tuple(re.findall(r'"([a-z_]+)"', m.group(1)))
+    assert cli == spanhead.meta.SPANS_DOC_KEYS
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, 2, float("nan")])
+def test_host_mask_rule(bad):
+    """spans_from_mask / validate_spans follow the library's mask rule (0 or 1)."""
+    m = np.array([1, 1, 0, 1, 0, 0], np.float32)
+    m[3] = bad
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"mask\[3\]"):
+        spanhead.spans_from_mask(m)
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"mask\[3\]"):
+        spanhead.validate_spans([[0, 2], [3, 4]], 6, m)
+    m[3] = 1
+    assert spanhead.spans_from_mask(m).tolist() == [[0, 2], [3, 4]]
+    assert spanhead.spans_from_mask(m.astype(bool)).tolist() == [[0, 2], [3, 4]]
+
+
 @pytest.mark.parametrize("algorithm", ["ffd", "mffd", "balanced"])
 def test_pack_properties(rng, algorithm):
     lengths = rng.integers(1, 500, 60).tolist()

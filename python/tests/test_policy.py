@@ -270,3 +270,132 @@ def test_torch_compile(rng):
     loss.backward()
     assert loss.item() == pytest.approx(eager.item(), rel=1e-6)
     assert torch.allclose(hh.grad, g_eager, rtol=1e-6, atol=1e-8)
+
+
+# ---- issue 26: aliasing, coefficients beyond float, host masks, int64 bounds ----------------
+
+@pytest.mark.parametrize("kernel", ["ref", None])
+@pytest.mark.parametrize("out_name, in_name", [
+    ("logprob", "advantages"), ("logprob", "old_logprobs"), ("entropy", "advantages"),
+    ("logprob", "ref_logprobs"), ("entropy", "is_weights"), ("stats", "hidden"),
+    ("dhidden", "hidden"), ("dweight", "weight"), ("logprob", "entropy"),
+])
+def test_numpy_aliasing_refused(rng, kernel, out_name, in_name):
+    """An output of the loss on an input's (or another output's) bytes: refused naming both,
+    the input and every output untouched (was: the advantages overwritten, a wrong loss)."""
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    inputs = {"hidden": h, "weight": w, "advantages": adv, "old_logprobs": old,
+              "ref_logprobs": ref, "is_weights": isw}
+    N = len(t)
+    if out_name in ("logprob", "entropy"):
+        base = inputs.get(in_name)
+        if base is None:  # another output: its own buffer
+            base = np.full(N, 3.0, np.float32)
+        out = base[:N] if base.ndim == 1 else base.reshape(-1)[:N]
+    elif out_name == "stats":
+        out = h.reshape(-1)[:3 * N].reshape(N, 3)
+    else:
+        out = inputs[in_name]
+    kw = {out_name: out}
+    if in_name == "entropy":
+        kw["entropy"] = np.full(N, 3.0, np.float32)
+        kw["logprob"] = kw["entropy"]
+    before = {k: v.copy() for k, v in inputs.items()}
+    with pytest.raises(spanhead.InvalidArgumentError, match="overlap"):
+        spanhead.policy_loss(h, w, t, adv, old, loss_mask=mask, ref_logprobs=ref,
+                             kl_type="k3", is_weights=isw, stats=kw.pop("stats", False),
+                             context=spanhead.Context("cpu", kernel=kernel), **kw)
+    for k, v in inputs.items():
+        assert np.array_equal(v, before[k], equal_nan=True), k
+
+
+def test_numpy_aliasing_case_of_the_issue(rng):
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    a0 = adv.copy()
+    with pytest.raises(spanhead.InvalidArgumentError, match="logprob.*overlap.*advantages"):
+        spanhead.policy_loss(h, w, t, adv, old, logprob=adv)
+    assert np.array_equal(adv, a0)
+    # inputs may share memory: advantages as old_logprobs runs
+    spanhead.policy_loss(h, w, t, adv, adv, loss_mask=mask)
+
+
+COEF_CASES = [
+    (dict(agg="seq-mean-token-sum-norm", norm_length=1e-320), "norm_length: 9.99989e-321"),
+    (dict(agg="seq-mean-token-sum-norm", norm_length=1e38), "norm_length: 1e\\+38"),
+    (dict(kl_type="k1", kl_coef=1e300), "kl_coef: 1e\\+300"),
+    (dict(entropy_coef=1e39), "entropy_coef: 1e\\+39"),
+    (dict(clip_high=1e39), "clip_high: 1e\\+39"),
+    (dict(clip_ratio_c=1e39), "clip_ratio_c: 1e\\+39"),
+    (dict(clip_low=1e-310), "clip_low: 1e-310"),
+    (dict(agg="seq-mean-token-sum-norm", norm_length=1e-10, entropy_coef=1e30),
+     "entropy gradient"),
+]
+
+
+@pytest.mark.parametrize("kw, needle", COEF_CASES)
+def test_numpy_coefficients_beyond_float(rng, kw, needle):
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    lp = np.full(len(t), 7.0, np.float32)
+    kw = dict(kw)
+    with pytest.raises(spanhead.InvalidArgumentError, match=needle):
+        spanhead.policy_loss(h, w, t, adv, old, loss_mask=mask, logprob=lp, seq_ids=seq,
+                             ref_logprobs=ref, **kw)
+    assert np.all(lp == 7.0)
+
+
+@pytest.mark.parametrize("kw, needle", COEF_CASES)
+def test_torch_coefficients_beyond_float(rng, kw, needle):
+    torch = pytest.importorskip("torch")
+    import spanhead.torch as sht
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    T = torch.from_numpy
+    with pytest.raises(spanhead.InvalidArgumentError, match=needle):
+        sht.policy_loss(T(h), T(w), T(t), T(adv), T(old), loss_mask=T(mask), seq_ids=T(seq),
+                        ref_logprobs=T(ref), **kw)
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, 2, float("nan")])
+def test_torch_host_mask_values(rng, bad):
+    """A host loss_mask follows the rule NumPy and C follow (0 or 1), whatever its dtype:
+    0.5, -1, 2 and NaN are refused naming the row (were: every such row active)."""
+    torch = pytest.importorskip("torch")
+    import spanhead.torch as sht
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    T = torch.from_numpy
+    m = mask.astype(np.float32)
+    m[4] = bad
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"loss_mask\[4\]"):
+        sht.policy_loss(T(h), T(w), T(t), T(adv), T(old), loss_mask=T(m))
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"loss_mask\[4\]"):
+        sht.logprobs(T(h), T(w), T(t), loss_mask=T(m))
+    if bad == bad and float(bad).is_integer():  # an integer mask is checked the same way
+        mi = mask.astype(np.int64)
+        mi[4] = int(bad)
+        with pytest.raises(spanhead.InvalidArgumentError, match=r"loss_mask\[4\]"):
+            sht.logprobs(T(h), T(w), T(t), loss_mask=T(mi))
+    # NumPy and C refuse the same values
+    with pytest.raises((spanhead.InvalidArgumentError, spanhead.DTypeError)):
+        spanhead.policy_loss(h, w, t, adv, old, loss_mask=m)
+    # 0/1 in any dtype is fine and equals the bool mask
+    a = sht.logprobs(T(h), T(w), T(t), loss_mask=T(mask.astype(np.float32)))
+    b = sht.logprobs(T(h), T(w), T(t), loss_mask=T(mask.astype(bool)))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kw", [dict(num_tokens=2**63), dict(num_seqs=2**64),
+                                dict(threads=2**63), dict(chunk_rows=2**63),
+                                dict(chunk_bytes=2**70)])
+def test_torch_int64_bounds(rng, kw):
+    """Integers beyond int64 get spanhead's overflow error naming the argument, before torch's
+    operator schema sees them (was: "Expected a value of type 'List[int]'")."""
+    torch = pytest.importorskip("torch")
+    import spanhead.torch as sht
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng)
+    T = torch.from_numpy
+    name = next(iter(kw))
+    with pytest.raises(spanhead.SizeOverflowError, match=f"{name}: "):
+        sht.policy_loss(T(h), T(w), T(t), T(adv), T(old), loss_mask=T(mask), seq_ids=T(seq),
+                        **kw)
+    if name not in ("num_tokens", "num_seqs"):
+        with pytest.raises(spanhead.SizeOverflowError, match=f"{name}: "):
+            sht.logprobs(T(h), T(w), T(t), loss_mask=T(mask), **kw)

@@ -7,6 +7,7 @@
 #define SPH_COMM_COMM_H
 
 #include "core/internal.h"
+#include "core/validate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +31,11 @@ struct sph_comm {
     int device_buffers; /* 1: collectives take device pointers (NCCL) */
     void *impl;         /* backend state */
 };
+
+/* The validator's communicator rule (core/validate.h) for c, named `name` in messages. */
+static inline sph_status sph_comm_validate(sph_ctx_t ctx, sph_comm_t c, const char *name) {
+    return sph_val_comm(ctx, name, c->ops != NULL, c->rank, c->size, c->device_buffers);
+}
 
 #ifdef __cplusplus
 }

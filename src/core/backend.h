@@ -1,9 +1,12 @@
 /*
  * backend.h - the two tables through which a context reaches its device and its kernels.
  *
- *   sph_device_ops   one per device type (registry.c): the context's lifetime on the device,
- *                    its memory helpers, the CUDA-only calls (autotuning, GEMM rates), and
- *                    the function that fills the head table with the device's kernels.
+ *   sph_device_ops   one per device type, defined by its backend (the host's in
+ *                    src/head/host_device.c, CUDA's in src/cuda/runtime.cu) and handed out by
+ *                    the registry (registry.c): the context's lifetime on the device, its
+ *                    memory helpers, the CUDA-only calls (autotuning, GEMM rates), and the
+ *                    functions that fill the head table (the reference's, the device's
+ *                    kernels'), so that core names no head function.
  *   sph_head_backend one per context (ctx->head), filled once at creation, BLIS-style: the
  *                    float64 reference first (every slot; staged through host copies when
  *                    the device's memory is not host memory), then, unless the reference is
@@ -12,7 +15,7 @@
  *
  * A call from the public API to a kernel:
  *   sph_head_forward (head.c)
- *     -> sph_head_plan_make: generic validation, then ctx->head.check (backend conditions)
+ *     -> sph_head_plan_validate (core/validate.h), then ctx->head.check (backend conditions)
  *     -> ctx->head.workspace, then ctx->head.check_workspace (where the workspace lives)
  *     -> ctx->head.forward | support_forward (sample support: candidates given)
  *          reference: sph_head_ref_forward (head_ref.c), staged: head_ref_stage.c
@@ -25,7 +28,7 @@
 #ifndef SPH_CORE_BACKEND_H
 #define SPH_CORE_BACKEND_H
 
-#include "core/plan.h"
+#include "core/internal.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,13 +36,15 @@ extern "C" {
 
 // ---- the head table ---------------------------------------------------------------------
 
+/* The head's validated call (src/head/plan.h): core passes it by pointer and never reads it. */
+typedef struct sph_head_plan sph_head_plan;
+struct sph_head_kern;   /* CPU tile micro-kernels of one ISA (src/head/cpu_kernels.h) */
+struct sph_policy_plan; /* the policy loss's validated arguments (issue 14; its owner's) */
+
 /* A pass of the head on a validated plan. ws is the caller's workspace (at least the bytes
  * the workspace slot asked for, already checked). */
 typedef sph_status (*sph_head_pass_fn)(sph_ctx_t ctx, const sph_head_plan *p, void *ws,
                                        size_t ws_bytes);
-
-struct sph_head_kern;   /* CPU tile micro-kernels of one ISA (src/head/cpu_kernels.h) */
-struct sph_policy_plan; /* the policy loss's validated arguments (issue 14; its owner's) */
 
 typedef struct sph_head_backend {
     const char *name; /* of the backend that filled forward: "ref", "ref (staged)", "cpu",
@@ -74,12 +79,6 @@ typedef struct sph_head_backend {
     int batch_invariant;
 } sph_head_backend;
 
-/* The reference in every slot: plain (host memory) or staged (device memory: inputs copied
- * to the host, float64 reference, outputs copied back; synchronous). head_ref.c. */
-void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged);
-/* The optimized CPU backend's slots (head_cpu.c). */
-void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be);
-
 /* SPH_ERR_UNSUPPORTED naming the missing slot and the backend: "<what>: not implemented by
  * the <name> backend of this context". */
 sph_status sph_backend_missing(sph_ctx_t ctx, const char *what);
@@ -94,7 +93,11 @@ typedef struct sph_device_ops {
      * context whose init failed. */
     sph_status (*ctx_init)(sph_ctx_t ctx);
     void (*ctx_fini)(sph_ctx_t ctx);
-    /* Fills ctx->head with this device's kernels over the reference (slot by slot). */
+    /* The head table's fill functions, carried by the device so that core names none of
+     * them: ref_fill puts the float64 reference in every slot (staged: through host copies,
+     * for a device whose memory is not host memory); head_fill then puts this device's
+     * kernels over it, slot by slot (skipped when the reference is forced). */
+    void (*ref_fill)(sph_ctx_t ctx, sph_head_backend *be, int staged);
     void (*head_fill)(sph_ctx_t ctx, sph_head_backend *be);
     /* Memory helpers behind sph_ctx_malloc and friends (memcpy is synchronous). */
     sph_status (*malloc)(sph_ctx_t ctx, size_t bytes, void **ptr);
@@ -116,6 +119,10 @@ typedef struct sph_device_ops {
     sph_status (*gemm_rate_sustained)(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N,
                                       int64_t K, int chain, int repeats, double *tflops);
 } sph_device_ops;
+
+/* The device tables the backends define: the host device's (src/head/host_device.c: host
+ * memory, the reference and the optimized CPU head) and CUDA's (src/cuda/runtime.cu). */
+const sph_device_ops *sph_host_device_ops(void);
 
 /* The registry (registry.c): the table of a device type, NULL when this build has none. */
 const sph_device_ops *sph_registry_device(sph_device_type type);

@@ -218,7 +218,7 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
     }
     /* the head table: the reference in every slot (staged when the device's memory is not
      * host memory), then the device's kernels over it unless the reference is forced */
-    sph_head_ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
+    if (ctx->dev->ref_fill) ctx->dev->ref_fill(ctx, &ctx->head, !ctx->dev->host_memory);
     if (!ctx->use_ref && ctx->dev->head_fill) ctx->dev->head_fill(ctx, &ctx->head);
     if (ctx->opts.batch_invariant && !ctx->head.batch_invariant) {
         s = sph_err(SPH_ERR_UNSUPPORTED,
@@ -251,6 +251,22 @@ sph_status sph_ctx_check(sph_ctx_t ctx, const char *who) {
     return SPH_OK;
 }
 
+sph_status sph_ctx_enter(sph_ctx_t ctx, const char *who) {
+    SPH_TRY(sph_ctx_check(ctx, who));
+    int idle = 0;
+    SPH_CHECK(__atomic_compare_exchange_n(&ctx->busy, &idle, 1, 0, __ATOMIC_ACQUIRE,
+                                          __ATOMIC_RELAXED),
+              SPH_ERR_INVALID_ARG,
+              "ctx: %p is in use by another call (%s refused, nothing written): a context "
+              "serves one thread at a time; give each thread its own context", (void *)ctx, who);
+    return SPH_OK;
+}
+
+sph_status sph_ctx_leave(sph_ctx_t ctx, sph_status s) {
+    __atomic_store_n(&ctx->busy, 0, __ATOMIC_RELEASE);
+    return s;
+}
+
 void sph_ctx_note_nonfinite(sph_ctx_t ctx, int64_t n, int64_t first) {
     if (n <= 0) return;
     if (ctx->nf_count == 0 || first < ctx->nf_first) ctx->nf_first = first;
@@ -273,12 +289,13 @@ const char *sph_ctx_describe(sph_ctx_t ctx) {
 sph_status sph_ctx_nonfinite(sph_ctx_t ctx, int64_t *count, int64_t *first_row) {
     SPH_TRY(sph_ctx_check(ctx, "ctx_nonfinite"));
     SPH_CHECK(count != NULL, SPH_ERR_INVALID_ARG, "ctx_nonfinite: count is NULL");
-    if (ctx->dev->nonfinite) return ctx->dev->nonfinite(ctx, count, first_row);
+    SPH_TRY(sph_ctx_enter(ctx, "ctx_nonfinite"));
+    if (ctx->dev->nonfinite) return sph_ctx_leave(ctx, ctx->dev->nonfinite(ctx, count, first_row));
     *count = ctx->nf_count;
     if (first_row) *first_row = ctx->nf_count ? ctx->nf_first : -1;
     ctx->nf_count = 0;
     ctx->nf_first = -1;
-    return SPH_OK;
+    return sph_ctx_leave(ctx, SPH_OK);
 }
 
 sph_status sph_ctx_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {

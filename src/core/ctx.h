@@ -46,10 +46,21 @@ struct sph_ctx {
     /* Non-finite rows found by host passes since the last sph_ctx_nonfinite (CUDA keeps its
      * own, on the device). */
     int64_t nf_count, nf_first;
+    /* The owner word: 1 while a compute call runs on the context (sph_ctx_enter / leave,
+     * atomic builtins: the header is also C++). A context serves one thread at a time; a second
+     * thread's call while it is taken is refused, never run beside the first. */
+    int busy;
 };
 
 /* SPH_OK when ctx is a live context; SPH_ERR_INVALID_ARG naming `who` otherwise. */
 sph_status sph_ctx_check(sph_ctx_t ctx, const char *who);
+/* The owner word around a compute call: sph_ctx_enter checks ctx (sph_ctx_check) and takes
+ * it, SPH_ERR_INVALID_ARG naming `who` when another call holds it (another thread, or a call
+ * made from inside a call); sph_ctx_leave gives it back and returns s. Every public entry
+ * point that computes on the context takes it: sph_head_forward / backward, sph_policy_loss,
+ * sph_ctx_nonfinite. */
+sph_status sph_ctx_enter(sph_ctx_t ctx, const char *who);
+sph_status sph_ctx_leave(sph_ctx_t ctx, sph_status s);
 /* Records n non-finite rows, the first of them row `first`, on a host context. */
 void sph_ctx_note_nonfinite(sph_ctx_t ctx, int64_t n, int64_t first);
 

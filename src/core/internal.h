@@ -126,12 +126,6 @@ static inline bool sph_view_overlap(const sph_view *a, const sph_view *b) {
     return a0 < b0 + b->bytes && b0 < a0 + a->bytes;
 }
 
-/* Float conversion policy of user doubles (spanhead.h, "Policies"): x must be finite, > 0
- * (or exactly 0 when zero_ok: "off") and, with its inverse when inverse is set, round to a
- * normal float (FLT_MIN <= |float(x)| <= FLT_MAX): kernels compute in float and multiply by the
- * inverse. SPH_ERR_INVALID_ARG naming `name`, the value and the accepted range otherwise. */
-sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /*
- * registry.c - the device backends of this build and the host device's table. The only file
- * that knows whether spanhead was built with CUDA: everything else asks sph_registry_device.
+ * registry.c - the device backends of this build (the host device's table is src/head's, CUDA's
+ * src/cuda's). The only file that knows whether spanhead was built with CUDA: everything else
+ * asks sph_registry_device.
  * Also the public calls that only a device backend can answer (autotuning, GEMM rates,
  * device count), which say SPH_ERR_UNSUPPORTED when no backend of this build has them.
  */
@@ -18,61 +19,12 @@ const sph_device_ops *sph_cuda_device_ops(void);
 #define CUDA_OPS() ((const sph_device_ops *)NULL)
 #endif
 
-// ---- the host device ----------------------------------------------------------------------
-
-static sph_status host_ctx_init(sph_ctx_t ctx) {
-    snprintf(ctx->describe, sizeof ctx->describe, "cpu %s threads=%d openblas",
-             sph_cpu_isa_name(ctx->isa), ctx->num_threads);
-    return SPH_OK;
-}
-
-static sph_status host_malloc(sph_ctx_t ctx, size_t bytes, void **ptr) {
-    (void)ctx;
-    *ptr = sph_malloc(bytes ? bytes : 1);
-    SPH_CHECK(*ptr != NULL, SPH_ERR_ALLOC, "ctx_malloc: %zu bytes of host memory", bytes);
-    return SPH_OK;
-}
-
-static void host_free(sph_ctx_t ctx, void *ptr) {
-    (void)ctx;
-    sph_free(ptr);
-}
-
-static sph_status host_memcpy(sph_ctx_t ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    memmove(dst, src, bytes);
-    return SPH_OK;
-}
-
-static sph_status host_memset(sph_ctx_t ctx, void *dst, int value, size_t bytes) {
-    (void)ctx;
-    memset(dst, value, bytes);
-    return SPH_OK;
-}
-
-static sph_status host_synchronize(sph_ctx_t ctx) {
-    (void)ctx;
-    return SPH_OK;
-}
-
-static const sph_device_ops g_host_ops = {
-    .name = "cpu",
-    .host_memory = 1,
-    .ctx_init = host_ctx_init,
-    .head_fill = sph_head_cpu_fill,
-    .malloc = host_malloc,
-    .free = host_free,
-    .memcpy = host_memcpy,
-    .memset = host_memset,
-    .synchronize = host_synchronize,
-};
-
 // ---- the registry -------------------------------------------------------------------------
 
 const sph_device_ops *sph_registry_device(sph_device_type type) {
     switch (type) {
     case SPH_DEVICE_CPU:
-    case SPH_DEVICE_CUDA_HOST: return &g_host_ops;
+    case SPH_DEVICE_CUDA_HOST: return sph_host_device_ops();
     case SPH_DEVICE_CUDA: return CUDA_OPS();
     }
     return NULL;

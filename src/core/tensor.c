@@ -163,16 +163,3 @@ sph_status sph_view_expect_dim(const sph_view *v, const char *name, int dim, int
               name, dim, (long long)v->shape[dim], (long long)want, what);
     return SPH_OK;
 }
-
-sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse) {
-    if (zero_ok && x == 0) return SPH_OK;
-    /* the largest and smallest doubles whose float (and inverse's float) is a normal float */
-    const double hi = inverse ? 1.0 / FLT_MIN : FLT_MAX, lo = inverse ? 1.0 / FLT_MAX : FLT_MIN;
-    const float xf = (float)x, inv = inverse ? (float)(1.0 / x) : 1.0f;
-    SPH_CHECK(isfinite(x) && x > 0 && isnormal(xf) && isnormal(inv), SPH_ERR_INVALID_ARG,
-              "%s: %g, expected finite and > 0%s, with %s a normal float (about %.3g <= %s <= "
-              "%.3g): the kernels compute in float",
-              name, x, zero_ok ? " (or 0 = off)" : "", inverse ? "it and its inverse" : "it", lo,
-              name, hi);
-    return SPH_OK;
-}

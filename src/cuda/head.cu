@@ -6,7 +6,7 @@
  * Per chunk of R rows [r0, r0 + R) and vocabulary split [c0, c0 + w) of this shard:
  *   L (R, w) fp32 = h[r0:r0+R] . W[c0:c0+w]^T       cuBLAS, or head_mma.cu (batch-invariant)
  *   forward : partial record (m, s, b, zt, sz) per row, merged online across splits
- *             (core/plan.h), combined across the TP group by one allgather, then finalized
+ *             (head/plan.h), combined across the TP group by one allgather, then finalized
  *   backward: D (R, w) = du (input dtype, or fp32 in place of L), then
  *             dH[r0:r0+R] (+)= D . W[c0:c0+w]       (R, H)
  *             dW[c0:c0+w] (+)= D^T . h[r0:r0+R]      (w, H), deterministic (beta = 1 chain)

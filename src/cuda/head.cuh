@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
-#include "core/plan.h"
+#include "head/plan.h"
 #include "cuda/common.cuh"
 #include "cuda/state.h"
 

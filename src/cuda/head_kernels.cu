@@ -1,6 +1,6 @@
 /*
  * head_kernels.cu - the elementwise kernels of the CUDA LM head and their launchers: row
- * statistics of staged logits (the online max/sum-exp record of core/plan.h), the TP finalize
+ * statistics of staged logits (the online max/sum-exp record of head/plan.h), the TP finalize
  * (records of the ranks merged in rank order into the per-row outputs and stats), dlogits,
  * fp32-accumulator conversion, the gathered-chunk row copies (h in, dH out) and the row map
  * of the gathered row space. The products around them and the order of a pass are head.cu's;

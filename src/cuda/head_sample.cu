@@ -4,7 +4,7 @@
  * [v0, v0 + V_loc). Only K weight rows per token are read, never the whole vocabulary.
  *
  *   forward : z_ik = transform(h_i . w_{c_ik}) by one warp per candidate (lanes over H,
- *             shuffle tree: a fixed order), then the row's partial record (core/plan.h) by one
+ *             shuffle tree: a fixed order), then the row's partial record (head/plan.h) by one
  *             thread in candidate order, the TP combine and head.cu's finalize.
  *   backward: du_ik = dz_ik / T * cap', dz = g (delta - q) + e q (mu - z) + gl q;
  *             dH_i = sum_k du_ik w_{c_ik} (k ascending), and dW by a deterministic scatter:

@@ -11,7 +11,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/plan.h"
+#include "head/plan.h"
 
 /* Rows r0 .. r0 + rows of the pass, or rowmap[0 .. rows) (device) when gathered. */
 sph_status sph_cuda_policy_rows(const sph_head_plan *p, int64_t r0, const int64_t *rowmap,

@@ -169,6 +169,7 @@ static sph_device_ops make_ops(void) {
     o.host_memory = 0;
     o.ctx_init = sph_cuda_ctx_init;
     o.ctx_fini = sph_cuda_ctx_fini;
+    o.ref_fill = sph_head_ref_fill; /* staged: the reference through host copies */
     o.head_fill = sph_head_cuda_fill;
     o.malloc = sph_cuda_malloc;
     o.free = sph_cuda_free;

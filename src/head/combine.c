@@ -1,5 +1,5 @@
 /*
- * combine.c - the exact combine of per-row softmax partials (core/plan.h's record), across
+ * combine.c - the exact combine of per-row softmax partials (head/plan.h's record), across
  * vocab tiles inside a backend and across the ranks of a tensor-parallel group.
  *
  * A record over a set J of columns is (m, s, b, zt, sz):

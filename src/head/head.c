@@ -19,41 +19,9 @@
 
 #include "comm/comm.h"
 #include "core/ctx.h"
+#include "head/plan.h"
 
 // ---- small helpers ---------------------------------------------------------------------
-
-/* The byte regions of one call's tensors, for the aliasing policy: an output may overlap no
- * input and no other output (spanhead.h, "Policies"). */
-#define MAX_REGIONS 24
-typedef struct regions {
-    sph_view v[MAX_REGIONS];
-    const char *name[MAX_REGIONS];
-    int out[MAX_REGIONS];
-    int n;
-} regions;
-
-static void region_add(regions *rs, const sph_view *v, const char *name, int out) {
-    if (rs->n < MAX_REGIONS && v->bytes) {
-        rs->v[rs->n] = *v;
-        rs->name[rs->n] = name;
-        rs->out[rs->n] = out;
-        rs->n++;
-    }
-}
-
-static sph_status regions_check(const regions *rs) {
-    for (int i = 0; i < rs->n; i++)
-        for (int j = 0; j < rs->n; j++) {
-            if (i == j || !rs->out[i] || (rs->out[j] && j < i)) continue;
-            const sph_view *a = &rs->v[i], *b = &rs->v[j];
-            SPH_CHECK(!sph_view_overlap(a, b), SPH_ERR_INVALID_ARG,
-                      "%s: bytes [%p, %p) overlap %s's [%p, %p): an output must not alias an "
-                      "input or another output",
-                      rs->name[i], a->data, (void *)((char *)a->data + a->bytes), rs->name[j],
-                      b->data, (void *)((char *)b->data + b->bytes));
-        }
-    return SPH_OK;
-}
 
 /* "a + b" for a message: the sum, or both terms when it overflows (never printed wrapped). */
 static const char *sum_str(char *buf, size_t n, int64_t a, int64_t b) {
@@ -63,30 +31,11 @@ static const char *sum_str(char *buf, size_t n, int64_t a, int64_t b) {
     return buf;
 }
 
-/* Every tensor must live on the context's device: host memory (CPU or pinned) for a CPU
- * context, the context's GPU for a CUDA context. */
-static sph_status check_device(sph_ctx_t ctx, const sph_view *v, const char *name) {
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-        SPH_CHECK(v->device.type == SPH_DEVICE_CUDA && v->device.id == ctx->device.id,
-                  SPH_ERR_DEVICE, "%s: device is (type %d, id %d), expected cuda:%d (the context's)",
-                  name, (int)v->device.type, (int)v->device.id, (int)ctx->device.id);
-    } else {
-        SPH_CHECK(sph_device_is_host(v->device), SPH_ERR_DEVICE,
-                  "%s: device is (type %d, id %d), expected host memory (cpu context)", name,
-                  (int)v->device.type, (int)v->device.id);
-    }
-    return SPH_OK;
-}
-
-static sph_status row_vector(sph_ctx_t ctx, regions *rs, int is_out, const sph_tensor *t,
-                             const char *name, int64_t N, sph_dtype want, float **out) {
+/* A per-row f32 vector (N). */
+static sph_status row_vector(sph_validator *val, int access, const sph_tensor *t,
+                             const char *name, int64_t N, float **out) {
     sph_view v;
-    SPH_TRY(sph_view_of(t, name, 1, &v));
-    region_add(rs, &v, name, is_out);
-    SPH_TRY(check_device(ctx, &v, name));
-    SPH_CHECK(sph_dtype_eq(v.dtype, want), SPH_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
-              sph_dtype_name(v.dtype), sph_dtype_name(want));
-    SPH_TRY(sph_view_expect_dim(&v, name, 0, N, "N, rows of hidden"));
+    SPH_TRY(sph_val_rows(val, t, name, N, access, SPH_DT_F32, &v));
     *out = (float *)v.data;
     return SPH_OK;
 }
@@ -103,17 +52,12 @@ static int cmp_i64(const void *a, const void *b) {
 // ---- validation ------------------------------------------------------------------------
 
 /* A gradient output (rows x H) in the input dtype or f32; absent (NULL) leaves it unset. */
-static sph_status grad_output(sph_ctx_t ctx, regions *rs, const sph_tensor *t, const char *name,
+static sph_status grad_output(sph_validator *val, const sph_tensor *t, const char *name,
                               int64_t rows, const char *rows_what, sph_dtype in, int64_t H,
                               void **data, int64_t *ld, sph_dtype *dtype) {
     if (!t) return SPH_OK;
     sph_view v;
-    SPH_TRY(sph_view_of(t, name, 2, &v));
-    region_add(rs, &v, name, 1);
-    SPH_TRY(check_device(ctx, &v, name));
-    SPH_CHECK(sph_dtype_eq(v.dtype, in) || sph_dtype_eq(v.dtype, SPH_F32), SPH_ERR_DTYPE,
-              "%s: dtype is %s, expected %s%s", name, sph_dtype_name(v.dtype), sph_dtype_name(in),
-              sph_dtype_eq(in, SPH_F32) ? "" : " or f32");
+    SPH_TRY(sph_val_tensor(val, t, name, 2, SPH_VAL_OUT, sph_dtype_bit(in) | SPH_DT_F32, &v));
     SPH_TRY(sph_view_expect_dim(&v, name, 0, rows, rows_what));
     SPH_TRY(sph_view_expect_dim(&v, name, 1, H, "H, columns of hidden"));
     *data = v.data;
@@ -122,8 +66,8 @@ static sph_status grad_output(sph_ctx_t ctx, regions *rs, const sph_tensor *t, c
     return SPH_OK;
 }
 
-sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
-                              sph_head_plan *p) {
+sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
+                                  sph_head_plan *p, sph_validator *val, unsigned flags) {
     SPH_TRY(sph_ctx_check(ctx, "head"));
     SPH_CHECK(a != NULL, SPH_ERR_INVALID_ARG, "args: NULL");
     SPH_CHECK(p != NULL, SPH_ERR_INVALID_ARG, "plan: NULL");
@@ -134,24 +78,14 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
               "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
     memset(p, 0, sizeof *p);
     p->device = ctx->device;
-    regions rs;
-    rs.n = 0;
     char b1[64], b2[64];
     const int host = ctx->dev->host_memory; /* data readable here (content checks) */
 
     // hidden and weight
     sph_view hv, wv;
-    SPH_TRY(sph_view_of(a->hidden, "hidden", 2, &hv));
-    region_add(&rs, &hv, "hidden", 0);
-    SPH_TRY(check_device(ctx, &hv, "hidden"));
-    SPH_CHECK(sph_dtype_is_float_input(hv.dtype), SPH_ERR_DTYPE,
-              "hidden: dtype is %s, expected f32, bf16 or f16", sph_dtype_name(hv.dtype));
-    SPH_TRY(sph_view_of(a->weight, "weight", 2, &wv));
-    region_add(&rs, &wv, "weight", 0);
-    SPH_TRY(check_device(ctx, &wv, "weight"));
-    SPH_CHECK(sph_dtype_eq(wv.dtype, hv.dtype), SPH_ERR_DTYPE,
-              "weight: dtype is %s, expected %s (hidden's)", sph_dtype_name(wv.dtype),
-              sph_dtype_name(hv.dtype));
+    SPH_TRY(sph_val_tensor(val, a->hidden, "hidden", 2, SPH_VAL_IN, SPH_DT_FLOAT_IN, &hv));
+    SPH_TRY(sph_val_tensor(val, a->weight, "weight", 2, SPH_VAL_IN, 0, &wv));
+    SPH_TRY(sph_val_dtype("weight", wv.dtype, sph_dtype_bit(hv.dtype), "hidden's"));
     p->N = hv.shape[0];
     p->H = hv.shape[1];
     p->V_loc = wv.shape[0];
@@ -186,13 +120,8 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     // active mask
     if (a->active_mask) {
         sph_view mv;
-        SPH_TRY(sph_view_of(a->active_mask, "active_mask", 1, &mv));
-        region_add(&rs, &mv, "active_mask", 0);
-        SPH_TRY(check_device(ctx, &mv, "active_mask"));
-        SPH_CHECK(sph_dtype_eq(mv.dtype, SPH_U8) || sph_dtype_eq(mv.dtype, SPH_BOOL),
-                  SPH_ERR_DTYPE, "active_mask: dtype is %s, expected u8 or bool",
-                  sph_dtype_name(mv.dtype));
-        SPH_TRY(sph_view_expect_dim(&mv, "active_mask", 0, p->N, "N, rows of hidden"));
+        SPH_TRY(sph_val_rows(val, a->active_mask, "active_mask", p->N, SPH_VAL_IN, SPH_DT_MASK,
+                             &mv));
         p->mask = (const uint8_t *)mv.data;
     }
     // spans (host memory always)
@@ -206,26 +135,17 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         if (!host) SPH_TRY(sph_spans_validate(a->spans, a->n_spans, p->N, NULL));
         p->spans = a->spans;
         p->n_spans = a->n_spans;
-        sph_view spv;
-        memset(&spv, 0, sizeof spv);
-        spv.data = (void *)a->spans;
         /* valid spans are disjoint and non-empty inside [0, N): n_spans <= N (bad ones fail
-         * their validation below; they are no region here) */
-        spv.bytes = a->spans && a->n_spans > 0 && a->n_spans <= p->N ? (size_t)a->n_spans * 16
-                                                                     : 0;
-        region_add(&rs, &spv, "spans", 0);
+         * their validation; they are no region here) */
+        if (a->spans && a->n_spans > 0 && a->n_spans <= p->N)
+            SPH_TRY(sph_val_region(val, a->spans, (size_t)a->n_spans, 2 * sizeof(int64_t),
+                                   (sph_device){SPH_DEVICE_CPU, 0}, "spans", SPH_VAL_IN));
     }
 
     // targets
     if (a->targets) {
         sph_view tv;
-        SPH_TRY(sph_view_of(a->targets, "targets", 1, &tv));
-        region_add(&rs, &tv, "targets", 0);
-        SPH_TRY(check_device(ctx, &tv, "targets"));
-        SPH_CHECK(sph_dtype_eq(tv.dtype, SPH_I32) || sph_dtype_eq(tv.dtype, SPH_I64),
-                  SPH_ERR_DTYPE, "targets: dtype is %s, expected i32 or i64",
-                  sph_dtype_name(tv.dtype));
-        SPH_TRY(sph_view_expect_dim(&tv, "targets", 0, p->N, "N, rows of hidden"));
+        SPH_TRY(sph_val_rows(val, a->targets, "targets", p->N, SPH_VAL_IN, SPH_DT_IDS, &tv));
         p->targets = tv.data;
         p->tgt_i64 = tv.dtype.bits == 64;
     }
@@ -233,12 +153,7 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     // candidates (sample support)
     if (a->candidates) {
         sph_view cv;
-        SPH_TRY(sph_view_of(a->candidates, "candidates", 2, &cv));
-        region_add(&rs, &cv, "candidates", 0);
-        SPH_TRY(check_device(ctx, &cv, "candidates"));
-        SPH_CHECK(sph_dtype_eq(cv.dtype, SPH_I32) || sph_dtype_eq(cv.dtype, SPH_I64),
-                  SPH_ERR_DTYPE, "candidates: dtype is %s, expected i32 or i64",
-                  sph_dtype_name(cv.dtype));
+        SPH_TRY(sph_val_tensor(val, a->candidates, "candidates", 2, SPH_VAL_IN, SPH_DT_IDS, &cv));
         SPH_TRY(sph_view_expect_dim(&cv, "candidates", 0, p->N, "N, rows of hidden"));
         SPH_CHECK(cv.shape[1] >= 1, SPH_ERR_SHAPE, "candidates: shape[1] (K) is 0, expected >= 1");
         p->K = cv.shape[1];
@@ -252,26 +167,23 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
      * the forward writes them */
     const int fwd = pass == SPH_HEAD_FORWARD;
     if (a->logprob)
-        SPH_TRY(row_vector(ctx, &rs, fwd, a->logprob, "logprob", p->N, SPH_F32, &p->logprob));
+        SPH_TRY(row_vector(val, fwd, a->logprob, "logprob", p->N, &p->logprob));
     if (a->entropy)
-        SPH_TRY(row_vector(ctx, &rs, fwd, a->entropy, "entropy", p->N, SPH_F32, &p->entropy));
-    if (a->lse) SPH_TRY(row_vector(ctx, &rs, fwd, a->lse, "lse", p->N, SPH_F32, &p->lse));
+        SPH_TRY(row_vector(val, fwd, a->entropy, "entropy", p->N, &p->entropy));
+    if (a->lse) SPH_TRY(row_vector(val, fwd, a->lse, "lse", p->N, &p->lse));
     if (a->logit_mean)
-        SPH_TRY(row_vector(ctx, &rs, fwd, a->logit_mean, "logit_mean", p->N, SPH_F32,
+        SPH_TRY(row_vector(val, fwd, a->logit_mean, "logit_mean", p->N,
                            &p->logit_mean));
     SPH_CHECK(a->logprob == NULL || a->targets != NULL, SPH_ERR_INVALID_ARG,
               "logprob: requested without targets");
     SPH_CHECK(a->logit_mean == NULL || p->K == 0, SPH_ERR_INVALID_ARG,
               "logit_mean: not defined in sample-support mode (candidates given)");
-    SPH_CHECK(a->stats != NULL, SPH_ERR_INVALID_ARG,
+    SPH_CHECK(a->stats != NULL || (flags & SPH_PLAN_STATS_OPTIONAL), SPH_ERR_INVALID_ARG,
               "stats: NULL, expected an f32 (N, 3) tensor (forward writes it, backward reads it)");
-    {
+    if (a->stats) {
         sph_view sv;
-        SPH_TRY(sph_view_of(a->stats, "stats", 2, &sv));
-        region_add(&rs, &sv, "stats", fwd); /* the forward writes it, the backward reads it */
-        SPH_TRY(check_device(ctx, &sv, "stats"));
-        SPH_CHECK(sph_dtype_eq(sv.dtype, SPH_F32), SPH_ERR_DTYPE, "stats: dtype is %s, expected f32",
-                  sph_dtype_name(sv.dtype));
+        /* the forward writes it, the backward reads it */
+        SPH_TRY(sph_val_tensor(val, a->stats, "stats", 2, fwd, SPH_DT_F32, &sv));
         SPH_TRY(sph_view_expect_dim(&sv, "stats", 0, p->N, "N, rows of hidden"));
         SPH_TRY(sph_view_expect_dim(&sv, "stats", 1, 3, "m, lse, mu"));
         SPH_CHECK(sv.stride[0] == 3 || p->N <= 1, SPH_ERR_SHAPE,
@@ -280,9 +192,9 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     }
 
     // gradient outputs
-    SPH_TRY(grad_output(ctx, &rs, a->dhidden, "dhidden", p->N, "N, rows of hidden", p->dtype, p->H,
+    SPH_TRY(grad_output(val, a->dhidden, "dhidden", p->N, "N, rows of hidden", p->dtype, p->H,
                         &p->dhidden, &p->ld_dh, &p->dh_dtype));
-    SPH_TRY(grad_output(ctx, &rs, a->dweight, "dweight", p->V_loc, "V_loc, rows of weight",
+    SPH_TRY(grad_output(val, a->dweight, "dweight", p->V_loc, "V_loc, rows of weight",
                         p->dtype, p->H, &p->dweight, &p->ld_dw, &p->dw_dtype));
     p->acc_dh = a->accumulate_dhidden != 0;
     p->acc_dw = a->accumulate_dweight != 0;
@@ -296,21 +208,21 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     // upstream gradients: read by the backward and by a one-pass forward
     if (pass == SPH_HEAD_BACKWARD || p->one_pass) {
         if (a->dlogprob) {
-            SPH_TRY(row_vector(ctx, &rs, 0, a->dlogprob, "dlogprob", p->N, SPH_F32,
+            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogprob, "dlogprob", p->N,
                                (float **)&p->dlogprob));
             SPH_CHECK(a->targets != NULL, SPH_ERR_INVALID_ARG,
                       "dlogprob: given without targets (logprob is not computed)");
         }
         if (a->dentropy)
-            SPH_TRY(row_vector(ctx, &rs, 0, a->dentropy, "dentropy", p->N, SPH_F32,
+            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dentropy, "dentropy", p->N,
                                (float **)&p->dentropy));
         if (a->dlse)
-            SPH_TRY(row_vector(ctx, &rs, 0, a->dlse, "dlse", p->N, SPH_F32, (float **)&p->dlse));
+            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlse, "dlse", p->N, (float **)&p->dlse));
         if (a->dlogit_mean) {
             SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
                       "dlogit_mean: given in sample-support mode, where logit_mean is not "
                       "defined");
-            SPH_TRY(row_vector(ctx, &rs, 0, a->dlogit_mean, "dlogit_mean", p->N, SPH_F32,
+            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogit_mean, "dlogit_mean", p->N,
                                (float **)&p->dlogit_mean));
         }
     }
@@ -318,13 +230,7 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     // communicator
     p->comm = ctx->tp_comm;
     if (p->comm) {
-        SPH_CHECK(p->comm->ops != NULL && p->comm->size >= 1 && p->comm->rank >= 0 &&
-                      p->comm->rank < p->comm->size,
-                  SPH_ERR_INVALID_ARG, "tp_comm: not an initialised communicator");
-        if (p->comm->size > 1)
-            SPH_CHECK((p->comm->device_buffers != 0) == !host, SPH_ERR_DEVICE,
-                      "tp_comm: collectives take %s buffers, the context computes on the %s",
-                      p->comm->device_buffers ? "device" : "host", host ? "host" : "device");
+        SPH_TRY(sph_comm_validate(ctx, p->comm, "tp_comm"));
     }
     const int64_t tp = p->comm ? p->comm->size : 1;
     /* A sharded call must be the shard its communicator was created for (the creation checked
@@ -355,9 +261,22 @@ sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
                       (long long)p->comm->size);
         }
     }
-    SPH_TRY(regions_check(&rs));
-    if (host) SPH_TRY(sph_head_plan_check_data(p));
     return SPH_OK;
+}
+
+/* After the regions: the contents of host data (an input that aliases an output is refused
+ * as such, not for the output's bytes it would read). */
+static sph_status check_data(sph_ctx_t ctx, const sph_head_plan *p) {
+    return ctx->dev->host_memory ? sph_head_plan_check_data(p) : SPH_OK;
+}
+
+sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
+                              sph_head_plan *p) {
+    sph_validator val;
+    sph_val_init(&val, ctx);
+    SPH_TRY(sph_head_plan_validate(ctx, pass, a, p, &val, 0));
+    SPH_TRY(sph_val_finish(&val));
+    return check_data(ctx, p);
 }
 
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
@@ -461,7 +380,7 @@ sph_status sph_head_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_head_a
 
 /* The workspace the caller gives against the one the pass's slot asks for. */
 static sph_status check_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
-                                  void *ws, size_t ws_bytes) {
+                                  void *ws, size_t ws_bytes, sph_validator *val) {
     const sph_head_backend *be = &ctx->head;
     size_t need = 0;
     SPH_TRY(be->workspace(ctx, pass, p, &need));
@@ -470,6 +389,8 @@ static sph_status check_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_h
     SPH_CHECK(need == 0 || ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: NULL, expected %zu bytes (sph_head_workspace_size)", need);
     if (need > 0 && be->check_workspace) SPH_TRY(be->check_workspace(ctx, ws, need));
+    /* the bytes the pass writes are a region of the call like its outputs */
+    SPH_TRY(sph_val_region(val, ws, need, 1, ctx->device, "workspace", SPH_VAL_OUT));
     SPH_CHECK(pass_slot(be, pass, p) != NULL, SPH_ERR_UNSUPPORTED,
               "%s: not implemented by the %s backend of this context",
               p->K ? "head (sample support)" : "head", be->name ? be->name : "(no)");
@@ -479,8 +400,14 @@ static sph_status check_workspace(sph_ctx_t ctx, sph_head_pass pass, const sph_h
 static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                            void *ws, size_t ws_bytes) {
     sph_head_plan p;
-    sph_status s = sph_head_plan_make(ctx, pass, args, &p);
-    if (s == SPH_OK) s = check_workspace(ctx, pass, &p, ws, ws_bytes);
+    sph_validator val;
+    sph_val_init(&val, ctx);
+    sph_status s = sph_head_plan_validate(ctx, pass, args, &p, &val, 0);
+    /* the backend's own conditions, after the generic ones */
+    if (s == SPH_OK && ctx->head.check) s = ctx->head.check(ctx, pass, &p);
+    if (s == SPH_OK) s = check_workspace(ctx, pass, &p, ws, ws_bytes, &val);
+    if (s == SPH_OK) s = sph_val_finish(&val);
+    if (s == SPH_OK) s = check_data(ctx, &p);
     /* a TP group agrees on the call (or on one rank's failure) before any output is written */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) s = sph_head_tp_agree(ctx, pass, &p, s);
     SPH_TRY(s);
@@ -489,10 +416,12 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
 
 sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                             size_t workspace_bytes) {
-    return run_pass(ctx, SPH_HEAD_FORWARD, args, workspace, workspace_bytes);
+    SPH_TRY(sph_ctx_enter(ctx, "head_forward"));
+    return sph_ctx_leave(ctx, run_pass(ctx, SPH_HEAD_FORWARD, args, workspace, workspace_bytes));
 }
 
 sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                              size_t workspace_bytes) {
-    return run_pass(ctx, SPH_HEAD_BACKWARD, args, workspace, workspace_bytes);
+    SPH_TRY(sph_ctx_enter(ctx, "head_backward"));
+    return sph_ctx_leave(ctx, run_pass(ctx, SPH_HEAD_BACKWARD, args, workspace, workspace_bytes));
 }

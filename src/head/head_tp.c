@@ -23,6 +23,7 @@
 
 #include "comm/comm.h"
 #include "core/ctx.h"
+#include "head/plan.h"
 
 enum {
     TP_TAG, TP_FLAGS, TP_N, TP_H, TP_K, TP_V, TP_DTYPE, TP_TEMP, TP_CAP, TP_CHUNK_ROWS,

@@ -8,6 +8,7 @@
 #define SPH_HEAD_HOST_H
 
 #include "core/ctx.h"
+#include "head/plan.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,6 +10,7 @@
  * loss / KL / aggregation needs, and, for host memory, the values of the per-row inputs on
  * the active rows (finite). The math is in spanhead.h and policy_math.h.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,28 +21,11 @@
 
 // ---- per-row tensors ---------------------------------------------------------------------
 
-static sph_status check_device(sph_ctx_t ctx, const sph_view *v, const char *name) {
-    if (ctx->device.type == SPH_DEVICE_CUDA) {
-        SPH_CHECK(v->device.type == SPH_DEVICE_CUDA && v->device.id == ctx->device.id,
-                  SPH_ERR_DEVICE,
-                  "%s: device is (type %d, id %d), expected cuda:%d (the context's)", name,
-                  (int)v->device.type, (int)v->device.id, (int)ctx->device.id);
-    } else {
-        SPH_CHECK(sph_device_is_host(v->device), SPH_ERR_DEVICE,
-                  "%s: device is (type %d, id %d), expected host memory (cpu context)", name,
-                  (int)v->device.type, (int)v->device.id);
-    }
-    return SPH_OK;
-}
-
-static sph_status row_tensor(sph_ctx_t ctx, const sph_tensor *t, const char *name, int64_t N,
-                             sph_dtype want, void **out) {
+/* A per-row tensor (N) of the loss: an input, registered with the call's validator. */
+static sph_status row_tensor(sph_validator *val, const sph_tensor *t, const char *name, int64_t N,
+                             unsigned dtype, void **out) {
     sph_view v;
-    SPH_TRY(sph_view_of(t, name, 1, &v));
-    SPH_TRY(check_device(ctx, &v, name));
-    SPH_CHECK(sph_dtype_eq(v.dtype, want), SPH_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
-              sph_dtype_name(v.dtype), sph_dtype_name(want));
-    SPH_TRY(sph_view_expect_dim(&v, name, 0, N, "N, rows of hidden"));
+    SPH_TRY(sph_val_rows(val, t, name, N, SPH_VAL_IN, dtype, &v));
     *out = v.data;
     return SPH_OK;
 }
@@ -79,8 +63,47 @@ static sph_status check_values(const sph_head_plan *hp, const sph_policy_plan *p
 
 // ---- validation --------------------------------------------------------------------------
 
-sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
-                                const sph_policy_args *pol, sph_policy_plan *pp) {
+/* The loss's coefficients (spanhead.h, "Policies", "Float conversions"): each a number whose
+ * float is normal (or 0 = off), in its domain; and the products the loss forms from them alone
+ * within float: the per-row gradient e = -c eta and the k1 gradient c beta, with c at most 1
+ * (1 / L for seq-mean-token-sum-norm: S >= 1 and T >= 1 in every other weight). The terms
+ * that also take the data (advantages, is_weight, log-probs) are checked on the rows. */
+static sph_status check_coefficients(const sph_policy_args *pol) {
+    SPH_TRY(sph_val_float("clip_low", pol->clip_low, SPH_FR_ZERO_OK, 0, 1));
+    SPH_TRY(sph_val_float("clip_high", pol->clip_high, SPH_FR_ZERO_OK, 0, FLT_MAX));
+    SPH_TRY(sph_val_float("clip_ratio_c", pol->clip_ratio_c, SPH_FR_INF_OK, 1, HUGE_VAL));
+    SPH_CHECK(pol->clip_ratio_c > 1, SPH_ERR_INVALID_ARG,
+              "clip_ratio_c: %g, expected > 1 (INFINITY = no dual clip)", pol->clip_ratio_c);
+    SPH_TRY(sph_val_float("kl_coef", pol->kl_coef, SPH_FR_ZERO_OK, 0, HUGE_VAL));
+    SPH_TRY(sph_val_float("entropy_coef", pol->entropy_coef, SPH_FR_ZERO_OK, 0, HUGE_VAL));
+    SPH_CHECK(pol->num_tokens >= 0, SPH_ERR_INVALID_ARG,
+              "num_tokens: %lld, expected >= 1 (or 0 = count the active rows)",
+              (long long)pol->num_tokens);
+    SPH_CHECK(pol->num_seqs >= 0, SPH_ERR_INVALID_ARG,
+              "num_seqs: %lld, expected >= 1 (or 0 = count the sequences)",
+              (long long)pol->num_seqs);
+    const int norm = pol->agg == SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
+    SPH_TRY(sph_val_float("norm_length", pol->norm_length,
+                          SPH_FR_INVERSE | (norm ? 0u : SPH_FR_ZERO_OK), 0, HUGE_VAL));
+    SPH_CHECK(!norm || pol->norm_length > 0, SPH_ERR_INVALID_ARG,
+              "norm_length: %g, expected > 0 (seq-mean-token-sum-norm divides by it)",
+              pol->norm_length);
+    const double cmax = norm ? 1.0 / pol->norm_length : 1.0;
+    SPH_CHECK(pol->entropy_coef * cmax <= FLT_MAX, SPH_ERR_INVALID_ARG,
+              "entropy_coef: %g with norm_length %g gives a per-row entropy gradient of %g, "
+              "beyond float (%g)", pol->entropy_coef, pol->norm_length,
+              pol->entropy_coef * cmax, (double)FLT_MAX);
+    SPH_CHECK(pol->kl == SPH_KL_NONE || pol->kl_coef * cmax <= FLT_MAX, SPH_ERR_INVALID_ARG,
+              "kl_coef: %g with norm_length %g gives a per-row KL gradient of %g, beyond float "
+              "(%g)", pol->kl_coef, pol->norm_length, pol->kl_coef * cmax, (double)FLT_MAX);
+    return SPH_OK;
+}
+
+/* The validation of one call into pp, every tensor registered with val (the caller adds the
+ * workspace and runs sph_val_finish). */
+static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
+                                const sph_policy_args *pol, sph_policy_plan *pp,
+                                sph_validator *val) {
     SPH_TRY(sph_ctx_check(ctx, "policy_loss"));
     SPH_CHECK(head != NULL, SPH_ERR_INVALID_ARG, "head: NULL");
     SPH_CHECK(pol != NULL, SPH_ERR_INVALID_ARG, "policy: NULL");
@@ -103,28 +126,7 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     SPH_CHECK(pol->agg >= SPH_AGG_TOKEN_MEAN && pol->agg <= SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM,
               SPH_ERR_INVALID_ARG, "policy.agg: %d, expected 0 (token-mean) .. 3 "
               "(seq-mean-token-sum-norm)", (int)pol->agg);
-    SPH_CHECK(isfinite(pol->clip_low) && pol->clip_low >= 0 && pol->clip_low <= 1,
-              SPH_ERR_INVALID_ARG, "clip_low: %g, expected a value in [0, 1]", pol->clip_low);
-    SPH_CHECK(isfinite(pol->clip_high) && pol->clip_high >= 0, SPH_ERR_INVALID_ARG,
-              "clip_high: %g, expected finite and >= 0", pol->clip_high);
-    SPH_CHECK(!isnan(pol->clip_ratio_c) && pol->clip_ratio_c > 1, SPH_ERR_INVALID_ARG,
-              "clip_ratio_c: %g, expected > 1 (INFINITY = no dual clip)", pol->clip_ratio_c);
-    SPH_CHECK(isfinite(pol->kl_coef) && pol->kl_coef >= 0, SPH_ERR_INVALID_ARG,
-              "kl_coef: %g, expected finite and >= 0", pol->kl_coef);
-    SPH_CHECK(isfinite(pol->entropy_coef) && pol->entropy_coef >= 0, SPH_ERR_INVALID_ARG,
-              "entropy_coef: %g, expected finite and >= 0", pol->entropy_coef);
-    SPH_CHECK(pol->num_tokens >= 0, SPH_ERR_INVALID_ARG,
-              "num_tokens: %lld, expected >= 1 (or 0 = count the active rows)",
-              (long long)pol->num_tokens);
-    SPH_CHECK(pol->num_seqs >= 0, SPH_ERR_INVALID_ARG,
-              "num_seqs: %lld, expected >= 1 (or 0 = count the sequences)",
-              (long long)pol->num_seqs);
-    SPH_CHECK(isfinite(pol->norm_length) && pol->norm_length >= 0, SPH_ERR_INVALID_ARG,
-              "norm_length: %g, expected finite and > 0", pol->norm_length);
-    SPH_CHECK(pol->agg != SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM || pol->norm_length > 0,
-              SPH_ERR_INVALID_ARG,
-              "norm_length: %g, expected > 0 (seq-mean-token-sum-norm divides by it)",
-              pol->norm_length);
+    SPH_TRY(check_coefficients(pol));
 
     // the head's arguments: a forward whose upstream gradients the loss defines
     const char *up = head->dlogprob      ? "dlogprob"
@@ -139,17 +141,9 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
               "head.candidates: sample support is not available with the policy loss");
     SPH_CHECK(head->targets != NULL, SPH_ERR_INVALID_ARG,
               "head.targets: NULL, expected the (N) target ids (the loss needs logprob)");
-    sph_head_args ha = *head;
-    /* stats are optional here: a stand-in passes validation and the workspace holds them */
-    int64_t st_shape[2] = {0, 3};
-    sph_tensor st_stub = {(void *)&st_shape[0], ctx->device, 2, SPH_F32, st_shape, NULL, 0};
-    if (!head->stats && head->hidden && head->hidden->ndim >= 1 && head->hidden->shape) {
-        st_shape[0] = head->hidden->shape[0];
-        ha.stats = &st_stub;
-    }
-    /* the generic checks now; the backend's (device pointers) once its buffers are bound */
-    SPH_TRY(sph_head_plan_fill(ctx, SPH_HEAD_FORWARD, &ha, hp));
-    if (ha.stats == &st_stub) hp->stats = NULL; /* bound to the workspace by the backend */
+    /* the generic checks now; the backend's (device pointers) once its buffers are bound;
+     * stats are optional here (NULL: the backend binds them to the workspace) */
+    SPH_TRY(sph_head_plan_validate(ctx, SPH_HEAD_FORWARD, head, hp, val, SPH_PLAN_STATS_OPTIONAL));
     const int64_t N = hp->N;
     pp->N = N;
     pp->device = ctx->device;
@@ -172,21 +166,21 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     void *d;
     SPH_CHECK(pol->advantages != NULL, SPH_ERR_INVALID_ARG,
               "advantages: NULL, expected an f32 (N) tensor");
-    SPH_TRY(row_tensor(ctx, pol->advantages, "advantages", N, SPH_F32, &d));
+    SPH_TRY(row_tensor(val, pol->advantages, "advantages", N, SPH_DT_F32, &d));
     pp->adv = d;
     SPH_CHECK(pol->old_logprob != NULL, SPH_ERR_INVALID_ARG,
               "old_logprob: NULL, expected an f32 (N) tensor");
-    SPH_TRY(row_tensor(ctx, pol->old_logprob, "old_logprob", N, SPH_F32, &d));
+    SPH_TRY(row_tensor(val, pol->old_logprob, "old_logprob", N, SPH_DT_F32, &d));
     pp->old = d;
     if (pol->kl != SPH_KL_NONE) {
         SPH_CHECK(pol->ref_logprob != NULL, SPH_ERR_INVALID_ARG,
                   "ref_logprob: NULL, but kl is k%d (the KL term needs the reference "
                   "log-probs)", (int)pol->kl);
-        SPH_TRY(row_tensor(ctx, pol->ref_logprob, "ref_logprob", N, SPH_F32, &d));
+        SPH_TRY(row_tensor(val, pol->ref_logprob, "ref_logprob", N, SPH_DT_F32, &d));
         pp->ref = d;
     }
     if (pol->is_weight) {
-        SPH_TRY(row_tensor(ctx, pol->is_weight, "is_weight", N, SPH_F32, &d));
+        SPH_TRY(row_tensor(val, pol->is_weight, "is_weight", N, SPH_DT_F32, &d));
         pp->isw = d;
     }
     if (pp->need_seq) {
@@ -195,17 +189,14 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
                   pol->loss == SPH_PG_GSPO ? "gspo" : agg_name(pp->agg));
     }
     if (pol->seq_id) {
-        SPH_TRY(row_tensor(ctx, pol->seq_id, "seq_id", N, SPH_I64, &d));
+        SPH_TRY(row_tensor(val, pol->seq_id, "seq_id", N, SPH_DT_I64, &d));
         if (pp->need_seq) pp->seq = d;
     }
     SPH_CHECK(pol->metrics != NULL, SPH_ERR_INVALID_ARG,
               "metrics: NULL, expected an f32 (%d) tensor", (int)SPH_POLICY_N_METRICS);
     {
         sph_view v;
-        SPH_TRY(sph_view_of(pol->metrics, "metrics", 1, &v));
-        SPH_TRY(check_device(ctx, &v, "metrics"));
-        SPH_CHECK(sph_dtype_eq(v.dtype, SPH_F32), SPH_ERR_DTYPE,
-                  "metrics: dtype is %s, expected f32", sph_dtype_name(v.dtype));
+        SPH_TRY(sph_val_tensor(val, pol->metrics, "metrics", 1, SPH_VAL_OUT, SPH_DT_F32, &v));
         SPH_TRY(sph_view_expect_dim(&v, "metrics", 0, SPH_POLICY_N_METRICS,
                                     "SPH_POLICY_N_METRICS"));
         pp->metrics = v.data;
@@ -215,13 +206,7 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
     pp->group = 1;
     if (pol->seq_comm) {
         sph_comm_t c = pol->seq_comm;
-        SPH_CHECK(c->ops != NULL && c->size >= 1 && c->rank >= 0 && c->rank < c->size,
-                  SPH_ERR_INVALID_ARG, "seq_comm: not an initialised communicator");
-        const int host = ctx->device.type != SPH_DEVICE_CUDA;
-        if (c->size > 1)
-            SPH_CHECK((c->device_buffers != 0) == !host, SPH_ERR_DEVICE,
-                      "seq_comm: collectives take %s buffers, the context computes on the %s",
-                      c->device_buffers ? "device" : "host", host ? "host" : "device");
+        SPH_TRY(sph_comm_validate(ctx, c, "seq_comm"));
         pp->seq_comm = c;
         pp->group = c->size;
         pp->rank = c->rank;
@@ -230,9 +215,23 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
                   (long long)N);
     }
 
-    // values of host data
-    if (ctx->dev->host_memory) SPH_TRY(check_values(hp, pp));
     return SPH_OK;
+}
+
+/* After the regions (sph_val_finish): the contents of host data, the head's and the loss's. */
+static sph_status check_data(sph_ctx_t ctx, const sph_policy_plan *pp) {
+    if (!ctx->dev->host_memory) return SPH_OK;
+    SPH_TRY(sph_head_plan_check_data(&pp->head));
+    return check_values(&pp->head, pp);
+}
+
+sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
+                                const sph_policy_args *pol, sph_policy_plan *pp) {
+    sph_validator val;
+    sph_val_init(&val, ctx);
+    SPH_TRY(plan_validate(ctx, head, pol, pp, &val));
+    SPH_TRY(sph_val_finish(&val));
+    return check_data(ctx, pp);
 }
 
 // ---- dispatch through the context's table ---------------------------------------------------
@@ -254,7 +253,7 @@ sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *he
 }
 
 static sph_status check_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, void *workspace,
-                                  size_t workspace_bytes) {
+                                  size_t workspace_bytes, sph_validator *val) {
     size_t need = 0;
     SPH_TRY(workspace_of(ctx, pp, &need));
     SPH_CHECK(workspace_bytes >= need, SPH_ERR_WORKSPACE,
@@ -264,7 +263,8 @@ static sph_status check_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, void
               "workspace: NULL, expected %zu bytes (sph_policy_loss_workspace_size)", need);
     if (need > 0 && ctx->head.check_workspace)
         SPH_TRY(ctx->head.check_workspace(ctx, workspace, need));
-    return SPH_OK;
+    /* the bytes the loss writes are a region of the call like its outputs */
+    return sph_val_region(val, workspace, need, 1, ctx->device, "workspace", SPH_VAL_OUT);
 }
 
 // ---- the TP group agrees on the call ------------------------------------------------------
@@ -351,12 +351,16 @@ static sph_status policy_tp_agree(sph_ctx_t ctx, const sph_policy_plan *pp, sph_
     return verdict;
 }
 
-sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
-                           const sph_policy_args *policy, void *workspace,
-                           size_t workspace_bytes) {
+static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
+                              const sph_policy_args *policy, void *workspace,
+                              size_t workspace_bytes) {
     sph_policy_plan pp;
-    sph_status s = sph_policy_plan_make(ctx, head, policy, &pp);
-    if (s == SPH_OK) s = check_workspace(ctx, &pp, workspace, workspace_bytes);
+    sph_validator val;
+    sph_val_init(&val, ctx);
+    sph_status s = plan_validate(ctx, head, policy, &pp, &val);
+    if (s == SPH_OK) s = check_workspace(ctx, &pp, workspace, workspace_bytes, &val);
+    if (s == SPH_OK) s = sph_val_finish(&val);
+    if (s == SPH_OK) s = check_data(ctx, &pp);
     /* a TP group agrees on the call (or on one rank's failure) before any output is written:
      * the head's part, then the loss's */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) {
@@ -365,6 +369,13 @@ sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
     }
     SPH_TRY(s);
     return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
+}
+
+sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
+                           const sph_policy_args *policy, void *workspace,
+                           size_t workspace_bytes) {
+    SPH_TRY(sph_ctx_enter(ctx, "policy_loss"));
+    return sph_ctx_leave(ctx, policy_loss(ctx, head, policy, workspace, workspace_bytes));
 }
 
 /* policy.h: gspo's forward plan (no gradients, no hook) and its backward plan. */

@@ -14,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/ctx.h"
+#include "head/plan.h"
 #include "policy/policy_math.h"
 
 #ifdef __cplusplus

@@ -9,8 +9,13 @@
  *     (poisoned before the call, compared byte for byte after);
  *   - both kernels agree on success or failure and on the status;
  *   - on success with finite inputs: finite metrics, the two kernels close, 0 on every row
- *     that carries no loss (logprob, entropy, dhidden).
+ *     that carries no loss (logprob, entropy, dhidden);
+ *   - aliasing (a trailing byte >= 128): one output placed on an input's bytes (or on another
+ *     output's) is refused whenever both regions are non-empty, the input's bytes untouched;
+ *   - extreme coefficients (o[11] >> 5 picks the field, o[14] >> 4 the value: subnormal,
+ *     beyond float, ...): a value no float rule admits is refused, by both kernels alike.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +25,8 @@
 
 static const double REALS[16] = {0.0,  0.2,   0.28, 1.0,     3.0,       -1.0,  1.5,  0.05,
                                  1e300, -0.0, 2.0,  HUGE_VAL, -HUGE_VAL, NAN,   1e-8, 0.999};
+/* beyond the float rule: 1e-320, 1e39, 1e-40, 3.5e38 (odd slots); admitted: the even slots */
+static const double EXTREMES[8] = {1e30, 1e-320, 1e-30, 1e39, FLT_MAX, 1e-40, FLT_MIN, 3.5e38};
 static const int64_t COUNTS[8] = {0, 1, 3, 100, -1, 1000000, 7, INT64_MAX};
 
 typedef struct buf {
@@ -57,6 +64,8 @@ typedef struct prob {
     float h[16 * 8], w[16 * 8], adv[16], old[16], ref[16], isw[16];
     int64_t tgt[16], seq[16];
     uint8_t mask[16];
+    int alias_out, alias_in; /* -1: none; else an output slot placed on an input slot's bytes */
+    int extreme;             /* 0: none; 1..7 the coefficient set to EXTREMES[o[14] >> 4 & 7] */
 } prob;
 
 /* One call on kernel with every output in o. */
@@ -96,6 +105,12 @@ static sph_status run(const prob *q, const char *kernel, outs *out) {
     a.temperature = (o[6] & 2) ? 0.7 : 1.0;
     a.softcap = (o[6] & 4) ? 2.5 : 0.0;
     if (bad == 7) a.dlogprob = &ta;
+    /* aliasing: output slot alias_out onto the bytes of slot alias_in (inputs first) */
+    if (q->alias_out >= 0) {
+        sph_tensor *in[7] = {&th, &tw, &tt, &ta, &to, &tmk, &tl};
+        sph_tensor *outt[6] = {&tl, &te, &ts, &tdh, &tdw, &tmet};
+        if (outt[q->alias_out] != in[q->alias_in]) outt[q->alias_out]->data = in[q->alias_in]->data;
+    }
     sph_policy_args p = SPH_POLICY_ARGS_INIT;
     p.loss = (sph_pg_loss)(o[7] % 4); /* 3: invalid */
     p.kl = (sph_kl_kind)(o[8] % 5);   /* 4: invalid */
@@ -112,6 +127,17 @@ static sph_status run(const prob *q, const char *kernel, outs *out) {
     p.seq_id = (o[15] & 8) ? NULL : &tq;
     p.metrics = (o[15] & 16) ? NULL : &tmet;
     if (o[15] & 32) p.struct_size = 8;
+    const double ex = EXTREMES[(o[14] >> 4) & 7];
+    switch (q->extreme) {
+    case 1: p.clip_low = ex; break;
+    case 2: p.clip_high = ex; break;
+    case 3: p.clip_ratio_c = ex; break;
+    case 4: p.kl_coef = ex; break;
+    case 5: p.entropy_coef = ex; break;
+    case 6: p.norm_length = ex; break;
+    case 7: p.entropy_coef = 1e30, p.norm_length = 1e-10; break;
+    default: break;
+    }
     sph_ctx_opts co = SPH_CTX_OPTS_INIT;
     co.force_kernel = kernel;
     co.num_threads = 1;
@@ -151,7 +177,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         q.adv[i] = float_of(&b), q.old[i] = float_of(&b), q.ref[i] = float_of(&b);
         q.isw[i] = float_of(&b);
     }
+    /* aliasing and extreme coefficients: chosen by bytes older inputs of the corpus lack */
+    const uint8_t al = byte_of(&b);
+    q.alias_out = al >= 128 ? al % 6 : -1;
+    q.alias_in = (al >> 3) % 7;
+    q.extreme = o[11] >> 5;
     const int accumulate = (o[4] & 128) && (o[6] & 1), masked = (o[4] & 2) != 0;
+    /* the alias only where it is in effect: both tensors passed, both regions non-empty */
+    size_t in_bytes = 0;
+    void *in_buf = NULL;
+    if (q.alias_out >= 0) {
+        const uint8_t f = o[4];
+        const int out_given[6] = {!(f & 4), (f & 8) != 0, (f & 16) != 0, (f & 32) != 0,
+                                  (f & 64) != 0, !(o[15] & 16)};
+        const size_t out_b[6] = {(size_t)N * 4, (size_t)N * 4, (size_t)N * 12,
+                                 (size_t)(N * H) * 4, (size_t)(V * H) * 4,
+                                 SPH_POLICY_N_METRICS * 4};
+        const int in_given[7] = {1, 1, !(f & 1), !(o[15] & 1), 1, (f & 2) != 0, !(f & 4)};
+        const size_t in_b[7] = {(size_t)(N * H) * 4, (size_t)(V * H) * 4, (size_t)N * 8,
+                                (size_t)N * 4, (size_t)N * 4, (size_t)N, (size_t)N * 4};
+        void *bufs[7] = {q.h, q.w, q.tgt, q.adv, q.old, q.mask, NULL};
+        const int same = q.alias_in == 6 && q.alias_out == 0; /* logprob onto itself */
+        if (same || !out_given[q.alias_out] || !in_given[q.alias_in] || !out_b[q.alias_out] ||
+            !in_b[q.alias_in])
+            q.alias_out = -1;
+        in_bytes = in_b[q.alias_in];
+        in_buf = bufs[q.alias_in];
+    }
+    static unsigned char in_before[16 * 8 * 4];
+    if (q.alias_out >= 0 && in_buf) memcpy(in_before, in_buf, in_bytes);
+    /* a coefficient beyond the float rule (odd EXTREMES slots; 7: -c eta beyond float, with
+     * seq-mean-token-sum-norm) must be refused */
+    const int must_refuse = q.alias_out >= 0 ||
+                            (q.extreme >= 1 && q.extreme <= 6 && ((o[14] >> 4) & 1)) ||
+                            (q.extreme == 7 && o[9] % 5 == 3);
     static outs r[2], before;
     sph_status st[2];
     const char *kernels[2] = {"ref", NULL};
@@ -160,6 +219,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (accumulate) memset(r[k].dh, 0, sizeof r[k].dh);
         before = r[k];
         st[k] = run(&q, kernels[k], &r[k]);
+        if (must_refuse) CHECK(st[k] != SPH_OK);
+        if (st[k] != SPH_OK && q.alias_out >= 0 && in_buf)
+            CHECK(memcmp(in_before, in_buf, in_bytes) == 0);
         if (st[k] != SPH_OK) {
             CHECK(sph_last_error()[0] != '\0');
             CHECK(st[k] != SPH_ERR_INTERNAL);

@@ -31,7 +31,7 @@ int main(void) {
 #include "../parity/test_head_case.h"
 #include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
-#include "core/plan.h"
+#include "head/plan.h"
 #include "head/host.h"
 
 static sph_rng g_rng;

@@ -26,7 +26,7 @@ int main(void) {
 #include <unistd.h>
 
 #include "../parity/test_head_case.h"
-#include "core/plan.h"
+#include "head/plan.h"
 #include "head/host.h"
 
 static sph_rng g_rng;

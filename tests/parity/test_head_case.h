@@ -19,7 +19,7 @@
 
 #include "comm/comm.h"
 #include "core/internal.h"
-#include "core/plan.h"
+#include "head/plan.h"
 #include "head/host.h"
 #include "testutil.h"
 

@@ -6,7 +6,8 @@
  * backend and the staged reference (full vocabulary and sample support, masks, spans,
  * one-pass, TP shard, candidates' host checks), bin packing (FFD, MFFD, balanced with bin
  * targets), masks and spans of packed and CP layouts, the none communicator, and the fused
- * policy loss (reference and CPU; PPO with a KL term, GSPO).
+ * policy loss (reference and CPU: PPO with a KL term, GSPO, CISPO with spans, stats kept in
+ * the workspace, the loss alone; every output compared byte for byte after a failure).
  *
  * Each failure must give a clean status (SPH_ERR_ALLOC, a message), no partial output (the
  * head's outputs stay poisoned, result pointers stay NULL) and no leak: the ASan build
@@ -148,8 +149,26 @@ static sph_status sc_staged_support(int *clean) { return head_case("ref", 3, 0, 
 
 // ---- the policy loss --------------------------------------------------------------------
 
+/* Every output of a policy case, byte for byte: the head's per-row outputs, stats and
+ * gradients, and the loss's metrics. */
+static size_t policy_outputs(const pcase *c, char *dst) {
+    const hcase *h = &c->h;
+    const size_t N = (size_t)h->N, nh = (size_t)(h->N * h->H) * 4;
+    const size_t nw = (size_t)(h->V_loc * h->H) * 4;
+    const void *src[6] = {h->lp, h->ent, h->stats, h->dh, h->dw, c->metrics};
+    const size_t n[6] = {N * 4, N * 4, N * 12, nh, nw, SPH_POLICY_N_METRICS * 4};
+    size_t total = 0;
+    for (int k = 0; k < 6; k++) {
+        if (dst) memcpy(dst + total, src[k], n[k]);
+        total += n[k];
+    }
+    return total;
+}
+
+enum { PV_SPANS = 1, PV_NO_STATS = 2, PV_NO_GRADS = 4 };
+
 static sph_status policy_case(const char *kernel, sph_pg_loss loss, sph_kl_kind kl,
-                              int *clean) {
+                              sph_loss_agg agg, unsigned variant, int *clean) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
     o.force_kernel = kernel;
     o.num_threads = 2;
@@ -163,25 +182,46 @@ static sph_status policy_case(const char *kernel, sph_pg_loss loss, sph_kl_kind 
     sph_rng r = g_rng;
     pc_init(&c, &r, 14, 6, 11, 11, 0, SPH_F32);
     hc_mask(&c.h, &r, 0.7);
-    pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK | PC_ISW, loss, kl,
-            SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+    unsigned what = HC_LP | HC_ENT | HC_MASK | PC_ISW;
+    if (!(variant & PV_NO_GRADS)) what |= HC_DH | HC_DW;
+    if (variant & PV_SPANS) {
+        hc_spans_of_mask(&c.h, 1);
+        what |= HC_SPANS;
+    }
+    pc_wire(&c, what, loss, kl, agg);
+    if (variant & PV_NO_STATS) c.h.a.stats = NULL; /* kept in the workspace */
     pc_poison(&c);
-    float lp0 = c.h.lp[0], m0 = c.metrics[0];
+    const size_t n = policy_outputs(&c, NULL);
+    char *before = malloc(n), *after = malloc(n);
+    policy_outputs(&c, before);
     s = pc_run(ctx, &c);
-    if (s != SPH_OK && (memcmp(&lp0, &c.h.lp[0], 4) || memcmp(&m0, &c.metrics[0], 4)))
-        *clean = 0;
+    policy_outputs(&c, after);
+    if (s != SPH_OK && memcmp(before, after, n)) *clean = 0; /* nothing written on failure */
+    free(before), free(after);
     sph_ctx_destroy(ctx);
     pc_free(&c);
     return s;
 }
 static sph_status sc_policy_ref(int *clean) {
-    return policy_case("ref", SPH_PG_PPO, SPH_KL_K3, clean);
+    return policy_case("ref", SPH_PG_PPO, SPH_KL_K3, SPH_AGG_SEQ_MEAN_TOKEN_MEAN, 0, clean);
 }
 static sph_status sc_policy_cpu(int *clean) {
-    return policy_case(NULL, SPH_PG_PPO, SPH_KL_K2, clean);
+    return policy_case(NULL, SPH_PG_PPO, SPH_KL_K2, SPH_AGG_SEQ_MEAN_TOKEN_MEAN, 0, clean);
 }
 static sph_status sc_policy_gspo(int *clean) {
-    return policy_case(NULL, SPH_PG_GSPO, SPH_KL_NONE, clean);
+    return policy_case(NULL, SPH_PG_GSPO, SPH_KL_NONE, SPH_AGG_SEQ_MEAN_TOKEN_MEAN, 0, clean);
+}
+static sph_status sc_policy_ref_gspo(int *clean) {
+    return policy_case("ref", SPH_PG_GSPO, SPH_KL_K1, SPH_AGG_SEQ_MEAN_TOKEN_SUM, PV_NO_STATS,
+                       clean);
+}
+static sph_status sc_policy_cpu_cispo(int *clean) {
+    return policy_case(NULL, SPH_PG_CISPO, SPH_KL_K3, SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM,
+                       PV_SPANS | PV_NO_STATS, clean);
+}
+static sph_status sc_policy_cpu_loss_only(int *clean) {
+    return policy_case(NULL, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN,
+                       PV_NO_GRADS | PV_SPANS, clean);
 }
 
 // ---- metadata --------------------------------------------------------------------------
@@ -300,6 +340,9 @@ static void test_torture(void **state) {
         {"policy ref ppo+k3", sc_policy_ref},
         {"policy cpu ppo+k2", sc_policy_cpu},
         {"policy cpu gspo", sc_policy_gspo},
+        {"policy ref gspo+k1, stats in the workspace", sc_policy_ref_gspo},
+        {"policy cpu cispo+k3 sum-norm, spans", sc_policy_cpu_cispo},
+        {"policy cpu loss only, spans", sc_policy_cpu_loss_only},
         {"pack", sc_pack},
         {"spans", sc_spans},
         {"comm none", sc_comm_none},

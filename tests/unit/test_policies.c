@@ -132,6 +132,36 @@ static void test_aliasing(void **state) {
         expect_status(hc_run(ctx, SPH_HEAD_FORWARD, &c.a), SPH_ERR_INVALID_ARG,
                       "overlap spans'");
         c.a.spans = NULL, c.a.n_spans = 0, c.a.dweight = &c.tdw, c.a.dhidden = &c.tdh;
+        /* the caller's workspace is a region of the call like its outputs (issue 26): on an
+         * input's or an output's bytes it is refused naming both, nothing written */
+        size_t need = 0;
+        expect_ok(sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &c.a, &need));
+        if (kk == 1) assert_true(need > 0); /* the CPU backend's one-pass asks for one */
+        if (need > 0) {
+            void *big = hc_alloc(need + (size_t)(c.N * c.H) * 4);
+            struct {
+                sph_tensor *t;
+                const char *name;
+                size_t bytes;
+            } on[3] = {{&c.th, "hidden", (size_t)(c.N * c.H) * hc_esize(c.dt)},
+                       {&c.tlp, "logprob", (size_t)c.N * 4},
+                       {&c.tst, "stats", (size_t)c.N * 12}};
+            for (int k = 0; k < 3; k++) {
+                void *keep = on[k].t->data;
+                memcpy(big, keep, on[k].bytes); /* the tensor's values, moved into the bytes */
+                on[k].t->data = big;
+                unsigned char lp0[4];
+                memcpy(lp0, c.lp, 4);
+                sph_status st = sph_head_forward(ctx, &c.a, big, need);
+                on[k].t->data = keep;
+                if (st != SPH_ERR_INVALID_ARG || !strstr(sph_last_error(), "workspace") ||
+                    !strstr(sph_last_error(), on[k].name))
+                    fail_msg("workspace over %s: status %d: %s", on[k].name, (int)st,
+                             sph_last_error());
+                assert_memory_equal(lp0, c.lp, 4);
+            }
+            free(big);
+        }
         /* inputs may share memory: the backward reads stats, hidden and weight alias */
         expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
         sph_tensor w2 = c.tw; /* weight rows = the first rows of hidden (shapes allow) */

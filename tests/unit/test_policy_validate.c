@@ -3,6 +3,9 @@
  * message naming the argument and the value, and leaves every output untouched (poisoned
  * before, compared byte for byte after). Reference and optimized CPU kernels.
  */
+#include <pthread.h>
+#include <threads.h>
+
 #include "parity/test_policy_case.h"
 
 typedef struct snap {
@@ -135,6 +138,27 @@ static void bad_inputs(const char *kernel) {
     // the reference and the CPU alike (fuzz_policy found the CPU writing the forward's rows)
     CASE(SPH_PG_GSPO, K0, TM, c.p.clip_low = 1; c.p.clip_high = 1e30; c.adv[3] = 1e30f;
          c.isw[3] = 1e30f, SPH_ERR_NONFINITE, "first row 3");
+    // coefficients beyond float (issue 26 case 2): each refused up front, naming the value
+    const sph_loss_agg NORM = SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
+    CASE(P, K0, NORM, c.p.norm_length = 1e-320, SPH_ERR_INVALID_ARG, "norm_length: 9.99989e-321");
+    CASE(P, K0, NORM, c.p.norm_length = 1e-39, SPH_ERR_INVALID_ARG, "norm_length: 1e-39");
+    CASE(P, K0, NORM, c.p.norm_length = 1e39, SPH_ERR_INVALID_ARG, "norm_length: 1e+39");
+    CASE(P, K0, NORM, c.p.norm_length = 1e38, SPH_ERR_INVALID_ARG, "inverse");
+    CASE(P, K0, TM, c.p.norm_length = 1e-320, SPH_ERR_INVALID_ARG, "norm_length: 9.99989e-321");
+    CASE(P, SPH_KL_K1, TM, c.p.kl_coef = 1e300, SPH_ERR_INVALID_ARG, "kl_coef: 1e+300");
+    CASE(P, SPH_KL_K1, TM, c.p.kl_coef = 1e-40, SPH_ERR_INVALID_ARG, "kl_coef: 1e-40");
+    CASE(P, K0, TM, c.p.entropy_coef = 1e39, SPH_ERR_INVALID_ARG, "entropy_coef: 1e+39");
+    CASE(P, K0, TM, c.p.entropy_coef = 1e-45, SPH_ERR_INVALID_ARG, "entropy_coef: 1e-45");
+    CASE(P, K0, TM, c.p.clip_high = 1e39, SPH_ERR_INVALID_ARG, "clip_high: 1e+39");
+    CASE(P, K0, TM, c.p.clip_high = HUGE_VAL, SPH_ERR_INVALID_ARG, "clip_high: inf");
+    CASE(P, K0, TM, c.p.clip_low = 1e-310, SPH_ERR_INVALID_ARG, "clip_low: 1e-310");
+    CASE(P, K0, TM, c.p.clip_ratio_c = 1e39, SPH_ERR_INVALID_ARG, "clip_ratio_c: 1e+39");
+    CASE(P, K0, TM, c.p.clip_ratio_c = -HUGE_VAL, SPH_ERR_INVALID_ARG, "clip_ratio_c: -inf");
+    // products the loss forms from the coefficients alone: -c eta and c beta, c <= 1 / L
+    CASE(P, K0, NORM, c.p.entropy_coef = 1e30; c.p.norm_length = 1e-10, SPH_ERR_INVALID_ARG,
+         "entropy gradient");
+    CASE(P, SPH_KL_K1, NORM, c.p.kl_coef = 1e30; c.p.norm_length = 1e-10, SPH_ERR_INVALID_ARG,
+         "KL gradient");
 #undef CASE
     /* bad values on inactive rows or ignored targets are fine */
     setup(&c, &r, P, K3, TM);
@@ -157,6 +181,190 @@ static void bad_inputs(const char *kernel) {
         untouched(&c, sn);
     }
     pc_free(&c);
+    sph_ctx_destroy(ctx);
+}
+
+/* Aliasing (issue 26 case 1): every pair of the call's regions where one is written (the
+ * head's outputs, the loss's metrics, the workspace) against every other (the head's and the
+ * loss's inputs and outputs), made to overlap by pointing the smaller at the larger's bytes:
+ * SPH_ERR_INVALID_ARG naming the overlap, nothing written. Two inputs may share memory. */
+typedef struct slot {
+    const char *name;
+    sph_tensor *t;
+    size_t bytes;
+    int out;
+} slot;
+
+static int slots_of(pcase *c, slot *s) {
+    const int64_t N = c->h.N, H = c->h.H, V = c->h.V_loc;
+    const size_t es = hc_esize(c->h.dt), gs = hc_esize(c->h.gdt);
+    int n = 0;
+#define SLOT(nm, tt, b, o) s[n++] = (slot){nm, &c->tt, (size_t)(b), o}
+    SLOT("hidden", h.th, N * H * (int64_t)es, 0);
+    SLOT("weight", h.tw, V * H * (int64_t)es, 0);
+    SLOT("targets", h.tt, N * 8, 0);
+    SLOT("active_mask", h.tm, N, 0);
+    SLOT("advantages", tadv, N * 4, 0);
+    SLOT("old_logprob", told, N * 4, 0);
+    SLOT("ref_logprob", tref, N * 4, 0);
+    SLOT("is_weight", tisw, N * 4, 0);
+    SLOT("seq_id", tseq, N * 8, 0);
+    SLOT("logprob", h.tlp, N * 4, 1);
+    SLOT("entropy", h.tent, N * 4, 1);
+    SLOT("stats", h.tst, N * 12, 1);
+    SLOT("dhidden", h.tdh, N * H * (int64_t)gs, 1);
+    SLOT("dweight", h.tdw, V * H * (int64_t)gs, 1);
+    SLOT("metrics", tmet, SPH_POLICY_N_METRICS * 4, 1);
+#undef SLOT
+    return n;
+}
+
+static void alias_setup(pcase *c, sph_rng *r) {
+    /* every tensor read: k3 reads ref_logprob, seq-mean-token-mean reads seq_id */
+    setup(c, r, SPH_PG_PPO, SPH_KL_K3, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
+}
+
+static void aliasing(const char *kernel) {
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    sph_ctx_t ctx = hc_ctx(kernel, 1, NULL);
+    pcase c;
+    slot sl[16];
+    alias_setup(&c, &r);
+    const int n = slots_of(&c, sl);
+    pc_free(&c);
+    int pairs = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            if (!sl[i].out && !sl[j].out) continue;
+            alias_setup(&c, &r);
+            slot s[16];
+            slots_of(&c, s);
+            /* the smaller one moves onto the larger's first bytes (nothing beyond a buffer
+             * is touched even by a call that wrongly runs) */
+            slot *small = s[i].bytes <= s[j].bytes ? &s[i] : &s[j];
+            slot *large = small == &s[i] ? &s[j] : &s[i];
+            small->t->data = large->t->data;
+            char needle[96];
+            snprintf(needle, sizeof needle, "overlap");
+            expect_bad(ctx, &c, SPH_ERR_INVALID_ARG, needle);
+            const char *m = sph_last_error();
+            if (!strstr(m, s[i].name) || !strstr(m, s[j].name))
+                fail_msg("%s / %s: the message names neither or one: %s", s[i].name, s[j].name, m);
+            pc_free(&c);
+            pairs++;
+        }
+    assert_true(pairs >= 60);
+    /* the workspace against every region (optimized kernels: the reference asks for none) */
+    int ws_pairs = 0;
+    for (int i = 0; i < n; i++) {
+        alias_setup(&c, &r);
+        size_t need = 0;
+        expect_ok(sph_policy_loss_workspace_size(ctx, &c.h.a, &c.p, &need));
+        if (need == 0) {
+            pc_free(&c);
+            continue;
+        }
+        ws_pairs++;
+        slot s[16];
+        slots_of(&c, s);
+        snap sn[6];
+        take(&c, sn);
+        void *ws = hc_alloc(need > s[i].bytes ? need : s[i].bytes);
+        void *keep = s[i].t->data;
+        if (need > s[i].bytes) {
+            memcpy(ws, keep, s[i].bytes); /* the tensor's values, moved into the workspace */
+            s[i].t->data = ws;
+        } else {
+            free(ws);
+            ws = keep;
+        }
+        sph_status st = sph_policy_loss(ctx, &c.h.a, &c.p, ws, need);
+        if (st != SPH_ERR_INVALID_ARG || !strstr(sph_last_error(), "workspace") ||
+            !strstr(sph_last_error(), s[i].name))
+            fail_msg("workspace over %s: status %d: %s", s[i].name, (int)st, sph_last_error());
+        if (ws != keep) free(ws);
+        s[i].t->data = keep;
+        untouched(&c, sn);
+        pc_free(&c);
+    }
+    if (kernel == NULL) assert_int_equal(ws_pairs, n); /* the CPU backend has a workspace */
+    /* inputs may share memory: advantages and old_logprob on the same bytes run */
+    alias_setup(&c, &r);
+    c.tadv.data = c.old;
+    expect_ok(pc_run(ctx, &c));
+    pc_free(&c);
+    sph_ctx_destroy(ctx);
+}
+
+static void test_aliasing_ref(void **state) {
+    (void)state;
+    aliasing("ref");
+}
+
+static void test_aliasing_cpu(void **state) {
+    (void)state;
+    aliasing(NULL);
+}
+
+/* One context used by two threads at once (issue 26 case 10): a call made while another is
+ * running on the context is refused, never run beside it. Two threads call sph_policy_loss
+ * on their own cases through one context until refusals are seen; every call that ran
+ * returns the single-threaded answer bit for bit, every refusal names the cause. */
+typedef struct busy_job {
+    sph_ctx_t ctx;
+    pcase *c;
+    volatile int stop;
+    int refused, ran, wrong;
+    float want[SPH_POLICY_N_METRICS];
+} busy_job;
+
+static void *busy_main(void *arg) {
+    busy_job *j = arg;
+    while (!j->stop) {
+        sph_status st = pc_run(j->ctx, j->c);
+        if (st == SPH_OK) {
+            j->ran++;
+            if (memcmp(j->c->metrics, j->want, sizeof j->want)) j->wrong++;
+        } else {
+            if (!strstr(sph_last_error(), "in use by another call")) j->wrong++;
+            j->refused++;
+        }
+    }
+    return NULL;
+}
+
+static void test_one_thread_at_a_time(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    sph_ctx_t ctx = hc_ctx(NULL, 1, NULL);
+    pcase a, b;
+    pc_init(&a, &r, 64, 32, 300, 300, 0, SPH_F32);
+    pc_wire(&a, HC_LP | HC_DH | HC_DW, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    pc_init(&b, &r, 64, 32, 300, 300, 0, SPH_F32);
+    pc_wire(&b, HC_LP | HC_DH | HC_DW, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    busy_job ja = {ctx, &a, 0, 0, 0, 0, {0}}, jb = {ctx, &b, 0, 0, 0, 0, {0}};
+    expect_ok(pc_run(ctx, &a));
+    memcpy(ja.want, a.metrics, sizeof ja.want);
+    expect_ok(pc_run(ctx, &b));
+    memcpy(jb.want, b.metrics, sizeof jb.want);
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, busy_main, &ja), 0);
+    assert_int_equal(pthread_create(&tb, NULL, busy_main, &jb), 0);
+    const struct timespec ms = {.tv_nsec = 1000000};
+    for (int k = 0; k < 2000 && ja.refused + jb.refused < 3; k++) thrd_sleep(&ms, NULL);
+    ja.stop = jb.stop = 1;
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    print_message("one context, two threads: %d + %d calls ran, %d + %d refused\n", ja.ran,
+                  jb.ran, ja.refused, jb.refused);
+    assert_true(ja.refused + jb.refused >= 1);
+    assert_int_equal(ja.wrong + jb.wrong, 0);
+    /* the word is given back: the context serves the next call */
+    expect_ok(pc_run(ctx, &a));
+    pc_free(&a);
+    pc_free(&b);
     sph_ctx_destroy(ctx);
 }
 
@@ -281,6 +489,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs_ref),
         cmocka_unit_test(test_bad_inputs_cpu),
+        cmocka_unit_test(test_aliasing_ref),
+        cmocka_unit_test(test_aliasing_cpu),
+        cmocka_unit_test(test_one_thread_at_a_time),
         cmocka_unit_test(test_group_mismatch),
         cmocka_unit_test(test_tp_mismatch),
     };

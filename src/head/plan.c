@@ -1,5 +1,5 @@
 /*
- * plan.c - host helpers on a validated plan (core/plan.h), shared by the host backends (the
+ * plan.c - host helpers on a validated plan (head/plan.h), shared by the host backends (the
  * float64 reference and the optimized CPU head): which rows are active, and how many.
  * A row is active when the mask says so, else when it lies inside a span, else always.
  */
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "head/plan.h"
 
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active) {
     if (p->mask) {

@@ -14,10 +14,12 @@
  *   M = max m_r, S = sum s_r e^(m_r - M), B = sum b_r e^(m_r - M), ZT = sum zt_r, SZ = sum sz_r
  *   lse = M + log S, mu = B / S.
  */
-#ifndef SPH_CORE_PLAN_H
-#define SPH_CORE_PLAN_H
+#ifndef SPH_HEAD_PLAN_H
+#define SPH_HEAD_PLAN_H
 
+#include "core/backend.h"
 #include "core/internal.h"
+#include "core/validate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,7 +28,7 @@ extern "C" {
 /* Fields of one partial record (m, s, b, zt, sz): values per row per shard, in this order. */
 #define SPH_PARTIAL_FIELDS 5
 
-typedef struct sph_head_plan {
+struct sph_head_plan {
     int64_t N, H, V_loc, V, v0; /* rows, hidden, shard width, vocab_total, vocab_start */
     int64_t K;                  /* candidates per row (support mode), 0 = full vocabulary */
     sph_dtype dtype;            /* hidden/weight dtype: f32, bf16 or f16 */
@@ -50,7 +52,14 @@ typedef struct sph_head_plan {
     /* policy loss of the call (src/policy/policy.h) or NULL: the one-pass sweeps compute
      * dlogprob / dentropy of each row from it right after the row is finalized */
     const struct sph_policy_plan *policy;
-} sph_head_plan;
+}; /* typedef sph_head_plan: core/backend.h */
+
+/* The head table's fill functions (the device tables carry them, core/backend.h): the
+ * reference in every slot, plain (host memory) or staged (device memory: inputs copied to the
+ * host, float64 reference, outputs copied back; synchronous), head_ref.c; the optimized CPU
+ * backend's slots, head_cpu.c. */
+void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged);
+void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be);
 
 /* Validates args for the pass on ctx and fills plan (src/head/head.c). Checks everything that
  * can be checked without touching device data, then the backend's own conditions (the table's
@@ -63,6 +72,14 @@ sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
  * check). */
 sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
+/* The generic validation feeding the caller's validator (core/validate.h): every tensor of
+ * args registered there, the caller adds its own (the loss's tensors, the workspace) and runs
+ * sph_val_finish, then (host contexts) sph_head_plan_check_data. flags:
+ * SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: the policy loss keeps them in
+ * its workspace). */
+#define SPH_PLAN_STATS_OPTIONAL 1u
+sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
+                                  sph_head_plan *plan, sph_validator *val, unsigned flags);
 /* The data checks of a plan whose mask, targets and candidates are in host memory: mask
  * values 0/1, spans covering every active row, targets < V, candidates < V without
  * duplicates and holding the row's target. sph_head_plan_make runs it on host plans; the
