@@ -239,8 +239,11 @@ static void fmt_secs(char *buf, size_t n, double s) {
 
 void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total) {
     memset(p, 0, sizeof *p);
+    /* on a terminal: after a half-second delay, so short work prints nothing; forced on
+     * (SPH_PROGRESS=1, for logs and tests): from the first step, so that the last step's line
+     * (done == total) is always printed however fast the work was */
     const char *env = getenv("SPH_PROGRESS");
-    p->on = env ? strcmp(env, "0") != 0 : isatty(STDERR_FILENO);
+    p->on = env ? (strcmp(env, "0") != 0 ? 2 : 0) : isatty(STDERR_FILENO);
     p->what = what;
     p->total = total;
     p->t0 = p->last = sph_cli_now_s();
@@ -249,7 +252,9 @@ void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total
 void sph_cli_progress_step(sph_cli_progress *p, int64_t done) {
     if (!p->on) return;
     double t = sph_cli_now_s(), el = t - p->t0;
-    if (el < 0.5 || (t - p->last < 0.2 && done < p->total)) return;
+    const double delay = p->on == 2 ? 0.0 : 0.5;
+    if (done < p->total && (el < delay || t - p->last < 0.2)) return;
+    if (done >= p->total && el < delay) return;
     p->last = t;
     char e[16], r[16];
     fmt_secs(e, sizeof e, el);

@@ -75,14 +75,15 @@ int64_t sph_cli_phys_bytes(void);                 /* physical memory, 0 when unk
 
 /* ---- progress on a terminal -------------------------------------------------------------- */
 
-/* One line on stderr, rewritten in place: "what: done/total, elapsed, ETA". Only when stderr
- * is a terminal (and SPH_PROGRESS is not 0; SPH_PROGRESS=1 forces it on), and only once the
- * work has taken half a second, so short work prints nothing. */
+/* One line on stderr, rewritten in place: "what: done/total, elapsed, ETA", at most every
+ * 0.2 s and always at the last step. On a terminal (unless SPH_PROGRESS=0) only once the work
+ * has taken half a second, so short work prints nothing; SPH_PROGRESS=1 forces it on without
+ * that delay, so the last step's line appears however short the work (no race with a timer). */
 typedef struct sph_cli_progress {
     const char *what;
     int64_t total;
     double t0, last;
-    int on, shown;
+    int on, shown; /* on: 0 off, 1 terminal (half-second delay), 2 forced (none) */
 } sph_cli_progress;
 
 void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total);
