@@ -117,10 +117,17 @@ int sph_cli_run(int argc, char **argv) {
     run_problem p;
     run_result r;
     run_device d;
+    sph_cli_outset os;
     memset(&r, 0, sizeof r);
     memset(&d, 0, sizeof d);
+    memset(&os, 0, sizeof os);
     if ((rc = run_problem_make(&o, &p))) goto out;
     rc = 1;
+    /* the outputs' directory locked, its names checked, the staging made: before any work */
+    if (o.outputs && sph_cli_outset_begin(&os, o.outputs, run_out_files)) {
+        sph_cli_fail(RUN_CMD, 1, "%s", os.err);
+        goto out;
+    }
     if (o.one_pass && !p.grads) {
         sph_cli_fail(RUN_CMD, 1, "--one-pass computes the gradients in the forward, but no "
                                  "upstream gradient was given (dlogprob.npy, dentropy.npy, "
@@ -180,13 +187,14 @@ int sph_cli_run(int argc, char **argv) {
     }
     sph_cli_progress_end(&pr);
     rc = 0;
-    if (o.outputs && (!o.check || r.passed)) rc = run_write_outputs(&p, &o, &r);
+    if (o.outputs && (!o.check || r.passed)) rc = run_write_outputs(&p, &o, &r, &os);
     if (o.json) run_report_json(&p, &o, &r);
     else run_report_text(&p, &o, &r);
     if (!rc && o.check && !r.passed)
         rc = sph_cli_fail(RUN_CMD, 1, "check failed: results differ from the reference%s",
                           o.outputs ? " (no outputs written)" : "");
 out:
+    sph_cli_outset_abort(&os); /* a no-op once committed */
     for (int k = 0; k < RUN_N_OUT; k++) free(r.out[k]);
     run_device_free(&d);
     run_problem_free(&p);

@@ -72,6 +72,7 @@ void run_device_free(run_device *d);
 
 #define RUN_N_OUT 6
 extern const char *const run_out_names[RUN_N_OUT]; /* logprob entropy lse logit_mean dhidden dweight */
+extern const char *const run_out_files[RUN_N_OUT + 1]; /* the same .npy names, NULL-ended */
 extern const int run_out_buf[RUN_N_OUT];           /* their T_* buffers */
 
 typedef struct run_result {
@@ -91,7 +92,7 @@ typedef struct run_result {
 /* The float64 reference on the same inputs; fills r->err, r->passed. 0 or an exit code. */
 int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *r);
 /* Writes the requested outputs atomically; 0 or an exit code (message printed). */
-int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r);
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sph_cli_outset *os);
 void run_report_text(const run_problem *p, const run_opts *o, const run_result *r);
 void run_report_json(const run_problem *p, const run_opts *o, const run_result *r);
 

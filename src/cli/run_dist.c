@@ -228,6 +228,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     sph_ctx_t ctx = NULL, local_ctx = NULL;
     dev d = {NULL, 0};
     MPI_Comm tpc = MPI_COMM_NULL;
+    sph_cli_outset os;
+    memset(&os, 0, sizeof os);
 
     int p = parse_and_agree(argc, argv, &o);
     if (p >= 0) {
@@ -250,6 +252,11 @@ int sph_cli_run_dist(int argc, char **argv) {
     /* 1. the global batch */
     int ok0 = 1;
     if (dist_rank == 0) ok0 = o.inputs ? dist_batch_read(&o, &b) : dist_batch_synth(&o, &b);
+    /* rank 0's output set (the lock, the names, the staging) before any work */
+    static const char *const out_files[] = {"logprob.npy", "entropy.npy", "lse.npy",
+                                            "logit_mean.npy", "dhidden.npy", "dweight.npy", NULL};
+    if (dist_rank == 0 && ok0 && o.outputs && sph_cli_outset_begin(&os, o.outputs, out_files))
+        ok0 = dist_fail("%s", os.err);
     if (!dist_batch_share(&b, ok0)) goto out;
     if (o.tp > b.V) { /* every rank has b.V now: the same verdict everywhere */
         if (dist_rank == 0)
@@ -345,10 +352,11 @@ int sph_cli_run_dist(int argc, char **argv) {
     MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     /* 6-7. gather, check, write */
-    dist_run run = {&sh, &res, tp_rank, V_loc, total_bins, padded_rows, t_max, io};
+    dist_run run = {&sh, &res, tp_rank, V_loc, total_bins, padded_rows, t_max, io, &os};
     rc = dist_gather_check(&o, &b, &run);
 
 out:
+    sph_cli_outset_abort(&os);
     dist_result_free(&res);
     dist_share_free(&sh);
     dist_batch_free(&b);

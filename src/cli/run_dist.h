@@ -117,6 +117,7 @@ typedef struct dist_run {
     int64_t tp_rank, V_loc, total_bins, padded_rows;
     double t_max;        /* slowest rank's forward + backward, s */
     sph_ctx_opts io;     /* the ranks' device, for --reference device */
+    sph_cli_outset *out; /* rank 0 with --outputs: the set begun before any work */
 } dist_run;
 
 /* Gathers every rank's results to rank 0, which checks them (coverage, TP copies, padding,

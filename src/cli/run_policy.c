@@ -389,9 +389,19 @@ char *pol_loss_json(const float *m) {
     return s;
 }
 
-int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V) {
-    sph_cli_outset s;
-    if (sph_cli_outset_begin(&s, dir)) return sph_cli_fail(CMD, 1, "%s", s.err);
+const char *const pol_out_files[] = {"loss.json", "logprob.npy", "entropy.npy", "dhidden.npy",
+                                     "dweight.npy", NULL};
+
+int pol_outputs_begin(sph_cli_outset *s, const char *dir) {
+    if (sph_cli_outset_begin(s, dir, pol_out_files)) return sph_cli_fail(CMD, 1, "%s", s->err);
+    return 0;
+}
+
+int pol_write_outputs(sph_cli_outset *os, const pol_result *r, int64_t N, int64_t H, int64_t V) {
+    sph_cli_outset s = *os; /* begun before the run; released here either way */
+    memset(os, 0, sizeof *os);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", s.dir ? s.dir : "");
     char *json = pol_loss_json(r->metrics);
     const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H};
     int bad = !json || sph_cli_outset_text(&s, "loss.json", json) ||
@@ -469,8 +479,10 @@ int sph_cli_run_policy(int argc, char **argv) {
         return sph_cli_run_policy_dist(&o, argc, argv);
     pol_problem p;
     pol_result r, ref;
-    memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref);
+    sph_cli_outset os;
+    memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref), memset(&os, 0, sizeof os);
     if ((rc = pol_problem_read(&o, &p))) goto out;
+    if (o.outputs && (rc = pol_outputs_begin(&os, o.outputs))) goto out;
     const int on_cuda = o.device == 1;
     pol_where w = {on_cuda, 0, o.kernel, o.threads, (int)o.repeats, NULL, NULL, 0, 0, 0, 0};
     if ((rc = pol_run(&o, &p, &w, &r))) goto out;
@@ -485,9 +497,10 @@ int sph_cli_run_policy(int argc, char **argv) {
     }
     report(&o, &p, &r, o.check, passed, err, tol);
     rc = passed ? 0 : 1;
-    if (!rc && o.outputs) rc = pol_write_outputs(o.outputs, &r, p.N, p.H, p.V);
+    if (!rc && o.outputs) rc = pol_write_outputs(&os, &r, p.N, p.H, p.V);
     if (!rc && !o.json && o.outputs) printf("  outputs written to %s\n", o.outputs);
 out:
+    sph_cli_outset_abort(&os);
     pol_problem_free(&p);
     pol_result_free(&r), pol_result_free(&ref);
     return sph_cli_close_stdout(CMD, rc);

@@ -84,7 +84,9 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
                 double tol, double err[5]);
 /* The distributed form (run_policy_dist.c): o parsed, its --tp/--cp/--dp or an MPI launcher. */
 int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv);
-/* Writes loss.json and the .npy outputs atomically; 0 or an exit code. */
-int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V);
+/* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */
+int pol_outputs_begin(sph_cli_outset *s, const char *dir);
+/* Writes loss.json and the .npy outputs into the set and publishes it; 0 or an exit code. */
+int pol_write_outputs(sph_cli_outset *s, const pol_result *r, int64_t N, int64_t H, int64_t V);
 
 #endif

@@ -204,6 +204,8 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
     pol_result r, ref;
     memset(&p, 0, sizeof p), memset(&q, 0, sizeof q), memset(&r, 0, sizeof r);
     memset(&ref, 0, sizeof ref);
+    sph_cli_outset os;
+    memset(&os, 0, sizeof os);
     sph_comm_t tpc = NULL, sqc = NULL;
     MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL, shard_mpi = MPI_COMM_NULL;
     if (T * C * D != g_size) {
@@ -217,7 +219,8 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
     }
     const int64_t tp_rank = g_rank % T, cp_rank = (g_rank / T) % C, dp_rank = g_rank / (T * C);
     /* 1. the problem */
-    if (!g_rank) ok = pol_problem_read(o, &p) == 0;
+    if (!g_rank) /* the outputs' set (lock, names, staging) before any work */
+        ok = pol_problem_read(o, &p) == 0 && (!o->outputs || !pol_outputs_begin(&os, o->outputs));
     if (!share_problem(&p, ok)) goto out;
     /* 2-3. this rank's rows and vocabulary rows */
     int64_t *cut = sph_cli_alloc(D + 1, 8), Tg = 0, Sg = 0;
@@ -386,7 +389,7 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
             }
         }
         if (!code && o->outputs) {
-            code = pol_write_outputs(o->outputs, &g, p.N, p.H, p.V);
+            code = pol_write_outputs(&os, &g, p.N, p.H, p.V);
             if (!code) printf("  outputs written to %s\n", o->outputs);
         }
         code = sph_cli_close_stdout(CMD, code);
@@ -395,6 +398,7 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     rc = code;
 out:
+    sph_cli_outset_abort(&os);
     sph_comm_destroy(tpc);
     sph_comm_destroy(sqc);
     if (tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&tp_mpi);

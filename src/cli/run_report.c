@@ -13,6 +13,9 @@
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
                                               "dhidden", "dweight"};
+const char *const run_out_files[RUN_N_OUT + 1] = {"logprob.npy", "entropy.npy", "lse.npy",
+                                                 "logit_mean.npy", "dhidden.npy", "dweight.npy",
+                                                 NULL};
 const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW};
 
 /* max |got - ref| / max |ref| (normwise), NaN -> inf. */
@@ -56,9 +59,9 @@ int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *
     return 0;
 }
 
-int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r) {
-    sph_cli_outset s;
-    if (sph_cli_outset_begin(&s, o->outputs)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sph_cli_outset *os) {
+    sph_cli_outset s = *os; /* the set begun before the run; released here either way */
+    memset(os, 0, sizeof *os);
     for (int k = 0; k < RUN_N_OUT; k++) {
         if (!r->have[k]) continue;
         int64_t sh[2] = {k < 4 ? p->N : (k == 4 ? p->N : p->V), p->H};

@@ -189,16 +189,14 @@ snapshot() { (cd "$1" && find . -printf '%p %y %l\n' | sort && find . -type f -e
 out=$tmp/outs
 mkdir -p "$out"
 for f in logprob entropy lse logit_mean dhidden; do echo "old $f" >"$out/$f.npy"; done
-if [ -w /dev/full ]; then
-    ln -s /dev/full "$out/dweight.npy"
-    before=$(snapshot "$out")
-    expect_err outputs-full 1 "dweight.npy: write failed: No space left on device (nothing was written to $out)" \
-        "$cli" run --N 16 --H 8 --V 32 --entropy --outputs "$out"
-    [ "$(snapshot "$out")" = "$before" ] && echo "ok   outputs-full leaves the directory as it was" \
-        || { echo "FAIL outputs-full changed $out:"; ls -la "$out"; fails=$((fails + 1)); }
-    rm "$out/dweight.npy"
-fi
 echo "old dweight" >"$out/dweight.npy"
+# a write that fails after five files were staged (a 1 KiB file-size limit: dweight is larger;
+# SIGXFSZ ignored so the write returns EFBIG): the directory stays as it was, no hidden files
+before=$(snapshot "$out")
+expect_err outputs-full 1 "dweight.npy: write failed: File too large (nothing was written to $out)" \
+    bash -c 'trap "" XFSZ; ulimit -f 1; exec "$@"' _ "$cli" run --N 16 --H 8 --V 32 --entropy --outputs "$out"
+[ "$(snapshot "$out")" = "$before" ] && echo "ok   outputs-full leaves the directory as it was" \
+    || { echo "FAIL outputs-full changed $out:"; ls -la "$out"; fails=$((fails + 1)); }
 before=$(snapshot "$out")
 expect_err outputs-check 1 "check failed: results differ from the reference (no outputs written)" \
     "$cli" run --inputs "$tmp/illcond" --entropy --check --outputs "$out"
@@ -208,9 +206,17 @@ expect_err outputs-check 1 "check failed: results differ from the reference (no 
 expect_err outputs-check-new 1 "check failed" "$cli" run --inputs "$tmp/illcond" --entropy --check --outputs "$tmp/new"
 [ ! -e "$tmp/new" ] && echo "ok   outputs-check-new left no directory" \
     || { echo "FAIL outputs-check-new created $tmp/new"; fails=$((fails + 1)); }
-# and a successful run replaces every file, through links to regular files, with no temporaries
+# a link among the outputs (even to a regular file) is refused before any work (issue 26
+# case 12: a link to /dev/stderr was written while the rest were staged); test_outputs.sh has more
 echo "linked" >"$tmp/target.npy"
 rm "$out/lse.npy" && ln -s "$tmp/target.npy" "$out/lse.npy"
+before=$(snapshot "$out")
+expect_err outputs-link 1 "$out/lse.npy: a symbolic link, not a regular file: refused" \
+    "$cli" run --N 16 --H 8 --V 32 --entropy --outputs "$out"
+[ "$(snapshot "$out")" = "$before" ] && echo "ok   outputs-link leaves the directory as it was" \
+    || { echo "FAIL outputs-link changed $out:"; ls -la "$out"; fails=$((fails + 1)); }
+rm "$out/lse.npy"
+# and a successful run replaces every file, with no temporaries
 if "$cli" run --N 16 --H 8 --V 32 --entropy --outputs "$out" >/dev/null 2>"$tmp/err"; then
     python3 - "$out" "$tmp/target.npy" <<'PY' && echo "ok   outputs-replace" || { echo "FAIL outputs-replace"; fails=$((fails + 1)); }
 import os, sys, numpy as np
@@ -218,7 +224,7 @@ d, target = sys.argv[1], sys.argv[2]
 for n in ("logprob", "entropy", "lse", "logit_mean", "dhidden", "dweight"):
     a = np.load(f"{d}/{n}.npy")
     assert a.dtype == np.float32 and a.shape[0] in (16, 32), (n, a.shape)
-assert os.path.islink(f"{d}/lse.npy") and np.load(target).shape == (16,), "the link stays a link"
+assert not os.path.islink(f"{d}/lse.npy") and open(target).read() == "linked\n"
 assert not [f for f in os.listdir(d) if f.startswith(".")], os.listdir(d)
 PY
 else
