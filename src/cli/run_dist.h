@@ -32,6 +32,18 @@ int sph_cli_run_dist(int argc, char **argv);
 
 #ifdef SPH_HAVE_MPI
 
+/* ---- step 0: the ranks agree (dist_agree.c) ---------------------------------------------- */
+
+enum { SPH_CLI_PATH_HEAD = 1, SPH_CLI_PATH_POLICY = 2 };
+
+/* Collective over MPI_COMM_WORLD, the first of every distributed path: this rank's path, its
+ * parse result (rc 0, 1 or 2 with msg, or SPH_CLI_HELP) and its parsed options (table, opts)
+ * against every other rank's. Returns 0 to go on; SPH_CLI_HELP when every rank asked for
+ * help (the caller prints the usage on rank 0); else the exit code every rank returns, its
+ * one-line message printed by every rank (hint appended to a usage error). */
+int sph_cli_dist_agree(int path, const sph_cli_opt *table, const void *opts, int rc,
+                       const char *msg, const char *hint, int argc, char **argv);
+
 /* ---- options ------------------------------------------------------------------------------ */
 
 

@@ -43,7 +43,7 @@ const char *const pol_metric_names[SPH_POLICY_N_METRICS] = {
     "tokens", "seqs"};
 
 #define O(f) offsetof(pol_opts, f)
-static const sph_cli_opt k_opts[] = {
+const sph_cli_opt sph_cli_policy_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "hidden weight targets advantages old_logprob .npy, and mask seq_id\n"
      "ref_logprob is_weight .npy where present (required)"},
@@ -109,6 +109,10 @@ static const char k_about[] =
     "The fused RL policy loss: logprob, entropy, the loss (PPO / GRPO / DAPO clipping, CISPO,\n"
     "GSPO, a KL penalty, an entropy bonus), its metrics and dhidden, dweight in one call of\n"
     "the LM head (docs/policy.md).";
+
+void pol_usage(FILE *f) {
+    sph_cli_usage(f, k_synopsis, k_about, sph_cli_policy_opts, SPH_CLI_EXIT_STATUS);
+}
 
 int sph_cli_run_wants_policy(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -455,28 +459,40 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
 
 // ---- the command -----------------------------------------------------------------------------
 
+/* What the parser cannot judge alone: 0, or an exit code with msg. */
+static int validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) {
+    o->dtype_given = sph_cli_given(sph_cli_policy_opts, pp, "--dtype");
+    if (!o->inputs) return 2 * sph_cli_err(msg, n, "--policy-loss needs --inputs DIR (see --help)");
+    if (o->agg == 3 && !sph_cli_given(sph_cli_policy_opts, pp, "--norm-length"))
+        return 2 * sph_cli_err(msg, n, "--agg seq-mean-token-sum-norm needs --norm-length L");
+    if (o->threads > sph_cli_cpu_count())
+        return sph_cli_err(msg, n, "--threads %lld: more than the %lld CPUs of this machine",
+                           (long long)o->threads, (long long)sph_cli_cpu_count());
+    if (!((float)o->temperature >= FLT_MIN) || !isfinite((float)o->temperature))
+        return sph_cli_err(msg, n, "--temperature %g: outside float's normal range", o->temperature);
+    return 0;
+}
+
 int sph_cli_run_policy(int argc, char **argv) {
     pol_opts o;
     memset(&o, 0, sizeof o);
     o.clip_low = o.clip_high = 0.2, o.clip_c = INFINITY, o.temperature = 1.0, o.repeats = 1;
     o.tp = o.cp = o.dp = 1;
     sph_cli_parsed pp = {0};
-    int done, rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, k_opts, argc, argv, &o, &pp,
-                                         &done);
+    char msg[480] = "";
+    int rc;
+    /* under mpirun (or with --tp/--cp/--dp) every verdict, a usage error or --help included,
+     * goes to the ranks' agreement instead of ending this rank alone */
+    if (sph_cli_run_wants_dist(argc, argv)) {
+        rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
+        if (rc == 0) rc = validate(&o, &pp, msg, sizeof msg);
+        return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
+    }
+    int done;
+    rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_policy_opts, argc, argv, &o, &pp,
+                               &done);
     if (done) return rc;
-    o.dtype_given = sph_cli_given(k_opts, &pp, "--dtype");
-    if (!o.inputs) return sph_cli_fail(CMD, 2, "--policy-loss needs --inputs DIR (see --help)");
-    if (o.agg == 3 && !(o.norm_length > 0))
-        return sph_cli_fail(CMD, 2, "--agg seq-mean-token-sum-norm needs --norm-length L");
-    if (o.threads > sph_cli_cpu_count())
-        return sph_cli_fail(CMD, 1, "--threads %lld: more than the %lld CPUs of this machine",
-                            (long long)o.threads, (long long)sph_cli_cpu_count());
-    if (!((float)o.temperature >= FLT_MIN) || !isfinite((float)o.temperature))
-        return sph_cli_fail(CMD, 1, "--temperature %g: outside float's normal range",
-                            o.temperature);
-    if (sph_cli_given(k_opts, &pp, "--tp") || sph_cli_given(k_opts, &pp, "--cp") ||
-        sph_cli_given(k_opts, &pp, "--dp") || sph_cli_run_wants_dist(argc, argv))
-        return sph_cli_run_policy_dist(&o, argc, argv);
+    if ((rc = validate(&o, &pp, msg, sizeof msg))) return sph_cli_fail(CMD, rc, "%s", msg);
     pol_problem p;
     pol_result r, ref;
     sph_cli_outset os;
