@@ -351,3 +351,23 @@ void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n) {
     }
     fputc(']', f);
 }
+
+void sph_cli_json_str(FILE *f, const char *s) {
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+void sph_cli_json_num(FILE *f, const char *fmt, double x) {
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fputs("null", f);
+}

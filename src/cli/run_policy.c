@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "args.h"
+#include "json_util.h"
 #include "npy.h"
 #include "run.h"
 #include "run_dist.h"
@@ -383,13 +384,21 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
 }
 
 char *pol_loss_json(const float *m) {
-    char *s = malloc(1024);
-    if (!s) return NULL;
-    int n = snprintf(s, 1024, "{");
-    for (int k = 0; k <= SPH_METRIC_PPO_KL; k++)
-        n += snprintf(s + n, 1024 - (size_t)n, "%s\"%s\": %.9g", k ? ", " : "",
-                      pol_metric_names[k], (double)m[k]);
-    snprintf(s + n, 1024 - (size_t)n, "}\n");
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    if (!f) return NULL;
+    fputc('{', f);
+    for (int k = 0; k <= SPH_METRIC_PPO_KL; k++) {
+        fprintf(f, "%s\"%s\": ", k ? ", " : "", pol_metric_names[k]);
+        sph_cli_json_num(f, "%.9g", (double)m[k]); /* inf / NaN: null */
+    }
+    fputs("}\n", f);
+    int bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -430,17 +439,27 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
     const char *dt = p->bits == 32 ? "f32" : (p->is_bf16 ? "bf16" : "f16");
     if (o->json) {
         printf("{\"policy_loss\":\"%s\",\"kl\":\"%s\",\"agg\":\"%s\",\"N\":%lld,\"H\":%lld,"
-               "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":%.6g,"
-               "\"workspace_bytes\":%zu,\"metrics\":{",
+               "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":",
                k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-               (long long)p->V, (long long)act, dt, k_devices[o->device], r->ms, r->ws_bytes);
-        for (int k = 0; k < SPH_POLICY_N_METRICS; k++)
-            printf("%s\"%s\":%.9g", k ? "," : "", pol_metric_names[k], (double)r->metrics[k]);
+               (long long)p->V, (long long)act, dt, k_devices[o->device]);
+        /* non-finite numbers as null (json_util.h): a diverged loss still prints valid JSON */
+        sph_cli_json_num(stdout, "%.6g", r->ms);
+        printf(",\"workspace_bytes\":%zu,\"metrics\":{", r->ws_bytes);
+        for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
+            printf("%s\"%s\":", k ? "," : "", pol_metric_names[k]);
+            sph_cli_json_num(stdout, "%.9g", (double)r->metrics[k]);
+        }
         printf("}");
-        if (checked)
-            printf(",\"check\":{\"passed\":%s,\"tol\":%g,\"metrics\":%.3g,\"logprob\":%.3g,"
-                   "\"entropy\":%.3g,\"dhidden\":%.3g,\"dweight\":%.3g}",
-                   passed ? "true" : "false", tol, err[0], err[1], err[2], err[3], err[4]);
+        if (checked) {
+            static const char *const names[5] = {"metrics", "logprob", "entropy", "dhidden",
+                                                 "dweight"};
+            printf(",\"check\":{\"passed\":%s,\"tol\":%g", passed ? "true" : "false", tol);
+            for (int k = 0; k < 5; k++) {
+                printf(",\"%s\":", names[k]);
+                sph_cli_json_num(stdout, "%.3g", err[k]);
+            }
+            printf("}");
+        }
         printf("}\n");
         return;
     }

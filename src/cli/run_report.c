@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_util.h"
 #include "run.h"
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
@@ -132,21 +133,8 @@ void run_report_text(const run_problem *p, const run_opts *o, const run_result *
     if (r->passed) printf("  check passed\n");
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
-static void json_num(double x) {
-    if (isfinite(x)) printf("%.6g", x);
-    else printf("null");
-}
+static void json_str(const char *s) { sph_cli_json_str(stdout, s); }
+static void json_num(double x) { sph_cli_json_num(stdout, "%.6g", x); }
 
 void run_report_json(const run_problem *p, const run_opts *o, const run_result *r) {
     printf("{\"command\":\"run\",\"context\":");

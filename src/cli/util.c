@@ -276,10 +276,12 @@ void sph_cli_progress_end(sph_cli_progress *p) {
 // ---- stdout ----------------------------------------------------------------------------------
 
 int sph_cli_close_stdout(const char *cmd, int rc) {
+    static int reported; /* a runner and main() both close: the error is said once */
     errno = 0;
     int bad = fflush(stdout) != 0 || ferror(stdout);
     if (!bad) return rc;
     int e = errno;
+    if (reported++) return rc ? rc : 1;
     fprintf(stderr, "spanhead %s: writing standard output: %s\n", cmd,
             e ? strerror(e) : "write error");
     return rc ? rc : 1;
