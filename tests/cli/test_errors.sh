@@ -95,7 +95,21 @@ np.save(f"{p}/weight.npy", r.standard_normal((512, 32)).astype(np.float32))
 np.save(f"{p}/targets.npy", r.integers(0, 512, 64).astype(np.int64))
 np.save(f"{p}/dlogprob.npy", r.standard_normal(64).astype(np.float32))
 np.save(f"{p}/dentropy.npy", r.standard_normal(64).astype(np.float32))
+# dlogit_mean with candidates (sample support, where logit_mean is not defined): issue 26
+# case 11, it used to be dropped without a word; alone (the only gradient) and beside dlogprob
+for name, keep in (("dlm_cand", False), ("dlm_cand_g", True)):
+    p = good(name)
+    if not keep: os.remove(f"{p}/dlogprob.npy")
+    t = np.load(f"{p}/targets.npy")  # each row's support: its target and 4 other ids
+    np.save(f"{p}/candidates.npy", np.stack([np.r_[t[i], r.permutation(np.delete(np.arange(V), t[i]))[:4]]
+                                             for i in range(N)]).astype(np.int64))
+    np.save(f"{p}/dlogit_mean.npy", r.standard_normal(N).astype(np.float32))
 PY
+for c in dlm_cand dlm_cand_g; do
+    expect_err $c 1 "dlogit_mean: given in sample-support mode, where logit_mean is not defined" \
+        "$cli" run --inputs "$tmp/$c" --outputs "$tmp/$c-out"
+    [ ! -e "$tmp/$c-out" ] || { echo "FAIL $c: wrote $tmp/$c-out"; fails=$((fails + 1)); }
+done
 expect_err npy-wrap 1 "hidden.npy: header: 'shape' describes more bytes than memory can address" \
     "$cli" run --inputs "$tmp/wrap"
 expect_err npy-cut 1 "hidden.npy: header: 'descr' is not a simple dtype string" "$cli" run --inputs "$tmp/cut"
