@@ -75,22 +75,11 @@ static int validate(run_opts *o, const sph_cli_parsed *pp) {
     if (!o->inputs && (!o->N || !o->H || !o->V))
         return sph_cli_fail(RUN_CMD, 2, "--N, --H and --V go together (or none: the default batch)");
     if (o->mask < 0) o->mask = o->default_batch ? SYNTH_RESPONSE : SYNTH_ALL;
-    /* thread counts: bounded by the machine (libgomp crashes on absurd counts) */
-    const int64_t cpus = sph_cli_cpu_count();
-    if (o->threads > cpus)
-        return sph_cli_fail(RUN_CMD, 1, "--threads %lld: more than the %lld CPUs of this machine",
-                            (long long)o->threads, (long long)cpus);
-    /* the kernels compute in float: a value that does not survive the conversion is refused */
-    if (!(o->temperature > 0))
-        return sph_cli_fail(RUN_CMD, 1, "--temperature %g: expected a number > 0", o->temperature);
-    if (!((float)o->temperature >= FLT_MIN) || !isfinite((float)o->temperature))
-        return sph_cli_fail(RUN_CMD, 1, "--temperature %g: outside float's normal range [%g, %g] "
-                                        "(the kernels divide by it in float)",
-                            o->temperature, (double)FLT_MIN, (double)FLT_MAX);
-    if (o->softcap > 0 && (!((float)o->softcap >= FLT_MIN) || !isfinite((float)o->softcap)))
-        return sph_cli_fail(RUN_CMD, 1, "--softcap %g: outside float's normal range [%g, %g] "
-                                        "(0 turns it off)",
-                            o->softcap, (double)FLT_MIN, (double)FLT_MAX);
+    /* threads, kernel, temperature, softcap: the library's domains, judged by the library
+     * before any work (opt_probe.c); a refusal is a usage error with its message */
+    int prc = sph_cli_probe_head(RUN_CMD, o->temperature, o->softcap, o->threads, o->kernel,
+                                 NULL, 0);
+    if (prc) return prc;
     if (!o->inputs && o->V_total && o->V_total < o->V)
         return sph_cli_fail(RUN_CMD, 1, "--vocab-total %lld: smaller than --V %lld",
                             (long long)o->V_total, (long long)o->V);

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "run.h"
 #include "run_dist.h"
 
 int sph_cli_run_wants_dist(int argc, char **argv) {
@@ -126,6 +127,8 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
                  (long long)o->max_len, (long long)o->min_len);
         rc = 2;
     }
+    if (rc == 0) /* temperature, kernel: the library's verdict (opt_probe.c) */
+        rc = sph_cli_probe_head("run", o->temperature, 0, 0, o->kernel, msg, sizeof msg);
     /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
     int dist_args = 0;
     for (int i = 1; i < argc; i++)

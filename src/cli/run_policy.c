@@ -53,22 +53,22 @@ const sph_cli_opt sph_cli_policy_opts[] = {
      "after the run (and --check) succeeded, or none"},
     {"--policy-loss", "ppo|cispo|gspo", SPH_OPT_CHOICE, O(loss), 0, 0, 0, 0, k_losses, 0,
      "the policy-gradient term"},
-    {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 1, NULL, 0,
+    {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "eps_low: the ratio's clip range starts at 1 - E (default 0.2)"},
-    {"--clip-high", "E", SPH_OPT_F64, O(clip_high), 0, 0, 0, 1e300, NULL, 0,
+    {"--clip-high", "E", SPH_OPT_F64, O(clip_high), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "eps_high: the clip range ends at 1 + E (default 0.2)"},
-    {"--clip-ratio-c", "C", SPH_OPT_F64, O(clip_c), 0, 0, 1, 1e300, NULL, SPH_OPTF_GT,
+    {"--clip-ratio-c", "C", SPH_OPT_F64, O(clip_c), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "dual clip C > 1 for negative advantages (ppo, gspo; default none)"},
     {"--kl", "none|k1|k2|k3", SPH_OPT_CHOICE, O(kl), 0, 0, 0, 0, k_kls, 0,
      "KL estimator to the reference (default none; needs ref_logprob.npy)"},
-    {"--kl-coef", "B", SPH_OPT_F64, O(kl_coef), 0, 0, 0, 1e300, NULL, 0,
+    {"--kl-coef", "B", SPH_OPT_F64, O(kl_coef), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "KL coefficient (default 0)"},
-    {"--entropy-coef", "H", SPH_OPT_F64, O(entropy_coef), 0, 0, 0, 1e300, NULL, 0,
+    {"--entropy-coef", "H", SPH_OPT_F64, O(entropy_coef), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "entropy bonus coefficient, subtracted (default 0)"},
     {"--agg", "MODE", SPH_OPT_CHOICE, O(agg), 0, 0, 0, 0, k_aggs, 0,
      "token-mean|seq-mean-token-sum|seq-mean-token-mean|\n"
      "seq-mean-token-sum-norm (default token-mean; seq-*: seq_id.npy)"},
-    {"--norm-length", "L", SPH_OPT_F64, O(norm_length), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+    {"--norm-length", "L", SPH_OPT_F64, O(norm_length), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "L of seq-mean-token-sum-norm"},
     {"--num-tokens", "T", SPH_OPT_COUNT, O(num_tokens), 1, INT64_MAX, 0, 0, NULL, 0,
      "tokens of the global batch (default: the active rows)"},
@@ -78,14 +78,14 @@ const sph_cli_opt sph_cli_policy_opts[] = {
      "where to compute (default cpu)"},
     {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
      "what uint16 hidden / weight bits hold (f4 / f2 files say it themselves)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "softmax temperature (default 1)"},
-    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 1e300, NULL, 0,
+    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "tanh logit cap (default 0: off)"},
     {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "span coalescing gap of mask.npy (default 0)"},
-    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT64_MAX, 0, 0, NULL, 0,
-     "CPU threads, at most this machine's CPUs (default 0: all)"},
+    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
+     "CPU threads (default 0: all; the library bounds it)"},
     {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
      "force a kernel set: ref, generic, avx2, avx512"},
     {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
@@ -484,12 +484,8 @@ static int validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) 
     if (!o->inputs) return 2 * sph_cli_err(msg, n, "--policy-loss needs --inputs DIR (see --help)");
     if (o->agg == 3 && !sph_cli_given(sph_cli_policy_opts, pp, "--norm-length"))
         return 2 * sph_cli_err(msg, n, "--agg seq-mean-token-sum-norm needs --norm-length L");
-    if (o->threads > sph_cli_cpu_count())
-        return sph_cli_err(msg, n, "--threads %lld: more than the %lld CPUs of this machine",
-                           (long long)o->threads, (long long)sph_cli_cpu_count());
-    if (!((float)o->temperature >= FLT_MIN) || !isfinite((float)o->temperature))
-        return sph_cli_err(msg, n, "--temperature %g: outside float's normal range", o->temperature);
-    return 0;
+    /* every value the library takes, judged by the library (a usage error with its message) */
+    return sph_cli_probe_policy(CMD, o, msg, n);
 }
 
 int sph_cli_run_policy(int argc, char **argv) {

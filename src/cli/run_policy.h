@@ -90,6 +90,8 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
  * as this rank parsed it, rc its verdict (0, 1 or 2 with msg, or SPH_CLI_HELP), which the
  * ranks' agreement judges before anything else. */
 int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
+/* The library's verdict on the policy options (opt_probe.c; like sph_cli_probe_head). */
+int sph_cli_probe_policy(const char *cmd, const pol_opts *o, char *msg, size_t n);
 /* The usage of `run --policy-loss` on f. */
 void pol_usage(FILE *f);
 /* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */

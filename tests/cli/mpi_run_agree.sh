@@ -38,7 +38,8 @@ expect_mpi mpmd-help "rank 1 '--tp 2 --help'" -np 1 "$cli" run --tp 2 : -np 1 "$
 expect_mpi mpmd-bench "rank 1 '--tp 2 --bench 3'" -np 1 "$cli" run --tp 2 : -np 1 "$cli" run --tp 2 --bench 3
 expect_mpi mpmd-single "rank 1 '--check'" -np 1 "$cli" run --tp 2 : -np 1 "$cli" run --check
 expect_mpi all-unknown "unknown option '--bogus'" -np 2 "$cli" run --tp 2 --bogus
-expect_mpi all-bad-value "--temperature '0': expected a finite number in (0," -np 2 "$cli" run --tp 2 --temperature 0
+expect_mpi all-bad-value "temperature: 0, expected finite and > 0" -np 2 "$cli" run --tp 2 --temperature 0
+expect_mpi all-bad-kernel "force_kernel: 'nope' is unknown" -np 2 "$cli" run --tp 2 --kernel nope
 expect_mpi single-opts "this is the distributed runner" -np 2 "$cli" run --check
 expect_mpi world "needs 4 ranks, but mpirun started 2" -np 2 "$cli" run --tp 4
 expect_mpi support "--support 300: more candidates than --vocab 203" -np 2 "$cli" run --tp 2 --support 300

@@ -133,12 +133,27 @@ expect_err nh-overflow 1 "--H 4611686018427387904 --V 1: N*H = 4 x 4611686018427
     "$cli" run --N 4 --H 4611686018427387904 --V 1
 expect_err memory 1 "GiB of host memory, this machine has" "$cli" run --N 1000000 --H 100000 --V 1000
 cpus=$(getconf _NPROCESSORS_ONLN)
-for t in 100000 4294967297 2147483648; do
-    expect_err threads-$t 1 "--threads $t: more than the $cpus CPUs of this machine" \
+# ---- option values: the library's domains, judged by the library before any work (issue 26
+# case 16): a usage error (exit 2) with the library's message naming the argument and value;
+# malformed values are the parser's usage errors
+expect_err threads-100000 2 "--threads: invalid argument: opts.num_threads is 100000, expected 0 (all processors) to" \
+    "$cli" run --N 4 --H 4 --V 4 --threads 100000
+for t in 4294967297 2147483648 99999999999999999999; do
+    expect_err threads-$t 2 "--threads '$t': expected an integer in [0, 2147483647]" \
         "$cli" run --N 4 --H 4 --V 4 --threads $t
 done
-expect_err threads-int64 2 "--threads '99999999999999999999': expected an integer >= 0" \
-    "$cli" run --N 4 --H 4 --V 4 --threads 99999999999999999999
+expect_err threads-abc 2 "--threads 'x': expected an integer" "$cli" run --N 4 --H 4 --V 4 --threads x
+expect_err kernel-bogus 2 "--kernel: invalid argument: force_kernel: 'bogus' is unknown" "$cli" run --N 4 --H 4 --V 4 --kernel bogus
+for v in inf nan -1 0 1e-300 1e+300 -inf; do
+    expect_err temperature-$v 2 "--temperature: invalid argument: temperature: $v, expected finite and > 0" \
+        "$cli" run --N 4 --H 4 --V 4 --temperature $v
+done
+expect_err temperature-abc 2 "--temperature 'warm': expected a number" "$cli" run --N 4 --H 4 --V 4 --temperature warm
+expect_err temperature-empty 2 "--temperature '': expected a number" "$cli" run --N 4 --H 4 --V 4 --temperature ''
+for v in 1e+39 inf -2; do
+    expect_err softcap-$v 2 "--softcap: invalid argument: softcap: $v, expected finite and > 0 (or 0 = off)" \
+        "$cli" run --N 4 --H 4 --V 4 --softcap $v
+done
 expect_err support-gt-v 1 "--support 5: more candidates than the vocabulary (4 ids)" \
     "$cli" run --N 4 --H 4 --V 4 --support 5
 # (the MPI runner as a singleton; Open MPI's own allocations outlive MPI_Finalize, so a
@@ -148,13 +163,14 @@ expect_err support-gt-v-dist 1 "--support 5: more candidates than --vocab 4" \
     "$cli" run --tp 1 --support 5 --vocab 4 --no-check
 expect_err vocab-start 1 "--vocab-start 9223372036854775807: the shard of V_loc = 8 rows starting there ends past --vocab-total 9223372036854775807" \
     "$cli" run --N 4 --H 4 --V 8 --vocab-start 9223372036854775807 --vocab-total 9223372036854775807
-expect_err softcap 1 "--softcap 3.5e+38: outside float's normal range" "$cli" run --N 4 --H 4 --V 4 --softcap 3.5e38
-expect_err temperature 1 "--temperature 1e-50: outside float's normal range" \
+expect_err softcap 2 "softcap: 3.5e+38, expected finite and > 0 (or 0 = off)" "$cli" run --N 4 --H 4 --V 4 --softcap 3.5e38
+expect_err temperature 2 "temperature: 1e-50, expected finite and > 0" \
     "$cli" run --N 4 --H 4 --V 4 --temperature 1e-50
-expect_err temperature-sub 1 "--temperature 1e-40: outside float's normal range" \
+expect_err temperature-sub 2 "temperature: 1e-40, expected finite and > 0" \
     "$cli" run --N 4 --H 4 --V 4 --temperature 1e-40
-expect_err temperature-big 1 "--temperature 1e+300: outside float's normal range" \
-    "$cli" run --N 4 --H 4 --V 4 --temperature 1e300
+# a value the float can hold but not its inverse: the library's rule, not the CLI's old one
+expect_err temperature-tiny-inverse 2 "temperature: 1e-38, expected finite and > 0" \
+    "$cli" run --N 4 --H 4 --V 4 --temperature 1e-38
 expect_err unknown 2 "unknown option '--bogus'" "$cli" run --bogus
 expect_err flag-value 2 "--check takes no value (got 'yes')" "$cli" run --check=yes
 expect_err missing-value 2 "--seed needs a value" "$cli" run --seed

@@ -46,7 +46,7 @@ expect_rc 2 "--N '0': expected a count" -- "$cli" run --N 0 --H 4 --V 4
 expect_rc 2 "--N, --H and --V go together" -- "$cli" run --N 4
 expect_rc 2 "--mask 'stripes'" -- "$cli" run --N 4 --H 4 --V 4 --mask stripes
 expect_rc 2 "--device 'tpu': expected cpu or cuda" -- "$cli" run --device tpu
-expect_rc 1 "--temperature -1: expected a number > 0" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
+expect_rc 2 "temperature: -1, expected finite and > 0" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
 expect_rc 1 "--vocab-start 5: the shard of V_loc = 8 rows" -- "$cli" run --N 4 --H 4 --V 8 --vocab-total 10 --vocab-start 5
 expect_rc 1 "--inputs $tmp/none: No such file or directory" -- "$cli" run --inputs "$tmp/none"
 
