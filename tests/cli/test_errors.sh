@@ -143,6 +143,8 @@ for t in 4294967297 2147483648 99999999999999999999; do
         "$cli" run --N 4 --H 4 --V 4 --threads $t
 done
 expect_err threads-abc 2 "--threads 'x': expected an integer" "$cli" run --N 4 --H 4 --V 4 --threads x
+expect_err kernel-env 2 "SPH_KERNEL (environment): 'bogus' is unknown" \
+    env SPH_KERNEL=bogus "$cli" run --N 4 --H 4 --V 4
 expect_err kernel-bogus 2 "--kernel: invalid argument: force_kernel: 'bogus' is unknown" "$cli" run --N 4 --H 4 --V 4 --kernel bogus
 for v in inf nan -1 0 1e-300 1e+300 -inf; do
     expect_err temperature-$v 2 "--temperature: invalid argument: temperature: $v, expected finite and > 0" \
@@ -161,6 +163,18 @@ expect_err support-gt-v 1 "--support 5: more candidates than the vocabulary (4 i
 expect_err support-gt-v-dist 1 "--support 5: more candidates than --vocab 4" \
     env -u OMPI_COMM_WORLD_SIZE ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
     "$cli" run --tp 1 --support 5 --vocab 4 --no-check
+# lengths.npy that sums to exactly one row more than hidden has (it said "more than 17")
+python3 - "$tmp/lensum" <<'PY'
+import os, sys, numpy as np
+d = sys.argv[1]; os.makedirs(d); r = np.random.default_rng(1)
+np.save(f"{d}/hidden.npy", r.standard_normal((16, 4)).astype(np.float32))
+np.save(f"{d}/weight.npy", r.standard_normal((8, 4)).astype(np.float32))
+np.save(f"{d}/targets.npy", r.integers(0, 8, 16).astype(np.int64))
+np.save(f"{d}/lengths.npy", np.array([9, 8], np.int64))
+PY
+expect_err lengths-sum-dist 1 "lengths.npy sums to 17, but hidden has R = 16 rows" \
+    env -u OMPI_COMM_WORLD_SIZE ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+    "$cli" run --tp 1 --inputs "$tmp/lensum" --no-check
 expect_err vocab-start 1 "--vocab-start 9223372036854775807: the shard of V_loc = 8 rows starting there ends past --vocab-total 9223372036854775807" \
     "$cli" run --N 4 --H 4 --V 8 --vocab-start 9223372036854775807 --vocab-total 9223372036854775807
 expect_err softcap 2 "softcap: 3.5e+38, expected finite and > 0 (or 0 = off)" "$cli" run --N 4 --H 4 --V 4 --softcap 3.5e38
