@@ -18,6 +18,9 @@ snapshot() { (cd "$1" && find . -printf '%p %y %l\n' | sort && find . -type f -e
 # a run whose dweight (128 MiB) takes a while to write
 big=(run --N 8 --H 1024 --V 32768 --repeats 1)
 small=(run --N 64 --H 32 --V 512 --entropy)
+# long enough (about 2 s here) that the second run surely starts while the first computes, and
+# that computing at all would show in the second run's time
+slow=(run --N 256 --H 64 --V 2048 --entropy --repeats 300)
 
 # wait_for TEST...: polls (10 ms) up to 20 s until the test holds; 1 on timeout
 wait_for() {
@@ -70,18 +73,17 @@ rc=$?
 
 # ---- two runs on one target ----------------------------------------------------------------
 # expected: what seed 1 alone writes
-"$cli" "${small[@]}" --seed 1 --outputs "$tmp/want" >/dev/null || bad "reference run failed"
+"$cli" "${slow[@]}" --repeats 1 --seed 1 --outputs "$tmp/want" >/dev/null || bad "reference run failed"
 for kind in new existing; do
     tgt=$tmp/two-$kind
     [ $kind = existing ] && mkdir -p "$tgt" && echo mine >"$tgt/notes.txt"
     # A: slow (many repeats), seed 1; B: seed 2, started once A holds the target
-    "$cli" run --N 64 --H 32 --V 512 --entropy --seed 1 --repeats 1000 --outputs "$tgt" \
-        >/dev/null 2>"$tmp/errA" &
+    "$cli" "${slow[@]}" --seed 1 --outputs "$tgt" >/dev/null 2>"$tmp/errA" &
     pid=$!
     if [ $kind = new ]; then wait_for test -d "$tgt"; else wait_for compgen -G "$tgt/.spanhead.*" >/dev/null; fi \
         || bad "two-$kind: A never took the target"
     t0=$(date +%s.%N)
-    "$cli" "${small[@]}" --seed 2 --repeats 1000 --outputs "$tgt" >/dev/null 2>"$tmp/errB"
+    "$cli" "${slow[@]}" --seed 2 --outputs "$tgt" >/dev/null 2>"$tmp/errB"
     rcB=$?
     tB=$(echo "$(date +%s.%N) - $t0" | bc)
     wait "$pid"
@@ -89,7 +91,7 @@ for kind in new existing; do
     grep -q "another spanhead run is writing there" "$tmp/errB" && [ "$rcB" = 1 ] \
         && ok "two-$kind: the second run fails ($(cat "$tmp/errB" | head -c 90)...)" \
         || bad "two-$kind: second run exit $rcB: $(cat "$tmp/errB")"
-    # before computing: 1000 repeats take seconds, the refusal a fraction of one
+    # before computing: the run takes seconds, the refusal a fraction of one
     [ "$(echo "$tB < 1.0" | bc)" = 1 ] && ok "two-$kind: refused before computing (${tB}s)" \
         || bad "two-$kind: the second run took ${tB}s"
     [ "$rcA" = 0 ] || bad "two-$kind: first run exit $rcA: $(cat "$tmp/errA")"
@@ -100,7 +102,7 @@ for kind in new existing; do
     hidden=$(cd "$tgt" && ls -A | grep '^\.' || true)
     [ $same = 1 ] && [ -z "$hidden" ] && ok "two-$kind: the final set is the first run's alone" \
         || bad "two-$kind: final set mixed or incomplete (same=$same hidden='$hidden')"
-    [ $kind = new ] || [ ! -e "$tgt/notes.txt" ] || grep -q mine "$tgt/notes.txt" || bad "notes.txt lost"
+    [ $kind = new ] || grep -q mine "$tgt/notes.txt" || bad "two-$kind: a file of another name was lost"
 done
 
 # ---- outputs that are not regular files: refused up front, nothing written ------------------
