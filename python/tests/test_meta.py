@@ -244,7 +244,7 @@ def test_pack_matches_cli(rng, algorithm):
                        bin_multiple=2)
     assert set(py) == set(got)
     assert py["bins"] == got["bins"] and py["bin_tokens"] == got["bin_tokens"]
-    # the CLI prints the utilization rounded to 6 decimals
+    # the CLI prints the utilization to 9 significant digits
     assert py["utilization"] == pytest.approx(got["utilization"], abs=5e-7)
 
 

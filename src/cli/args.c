@@ -3,6 +3,9 @@
  */
 #include "args.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -54,6 +57,13 @@ static void range_text(const sph_cli_opt *o, char *buf, size_t n) {
 }
 
 static int f64_ok(const sph_cli_opt *o, const char *s, double *v) {
+    if (o->flags & SPH_OPTF_ANY) { /* the whole string a number, whatever its value */
+        char *end = NULL;
+        if (!*s || isspace((unsigned char)*s)) return 0;
+        errno = 0;
+        *v = strtod(s, &end);
+        return end != s && *end == '\0';
+    }
     if (sph_cli_parse_f64(s, o->flo, o->fhi, v)) return 0;
     return !((o->flags & SPH_OPTF_GT) && *v <= o->flo);
 }
@@ -81,6 +91,10 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
     }
     case SPH_OPT_F64: {
         double x;
+        if (!f64_ok(o, v, &x) && (o->flags & SPH_OPTF_ANY)) {
+            sph_cli_err(err, errlen, "%s '%s': expected a number", o->name, show(v).s);
+            return 2;
+        }
         if (!f64_ok(o, v, &x)) {
             range_text(o, what, sizeof what);
             sph_cli_err(err, errlen, "%s '%s': expected a finite number %s", o->name, show(v).s,

@@ -25,7 +25,9 @@ typedef enum sph_cli_kind {
     SPH_OPT_CHOICES, /* sph_cli_list: comma-separated distinct choices (indices in .i) */
 } sph_cli_kind;
 
-#define SPH_OPTF_GT 1u /* SPH_OPT_F64(S): the lower bound itself is excluded */
+#define SPH_OPTF_GT 1u  /* SPH_OPT_F64(S): the lower bound itself is excluded */
+#define SPH_OPTF_ANY 2u /* SPH_OPT_F64: any number strtod reads (inf and nan too), no bounds:
+                           a value the library judges (opt_probe.c), not the parser */
 
 #define SPH_CLI_LIST_MAX 16
 

@@ -50,4 +50,8 @@ int bench_point_mask(const bopts *o, const work *w, const char *mask, double *ac
 int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, const char *gpu,
                  const char *date, FILE *js);
 
+/* The first failed write of the --json lines (errno), 0 while none failed: both emitters set
+ * it at the failing flush, cmd_bench.c reports it when the files are closed. */
+extern int bench_js_errno;
+
 #endif

@@ -17,6 +17,7 @@
  * sph_ctx_synchronize). The table adds the ratio of each row's time to the one-pass row's;
  * --json lines carry mode "policy", "one-pass" or "general+loss" and "vs_one_pass".
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "json_util.h"
 #include "synth.h"
 
 #define POL_SEQ 2048 /* rows per sequence (the response mask's) */
@@ -94,17 +96,27 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
            rw->ms / rw->floor_ms, rw->ms / one_ms, rw->peak / 1048576.0, rw->path);
     fflush(stdout);
     if (!js) return;
-    fprintf(js,
-            "{\"gpu\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"shape\":\"%s\",\"H\":%" PRId64
-            ",\"V_local\":%" PRId64 ",\"N\":%" PRId64 ",\"active\":%.4f,\"mask\":\"%s\","
-            "\"mode\":\"%s\",\"impl\":\"spanhead\",\"dtype\":\"%s\",\"span_gap\":%" PRId64
-            ",\"n_active\":%" PRId64 ",\"ms\":%.4f,\"floor_ms\":%.4f,\"ratio\":%.4f,"
-            "\"vs_one_pass\":%.4f,\"peak_extra_bytes\":%zu,\"path\":\"%s\","
-            "\"loss\":\"ppo clip 0.2/0.28 c 3, k3 0.001, entropy 0.001, seq-mean-token-mean\"}\n",
-            gpu, date, o->commit, w->sh.name, w->sh.H, w->sh.V, w->N, act, mask, rw->mode,
-            o->dt_name, o->gap, n_active, rw->ms, rw->floor_ms, rw->ms / rw->floor_ms,
-            rw->ms / one_ms, rw->peak, rw->path);
-    fflush(js);
+    /* strings escaped, non-finite numbers null (json_util.h) */
+    fputs("{\"gpu\":", js), sph_cli_json_str(js, gpu);
+    fputs(",\"date\":", js), sph_cli_json_str(js, date);
+    fputs(",\"commit\":", js), sph_cli_json_str(js, o->commit);
+    fputs(",\"shape\":", js), sph_cli_json_str(js, w->sh.name);
+    fprintf(js, ",\"H\":%" PRId64 ",\"V_local\":%" PRId64 ",\"N\":%" PRId64 ",\"active\":",
+            w->sh.H, w->sh.V, w->N);
+    sph_cli_json_num(js, "%.4f", act);
+    fputs(",\"mask\":", js), sph_cli_json_str(js, mask);
+    fputs(",\"mode\":", js), sph_cli_json_str(js, rw->mode);
+    fputs(",\"impl\":\"spanhead\",\"dtype\":", js), sph_cli_json_str(js, o->dt_name);
+    fprintf(js, ",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64 ",\"ms\":", o->gap, n_active);
+    sph_cli_json_num(js, "%.4f", rw->ms);
+    fputs(",\"floor_ms\":", js), sph_cli_json_num(js, "%.4f", rw->floor_ms);
+    fputs(",\"ratio\":", js), sph_cli_json_num(js, "%.4f", rw->ms / rw->floor_ms);
+    fputs(",\"vs_one_pass\":", js), sph_cli_json_num(js, "%.4f", rw->ms / one_ms);
+    fprintf(js, ",\"peak_extra_bytes\":%zu,\"path\":", rw->peak);
+    sph_cli_json_str(js, rw->path);
+    fputs(",\"loss\":\"ppo clip 0.2/0.28 c 3, k3 0.001, entropy 0.001, seq-mean-token-mean\"}\n",
+          js);
+    if (fflush(js) != 0 && !bench_js_errno) bench_js_errno = errno ? errno : EIO;
 }
 
 /* One point: the three variants; rows[3] out. */

@@ -45,7 +45,10 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "json_util.h"
 #include "synth.h"
+
+int bench_js_errno;
 
 
 /* options: sph_cli_bench_opts (opts.c) */
@@ -225,19 +228,39 @@ static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char 
         snprintf(tokens, sizeof tokens, "%" PRId64, w->tokens);
     }
     for (int k = 0; k < 2; k++) {
-        if (!js[k]) continue;
-        fprintf(js[k],
-            "{\"gpu\":\"%s\",\"date\":\"%s\",\"commit\":\"%s\",\"shape\":\"%s\",\"H\":%" PRId64
-            ",\"V_local\":%" PRId64 ",\"N\":%" PRId64 ",\"tp\":%s,\"cp\":%s,\"tokens\":%s,"
-            "\"active\":%.4f,\"mask\":\"%s\",\"mode\":\"%s\",\"impl\":\"spanhead\","
-            "\"dtype\":\"%s\",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64 ",\"ms\":%.4f,"
-            "\"floor_ms\":%.4f,\"ratio\":%.4f,\"floor_sustained_ms\":%.4f,"
-            "\"ratio_sustained\":%.4f,\"rate_tflops\":%.6g,\"rate_sustained_tflops\":%.6g,"
-            "\"peak_extra_bytes\":%zu,\"path\":\"%s\"}\n",
-            gpu, date, o->commit, w->sh.name, w->sh.H, w->sh.V, w->N, tp, cp, tokens, p->act,
-            p->mask, mode, o->dt_name, o->gap, p->n_active, p->ms, p->floor_ms, p->ratio,
-            p->floor_sus_ms, p->ratio_sus, p->rate, p->rate_sus, p->peak, p->path);
-        fflush(js[k]);
+        FILE *f = js[k];
+        if (!f) continue;
+        /* strings escaped (a --commit or $SPH_COMMIT with a quote), non-finite numbers null */
+        fputs("{\"gpu\":", f), sph_cli_json_str(f, gpu);
+        fputs(",\"date\":", f), sph_cli_json_str(f, date);
+        fputs(",\"commit\":", f), sph_cli_json_str(f, o->commit);
+        fputs(",\"shape\":", f), sph_cli_json_str(f, w->sh.name);
+        fprintf(f, ",\"H\":%" PRId64 ",\"V_local\":%" PRId64 ",\"N\":%" PRId64
+                   ",\"tp\":%s,\"cp\":%s,\"tokens\":%s,\"active\":",
+                w->sh.H, w->sh.V, w->N, tp, cp, tokens);
+        sph_cli_json_num(f, "%.4f", p->act);
+        fputs(",\"mask\":", f), sph_cli_json_str(f, p->mask);
+        fputs(",\"mode\":", f), sph_cli_json_str(f, mode);
+        fputs(",\"impl\":\"spanhead\",\"dtype\":", f), sph_cli_json_str(f, o->dt_name);
+        fprintf(f, ",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64, o->gap, p->n_active);
+        const struct {
+            const char *name, *fmt;
+            double v;
+        } nums[] = {{"ms", "%.4f", p->ms},
+                    {"floor_ms", "%.4f", p->floor_ms},
+                    {"ratio", "%.4f", p->ratio},
+                    {"floor_sustained_ms", "%.4f", p->floor_sus_ms},
+                    {"ratio_sustained", "%.4f", p->ratio_sus},
+                    {"rate_tflops", "%.6g", p->rate},
+                    {"rate_sustained_tflops", "%.6g", p->rate_sus}};
+        for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++) {
+            fprintf(f, ",\"%s\":", nums[j].name);
+            sph_cli_json_num(f, nums[j].fmt, nums[j].v);
+        }
+        fprintf(f, ",\"peak_extra_bytes\":%zu,\"path\":", p->peak);
+        sph_cli_json_str(f, p->path);
+        fputs("}\n", f);
+        if (fflush(f) != 0 && !bench_js_errno) bench_js_errno = errno ? errno : EIO;
     }
 }
 
@@ -527,10 +550,19 @@ int sph_cli_bench(int argc, char **argv) {
     }
     sph_cli_progress_end(&pr);
 finish:
-    if (js[0] && fclose(js[0]) != 0 && !rc)
-        rc = sph_cli_fail("bench", 1, "--json %s: write failed: %s", o.json, strerror(errno));
-    if (js[1] && fclose(js[1]) != 0 && !rc)
-        rc = sph_cli_fail("bench", 1, "--plot: %s: write failed: %s", tmp_json, strerror(errno));
+    /* every write checked: an error flag from any line (a full disk, /dev/full), or the
+     * final flush; ferror first, since a failed flush may leave fclose nothing to fail on */
+    for (int k = 0; k < 2; k++) {
+        if (!js[k]) continue;
+        int bad = ferror(js[k]) != 0, e = bench_js_errno;
+        errno = 0;
+        if (fclose(js[k]) != 0) bad = 1, e = e ? e : errno;
+        if (bad && !rc)
+            rc = k == 0 ? sph_cli_fail("bench", 1, "--json %s: write failed: %s", o.json,
+                                       e ? strerror(e) : "I/O error")
+                        : sph_cli_fail("bench", 1, "--plot: %s: write failed: %s", tmp_json,
+                                       e ? strerror(e) : "I/O error");
+    }
     sph_ctx_destroy(ctx);
     if (o.plot && !rc) {
         if (!can_plot) {

@@ -71,7 +71,8 @@ int sph_cli_pack(int argc, char **argv) {
         }
         printf("],\"bin_tokens\":");
         sph_cli_write_i64_array(stdout, r->bin_tokens, r->n_bins);
-        printf(",\"utilization\":%.6f}\n", r->utilization);
+        /* %.9g: a tiny utilization (5.4e-19) stays a number, not 0.000000 */
+        printf(",\"utilization\":%.9g}\n", r->utilization);
     }
     sph_pack_free(r);
     free(lengths);

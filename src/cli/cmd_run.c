@@ -75,22 +75,11 @@ static int validate(run_opts *o, const sph_cli_parsed *pp) {
     if (!o->inputs && (!o->N || !o->H || !o->V))
         return sph_cli_fail(RUN_CMD, 2, "--N, --H and --V go together (or none: the default batch)");
     if (o->mask < 0) o->mask = o->default_batch ? SYNTH_RESPONSE : SYNTH_ALL;
-    /* thread counts: bounded by the machine (libgomp crashes on absurd counts) */
-    const int64_t cpus = sph_cli_cpu_count();
-    if (o->threads > cpus)
-        return sph_cli_fail(RUN_CMD, 1, "--threads %lld: more than the %lld CPUs of this machine",
-                            (long long)o->threads, (long long)cpus);
-    /* the kernels compute in float: a value that does not survive the conversion is refused */
-    if (!(o->temperature > 0))
-        return sph_cli_fail(RUN_CMD, 1, "--temperature %g: expected a number > 0", o->temperature);
-    if (!((float)o->temperature >= FLT_MIN) || !isfinite((float)o->temperature))
-        return sph_cli_fail(RUN_CMD, 1, "--temperature %g: outside float's normal range [%g, %g] "
-                                        "(the kernels divide by it in float)",
-                            o->temperature, (double)FLT_MIN, (double)FLT_MAX);
-    if (o->softcap > 0 && (!((float)o->softcap >= FLT_MIN) || !isfinite((float)o->softcap)))
-        return sph_cli_fail(RUN_CMD, 1, "--softcap %g: outside float's normal range [%g, %g] "
-                                        "(0 turns it off)",
-                            o->softcap, (double)FLT_MIN, (double)FLT_MAX);
+    /* threads, kernel, temperature, softcap: the library's domains, judged by the library
+     * before any work (opt_probe.c); a refusal is a usage error with its message */
+    int prc = sph_cli_probe_head(RUN_CMD, o->temperature, o->softcap, o->threads, o->kernel,
+                                 NULL, 0);
+    if (prc) return prc;
     if (!o->inputs && o->V_total && o->V_total < o->V)
         return sph_cli_fail(RUN_CMD, 1, "--vocab-total %lld: smaller than --V %lld",
                             (long long)o->V_total, (long long)o->V);
@@ -117,10 +106,17 @@ int sph_cli_run(int argc, char **argv) {
     run_problem p;
     run_result r;
     run_device d;
+    sph_cli_outset os;
     memset(&r, 0, sizeof r);
     memset(&d, 0, sizeof d);
+    memset(&os, 0, sizeof os);
     if ((rc = run_problem_make(&o, &p))) goto out;
     rc = 1;
+    /* the outputs' directory locked, its names checked, the staging made: before any work */
+    if (o.outputs && sph_cli_outset_begin(&os, o.outputs, run_out_files)) {
+        sph_cli_fail(RUN_CMD, 1, "%s", os.err);
+        goto out;
+    }
     if (o.one_pass && !p.grads) {
         sph_cli_fail(RUN_CMD, 1, "--one-pass computes the gradients in the forward, but no "
                                  "upstream gradient was given (dlogprob.npy, dentropy.npy, "
@@ -180,13 +176,14 @@ int sph_cli_run(int argc, char **argv) {
     }
     sph_cli_progress_end(&pr);
     rc = 0;
-    if (o.outputs && (!o.check || r.passed)) rc = run_write_outputs(&p, &o, &r);
+    if (o.outputs && (!o.check || r.passed)) rc = run_write_outputs(&p, &o, &r, &os);
     if (o.json) run_report_json(&p, &o, &r);
     else run_report_text(&p, &o, &r);
     if (!rc && o.check && !r.passed)
         rc = sph_cli_fail(RUN_CMD, 1, "check failed: results differ from the reference%s",
                           o.outputs ? " (no outputs written)" : "");
 out:
+    sph_cli_outset_abort(&os); /* a no-op once committed */
     for (int k = 0; k < RUN_N_OUT; k++) free(r.out[k]);
     run_device_free(&d);
     run_problem_free(&p);

@@ -92,6 +92,29 @@ static int json_i64(const cJSON *v, int64_t *out) {
     return 0;
 }
 
+typedef struct why {
+    char s[128];
+} why;
+
+static const char *kind(const cJSON *v);
+
+/* What keeps v from being an exact integer, as a message says it (issue 26 case 17: a value
+ * past 2^53 used to read "out of range, expected an integer >= 1"). */
+static why why_not_i64(const cJSON *v) {
+    why w;
+    if (!cJSON_IsNumber(v)) {
+        snprintf(w.s, sizeof w.s, "is %s", kind(v));
+    } else {
+        const double d = v->valuedouble;
+        if (!(d > -MAX_EXACT && d < MAX_EXACT))
+            snprintf(w.s, sizeof w.s, "%.17g, outside +-(2^53 - 1) (past it a JSON number is no "
+                     "longer an exact integer)", d);
+        else
+            snprintf(w.s, sizeof w.s, "%.17g, not an integer", d);
+    }
+    return w;
+}
+
 static const char *kind(const cJSON *v) {
     if (cJSON_IsNumber(v)) return "a number";
     if (cJSON_IsString(v)) return "a string";
@@ -184,13 +207,19 @@ static int batch_from(const cJSON *root, sph_cli_batch *bt, char *err, size_t er
     else if (!strcmp(lay->valuestring, "unpacked")) d.layout = SPH_LAYOUT_UNPACKED;
     else return fail(err, errlen, "layout: \"%.64s\", expected \"packed\" or \"unpacked\"", lay->valuestring);
     const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "sequence_length");
-    if (!sv || json_i64(sv, &d.seq_len) || d.seq_len < 1)
+    if (!sv) return fail(err, errlen, "sequence_length: missing, expected an integer >= 1");
+    if (json_i64(sv, &d.seq_len))
         return fail(err, errlen, "sequence_length: %s, expected an integer >= 1",
-                    sv ? (cJSON_IsNumber(sv) ? "out of range" : kind(sv)) : "missing");
+                    cJSON_IsNumber(sv) ? why_not_i64(sv).s : kind(sv));
+    if (d.seq_len < 1)
+        return fail(err, errlen, "sequence_length: %lld, expected an integer >= 1", (long long)d.seq_len);
     const cJSON *av = cJSON_GetObjectItemCaseSensitive(root, "num_actions");
-    if (!av || json_i64(av, &d.num_actions) || d.num_actions < 0)
+    if (!av) return fail(err, errlen, "num_actions: missing, expected an integer >= 0");
+    if (json_i64(av, &d.num_actions))
         return fail(err, errlen, "num_actions: %s, expected an integer >= 0",
-                    av ? (cJSON_IsNumber(av) ? "out of range" : kind(av)) : "missing");
+                    cJSON_IsNumber(av) ? why_not_i64(av).s : kind(av));
+    if (d.num_actions < 0)
+        return fail(err, errlen, "num_actions: %lld, expected an integer >= 0", (long long)d.num_actions);
     if (d.num_actions > d.seq_len - 1)
         return fail(err, errlen, "num_actions: %lld, expected <= sequence_length - 1 = %lld",
                     (long long)d.num_actions, (long long)(d.seq_len - 1));
@@ -228,8 +257,8 @@ static int batch_from(const cJSON *root, sph_cli_batch *bt, char *err, size_t er
             const cJSON *v;
             cJSON_ArrayForEach(v, row) {
                 if (json_i64(v, &bt->sub_seq_lengths[k]))
-                    return fail(err, errlen, "sub_seq_lengths[%lld][%lld]: is %s, expected an integer",
-                                (long long)b, (long long)j, kind(v));
+                    return fail(err, errlen, "sub_seq_lengths[%lld][%lld]: %s, expected an integer",
+                                (long long)b, (long long)j, why_not_i64(v).s);
                 k++;
                 j++;
             }
@@ -279,8 +308,8 @@ int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64
         const cJSON *e;
         cJSON_ArrayForEach(e, root) {
             if (json_i64(e, &v[k])) {
-                int rc = fail(err, errlen, "lengths[%lld]: is %s, expected an integer", (long long)k,
-                              cJSON_IsNumber(e) ? "not an integer within +-(2^53-1)" : kind(e));
+                int rc = fail(err, errlen, "lengths[%lld]: %s, expected an integer", (long long)k,
+                              why_not_i64(e).s);
                 free(v);
                 cJSON_Delete(root);
                 return rc;
@@ -350,4 +379,24 @@ void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n) {
         fputc(v[i] ? '1' : '0', f);
     }
     fputc(']', f);
+}
+
+void sph_cli_json_str(FILE *f, const char *s) {
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+void sph_cli_json_num(FILE *f, const char *fmt, double x) {
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fputs("null", f);
 }

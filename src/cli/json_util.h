@@ -43,7 +43,11 @@ void sph_cli_batch_free(sph_cli_batch *b); /* NULL-safe, idempotent */
 int sph_cli_lengths_parse(const char *text, size_t len, int64_t **lengths, int64_t *n, char *err,
                           size_t errlen);
 
-/* Compact JSON writers. */
+/* Compact JSON writers. Strings are quoted and escaped (", \, control characters as \u00XX;
+ * NULL is null); a number is printed with fmt when finite and as null when not (JSON has no
+ * inf or NaN: a non-finite value in any output of the CLI reads as null). */
+void sph_cli_json_str(FILE *f, const char *s);
+void sph_cli_json_num(FILE *f, const char *fmt, double x);
 void sph_cli_write_i64_array(FILE *f, const int64_t *v, int64_t n);
 void sph_cli_write_u8_array(FILE *f, const uint8_t *v, int64_t n);
 

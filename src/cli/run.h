@@ -72,6 +72,7 @@ void run_device_free(run_device *d);
 
 #define RUN_N_OUT 6
 extern const char *const run_out_names[RUN_N_OUT]; /* logprob entropy lse logit_mean dhidden dweight */
+extern const char *const run_out_files[RUN_N_OUT + 1]; /* the same .npy names, NULL-ended */
 extern const int run_out_buf[RUN_N_OUT];           /* their T_* buffers */
 
 typedef struct run_result {
@@ -91,7 +92,11 @@ typedef struct run_result {
 /* The float64 reference on the same inputs; fills r->err, r->passed. 0 or an exit code. */
 int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *r);
 /* Writes the requested outputs atomically; 0 or an exit code (message printed). */
-int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r);
+/* The library's verdict on option values before any work (opt_probe.c): 0, or 2 with the
+ * library's message, printed as "spanhead CMD: ..." when msg is NULL, else put in msg. */
+int sph_cli_probe_head(const char *cmd, double temperature, double softcap, int64_t threads,
+                       const char *kernel, char *msg, size_t n);
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sph_cli_outset *os);
 void run_report_text(const run_problem *p, const run_opts *o, const run_result *r);
 void run_report_json(const run_problem *p, const run_opts *o, const run_result *r);
 

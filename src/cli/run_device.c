@@ -81,7 +81,7 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     a.dlogprob = p->g ? &d->t[T_G] : NULL;
     a.dentropy = p->e ? &d->t[T_E] : NULL;
     a.dlse = p->gl ? &d->t[T_GL] : NULL;
-    a.dlogit_mean = p->gm && !p->K ? &d->t[T_GM] : NULL;
+    a.dlogit_mean = p->gm ? &d->t[T_GM] : NULL; /* with candidates: the library refuses it */
     if (d->backward) a.dhidden = &d->t[T_DH], a.dweight = &d->t[T_DW];
     d->a = a;
     d->one_pass = o->one_pass && d->backward;

@@ -4,10 +4,12 @@
  *
  * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank (sph_comm_create_mpi_world's layout).
  *
- *   0. Every rank parses its own arguments; one all-gather then compares every rank's verdict
- *      and a hash of its arguments, so a usage error on any rank, or ranks started with
- *      different arguments (an MPMD command line, --help on one rank), ends every rank with
- *      the same message and exit code before any work; nothing can leave a rank waiting.
+ *   0. Every rank parses its own arguments; the ranks' agreement (dist_agree.c, the first
+ *      collective of the policy runner too) compares every rank's path, verdict and a hash of
+ *      each parsed option, so a usage error on any rank, or ranks started with different
+ *      arguments (an MPMD command line, --help on one rank, --policy-loss on some ranks only)
+ *      ends every rank with the same message, naming the option, and exit code before any
+ *      work; nothing can leave a rank waiting.
  *   1. Rank 0 builds a global batch (or reads it with --inputs DIR): ragged sequences of
  *      lengths L_k concatenated into R rows, hidden (R, H), weight (V, H), targets (R) (row s
  *      of a sequence predicts its token s+1; -100 = ignored), a loss mask (R), upstream
@@ -45,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "run.h"
 #include "run_dist.h"
 
 int sph_cli_run_wants_dist(int argc, char **argv) {
@@ -113,82 +116,32 @@ const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_me
 
 /* ---- step 0: every rank parses, all ranks agree ------------------------------------------ */
 
-typedef struct verdict {
-    int32_t rc;     /* 0 ok, 2 usage error, SPH_CLI_HELP */
-    int32_t pad;
-    uint64_t hash;  /* of the arguments */
-    char args[120]; /* the arguments, shortened, for the message */
-    char msg[376];  /* the usage error */
-} verdict;
-
-static uint64_t args_hash(int argc, char **argv) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over the arguments and their separators */
-    for (int i = 1; i < argc; i++)
-        for (const unsigned char *p = (const unsigned char *)argv[i];; p++) {
-            h = (h ^ *p) * 1099511628211ull;
-            if (!*p) break;
-        }
-    return h;
-}
-
-/* Parses this rank's arguments and agrees with every other rank in one all-gather. Returns -1
- * to go on, else the exit code every rank returns (the message printed by rank 0 and by each
- * rank whose own arguments were at fault). */
+/* Parses this rank's arguments and agrees with every other rank (dist_agree.c). Returns -1
+ * to go on, else the exit code every rank returns (the message printed by every rank). */
 static int parse_and_agree(int argc, char **argv, dopts *o) {
-    verdict mine;
-    memset(&mine, 0, sizeof mine);
+    char msg[480] = "";
     sph_cli_parsed pp = {0};
-    mine.rc = sph_cli_parse(sph_cli_dist_opts, argc, argv, o, &pp, mine.msg, sizeof mine.msg);
-    if (mine.rc == 0 && o->max_len < o->min_len) {
-        snprintf(mine.msg, sizeof mine.msg, "--max-len %lld: shorter than --min-len %lld",
+    int rc = sph_cli_parse(sph_cli_dist_opts, argc, argv, o, &pp, msg, sizeof msg);
+    if (rc == 0 && o->max_len < o->min_len) {
+        snprintf(msg, sizeof msg, "--max-len %lld: shorter than --min-len %lld",
                  (long long)o->max_len, (long long)o->min_len);
-        mine.rc = 2;
+        rc = 2;
     }
-    mine.hash = args_hash(argc, argv);
-    for (int i = 1, n = 0; i < argc && n + 2 < (int)sizeof mine.args; i++)
-        n += snprintf(mine.args + n, sizeof mine.args - (size_t)n, "%s%s", i > 1 ? " " : "", argv[i]);
-    verdict *all = calloc((size_t)dist_size, sizeof *all);
-    int ok = all != NULL, ok_all = 0;
-    MPI_Allreduce(&ok, &ok_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!ok_all) {
-        free(all);
-        if (!ok) dist_fail("out of memory");
-        return 1;
-    }
-    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
-                  MPI_COMM_WORLD);
-    int rc = -1, culprit = -1, all_help = 1;
-    char msg[640] = "";
-    for (int r = 0; r < dist_size; r++) all_help &= all[r].rc == SPH_CLI_HELP;
-    for (int r = 0; r < dist_size && rc < 0 && !all_help; r++)
-        if (all[r].hash != all[0].hash) {
-            snprintf(msg, sizeof msg, "ranks were given different arguments: rank 0 '%s', rank %d "
-                                      "'%s' (every rank needs the same)",
-                     all[0].args, r, all[r].args);
-            rc = 2, culprit = r;
-        }
-    for (int r = 0; r < dist_size && rc < 0 && !all_help; r++)
-        if (all[r].rc == 2) {
-            /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
-            int dist_args = 0;
-            for (int i = 1; i < argc; i++)
-                dist_args |= !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--cp", 4) ||
-                             !strncmp(argv[i], "--dp", 4);
-            snprintf(msg, sizeof msg, "%s%s", all[r].msg,
-                     dist_args ? "" : " (started by mpirun with several ranks, this is the "
-                                      "distributed runner: spanhead run --tp 1 --help)");
-            rc = 2, culprit = r;
-        }
-    free(all);
-    if (all_help) {
+    if (rc == 0) /* temperature, kernel: the library's verdict (opt_probe.c) */
+        rc = sph_cli_probe_head("run", o->temperature, 0, 0, o->kernel, msg, sizeof msg);
+    /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
+    int dist_args = 0;
+    for (int i = 1; i < argc; i++)
+        dist_args |= !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--cp", 4) ||
+                     !strncmp(argv[i], "--dp", 4);
+    const char *hint = dist_args ? NULL : " (started by mpirun with several ranks, this is the "
+                                          "distributed runner: spanhead run --tp 1 --help)";
+    int v = sph_cli_dist_agree(SPH_CLI_PATH_HEAD, sph_cli_dist_opts, o, rc, msg, hint, argc, argv);
+    if (v == SPH_CLI_HELP) {
         if (dist_rank == 0) sph_cli_usage(stdout, k_synopsis, k_about, sph_cli_dist_opts, SPH_CLI_EXIT_STATUS);
         return 0;
     }
-    if (rc >= 0) {
-        /* one line from rank 0; the culprit says it too, in its own log */
-        if (dist_rank == 0 || dist_rank == culprit) dist_fail("%s", msg);
-        return rc;
-    }
+    if (v) return v;
     o->cuda = o->device == 1;
     o->bf16 = o->dtype == 1;
     o->masked = o->mask == DIST_MASK_RL;
@@ -228,6 +181,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     sph_ctx_t ctx = NULL, local_ctx = NULL;
     dev d = {NULL, 0};
     MPI_Comm tpc = MPI_COMM_NULL;
+    sph_cli_outset os;
+    memset(&os, 0, sizeof os);
 
     int p = parse_and_agree(argc, argv, &o);
     if (p >= 0) {
@@ -250,6 +205,11 @@ int sph_cli_run_dist(int argc, char **argv) {
     /* 1. the global batch */
     int ok0 = 1;
     if (dist_rank == 0) ok0 = o.inputs ? dist_batch_read(&o, &b) : dist_batch_synth(&o, &b);
+    /* rank 0's output set (the lock, the names, the staging) before any work */
+    static const char *const out_files[] = {"logprob.npy", "entropy.npy", "lse.npy",
+                                            "logit_mean.npy", "dhidden.npy", "dweight.npy", NULL};
+    if (dist_rank == 0 && ok0 && o.outputs && sph_cli_outset_begin(&os, o.outputs, out_files))
+        ok0 = dist_fail("%s", os.err);
     if (!dist_batch_share(&b, ok0)) goto out;
     if (o.tp > b.V) { /* every rank has b.V now: the same verdict everywhere */
         if (dist_rank == 0)
@@ -345,10 +305,11 @@ int sph_cli_run_dist(int argc, char **argv) {
     MPI_Reduce(&t_run, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
 
     /* 6-7. gather, check, write */
-    dist_run run = {&sh, &res, tp_rank, V_loc, total_bins, padded_rows, t_max, io};
+    dist_run run = {&sh, &res, tp_rank, V_loc, total_bins, padded_rows, t_max, io, &os};
     rc = dist_gather_check(&o, &b, &run);
 
 out:
+    sph_cli_outset_abort(&os);
     dist_result_free(&res);
     dist_share_free(&sh);
     dist_batch_free(&b);

@@ -32,6 +32,18 @@ int sph_cli_run_dist(int argc, char **argv);
 
 #ifdef SPH_HAVE_MPI
 
+/* ---- step 0: the ranks agree (dist_agree.c) ---------------------------------------------- */
+
+enum { SPH_CLI_PATH_HEAD = 1, SPH_CLI_PATH_POLICY = 2 };
+
+/* Collective over MPI_COMM_WORLD, the first of every distributed path: this rank's path, its
+ * parse result (rc 0, 1 or 2 with msg, or SPH_CLI_HELP) and its parsed options (table, opts)
+ * against every other rank's. Returns 0 to go on; SPH_CLI_HELP when every rank asked for
+ * help (the caller prints the usage on rank 0); else the exit code every rank returns, its
+ * one-line message printed by every rank (hint appended to a usage error). */
+int sph_cli_dist_agree(int path, const sph_cli_opt *table, const void *opts, int rc,
+                       const char *msg, const char *hint, int argc, char **argv);
+
 /* ---- options ------------------------------------------------------------------------------ */
 
 
@@ -117,6 +129,7 @@ typedef struct dist_run {
     int64_t tp_rank, V_loc, total_bins, padded_rows;
     double t_max;        /* slowest rank's forward + backward, s */
     sph_ctx_opts io;     /* the ranks' device, for --reference device */
+    sph_cli_outset *out; /* rank 0 with --outputs: the set begun before any work */
 } dist_run;
 
 /* Gathers every rank's results to rank 0, which checks them (coverage, TP copies, padding,

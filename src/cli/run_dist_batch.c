@@ -234,12 +234,12 @@ int dist_batch_read(const dopts *o, batch *b) {
             goto done;
         }
         b->lengths[k] = (int64_t)l;
-        sum += b->lengths[k]; /* each <= R, n_seqs <= R values: no overflow before the check */
-        if (sum > b->R) break;
+        /* the whole sum, for the message (each <= R: saturated, never wrapped) */
+        if (sph_cli_add(sum, b->lengths[k], &sum)) sum = INT64_MAX;
     }
     if (sum != b->R) {
-        dist_fail("lengths.npy sums to %s%lld, but hidden has R = %lld rows", sum > b->R ? "more than " : "",
-                  (long long)sum, (long long)b->R);
+        dist_fail("lengths.npy sums to %s%lld, but hidden has R = %lld rows",
+                  sum == INT64_MAX ? "more than " : "", (long long)sum, (long long)b->R);
         goto done;
     }
     for (int64_t i = 0; i < b->R * b->H; i++)

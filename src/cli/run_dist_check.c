@@ -273,8 +273,9 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
         } else if (o->outputs) {
             /* The files `spanhead run --outputs` writes in one process, all or none. */
             int64_t sr[1] = {b->R}, srh[2] = {b->R, b->H}, svh[2] = {b->V, b->H};
-            sph_cli_outset os;
-            int wok = !sph_cli_outset_begin(&os, o->outputs);
+            sph_cli_outset os = *run->out; /* begun before the run; released here */
+            memset(run->out, 0, sizeof *run->out);
+            int wok = 1;
             for (int f = 0; wok && f < NF; f++)
                 if (f != F_LOGIT_MEAN || !b->K)
                     wok = !sph_cli_outset_npy(&os, dist_field_names[f], 'f', 4, 1, sr, G_row[f]);

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "args.h"
+#include "json_util.h"
 #include "npy.h"
 #include "run.h"
 #include "run_dist.h"
@@ -43,7 +44,7 @@ const char *const pol_metric_names[SPH_POLICY_N_METRICS] = {
     "tokens", "seqs"};
 
 #define O(f) offsetof(pol_opts, f)
-static const sph_cli_opt k_opts[] = {
+const sph_cli_opt sph_cli_policy_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "hidden weight targets advantages old_logprob .npy, and mask seq_id\n"
      "ref_logprob is_weight .npy where present (required)"},
@@ -52,22 +53,22 @@ static const sph_cli_opt k_opts[] = {
      "after the run (and --check) succeeded, or none"},
     {"--policy-loss", "ppo|cispo|gspo", SPH_OPT_CHOICE, O(loss), 0, 0, 0, 0, k_losses, 0,
      "the policy-gradient term"},
-    {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 1, NULL, 0,
+    {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "eps_low: the ratio's clip range starts at 1 - E (default 0.2)"},
-    {"--clip-high", "E", SPH_OPT_F64, O(clip_high), 0, 0, 0, 1e300, NULL, 0,
+    {"--clip-high", "E", SPH_OPT_F64, O(clip_high), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "eps_high: the clip range ends at 1 + E (default 0.2)"},
-    {"--clip-ratio-c", "C", SPH_OPT_F64, O(clip_c), 0, 0, 1, 1e300, NULL, SPH_OPTF_GT,
+    {"--clip-ratio-c", "C", SPH_OPT_F64, O(clip_c), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "dual clip C > 1 for negative advantages (ppo, gspo; default none)"},
     {"--kl", "none|k1|k2|k3", SPH_OPT_CHOICE, O(kl), 0, 0, 0, 0, k_kls, 0,
      "KL estimator to the reference (default none; needs ref_logprob.npy)"},
-    {"--kl-coef", "B", SPH_OPT_F64, O(kl_coef), 0, 0, 0, 1e300, NULL, 0,
+    {"--kl-coef", "B", SPH_OPT_F64, O(kl_coef), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "KL coefficient (default 0)"},
-    {"--entropy-coef", "H", SPH_OPT_F64, O(entropy_coef), 0, 0, 0, 1e300, NULL, 0,
+    {"--entropy-coef", "H", SPH_OPT_F64, O(entropy_coef), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "entropy bonus coefficient, subtracted (default 0)"},
     {"--agg", "MODE", SPH_OPT_CHOICE, O(agg), 0, 0, 0, 0, k_aggs, 0,
      "token-mean|seq-mean-token-sum|seq-mean-token-mean|\n"
      "seq-mean-token-sum-norm (default token-mean; seq-*: seq_id.npy)"},
-    {"--norm-length", "L", SPH_OPT_F64, O(norm_length), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+    {"--norm-length", "L", SPH_OPT_F64, O(norm_length), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "L of seq-mean-token-sum-norm"},
     {"--num-tokens", "T", SPH_OPT_COUNT, O(num_tokens), 1, INT64_MAX, 0, 0, NULL, 0,
      "tokens of the global batch (default: the active rows)"},
@@ -77,14 +78,14 @@ static const sph_cli_opt k_opts[] = {
      "where to compute (default cpu)"},
     {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
      "what uint16 hidden / weight bits hold (f4 / f2 files say it themselves)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 1e300, NULL, SPH_OPTF_GT,
+    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "softmax temperature (default 1)"},
-    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 1e300, NULL, 0,
+    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "tanh logit cap (default 0: off)"},
     {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "span coalescing gap of mask.npy (default 0)"},
-    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT64_MAX, 0, 0, NULL, 0,
-     "CPU threads, at most this machine's CPUs (default 0: all)"},
+    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
+     "CPU threads (default 0: all; the library bounds it)"},
     {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
      "force a kernel set: ref, generic, avx2, avx512"},
     {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
@@ -109,6 +110,10 @@ static const char k_about[] =
     "The fused RL policy loss: logprob, entropy, the loss (PPO / GRPO / DAPO clipping, CISPO,\n"
     "GSPO, a KL penalty, an entropy bonus), its metrics and dhidden, dweight in one call of\n"
     "the LM head (docs/policy.md).";
+
+void pol_usage(FILE *f) {
+    sph_cli_usage(f, k_synopsis, k_about, sph_cli_policy_opts, SPH_CLI_EXIT_STATUS);
+}
 
 int sph_cli_run_wants_policy(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -379,19 +384,37 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
 }
 
 char *pol_loss_json(const float *m) {
-    char *s = malloc(1024);
-    if (!s) return NULL;
-    int n = snprintf(s, 1024, "{");
-    for (int k = 0; k <= SPH_METRIC_PPO_KL; k++)
-        n += snprintf(s + n, 1024 - (size_t)n, "%s\"%s\": %.9g", k ? ", " : "",
-                      pol_metric_names[k], (double)m[k]);
-    snprintf(s + n, 1024 - (size_t)n, "}\n");
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    if (!f) return NULL;
+    fputc('{', f);
+    for (int k = 0; k <= SPH_METRIC_PPO_KL; k++) {
+        fprintf(f, "%s\"%s\": ", k ? ", " : "", pol_metric_names[k]);
+        sph_cli_json_num(f, "%.9g", (double)m[k]); /* inf / NaN: null */
+    }
+    fputs("}\n", f);
+    int bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
-int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V) {
-    sph_cli_outset s;
-    if (sph_cli_outset_begin(&s, dir)) return sph_cli_fail(CMD, 1, "%s", s.err);
+const char *const pol_out_files[] = {"loss.json", "logprob.npy", "entropy.npy", "dhidden.npy",
+                                     "dweight.npy", NULL};
+
+int pol_outputs_begin(sph_cli_outset *s, const char *dir) {
+    if (sph_cli_outset_begin(s, dir, pol_out_files)) return sph_cli_fail(CMD, 1, "%s", s->err);
+    return 0;
+}
+
+int pol_write_outputs(sph_cli_outset *os, const pol_result *r, int64_t N, int64_t H, int64_t V) {
+    sph_cli_outset s = *os; /* begun before the run; released here either way */
+    memset(os, 0, sizeof *os);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", s.dir ? s.dir : "");
     char *json = pol_loss_json(r->metrics);
     const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H};
     int bad = !json || sph_cli_outset_text(&s, "loss.json", json) ||
@@ -416,17 +439,27 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
     const char *dt = p->bits == 32 ? "f32" : (p->is_bf16 ? "bf16" : "f16");
     if (o->json) {
         printf("{\"policy_loss\":\"%s\",\"kl\":\"%s\",\"agg\":\"%s\",\"N\":%lld,\"H\":%lld,"
-               "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":%.6g,"
-               "\"workspace_bytes\":%zu,\"metrics\":{",
+               "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":",
                k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-               (long long)p->V, (long long)act, dt, k_devices[o->device], r->ms, r->ws_bytes);
-        for (int k = 0; k < SPH_POLICY_N_METRICS; k++)
-            printf("%s\"%s\":%.9g", k ? "," : "", pol_metric_names[k], (double)r->metrics[k]);
+               (long long)p->V, (long long)act, dt, k_devices[o->device]);
+        /* non-finite numbers as null (json_util.h): a diverged loss still prints valid JSON */
+        sph_cli_json_num(stdout, "%.6g", r->ms);
+        printf(",\"workspace_bytes\":%zu,\"metrics\":{", r->ws_bytes);
+        for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
+            printf("%s\"%s\":", k ? "," : "", pol_metric_names[k]);
+            sph_cli_json_num(stdout, "%.9g", (double)r->metrics[k]);
+        }
         printf("}");
-        if (checked)
-            printf(",\"check\":{\"passed\":%s,\"tol\":%g,\"metrics\":%.3g,\"logprob\":%.3g,"
-                   "\"entropy\":%.3g,\"dhidden\":%.3g,\"dweight\":%.3g}",
-                   passed ? "true" : "false", tol, err[0], err[1], err[2], err[3], err[4]);
+        if (checked) {
+            static const char *const names[5] = {"metrics", "logprob", "entropy", "dhidden",
+                                                 "dweight"};
+            printf(",\"check\":{\"passed\":%s,\"tol\":%g", passed ? "true" : "false", tol);
+            for (int k = 0; k < 5; k++) {
+                printf(",\"%s\":", names[k]);
+                sph_cli_json_num(stdout, "%.3g", err[k]);
+            }
+            printf("}");
+        }
         printf("}\n");
         return;
     }
@@ -445,32 +478,42 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
 
 // ---- the command -----------------------------------------------------------------------------
 
+/* What the parser cannot judge alone: 0, or an exit code with msg. */
+static int validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) {
+    o->dtype_given = sph_cli_given(sph_cli_policy_opts, pp, "--dtype");
+    if (!o->inputs) return 2 * sph_cli_err(msg, n, "--policy-loss needs --inputs DIR (see --help)");
+    if (o->agg == 3 && !sph_cli_given(sph_cli_policy_opts, pp, "--norm-length"))
+        return 2 * sph_cli_err(msg, n, "--agg seq-mean-token-sum-norm needs --norm-length L");
+    /* every value the library takes, judged by the library (a usage error with its message) */
+    return sph_cli_probe_policy(CMD, o, msg, n);
+}
+
 int sph_cli_run_policy(int argc, char **argv) {
     pol_opts o;
     memset(&o, 0, sizeof o);
     o.clip_low = o.clip_high = 0.2, o.clip_c = INFINITY, o.temperature = 1.0, o.repeats = 1;
     o.tp = o.cp = o.dp = 1;
     sph_cli_parsed pp = {0};
-    int done, rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, k_opts, argc, argv, &o, &pp,
-                                         &done);
+    char msg[480] = "";
+    int rc;
+    /* under mpirun (or with --tp/--cp/--dp) every verdict, a usage error or --help included,
+     * goes to the ranks' agreement instead of ending this rank alone */
+    if (sph_cli_run_wants_dist(argc, argv)) {
+        rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
+        if (rc == 0) rc = validate(&o, &pp, msg, sizeof msg);
+        return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
+    }
+    int done;
+    rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_policy_opts, argc, argv, &o, &pp,
+                               &done);
     if (done) return rc;
-    o.dtype_given = sph_cli_given(k_opts, &pp, "--dtype");
-    if (!o.inputs) return sph_cli_fail(CMD, 2, "--policy-loss needs --inputs DIR (see --help)");
-    if (o.agg == 3 && !(o.norm_length > 0))
-        return sph_cli_fail(CMD, 2, "--agg seq-mean-token-sum-norm needs --norm-length L");
-    if (o.threads > sph_cli_cpu_count())
-        return sph_cli_fail(CMD, 1, "--threads %lld: more than the %lld CPUs of this machine",
-                            (long long)o.threads, (long long)sph_cli_cpu_count());
-    if (!((float)o.temperature >= FLT_MIN) || !isfinite((float)o.temperature))
-        return sph_cli_fail(CMD, 1, "--temperature %g: outside float's normal range",
-                            o.temperature);
-    if (sph_cli_given(k_opts, &pp, "--tp") || sph_cli_given(k_opts, &pp, "--cp") ||
-        sph_cli_given(k_opts, &pp, "--dp") || sph_cli_run_wants_dist(argc, argv))
-        return sph_cli_run_policy_dist(&o, argc, argv);
+    if ((rc = validate(&o, &pp, msg, sizeof msg))) return sph_cli_fail(CMD, rc, "%s", msg);
     pol_problem p;
     pol_result r, ref;
-    memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref);
+    sph_cli_outset os;
+    memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref), memset(&os, 0, sizeof os);
     if ((rc = pol_problem_read(&o, &p))) goto out;
+    if (o.outputs && (rc = pol_outputs_begin(&os, o.outputs))) goto out;
     const int on_cuda = o.device == 1;
     pol_where w = {on_cuda, 0, o.kernel, o.threads, (int)o.repeats, NULL, NULL, 0, 0, 0, 0};
     if ((rc = pol_run(&o, &p, &w, &r))) goto out;
@@ -485,9 +528,10 @@ int sph_cli_run_policy(int argc, char **argv) {
     }
     report(&o, &p, &r, o.check, passed, err, tol);
     rc = passed ? 0 : 1;
-    if (!rc && o.outputs) rc = pol_write_outputs(o.outputs, &r, p.N, p.H, p.V);
+    if (!rc && o.outputs) rc = pol_write_outputs(&os, &r, p.N, p.H, p.V);
     if (!rc && !o.json && o.outputs) printf("  outputs written to %s\n", o.outputs);
 out:
+    sph_cli_outset_abort(&os);
     pol_problem_free(&p);
     pol_result_free(&r), pol_result_free(&ref);
     return sph_cli_close_stdout(CMD, rc);

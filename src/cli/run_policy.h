@@ -14,8 +14,12 @@
 #define SPH_CLI_RUN_POLICY_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
+
+/* The options of `run --policy-loss` (run_policy.c). */
+extern const sph_cli_opt sph_cli_policy_opts[];
 
 /* 1 when argv (argv[0] = "run") has --policy-loss. */
 int sph_cli_run_wants_policy(int argc, char **argv);
@@ -82,9 +86,17 @@ char *pol_loss_json(const float *metrics);
 /* The comparison of a run with the reference's: max relative errors, 1 when within tol. */
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]);
-/* The distributed form (run_policy_dist.c): o parsed, its --tp/--cp/--dp or an MPI launcher. */
-int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv);
-/* Writes loss.json and the .npy outputs atomically; 0 or an exit code. */
-int pol_write_outputs(const char *dir, const pol_result *r, int64_t N, int64_t H, int64_t V);
+/* The distributed form (run_policy_dist.c), for --tp/--cp/--dp or an MPI launcher: o as far
+ * as this rank parsed it, rc its verdict (0, 1 or 2 with msg, or SPH_CLI_HELP), which the
+ * ranks' agreement judges before anything else. */
+int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
+/* The library's verdict on the policy options (opt_probe.c; like sph_cli_probe_head). */
+int sph_cli_probe_policy(const char *cmd, const pol_opts *o, char *msg, size_t n);
+/* The usage of `run --policy-loss` on f. */
+void pol_usage(FILE *f);
+/* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */
+int pol_outputs_begin(sph_cli_outset *s, const char *dir);
+/* Writes loss.json and the .npy outputs into the set and publishes it; 0 or an exit code. */
+int pol_write_outputs(sph_cli_outset *s, const pol_result *r, int64_t N, int64_t H, int64_t V);
 
 #endif

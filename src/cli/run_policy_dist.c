@@ -3,6 +3,9 @@
  * the fused policy loss split the way a trainer splits it, checked against one process.
  *
  * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank.
+ *   0. The ranks' agreement (dist_agree.c), the same first collective as the head runner's:
+ *      a rank on the other path, a usage error, or any option that differs (--clip-low,
+ *      --outputs, ...) ends every rank before any work, each printing the option's name.
  *   1. Rank 0 reads --inputs (run_policy.c) and broadcasts the problem; every rank agrees on
  *      every phase (one all-reduce), so a failure anywhere ends every rank with its code.
  *   2. DP: whole sequences per rank: the rows are cut into D contiguous blocks at sequence
@@ -35,8 +38,13 @@
 
 #ifndef SPH_HAVE_MPI
 
-int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
+int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv) {
     (void)o, (void)argc, (void)argv;
+    if (rc == SPH_CLI_HELP) {
+        pol_usage(stdout);
+        return 0;
+    }
+    if (rc) return sph_cli_fail(CMD, rc, "%s", msg);
     return sph_cli_fail(CMD, 1, "--tp/--cp/--dp need MPI, and this spanhead was built without "
                                 "it (install Open MPI and reconfigure)");
 }
@@ -191,19 +199,29 @@ static void global_counts(const pol_problem *p, int64_t *T, int64_t *S) {
     }
 }
 
-int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
-    (void)argc, (void)argv;
+int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int argc,
+                            char **argv) {
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) MPI_Init(NULL, NULL);
+    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail(CMD, 1, "MPI_Init failed");
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    /* step 0, the same first collective as the head runner's: path, verdicts, arguments */
+    int v = sph_cli_dist_agree(SPH_CLI_PATH_POLICY, sph_cli_policy_opts, o, verdict, msg, NULL,
+                               argc, argv);
+    if (v) {
+        if (v == SPH_CLI_HELP && !g_rank) pol_usage(stdout);
+        MPI_Finalize();
+        return v == SPH_CLI_HELP ? 0 : v;
+    }
     const int64_t T = o->tp, C = o->cp, D = o->dp;
     int rc = 1, ok = 1;
     pol_problem p, q;
     pol_result r, ref;
     memset(&p, 0, sizeof p), memset(&q, 0, sizeof q), memset(&r, 0, sizeof r);
     memset(&ref, 0, sizeof ref);
+    sph_cli_outset os;
+    memset(&os, 0, sizeof os);
     sph_comm_t tpc = NULL, sqc = NULL;
     MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL, shard_mpi = MPI_COMM_NULL;
     if (T * C * D != g_size) {
@@ -217,7 +235,8 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
     }
     const int64_t tp_rank = g_rank % T, cp_rank = (g_rank / T) % C, dp_rank = g_rank / (T * C);
     /* 1. the problem */
-    if (!g_rank) ok = pol_problem_read(o, &p) == 0;
+    if (!g_rank) /* the outputs' set (lock, names, staging) before any work */
+        ok = pol_problem_read(o, &p) == 0 && (!o->outputs || !pol_outputs_begin(&os, o->outputs));
     if (!share_problem(&p, ok)) goto out;
     /* 2-3. this rank's rows and vocabulary rows */
     int64_t *cut = sph_cli_alloc(D + 1, 8), Tg = 0, Sg = 0;
@@ -386,7 +405,7 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
             }
         }
         if (!code && o->outputs) {
-            code = pol_write_outputs(o->outputs, &g, p.N, p.H, p.V);
+            code = pol_write_outputs(&os, &g, p.N, p.H, p.V);
             if (!code) printf("  outputs written to %s\n", o->outputs);
         }
         code = sph_cli_close_stdout(CMD, code);
@@ -395,6 +414,7 @@ int sph_cli_run_policy_dist(const pol_opts *o, int argc, char **argv) {
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     rc = code;
 out:
+    sph_cli_outset_abort(&os);
     sph_comm_destroy(tpc);
     sph_comm_destroy(sqc);
     if (tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&tp_mpi);

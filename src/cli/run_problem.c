@@ -319,7 +319,7 @@ int run_problem_make(const run_opts *o, run_problem *p) {
     int rc = o->inputs ? npy_problem(o, p) : synth_problem(o, p);
     if (rc) return rc;
     p->source = o->inputs ? o->inputs : (o->default_batch ? "default packed RL batch" : "synthetic");
-    p->grads = p->g || p->e || p->gl || (p->gm && !p->K);
+    p->grads = p->g || p->e || p->gl || p->gm;
     p->n_act = p->N;
     if (p->mask) {
         p->spans = sph_cli_alloc(2 * ((p->N + 1) / 2) + 2, sizeof(int64_t));

@@ -9,10 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_util.h"
 #include "run.h"
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
                                               "dhidden", "dweight"};
+const char *const run_out_files[RUN_N_OUT + 1] = {"logprob.npy", "entropy.npy", "lse.npy",
+                                                 "logit_mean.npy", "dhidden.npy", "dweight.npy",
+                                                 NULL};
 const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW};
 
 /* max |got - ref| / max |ref| (normwise), NaN -> inf. */
@@ -56,9 +60,9 @@ int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *
     return 0;
 }
 
-int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r) {
-    sph_cli_outset s;
-    if (sph_cli_outset_begin(&s, o->outputs)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
+int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sph_cli_outset *os) {
+    sph_cli_outset s = *os; /* the set begun before the run; released here either way */
+    memset(os, 0, sizeof *os);
     for (int k = 0; k < RUN_N_OUT; k++) {
         if (!r->have[k]) continue;
         int64_t sh[2] = {k < 4 ? p->N : (k == 4 ? p->N : p->V), p->H};
@@ -129,21 +133,8 @@ void run_report_text(const run_problem *p, const run_opts *o, const run_result *
     if (r->passed) printf("  check passed\n");
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
-static void json_num(double x) {
-    if (isfinite(x)) printf("%.6g", x);
-    else printf("null");
-}
+static void json_str(const char *s) { sph_cli_json_str(stdout, s); }
+static void json_num(double x) { sph_cli_json_num(stdout, "%.6g", x); }
 
 void run_report_json(const run_problem *p, const run_opts *o, const run_result *r) {
     printf("{\"command\":\"run\",\"context\":");

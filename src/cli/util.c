@@ -239,8 +239,11 @@ static void fmt_secs(char *buf, size_t n, double s) {
 
 void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total) {
     memset(p, 0, sizeof *p);
+    /* on a terminal: after a half-second delay, so short work prints nothing; forced on
+     * (SPH_PROGRESS=1, for logs and tests): from the first step, so that the last step's line
+     * (done == total) is always printed however fast the work was */
     const char *env = getenv("SPH_PROGRESS");
-    p->on = env ? strcmp(env, "0") != 0 : isatty(STDERR_FILENO);
+    p->on = env ? (strcmp(env, "0") != 0 ? 2 : 0) : isatty(STDERR_FILENO);
     p->what = what;
     p->total = total;
     p->t0 = p->last = sph_cli_now_s();
@@ -249,7 +252,9 @@ void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total
 void sph_cli_progress_step(sph_cli_progress *p, int64_t done) {
     if (!p->on) return;
     double t = sph_cli_now_s(), el = t - p->t0;
-    if (el < 0.5 || (t - p->last < 0.2 && done < p->total)) return;
+    const double delay = p->on == 2 ? 0.0 : 0.5;
+    if (done < p->total && (el < delay || t - p->last < 0.2)) return;
+    if (done >= p->total && el < delay) return;
     p->last = t;
     char e[16], r[16];
     fmt_secs(e, sizeof e, el);
@@ -268,218 +273,15 @@ void sph_cli_progress_end(sph_cli_progress *p) {
     p->shown = 0;
 }
 
-// ---- atomic outputs --------------------------------------------------------------------------
-
-static char *dupstr(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-static void outset_free(sph_cli_outset *s) {
-    for (int k = 0; k < s->n; k++) {
-        free(s->f[k].final);
-        free(s->f[k].tmp);
-        free(s->f[k].name);
-    }
-    free(s->dir);
-    s->dir = NULL;
-    s->n = 0;
-}
-
-int sph_cli_outset_begin(sph_cli_outset *s, const char *dir) {
-    memset(s, 0, sizeof *s);
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode))
-            return sph_cli_err(s->err, sizeof s->err, "--outputs %s: not a directory", dir);
-    } else if (errno == ENOENT) {
-        if (mkdir(dir, 0777) != 0)
-            return sph_cli_err(s->err, sizeof s->err, "--outputs %s: %s", dir, strerror(errno));
-        s->created_dir = 1;
-    } else {
-        return sph_cli_err(s->err, sizeof s->err, "--outputs %s: %s", dir, strerror(errno));
-    }
-    if (!(s->dir = dupstr(dir))) {
-        if (s->created_dir) rmdir(dir);
-        return sph_cli_err(s->err, sizeof s->err, "--outputs %s: out of memory", dir);
-    }
-    return 0;
-}
-
-/* Where DIR/name ends up and whether it can be staged: a link is followed to its target so
- * the link stays a link; a missing file or a regular one is staged beside it. */
-static int resolve_final(const char *path, char **final, int *in_place) {
-    struct stat st;
-    *in_place = 0;
-    if (stat(path, &st) != 0) { /* missing (or a dangling link: replaced by the file) */
-        *final = dupstr(path);
-        return *final ? 0 : -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        *in_place = 1;
-        *final = dupstr(path);
-        return *final ? 0 : -1;
-    }
-    *final = realpath(path, NULL);
-    return *final ? 0 : -1;
-}
-
-/* path with its last component replaced by ".BASE.XXXXXX" (a mkstemp template). */
-static char *tmp_template(const char *final) {
-    size_t n = strlen(final) + 16;
-    char *t = malloc(n);
-    if (!t) return NULL;
-    const char *slash = strrchr(final, '/');
-    size_t head = slash ? (size_t)(slash - final) + 1 : 0;
-    memcpy(t, final, head);
-    snprintf(t + head, n - head, ".%s.XXXXXX", final + head);
-    return t;
-}
-
-/* Abort keeping the message that says why. */
-static int outset_fail(sph_cli_outset *s) {
-    char keep[sizeof s->err];
-    memcpy(keep, s->err, sizeof keep);
-    sph_cli_outset_abort(s);
-    memcpy(s->err, keep, sizeof keep);
-    return 1;
-}
-
-/* Stages DIR/file written by put(f, ctx, err): the one body of the staged outputs. */
-static int outset_stage(sph_cli_outset *s, const char *file, const char *name,
-                        int (*put)(FILE *f, const void *ctx, char *err, size_t errlen),
-                        const void *ctx) {
-    if (!s->dir) return sph_cli_err(s->err, sizeof s->err, "--outputs: no directory");
-    if (s->n == SPH_CLI_MAX_OUT) {
-        sph_cli_err(s->err, sizeof s->err, "--outputs: more than %d files", SPH_CLI_MAX_OUT);
-        return outset_fail(s);
-    }
-    char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", s->dir, file) >= sizeof path) {
-        sph_cli_err(s->err, sizeof s->err, "--outputs %s: path too long", s->dir);
-        return outset_fail(s);
-    }
-    const int k = s->n++;
-    int in_place = 0;
-    errno = 0;
-    if (!(s->f[k].name = dupstr(name)) || resolve_final(path, &s->f[k].final, &in_place)) {
-        sph_cli_err(s->err, sizeof s->err, "%s: %s", path, errno ? strerror(errno) : "out of memory");
-        return outset_fail(s);
-    }
-    FILE *f = NULL;
-    if (in_place) {
-        if (!(f = fopen(s->f[k].final, "wb"))) {
-            sph_cli_err(s->err, sizeof s->err, "%s: %s", path, strerror(errno));
-            return outset_fail(s);
-        }
-    } else {
-        /* beside the final file, so the rename stays on one filesystem and is atomic */
-        int fd = -1;
-        if ((s->f[k].tmp = tmp_template(s->f[k].final))) fd = mkstemp(s->f[k].tmp);
-        if (fd < 0) {
-            sph_cli_err(s->err, sizeof s->err, "%s: cannot create a temporary file beside it: %s",
-                        path, s->f[k].tmp ? strerror(errno) : "out of memory");
-            free(s->f[k].tmp);
-            s->f[k].tmp = NULL;
-            return outset_fail(s);
-        }
-        if (!(f = fdopen(fd, "wb"))) {
-            sph_cli_err(s->err, sizeof s->err, "%s: %s", path, strerror(errno));
-            close(fd);
-            return outset_fail(s);
-        }
-    }
-    char err[512];
-    int rc = put(f, ctx, err, sizeof err);
-    errno = 0;
-    if (fclose(f) != 0 && !rc) {
-        snprintf(err, sizeof err, "write failed: %s", errno ? strerror(errno) : "I/O error");
-        rc = -1;
-    }
-    if (rc) {
-        sph_cli_err(s->err, sizeof s->err, "%s: %s", path, err);
-        return outset_fail(s);
-    }
-    return 0;
-}
-
-typedef struct npy_put {
-    char kind;
-    int bytes, ndim;
-    const int64_t *shape;
-    const void *data;
-} npy_put;
-
-static int put_npy(FILE *f, const void *ctx, char *err, size_t errlen) {
-    const npy_put *n = ctx;
-    return npy_write_stream(f, n->kind, n->bytes, n->ndim, n->shape, n->data, err, errlen);
-}
-
-static int put_text(FILE *f, const void *ctx, char *err, size_t errlen) {
-    const char *text = ctx;
-    size_t len = strlen(text);
-    if (fwrite(text, 1, len, f) != len) {
-        snprintf(err, errlen, "write failed: %s", errno ? strerror(errno) : "I/O error");
-        return -1;
-    }
-    return 0;
-}
-
-int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes, int ndim,
-                       const int64_t *shape, const void *data) {
-    char file[512];
-    if ((size_t)snprintf(file, sizeof file, "%s.npy", name) >= sizeof file) {
-        sph_cli_err(s->err, sizeof s->err, "--outputs: name %s too long", name);
-        return outset_fail(s);
-    }
-    const npy_put n = {kind, bytes, ndim, shape, data};
-    return outset_stage(s, file, name, put_npy, &n);
-}
-
-int sph_cli_outset_text(sph_cli_outset *s, const char *file, const char *text) {
-    return outset_stage(s, file, file, put_text, text);
-}
-
-int sph_cli_outset_commit(sph_cli_outset *s) {
-    int rc = 0;
-    for (int k = 0; k < s->n && !rc; k++) {
-        if (!s->f[k].tmp) continue;
-        /* mkstemp made the file 0600: give it the mode a plain create would */
-        mode_t um = umask(0);
-        umask(um);
-        chmod(s->f[k].tmp, 0666 & ~um);
-        if (rename(s->f[k].tmp, s->f[k].final) != 0) {
-            rc = sph_cli_err(s->err, sizeof s->err, "%s: %s", s->f[k].final, strerror(errno));
-            break;
-        }
-        free(s->f[k].tmp);
-        s->f[k].tmp = NULL;
-    }
-    if (rc) {
-        for (int k = 0; k < s->n; k++)
-            if (s->f[k].tmp) unlink(s->f[k].tmp);
-    }
-    outset_free(s);
-    return rc;
-}
-
-void sph_cli_outset_abort(sph_cli_outset *s) {
-    if (!s || !s->dir) return;
-    for (int k = 0; k < s->n; k++)
-        if (s->f[k].tmp) unlink(s->f[k].tmp);
-    if (s->created_dir) rmdir(s->dir); /* only when empty: in-place files stay */
-    outset_free(s);
-}
-
 // ---- stdout ----------------------------------------------------------------------------------
 
 int sph_cli_close_stdout(const char *cmd, int rc) {
+    static int reported; /* a runner and main() both close: the error is said once */
     errno = 0;
     int bad = fflush(stdout) != 0 || ferror(stdout);
     if (!bad) return rc;
     int e = errno;
+    if (reported++) return rc ? rc : 1;
     fprintf(stderr, "spanhead %s: writing standard output: %s\n", cmd,
             e ? strerror(e) : "write error");
     return rc ? rc : 1;

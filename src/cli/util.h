@@ -75,14 +75,15 @@ int64_t sph_cli_phys_bytes(void);                 /* physical memory, 0 when unk
 
 /* ---- progress on a terminal -------------------------------------------------------------- */
 
-/* One line on stderr, rewritten in place: "what: done/total, elapsed, ETA". Only when stderr
- * is a terminal (and SPH_PROGRESS is not 0; SPH_PROGRESS=1 forces it on), and only once the
- * work has taken half a second, so short work prints nothing. */
+/* One line on stderr, rewritten in place: "what: done/total, elapsed, ETA", at most every
+ * 0.2 s and always at the last step. On a terminal (unless SPH_PROGRESS=0) only once the work
+ * has taken half a second, so short work prints nothing; SPH_PROGRESS=1 forces it on without
+ * that delay, so the last step's line appears however short the work (no race with a timer). */
 typedef struct sph_cli_progress {
     const char *what;
     int64_t total;
     double t0, last;
-    int on, shown;
+    int on, shown; /* on: 0 off, 1 terminal (half-second delay), 2 forced (none) */
 } sph_cli_progress;
 
 void sph_cli_progress_start(sph_cli_progress *p, const char *what, int64_t total);
@@ -91,37 +92,40 @@ void sph_cli_progress_end(sph_cli_progress *p); /* erases the line */
 
 /* ---- atomic outputs ---------------------------------------------------------------------- */
 
-/* A set of output files in one directory that appear together or not at all: each is written
- * to a temporary name beside its final place and renamed only by commit(); abort() (or a
- * failed write) removes every temporary file and the directory when begin() created it, so a
- * failed run leaves the directory as it was. A final name that is (or links to) something
- * other than a regular file (/dev/null, a FIFO) cannot be replaced atomically: it is written
- * in place, after every regular file has been staged. */
+/* A set of output files in one directory that appear together, from one run, or not at all
+ * (outset.c has the scheme). begin(), called before any work: locks the directory (created
+ * empty when missing) so a second run on it fails there, refuses any of the names that exists
+ * and is not a regular file (a link, a FIFO), makes a private staging directory and arms a
+ * SIGINT/SIGTERM/SIGHUP handler that removes the staging. Files are written into the staging;
+ * commit() publishes them (one rename of the directory when begin created the target);
+ * abort() (or a failed write) removes everything begin made. One set open at a time. */
 #define SPH_CLI_MAX_OUT 16
 
 typedef struct sph_cli_outset {
-    char *dir;
-    int created_dir;
+    char *dir;       /* the target */
+    char *stage;     /* the private staging directory */
+    int created_dir; /* begin made the target (an empty placeholder until commit) */
+    int lock_fd;     /* the target's descriptor, flock()ed; -1 when none */
     int n;
-    struct {
-        char *final; /* where it ends up (a link is resolved to its target) */
-        char *tmp;   /* staged copy, NULL for in-place files */
-        char *name;
-    } f[SPH_CLI_MAX_OUT];
-    char err[512];
+    char *names[SPH_CLI_MAX_OUT]; /* every file the run may write (checked by begin) */
+    int staged[SPH_CLI_MAX_OUT];
+    char err[768];
 } sph_cli_outset;
 
-/* Creates dir when missing (its parent must exist). 0, or 1 with s->err. */
-int sph_cli_outset_begin(sph_cli_outset *s, const char *dir);
+/* dir's parent must exist; files: the NULL-terminated names the run may write. 0, or 1 with
+ * s->err (and nothing left behind). */
+int sph_cli_outset_begin(sph_cli_outset *s, const char *dir, const char *const *files);
 /* Stages DIR/name.npy holding an array of kind ('f', 'i', 'u', 'b') and element size. */
 int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes, int ndim,
                        const int64_t *shape, const void *data);
 /* Stages DIR/file (the whole name, e.g. "loss.json") holding text. */
 int sph_cli_outset_text(sph_cli_outset *s, const char *file, const char *text);
-/* Renames every staged file into place. 0, or 1 with s->err (then nothing more is renamed
- * and the rest is removed). Frees s either way. */
+/* Publishes every staged file. 0, or 1 with s->err (then what was not published is removed).
+ * Releases s either way. */
 int sph_cli_outset_commit(sph_cli_outset *s);
-/* Removes what was staged (and the directory when begin created it); frees s. NULL-safe. */
+/* Removes what begin made and was staged; releases s. NULL-safe, and a no-op on a set that
+ * was committed, aborted or never begun (zeroed with lock_fd = -1, or memset 0 and then begin
+ * failed). */
 void sph_cli_outset_abort(sph_cli_outset *s);
 
 /* ---- stdout ------------------------------------------------------------------------------ */

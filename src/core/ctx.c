@@ -104,7 +104,9 @@ sph_status sph_ctx_opts_apply_env(sph_ctx_opts *opts) {
     return SPH_OK;
 }
 
-static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
+/* k: opts.force_kernel, or the SPH_KERNEL variable when that is NULL; who names the source
+ * in the messages, so a bad variable is not blamed on an option nobody set. */
+static sph_status parse_kernel(const char *k, const char *who, sph_ctx_t ctx) {
     sph_cpu_isa best = sph_cpu_isa_detect();
     if (!strcmp(k, "ref")) {
         ctx->use_ref = 1;
@@ -117,7 +119,7 @@ static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (!strcmp(k, names[i].name)) {
             SPH_CHECK(names[i].isa <= best, SPH_ERR_UNSUPPORTED,
-                      "force_kernel: '%s' is not supported by this CPU (best: %s)", k,
+                      "%s: '%s' is not supported by this CPU (best: %s)", who, k,
                       sph_cpu_isa_name(best));
             ctx->isa = names[i].isa;
             return SPH_OK;
@@ -125,8 +127,8 @@ static sph_status parse_kernel(const char *k, sph_ctx_t ctx) {
     }
     if (!strcmp(k, "cuda") || !strcmp(k, "best") || !strcmp(k, "")) return SPH_OK;
     return sph_err(SPH_ERR_INVALID_ARG,
-                   "force_kernel: '%s' is unknown (expected ref, generic, avx2, avx512, "
-                   "avx512bf16, cuda or best)", k);
+                   "%s: '%s' is unknown (expected ref, generic, avx2, avx512, "
+                   "avx512bf16, cuda or best)", who, k);
 }
 
 sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
@@ -205,7 +207,8 @@ sph_status sph_ctx_create(sph_ctx_t *out, const sph_ctx_opts *opts) {
 
     const char *k = opts->force_kernel ? opts->force_kernel : getenv("SPH_KERNEL");
     sph_status s = SPH_OK;
-    if (k) s = parse_kernel(k, ctx);
+    if (k) s = parse_kernel(k, opts->force_kernel ? "force_kernel" : "SPH_KERNEL (environment)",
+                            ctx);
     ctx->dev = sph_registry_device(dt);
     if (s == SPH_OK && !ctx->dev)
         s = sph_err(SPH_ERR_UNSUPPORTED, "opts.device: CUDA requested but spanhead was built "

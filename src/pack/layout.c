@@ -39,8 +39,13 @@ sph_status sph_alignment_get(const sph_parallel *par, sph_alignment *out) {
     SPH_TRY(sph_parallel_check(par, "par"));
     SPH_CHECK(out, SPH_ERR_INVALID_ARG, "out: is NULL, expected a sph_alignment");
     const int64_t T = par->tp, C = par->cp;
-    int64_t tc, two_tc, fp8 = 1;
-    if (!sph_mul_i64(T, C, &tc) || !sph_mul_i64(2, tc, &two_tc))
+    int64_t tc, two_tc = 0, fp8 = 1;
+    if (!sph_mul_i64(T, C, &tc))
+        return sph_err(SPH_ERR_OVERFLOW, "par: tp*cp overflows int64 (tp=%lld, cp=%lld)",
+                       (long long)T, (long long)C);
+    /* 2*tp*cp is the sequence alignment of context parallelism only: with cp = 1 it is never
+     * formed, so tp = 2^62 (alignments that fit) is not refused for it (issue 26 case 17) */
+    if (C > 1 && !sph_mul_i64(2, tc, &two_tc))
         return sph_err(SPH_ERR_OVERFLOW, "par: 2*tp*cp overflows int64 (tp=%lld, cp=%lld)",
                        (long long)T, (long long)C);
     bool ok = true;

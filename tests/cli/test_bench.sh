@@ -182,5 +182,27 @@ else
     echo "SKIP plot checks: matplotlib is not installed"
 fi
 
+# ---- valid JSON always, every write checked (issue 26 cases 13, 14) ---------------------------
+tiny=(bench --device cpu --H 32 --V 256 --N 64 --active 1 --repeats 1 --warmup 0)
+"$cli" "${tiny[@]}" --commit 'x"y\z' --json "$tmp/q.jsonl" >/dev/null 2>"$tmp/err" \
+    || fail "bench --commit with a quote: $(cat "$tmp/err")"
+SPH_COMMIT=$'tab\there "q"' "$cli" "${tiny[@]}" --json "$tmp/q.jsonl" >/dev/null 2>"$tmp/err" \
+    || fail "bench \$SPH_COMMIT with a quote: $(cat "$tmp/err")"
+python3 - "$tmp/q.jsonl" <<'PY' || fail "bench JSON with quotes in the commit"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) >= 2, recs
+commits = {r["commit"] for r in recs}
+assert commits == {'x"y\\z', 'tab\there "q"'}, commits
+PY
+if [ -w /dev/full ]; then
+    for mode in both policy; do
+        "$cli" "${tiny[@]}" --mode $mode --json /dev/full >/dev/null 2>"$tmp/err"; rc=$?
+        [ $rc = 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] \
+            && grep -qF -- "--json /dev/full: write failed: No space left on device" "$tmp/err" \
+            || fail "bench --mode $mode --json /dev/full: exit $rc, stderr '$(cat "$tmp/err")'"
+    done
+fi
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "bench CLI: all checks passed"

@@ -29,6 +29,12 @@ expect_fail unknown-opt 2 "unknown option '--pp'" "$cli" layout --pp 2 5
 expect_fail zero-length 1 "lengths[1]: 0, expected >= 1" "$cli" layout 5 0
 expect_fail neg-length 1 "lengths[0]: -3" "$cli" layout -3
 expect_fail overflow 1 "overflows int64" "$cli" layout 9223372036854775807 9223372036854775807
+# issue 26 case 17: with cp = 1 there is no 2*tp*cp alignment, so tp = 2^62 gives alignments
+# that fit (it used to say "2*tp*cp overflows int64"); cp = 2 does overflow
+expect_json tp-2-62 '{"sequence_align":1,"total_align":4611686018427387904,"padded_lengths":[4611686018427387904],"cu_seqlens_padded":[0,4611686018427387904]}' \
+    "$cli" layout --tp 4611686018427387904 --cp 1 5
+expect_fail tp-2-61-cp2 1 "par: 2*tp*cp overflows int64 (tp=2305843009213693952, cp=2)" \
+    "$cli" layout --tp 2305843009213693952 --cp 2 5
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "layout CLI: all checks passed"

@@ -8,29 +8,33 @@ cli=${1:?usage: test_pack.sh PATH_TO_SPANHEAD}
 
 echo '[6,5,4,3,2]' >"$tmp/a.json"
 printf '6\n5\n\n  4\n3\n2' >"$tmp/a.txt"
-expect_json ffd '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json ffd '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1}' \
     "$cli" pack --capacity 10 "$tmp/a.json"
-expect_json ffd-lines '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json ffd-lines '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1}' \
     "$cli" pack --capacity 10 --algorithm ffd "$tmp/a.txt"
-expect_json stdin '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1.000000}' \
+expect_json stdin '{"bins":[[0,2],[1,3,4]],"bin_lengths":[[6,4],[5,3,2]],"bin_tokens":[10,10],"utilization":1}' \
     bash -c "\"$cli\" pack --capacity=10 - <\"$tmp/a.json\""
-expect_json min-bins '{"bins":[[2],[1,3,4],[0]],"bin_lengths":[[4],[5,3,2],[6]],"bin_tokens":[4,10,6],"utilization":0.666667}' \
+expect_json min-bins '{"bins":[[2],[1,3,4],[0]],"bin_lengths":[[4],[5,3,2],[6]],"bin_tokens":[4,10,6],"utilization":0.666666667}' \
     "$cli" pack --capacity 10 --min-bins 3 "$tmp/a.json"
-expect_json bin-multiple '{"bins":[[2],[3,4],[0],[1]],"bin_lengths":[[4],[3,2],[6],[5]],"bin_tokens":[4,5,6,5],"utilization":0.500000}' \
+expect_json bin-multiple '{"bins":[[2],[3,4],[0],[1]],"bin_lengths":[[4],[3,2],[6],[5]],"bin_tokens":[4,5,6,5],"utilization":0.5}' \
     "$cli" pack --capacity 10 --min-bins 3 --bin-multiple 2 "$tmp/a.json"
-expect_json balanced '{"bins":[[0,3],[1,2],[4]],"bin_lengths":[[6,3],[5,4],[2]],"bin_tokens":[9,9,2],"utilization":0.666667}' \
+expect_json balanced '{"bins":[[0,3],[1,2],[4]],"bin_lengths":[[6,3],[5,4],[2]],"bin_tokens":[9,9,2],"utilization":0.666666667}' \
     "$cli" pack --capacity 10 --algorithm balanced "$tmp/a.json"
 echo '[11,5,4,4]' >"$tmp/m.json"
-expect_json mffd '{"bins":[[0,1,3],[2]],"bin_lengths":[[11,5,4],[4]],"bin_tokens":[20,4],"utilization":0.600000}' \
+expect_json mffd '{"bins":[[0,1,3],[2]],"bin_lengths":[[11,5,4],[4]],"bin_tokens":[20,4],"utilization":0.6}' \
     "$cli" pack --capacity 20 --algorithm mffd "$tmp/m.json"
 echo '[15,3,4]' >"$tmp/s.json"
-expect_json soft-cap '{"bins":[[0],[1,2]],"bin_lengths":[[15],[3,4]],"bin_tokens":[15,7],"utilization":1.100000}' \
+expect_json soft-cap '{"bins":[[0],[1,2]],"bin_lengths":[[15],[3,4]],"bin_tokens":[15,7],"utilization":1.1}' \
     "$cli" pack --capacity 10 --algorithm balanced "$tmp/s.json"
 echo '[5,9,3]' >"$tmp/p.json"
-expect_json aligned '{"bins":[[1],[0,2]],"bin_lengths":[[9],[5,3]],"bin_tokens":[16,16],"utilization":0.800000}' \
+expect_json aligned '{"bins":[[1],[0,2]],"bin_lengths":[[9],[5,3]],"bin_tokens":[16,16],"utilization":0.8}' \
     "$cli" pack --capacity 20 --tp 2 --cp 2 "$tmp/p.json"
 echo '[]' >"$tmp/e.json"
-expect_json empty '{"bins":[],"bin_lengths":[],"bin_tokens":[],"utilization":0.000000}' "$cli" pack --capacity 10 "$tmp/e.json"
+# issue 26 case 17: a tiny utilization is a number (%.9g), not 0.000000
+echo '[1]' >"$tmp/one.json"
+expect_json tiny-util '{"bins":[[0]],"bin_lengths":[[1]],"bin_tokens":[1],"utilization":5.42101086e-19}' \
+    "$cli" pack --capacity 1844674407370955161 "$tmp/one.json"
+expect_json empty '{"bins":[],"bin_lengths":[],"bin_tokens":[],"utilization":0}' "$cli" pack --capacity 10 "$tmp/e.json"
 
 # a large random input: every index once, no bin over capacity, target bin count met
 python3 -c '
@@ -74,7 +78,7 @@ expect_fail missing-file 1 "cannot open" "$cli" pack --capacity 10 "$tmp/nope.js
 echo '[6,5,' >"$tmp/bad.json"
 expect_fail malformed 1 "malformed JSON" "$cli" pack --capacity 10 "$tmp/bad.json"
 echo '[6,2.5]' >"$tmp/bad.json"
-expect_fail fraction 1 "lengths[1]: is not an integer within +-(2^53-1)" "$cli" pack --capacity 10 "$tmp/bad.json"
+expect_fail fraction 1 "lengths[1]: 2.5, not an integer, expected an integer" "$cli" pack --capacity 10 "$tmp/bad.json"
 echo '[6,"7"]' >"$tmp/bad.json"
 expect_fail string 1 "lengths[1]: is a string" "$cli" pack --capacity 10 "$tmp/bad.json"
 echo '{"lengths":[6]}' >"$tmp/bad.json"
@@ -94,7 +98,7 @@ expect_fail below-alignment 1 "below the total alignment 8" "$cli" pack --capaci
 python3 -c 'print([9007199254740991] * 1025)' >"$tmp/huge.json"
 expect_fail overflow 1 "overflows int64" "$cli" pack --capacity 10 --algorithm balanced "$tmp/huge.json"
 echo '[9007199254740992]' >"$tmp/bad.json"
-expect_fail beyond-2-53 1 "lengths[0]: is not an integer within +-(2^53-1)" "$cli" pack --capacity 10 "$tmp/bad.json"
+expect_fail beyond-2-53 1 "lengths[0]: 9007199254740992, outside +-(2^53 - 1)" "$cli" pack --capacity 10 "$tmp/bad.json"
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "pack CLI: all checks passed"

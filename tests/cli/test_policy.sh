@@ -79,6 +79,34 @@ case_ "bf16 inputs" --dtype bf16 -- --policy-loss ppo $P --kl k3 --kl-coef 0.05 
 case_ "reference kernels" --kernel ref -- --policy-loss cispo $P --kl k1 --kl-coef 0.1 \
     --entropy-coef 0.01 --agg seq-mean-token-sum-norm --norm-length 64
 
+# ---- valid JSON always (issue 26 cases 13, 17): a loss that overflows float (an entropy bonus
+# of 3e38 on finite inputs) is null in --json and in loss.json, never a bare -inf; a full
+# standard output is reported once. (Should the library come to refuse such a loss, the run
+# must fail cleanly: then nothing may be printed to stdout and nothing written.)
+"$cli" run --inputs "$tmp/in" --policy-loss ppo --entropy-coef 3e38 --json --outputs "$tmp/inf" \
+    >"$tmp/json" 2>"$tmp/err"
+rc=$?
+if [[ $rc -eq 0 ]]; then
+    python3 - "$tmp/json" "$tmp/inf/loss.json" <<'PY' && ok "non-finite loss: null in --json and loss.json" \
+        || bad "non-finite loss JSON: $(cat "$tmp/json" "$tmp/inf/loss.json")"
+import json, sys
+d = json.load(open(sys.argv[1])); l = json.load(open(sys.argv[2]))
+assert d["metrics"]["loss"] is None and l["loss"] is None, (d, l)
+assert isinstance(l["pg_loss"], float) and isinstance(d["metrics"]["tokens"], (int, float)), (d, l)
+PY
+elif [[ $rc -eq 1 && ! -s $tmp/json && ! -e $tmp/inf ]]; then
+    ok "non-finite loss: refused by the library ($(head -c 100 "$tmp/err"))"
+else
+    bad "non-finite loss: exit $rc, stdout '$(cat "$tmp/json")', $(ls "$tmp/inf" 2>&1)"
+fi
+if [[ -w /dev/full ]]; then
+    "$cli" run --inputs "$tmp/in" --policy-loss ppo --json >/dev/full 2>"$tmp/err"
+    rc=$?
+    [[ $rc -eq 1 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "writing standard output: No space left" "$tmp/err" \
+        && ok "--json > /dev/full: one message, exit 1" \
+        || bad "--json > /dev/full: exit $rc, stderr '$(cat "$tmp/err")'"
+fi
+
 # --json: one object with the metrics and the check
 if "$cli" run --inputs "$tmp/in" --policy-loss ppo --kl none --agg token-mean --json --check \
     >"$tmp/json" 2>"$tmp/err" &&
@@ -116,6 +144,16 @@ expect_rc 2 "--clip-low" -- "${R[@]}" --policy-loss ppo --clip-low 1.5
 expect_rc 2 "--kl-coef" -- "${R[@]}" --policy-loss ppo --kl k1 --kl-coef -1
 expect_rc 2 "--entropy-coef" -- "${R[@]}" --policy-loss ppo --entropy-coef nan
 expect_rc 2 "--num-tokens" -- "${R[@]}" --policy-loss ppo --num-tokens 0
+# issue 26 case 16: the coefficients' domains are the library's, its message printed under
+# the option's name (no hidden CLI caps: 1e300 used to say "expected a finite number >= 0")
+expect_rc 2 "--clip-low: invalid argument: clip_low: 1.5, expected a value in [0, 1]" -- "${R[@]}" --policy-loss ppo --clip-low 1.5
+expect_rc 2 "--clip-ratio-c: invalid argument: clip_ratio_c: 1, expected > 1" -- "${R[@]}" --policy-loss ppo --clip-ratio-c 1
+expect_rc 2 "--entropy-coef: invalid argument: entropy_coef: inf, expected finite" -- "${R[@]}" --policy-loss ppo --entropy-coef inf
+expect_rc 2 "--kl-coef: invalid argument: kl_coef: -1e+308, expected finite and >= 0" -- "${R[@]}" --policy-loss ppo --kl-coef -1e308
+expect_rc 2 "--norm-length: invalid argument: norm_length: nan" -- "${R[@]}" --policy-loss ppo --agg seq-mean-token-sum-norm --norm-length nan
+expect_rc 2 "--temperature: invalid argument: temperature: inf" -- "${R[@]}" --policy-loss ppo --temperature inf
+expect_rc 2 "--kl-coef 'lots': expected a number" -- "${R[@]}" --policy-loss ppo --kl-coef lots
+expect_rc 2 "--threads: invalid argument: opts.num_threads is 100000" -- "${R[@]}" --policy-loss ppo --threads 100000
 expect_rc 2 "needs --norm-length" -- "${R[@]}" --policy-loss ppo --agg seq-mean-token-sum-norm
 expect_rc 2 "needs --inputs" -- "$cli" run --policy-loss ppo
 cp -r "$tmp/in" "$tmp/noref" && rm "$tmp/noref/ref_logprob.npy" "$tmp/noref/seq_id.npy"

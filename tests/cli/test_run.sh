@@ -46,7 +46,7 @@ expect_rc 2 "--N '0': expected a count" -- "$cli" run --N 0 --H 4 --V 4
 expect_rc 2 "--N, --H and --V go together" -- "$cli" run --N 4
 expect_rc 2 "--mask 'stripes'" -- "$cli" run --N 4 --H 4 --V 4 --mask stripes
 expect_rc 2 "--device 'tpu': expected cpu or cuda" -- "$cli" run --device tpu
-expect_rc 1 "--temperature -1: expected a number > 0" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
+expect_rc 2 "temperature: -1, expected finite and > 0" -- "$cli" run --N 4 --H 4 --V 4 --temperature -1
 expect_rc 1 "--vocab-start 5: the shard of V_loc = 8 rows" -- "$cli" run --N 4 --H 4 --V 8 --vocab-total 10 --vocab-start 5
 expect_rc 1 "--inputs $tmp/none: No such file or directory" -- "$cli" run --inputs "$tmp/none"
 
@@ -169,6 +169,12 @@ assert c["not_computed"] == ["entropy", "dhidden", "dweight"] and c["passed"], c
 SPH_PROGRESS=1 "$cli" run --N 512 --H 64 --V 2048 --repeats 80 >/dev/null 2>"$tmp/prog"
 grep -qE "spanhead run: passes: [0-9]+/81 done, [0-9]+s elapsed, ETA [0-9]+s" "$tmp/prog" \
     && ok "progress line (done/total, elapsed, ETA)" || bad "progress: '$(tr '\r' '\n' <"$tmp/prog" | tail -2)'"
+# issue 28: the line above used to appear only after half a second, so a run that finished
+# sooner (an idle machine) printed nothing and the check flaked; forced progress has no delay,
+# and a run far shorter than any delay must still print its last step
+SPH_PROGRESS=1 "$cli" run --N 8 --H 4 --V 16 --repeats 1 >/dev/null 2>"$tmp/prog"
+grep -qE "spanhead run: passes: 2/2 done, 0s elapsed, ETA 0s" "$tmp/prog" \
+    && ok "forced progress of a run shorter than any tick" || bad "short progress: '$(tr '\r' '\n' <"$tmp/prog" | tail -2)'"
 "$cli" run --N 512 --H 64 --V 2048 --repeats 80 >/dev/null 2>"$tmp/prog"
 [[ ! -s $tmp/prog ]] && ok "no progress when stderr is not a terminal" || bad "progress in a file: $(head -c 200 "$tmp/prog")"
 

@@ -90,7 +90,7 @@ expect_fail bad-layout 1 "layout: \"pack\", expected \"packed\" or \"unpacked\""
 bad '{"layout":"packed","num_actions":3,"loss_mask":[]}'
 expect_fail no-seq-len 1 "sequence_length: missing, expected an integer >= 1" "$cli" spans "$tmp/bad.json"
 bad '{"layout":"packed","sequence_length":6.5,"num_actions":3,"loss_mask":[]}'
-expect_fail frac-seq-len 1 "sequence_length: out of range" "$cli" spans "$tmp/bad.json"
+expect_fail frac-seq-len 1 "sequence_length: 6.5, not an integer" "$cli" spans "$tmp/bad.json"
 bad '{"layout":"packed","sequence_length":6,"num_actions":6,"loss_mask":[]}'
 expect_fail actions 1 "num_actions: 6, expected <= sequence_length - 1 = 5" "$cli" spans "$tmp/bad.json"
 bad '{"layout":"packed","sequence_length":6,"num_actions":"3","loss_mask":[]}'
@@ -120,6 +120,16 @@ expect_fail both 1 "both attention_mask and sub_seq_lengths" "$cli" spans "$tmp/
 expect_fail unpacked-cp 1 "unpacked spans: cp = 2" "$cli" spans --cp 2 "$tmp/u.json"
 expect_fail unpacked-padding 1 "seq_len 6 is not a multiple of the unpacked alignment 4" "$cli" spans --tp 4 "$tmp/u.json"
 expect_fail unpacked-fp8 1 "unpacked alignment 16" "$cli" spans --fp8 blockwise "$tmp/u.json"
+# issue 26 case 17: integers past 2^53 say so (they used to be "out of range, expected >= 1")
+bad '{"layout":"packed","sequence_length":1e16,"num_actions":3,"loss_mask":[[1,0,1]]}'
+expect_fail seq-len-2-53 1 "sequence_length: 10000000000000000, outside +-(2^53 - 1) (past it a JSON number is no longer an exact integer), expected an integer >= 1" \
+    "$cli" spans "$tmp/bad.json"
+bad '{"layout":"packed","sequence_length":6.5,"num_actions":3,"loss_mask":[[1,0,1]]}'
+expect_fail seq-len-frac 1 "sequence_length: 6.5, not an integer, expected an integer >= 1" "$cli" spans "$tmp/bad.json"
+bad '{"layout":"packed","sequence_length":0,"num_actions":3,"loss_mask":[[1,0,1]]}'
+expect_fail seq-len-0 1 "sequence_length: 0, expected an integer >= 1" "$cli" spans "$tmp/bad.json"
+bad '{"layout":"packed","sequence_length":6,"num_actions":-9007199254740993,"loss_mask":[[1,0,1]]}'
+expect_fail num-actions-2-53 1 "num_actions: -9007199254740992, outside +-(2^53 - 1)" "$cli" spans "$tmp/bad.json"
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "spans CLI: all checks passed"

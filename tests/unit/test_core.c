@@ -2,6 +2,8 @@
  * (all 65536 patterns of bf16 and f16; float32 rounding against an independent round to nearest
  * even: ties, overflow, subnormals, infinities, NaNs),
  * the dense GEMM rates' argument errors. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -209,6 +211,16 @@ static void test_ctx_cpu(void **state) {
     expect_status(sph_ctx_create(&ctx, &o), SPH_ERR_INVALID_ARG, "force_kernel");
     assert_null(ctx);
     o.force_kernel = NULL;
+    /* a bad SPH_KERNEL is blamed on the variable, not on force_kernel (issue 26 case 17) */
+    const char *had = getenv("SPH_KERNEL");
+    char keep[64] = "";
+    if (had) snprintf(keep, sizeof keep, "%s", had);
+    setenv("SPH_KERNEL", "bogus", 1);
+    expect_status(sph_ctx_create(&ctx, &o), SPH_ERR_INVALID_ARG,
+                  "SPH_KERNEL (environment): 'bogus' is unknown");
+    assert_null(ctx);
+    if (had) setenv("SPH_KERNEL", keep, 1);
+    else unsetenv("SPH_KERNEL");
     o.num_threads = -2;
     expect_status(sph_ctx_create(&ctx, &o), SPH_ERR_INVALID_ARG, "num_threads is -2");
     o.num_threads = 0;

@@ -62,6 +62,8 @@ static void test_alignment_errors(void **state) {
     /* large but representable sizes pass */
     p = par(3, ((int64_t)1 << 56) + 1, SPH_FP8_NONE);
     expect_ok(sph_alignment_get(&p, &a));
+    /* cp = 1 forms no 2*tp*cp: tp = 2^62 has alignments that fit (issue 26 case 17) */
+    check_align((int64_t)1 << 62, 1, SPH_FP8_NONE, 1, (int64_t)1 << 62, (int64_t)1 << 62);
 }
 
 static void test_layout_cases(void **state) {
