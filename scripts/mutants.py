@@ -13,7 +13,7 @@ Python layer (python/spanhead/) can be killed. A mutant whose hunks are all unde
 pytest first (its C build is unchanged).
 
     usage: scripts/mutants.py [--list FILE] [--only ID,ID] [--keep] [--jobs N] [--all-stages]
-                              [--python PY] [--no-pytest]
+                              [--python PY] [--no-pytest] [--exclude REGEX]
     environment: MUTANTS_DIR (scratch directory; default a fresh one under /tmp),
                  MUTANTS_PYTHON (the interpreter of the pytest stage, as --python: one with
                  numpy, torch and transformers; default build-venv/bin/python where it exists,
@@ -109,8 +109,13 @@ def failed_tests(log_text):
     return names
 
 
+EXCLUDE = None  # --exclude: a ctest -E regex
+
+
 def ctest(build, label, exclude, jobs, log):
     cmd = ["ctest", "-j", str(jobs), "--timeout", "300", "--output-on-failure"]
+    if EXCLUDE:
+        cmd += ["-E", EXCLUDE]
     if label:
         cmd += ["-L", label]
     if exclude:
@@ -211,7 +216,11 @@ def main():
         if os.path.exists(os.path.join(ROOT, "build-venv", "bin", "python")) else sys.executable),
         help="the interpreter of the pytest stage")
     ap.add_argument("--no-pytest", action="store_true", help="leave the pytest stage out")
+    ap.add_argument("--exclude", default="",
+                    help="ctest -E regex of tests to leave out (say why in the results)")
     a = ap.parse_args()
+    global EXCLUDE
+    EXCLUDE = a.exclude or None
     with_pytest = not a.no_pytest
     # the stage runs in the scratch tree: a relative path or a bare name resolved here
     a.python = (os.path.abspath(a.python) if os.sep in a.python

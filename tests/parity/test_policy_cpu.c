@@ -9,7 +9,8 @@
  *   - accumulate / overwrite, loss-only calls (no gradient outputs), stats in the workspace;
  *   - inactive rows: exact zeros in every per-row output and dhidden row;
  *   - determinism (bitwise, same inputs), TP shards in threads, a sequence group (seq_comm);
- *   - num_tokens / num_seqs set: against the reference and against the scaling they imply.
+ *   - num_tokens / num_seqs set: against the reference and against the scaling they imply;
+ *   - the tie rules (clip bounds, dual clip) with the ties built exactly.
  */
 #include "test_policy_case.h"
 
@@ -286,12 +287,26 @@ static void test_global_counts(void **state) {
         }
 }
 
+/* The tie rules on the CPU backend, ties built exactly (test_policy_case.h, policy_tie_check):
+ * its per-row hook reads its float32 logprob output, so the ratios it forms are known. */
+static void test_ties_built(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 5);
+    for (int threads = 1; threads <= 2; threads++) {
+        sph_ctx_t ctx = hc_ctx(NULL, threads, NULL);
+        for (int rep = 0; rep < 3; rep++) policy_tie_check(&r, ctx, "cpu", ptie_logp_output);
+        sph_ctx_destroy(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_combination),
         cmocka_unit_test(test_awkward),
         cmocka_unit_test(test_optional_outputs),
         cmocka_unit_test(test_global_counts),
+        cmocka_unit_test(test_ties_built),
         cmocka_unit_test(test_tp_and_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
