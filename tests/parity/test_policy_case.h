@@ -313,10 +313,16 @@ typedef struct ptie_run {
     float *dh;
 } ptie_run;
 
-static inline void ptie_run_case(sph_ctx_t ctx, pcase *c, ptie_run *o) {
-    pc_poison(c);
+typedef void (*ptie_runner)(sph_ctx_t, pcase *); /* runs the wired case, outputs back on the host */
+
+static inline void ptie_host_run(sph_ctx_t ctx, pcase *c) {
     sph_status st = pc_run(ctx, c);
     if (st != SPH_OK) fail_msg("policy ties: %s", sph_last_error());
+}
+
+static inline void ptie_run_case(sph_ctx_t ctx, pcase *c, ptie_run *o, ptie_runner run) {
+    pc_poison(c);
+    (run ? run : ptie_host_run)(ctx, c);
     memcpy(o->met, c->metrics, sizeof o->met);
     o->dh = hc_alloc((size_t)(c->h.N * c->h.H) * 4);
     memcpy(o->dh, c->h.dh, (size_t)(c->h.N * c->h.H) * 4);
@@ -370,15 +376,15 @@ static inline void policy_tie_check(sph_rng *r, sph_ctx_t ctx, const char *what,
     assert_true(1.0 + hi == ru && 1.0 - lo == rl); /* the bounds the backend forms, exactly */
     c.p.clip_high = hi, c.p.clip_low = lo, c.p.clip_ratio_c = rk;
     ptie_run tie, up_in, up_out, lo_in, lo_out, dual_off, dual_out;
-    ptie_run_case(ctx, &c, &tie);
-    c.p.clip_high = hi + 0.3, ptie_run_case(ctx, &c, &up_in);
-    c.p.clip_high = hi - 1e-12, ptie_run_case(ctx, &c, &up_out);
+    ptie_run_case(ctx, &c, &tie, NULL);
+    c.p.clip_high = hi + 0.3, ptie_run_case(ctx, &c, &up_in, NULL);
+    c.p.clip_high = hi - 1e-12, ptie_run_case(ctx, &c, &up_out, NULL);
     c.p.clip_high = hi;
-    c.p.clip_low = lo + 0.1, ptie_run_case(ctx, &c, &lo_in);
-    c.p.clip_low = lo - 1e-12, ptie_run_case(ctx, &c, &lo_out);
+    c.p.clip_low = lo + 0.1, ptie_run_case(ctx, &c, &lo_in, NULL);
+    c.p.clip_low = lo - 1e-12, ptie_run_case(ctx, &c, &lo_out, NULL);
     c.p.clip_low = lo;
-    c.p.clip_ratio_c = HUGE_VAL, ptie_run_case(ctx, &c, &dual_off);
-    c.p.clip_ratio_c = rk - 1e-12, ptie_run_case(ctx, &c, &dual_out);
+    c.p.clip_ratio_c = HUGE_VAL, ptie_run_case(ctx, &c, &dual_off, NULL);
+    c.p.clip_ratio_c = rk - 1e-12, ptie_run_case(ctx, &c, &dual_out, NULL);
     const double T = tie.met[SPH_METRIC_TOKENS];
     assert_true(T >= 3);
 #define PT_COUNT(run, m) lround((double)(run).met[m] * T)
@@ -423,6 +429,61 @@ static inline void policy_tie_check(sph_rng *r, sph_ctx_t ctx, const char *what,
     }
     free(tie.dh), free(up_in.dh), free(up_out.dh), free(lo_in.dh), free(lo_out.dh);
     free(dual_off.dh), free(dual_out.dh), free(lp);
+    pc_free(&c);
+}
+
+/* The closed clip interval where the ratio is exactly 1 on every libm (host or device exp):
+ * rows with old = logp bitwise (delta = 0, r = exp(0) = 1) and clip_low = clip_high = 0, so
+ * the clip range is [1, 1] and those rows sit on both bounds at once. They keep the full
+ * gradient (their dhidden equals the one of a run with the range [0.8, 1.3], where they are
+ * strictly inside) and are not counted clipped: pg_clipfrac counts exactly the rows with
+ * A (r - 1) > 0, i.e. A delta > 0, delta known exactly on the host. For a backend whose exp
+ * is not the host's (CUDA), where the bounds of policy_tie_check cannot be built; the backend's
+ * loss must read its float32 logprob output (CPU, CUDA; not the float64 reference). */
+static inline void policy_tie_check_unit(sph_rng *r, sph_ctx_t ctx, const char *what,
+                                         void (*own_logp)(sph_ctx_t, pcase *, double *),
+                                         ptie_runner run) {
+    const int64_t N = 31, H = 6, V = 43;
+    pcase c;
+    pc_init(&c, r, N, H, V, V, 0, SPH_F32);
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    c.p.entropy_coef = 0.0;
+    c.p.clip_ratio_c = HUGE_VAL;
+    for (int64_t i = 1; i < N; i += 3) c.h.tgt[i] = i % V; /* the tie rows: active */
+    double *lp = hc_alloc((size_t)N * 8);
+    own_logp(ctx, &c, lp);
+    long want = 0;
+    int64_t n_tie = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const int tie = i % 3 == 1;
+        c.old[i] = tie ? (float)lp[i] : (float)(lp[i] - 0.2 * rng_normal(r));
+        if (tie) {
+            /* the backend's logp is a float (its logprob output): delta = 0 exactly */
+            assert_true((double)c.old[i] == lp[i]);
+            n_tie++;
+        }
+        if (c.h.tgt[i] >= 0 && c.adv[i] * (lp[i] - (double)c.old[i]) > 0) want++;
+    }
+    c.p.clip_low = 0.0, c.p.clip_high = 0.0;
+    ptie_run tie, in;
+    ptie_run_case(ctx, &c, &tie, run);
+    c.p.clip_low = 0.2, c.p.clip_high = 0.3;
+    ptie_run_case(ctx, &c, &in, run);
+    const double T = tie.met[SPH_METRIC_TOKENS];
+    const long got = lround((double)tie.met[SPH_METRIC_PG_CLIPFRAC] * T);
+    if (got != want)
+        fail_msg("%s unit-ratio ties: pg_clipfrac counts %ld rows, expected %ld (the rows with "
+                 "A delta > 0; the %lld rows at r = 1 on both bounds are not clipped)", what,
+                 got, want, (long long)n_tie);
+    for (int64_t i = 1; i < N; i += 3) {
+        double scale = 0;
+        const double err = ptie_row_err(tie.dh, in.dh, 1.0, i, H, &scale);
+        if (!(err <= 1e-6 && scale > 0))
+            fail_msg("%s unit-ratio ties: row %lld (r = 1 on both bounds) dhidden off by %.3g "
+                     "(relative) from strictly inside (expected the full gradient)", what,
+                     (long long)i, err);
+    }
+    free(tie.dh), free(in.dh), free(lp);
     pc_free(&c);
 }
 

@@ -296,6 +296,7 @@ static void test_ties_built(void **state) {
     for (int threads = 1; threads <= 2; threads++) {
         sph_ctx_t ctx = hc_ctx(NULL, threads, NULL);
         for (int rep = 0; rep < 3; rep++) policy_tie_check(&r, ctx, "cpu", ptie_logp_output);
+        policy_tie_check_unit(&r, ctx, "cpu", ptie_logp_output, NULL);
         sph_ctx_destroy(ctx);
     }
 }
