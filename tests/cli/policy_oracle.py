@@ -190,6 +190,7 @@ def main():
     ap.add_argument("--norm-length", type=float, default=None)
     ap.add_argument("--num-tokens", type=int, default=None)
     ap.add_argument("--num-seqs", type=int, default=None)
+    ap.add_argument("--gap", type=int, default=0)  # span coalescing: changes no result
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--softcap", type=float, default=0.0)
     ap.add_argument("--tol", type=float, default=1e-4)

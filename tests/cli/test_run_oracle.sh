@@ -3,8 +3,8 @@
 # float64 oracle that reads the input files itself (tests/cli/run_oracle.py; --check
 # recomputes through the runner's own plumbing, so it cannot see a file or an option the
 # runner drops): every input file (mask, dlogprob, dentropy, dlse, dlogit_mean, candidates)
-# given in one run and absent in another, --temperature and --softcap, the two-pass and the
-# one-pass (--one-pass) modes; and the fused policy loss with --temperature / --softcap and
+# given in one run and absent in another, --temperature, --softcap and --gap, the two-pass and
+# the one-pass (--one-pass) modes; and the fused policy loss with --temperature / --softcap and
 # without its optional files (tests/cli/policy_oracle.py).
 set -uo pipefail
 cli=${1:?usage: test_run_oracle.sh path/to/spanhead}
@@ -55,6 +55,7 @@ case_ "required files only (forward)" "$tmp/bare" -- --softcap 3
 case_ "candidates" "$tmp/cand" -- --temperature 0.8
 case_ "candidates, one-pass, softcap" "$tmp/cand" -- --one-pass --softcap 2
 case_ "reference kernels, everything" "$tmp/all" -- --kernel ref --temperature 0.6 --softcap 5
+case_ "coalesced spans (--gap 4): the mask still rules" "$tmp/all" -- --gap 4 --one-pass
 
 # the policy loss: temperature and softcap forwarded, every optional file present / absent
 pol() { python3 "$here/policy_oracle.py" "$@"; }
@@ -80,6 +81,8 @@ pcase "policy gspo: temperature" "$tmp/pin" -- --policy-loss gspo "${P[@]}" --kl
     --kl-coef 0.02 --agg seq-mean-token-sum --temperature 1.4
 pcase "policy: required files only, softcap" "$tmp/pbare" -- --policy-loss cispo "${P[@]}" \
     --entropy-coef 0.02 --agg token-mean --softcap 2
+pcase "policy: coalesced spans (--gap 3)" "$tmp/pin" -- --policy-loss ppo "${P[@]}" --kl k1 \
+    --kl-coef 0.1 --agg seq-mean-token-sum-norm --norm-length 9 --gap 3
 
 [[ $fails -eq 0 ]] || { echo "$fails run_oracle case(s) failed"; exit 1; }
 echo "all $n run_oracle cases passed"
