@@ -107,9 +107,10 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Mutation check (slow, not part of `make test`): each bug of tests/mutants.txt planted alone in
-# a scratch copy, CPU build, the ctest suite; every mutant must make a test fail.
+# a scratch copy, CPU build, the ctest suite and pytest (python/tests with $(VENV)'s interpreter);
+# every mutant must make a test fail.
 mutants: setup
-	$(PYTHON) scripts/mutants.py --jobs $(JOBS)
+	$(PYTHON) scripts/mutants.py --jobs $(JOBS) --python $(PYTEST_PY)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(FUZZ_BUILD).log

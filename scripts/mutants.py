@@ -7,10 +7,17 @@ that must occur exactly once in the file as it is now (a snippet that no longer 
 matches twice, fails loudly: the refactor moved the code, update the list), and the text
 that replaces it. The suite runs in two stages: the fast C tests (unit, prop, parity), then,
 if the mutant survived them, everything else ctest has (cli, mpi, the rest); the report names
-every failing test of the stage that killed it.
+every failing test of the stage that killed it; then pytest (python/tests, on the scratch
+build's library and CLI and the extension built in the scratch tree), so that mutants of the
+Python layer (python/spanhead/) can be killed. A mutant whose hunks are all under python/ runs
+pytest first (its C build is unchanged).
 
     usage: scripts/mutants.py [--list FILE] [--only ID,ID] [--keep] [--jobs N] [--all-stages]
-    environment: MUTANTS_DIR (scratch directory; default a fresh one under /tmp)
+                              [--python PY] [--no-pytest] [--exclude REGEX]
+    environment: MUTANTS_DIR (scratch directory; default a fresh one under /tmp),
+                 MUTANTS_PYTHON (the interpreter of the pytest stage, as --python: one with
+                 numpy, torch and transformers; default build-venv/bin/python where it exists,
+                 else this interpreter)
 
 Exit status: 0 all killed, 1 a mutant survived, 2 a snippet is stale, the baseline fails or a
 mutant does not build.
@@ -25,7 +32,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = [("unit|prop|parity", None), (None, "unit|prop|parity")]  # (-L, -LE)
+STAGES = [("unit|prop|parity", None), (None, "unit|prop|parity")]  # ctest (-L, -LE)
+PYTEST = "pytest"  # the third stage
 
 
 def parse(path):
@@ -101,8 +109,13 @@ def failed_tests(log_text):
     return names
 
 
+EXCLUDE = None  # --exclude: a ctest -E regex
+
+
 def ctest(build, label, exclude, jobs, log):
     cmd = ["ctest", "-j", str(jobs), "--timeout", "300", "--output-on-failure"]
+    if EXCLUDE:
+        cmd += ["-E", EXCLUDE]
     if label:
         cmd += ["-L", label]
     if exclude:
@@ -113,6 +126,51 @@ def ctest(build, label, exclude, jobs, log):
         f.seek(start)
         text = f.read()
     return rc, failed_tests(text)
+
+
+def failed_pytests(log_text):
+    """Names of the tests pytest lists as failed or in error in its short summary."""
+    return [m.group(2) + ("" if m.group(1) == "FAILED" else " [error]")
+            for m in re.finditer(r"^(FAILED|ERROR) (\S+)", log_text, re.M)]
+
+
+def pytest_stage(tree, build, python, jobs, log):
+    """make the extension in the scratch tree (a no-op unless python/csrc changed), then
+    python/tests against the scratch build, up to its first failure."""
+    rc = run(["make", "--no-print-directory", f"PYTHON={python}",
+              "python/spanhead/_spanhead.abi3.so"], tree, log)
+    if rc:
+        return rc, ["the Python extension does not build"]
+    env = dict(os.environ, SPANHEAD_LIB=os.path.join(build, "libspanhead.so"),
+               SPANHEAD_CLI=os.path.join(build, "spanhead"), SPANHEAD_BUILD_DIR=build,
+               PYTHONPATH=os.path.join(tree, "python"), PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS=str(jobs))
+    # -x: a killed mutant stops at its first failing test (the whole suite takes minutes)
+    cmd = [python, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", "python/tests"]
+    start = os.path.getsize(log) if os.path.exists(log) else 0
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=1800).returncode
+        except subprocess.TimeoutExpired:
+            f.write("timeout\n")
+            rc = 124
+    with open(log) as f:
+        f.seek(start)
+        text = f.read()
+    return rc, failed_pytests(text)
+
+
+def stages_for(m, with_pytest):
+    """The stage order of a mutant: C-only changes run the C stages first, Python-only ones
+    pytest first."""
+    py_only = all(h["file"].startswith("python/") for h in m["hunks"])
+    st = list(STAGES)
+    if with_pytest:
+        st = [PYTEST] + st if py_only else st + [PYTEST]
+    return st
 
 
 def copy_tree(dst):
@@ -152,8 +210,21 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", os.cpu_count() or 2)))
     ap.add_argument("--all-stages", action="store_true",
-                    help="run both stages for every mutant (lists every killer)")
+                    help="run every stage for every mutant (lists every killer)")
+    ap.add_argument("--python", default=os.environ.get("MUTANTS_PYTHON") or (
+        os.path.join(ROOT, "build-venv", "bin", "python")
+        if os.path.exists(os.path.join(ROOT, "build-venv", "bin", "python")) else sys.executable),
+        help="the interpreter of the pytest stage")
+    ap.add_argument("--no-pytest", action="store_true", help="leave the pytest stage out")
+    ap.add_argument("--exclude", default="",
+                    help="ctest -E regex of tests to leave out (say why in the results)")
     a = ap.parse_args()
+    global EXCLUDE
+    EXCLUDE = a.exclude or None
+    with_pytest = not a.no_pytest
+    # the stage runs in the scratch tree: a relative path or a bare name resolved here
+    a.python = (os.path.abspath(a.python) if os.sep in a.python
+                else shutil.which(a.python) or a.python)
     mutants = parse(a.list)
     if a.only:
         want = set(a.only.split(","))
@@ -181,8 +252,11 @@ def main():
     if run(cfg, scratch, log) or run(["cmake", "--build", build, "-j", str(a.jobs)], scratch, log):
         print(f"mutants: the unmutated tree does not configure or build (see {log})")
         return 2
-    for label, exclude in STAGES:
-        rc, bad = ctest(build, label, exclude, a.jobs, log)
+    for stage in STAGES + ([PYTEST] if with_pytest else []):
+        if stage == PYTEST:
+            rc, bad = pytest_stage(tree, build, a.python, a.jobs, log)
+        else:
+            rc, bad = ctest(build, *stage, a.jobs, log)
         if rc:
             print(f"mutants: the unmutated tree fails its tests: {', '.join(bad) or rc} "
                   f"(see {log})")
@@ -208,10 +282,15 @@ def main():
         if run(["cmake", "--build", build, "-j", str(a.jobs)], scratch, log):
             how, status = "DOES NOT BUILD", 2
         else:
-            for label, exclude in STAGES:
-                rc, bad = ctest(build, label, exclude, a.jobs, log)
+            for stage in stages_for(m, with_pytest):
+                if stage == PYTEST:
+                    rc, bad = pytest_stage(tree, build, a.python, a.jobs, log)
+                    tool = "pytest"
+                else:
+                    rc, bad = ctest(build, *stage, a.jobs, log)
+                    tool = "ctest"
                 if rc:
-                    killers += bad or [f"ctest exit {rc}"]
+                    killers += bad or [f"{tool} exit {rc}"]
                     if not a.all_stages:
                         break
             how = "killed" if killers else "SURVIVED"

@@ -155,3 +155,49 @@ def test_unsupported_model_is_refused_by_name():
     assert model.forward == fwd and not spanhead.hf.is_patched(model)
     with pytest.raises(spanhead.UnsupportedError, match="GPT2LMHeadModel"):
         spanhead.hf.logprobs(model, torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_unpatch_restores_logits_and_the_original_loss(family):
+    """After unpatch a forward with labels is the unpatched model's again: logits come back,
+    the same loss and gradients as before the patch (and the patched one in between had
+    none)."""
+    model = build(family)
+    ids, am, labels = batch(4)
+    ref, ref_g = loss_and_grads(model, input_ids=ids, attention_mask=am, labels=labels)
+    spanhead.hf.patch(model)
+    mid, mid_g = loss_and_grads(model, input_ids=ids, attention_mask=am, labels=labels)
+    assert mid.logits is None
+    spanhead.hf.unpatch(model)
+    spanhead.hf.unpatch(model)  # idempotent
+    assert not spanhead.hf.is_patched(model)
+    got, got_g = loss_and_grads(model, input_ids=ids, attention_mask=am, labels=labels)
+    assert got.logits is not None and got.logits.shape == ref.logits.shape
+    assert torch.equal(got.logits, ref.logits)
+    assert torch.equal(got.loss, ref.loss)
+    for n in ref_g:
+        assert torch.equal(got_g[n], ref_g[n]), f"{family} d{n} after unpatch"
+        assert_close(f"{family} patched d{n}", mid_g[n], ref_g[n])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_generation_without_labels_patched_equals_unpatched(family):
+    """generate() (no labels; the KV cache and logits_to_keep forwarded) gives the same tokens
+    and scores patched as unpatched, greedy, with a padded batch."""
+    model = build(family, seed=5).eval()
+    ids, am, _ = batch(6, S=7)
+    left = torch.ones_like(am)
+    left[1, :2] = 0  # left padding for generation
+    kw = dict(input_ids=ids, attention_mask=left, max_new_tokens=6, do_sample=False,
+              pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = model.generate(**kw)
+        spanhead.hf.patch(model)
+        got = model.generate(**kw)
+        nocache = model.generate(**kw, use_cache=False)
+    assert spanhead.hf.is_patched(model)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert torch.equal(nocache.sequences, ref.sequences)
+    for a, b in zip(got.scores, ref.scores):
+        assert torch.equal(a, b)
+    spanhead.hf.unpatch(model)

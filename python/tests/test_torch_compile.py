@@ -11,6 +11,10 @@ run in test_torch_cuda.py on a GPU machine).
   gradient stays float32.
 - linear_cross_entropy / LinearCrossEntropyLoss against F.cross_entropy on float64 logits:
   ignore_index, every reduction, temperature, softcap, label smoothing, all rows ignored.
+
+The compiled entry points with a non-unit / non-uniform upstream gradient ((loss * 1.7),
+random per-row gradients) and every optional tensor given and absent, against float64 (not
+only against eager): test_entry_points.py.
 """
 
 import numpy as np

@@ -3,7 +3,8 @@
 for the CLI tests: `gen DIR SEED [bf16]` writes random inputs; `check IN OUT [options]` reads
 the inputs of `spanhead run --inputs IN --policy-loss ...` and the files it wrote to OUT, and
 compares loss.json, logprob, entropy, dhidden and dweight with a dense float64 computation
-(logits, log-softmax, the loss, its gradient through dz = g (onehot - p) + e p (mu - z)).
+(logits z = (c tanh(u / c) or u) / T for --softcap c and --temperature T, log-softmax, the
+loss, its gradient through dz = g (onehot - p) + e p (mu - z) and dz/du).
 Exit 0 when everything is within the tolerance, 1 otherwise (the worst errors printed)."""
 
 import argparse
@@ -69,7 +70,13 @@ def oracle(d, o):
     isw = load(d, "is_weight", np.float32)
     isw = np.ones(N) if isw is None else isw.astype(np.float64)
     seq = load(d, "seq_id")
-    z = h @ w.T
+    u = h @ w.T
+    T_, c_ = o.temperature, o.softcap
+    if c_:
+        th = np.tanh(u / c_)
+        z, dzdu = c_ * th / T_, (1.0 - th * th) / T_
+    else:
+        z, dzdu = u / T_, np.full_like(u, 1.0 / T_)
     mx = z.max(1, keepdims=True)
     lse = (mx + np.log(np.exp(z - mx).sum(1, keepdims=True)))[:, 0]
     p = np.exp(z - lse[:, None])
@@ -134,7 +141,8 @@ def oracle(d, o):
     onehot[np.arange(N), np.clip(t, 0, V - 1)] = 1.0
     dz = g[:, None] * (onehot - p) + e[:, None] * p * (mu[:, None] - z)
     dz[~act] = 0
-    return met, logp, ent, dz @ w, dz.T @ h
+    du = dz * dzdu
+    return met, logp, ent, du @ w, du.T @ h
 
 
 def rel(got, want):
@@ -182,6 +190,9 @@ def main():
     ap.add_argument("--norm-length", type=float, default=None)
     ap.add_argument("--num-tokens", type=int, default=None)
     ap.add_argument("--num-seqs", type=int, default=None)
+    ap.add_argument("--gap", type=int, default=0)  # span coalescing: changes no result
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--softcap", type=float, default=0.0)
     ap.add_argument("--tol", type=float, default=1e-4)
     o = ap.parse_args()
     if o.cmd == "gen":

@@ -8,7 +8,8 @@
  *     spans without a mask (one span and many: the gathered chunks), mask + spans, ignored
  *     targets, accumulate, loss-only calls, stats / logprob / entropy in the workspace;
  *   - inactive rows: exact zeros; metrics in device memory written without a host sync (the
- *     test synchronizes itself); determinism (two runs, bitwise).
+ *     test synchronizes itself); determinism (two runs, bitwise);
+ *   - the tie rules with ratio-1 ties built exactly (test_ties_built).
  * Skips (exit 77) without a CUDA device.
  */
 #ifndef SPH_HAVE_CUDA
@@ -307,6 +308,27 @@ static void test_nonfinite_device(void **state) {
     pc_free(&c);
 }
 
+/* The tie rules on the GPU, ties built exactly (test_policy_case.h): the device's exp is not
+ * the host's, so the ratio-1 ties of policy_tie_check_unit (old = the GPU's own float32
+ * logprob, bitwise; clip range [1, 1]), on the staged path and on the recomputing one (a
+ * chunk budget of 1 KiB). */
+static void gpu_logp(sph_ctx_t g, pcase *c, double *lp) {
+    pc_poison(c);
+    gpu_run(g, c);
+    for (int64_t i = 0; i < c->h.N; i++) lp[i] = (double)c->h.lp[i];
+}
+
+static void test_ties_built(void **state) {
+    (void)state;
+    for (int path = 0; path < 2; path++) {
+        sph_ctx_t g = gpu_ctx(path ? 1024 : 0);
+        for (int rep = 0; rep < 3; rep++)
+            policy_tie_check_unit(&g_rng, g, path ? "cuda (recompute)" : "cuda", gpu_logp,
+                                  gpu_run);
+        sph_ctx_destroy(g);
+    }
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -318,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_awkward),
         cmocka_unit_test(test_bad_device),
         cmocka_unit_test(test_nonfinite_device),
+        cmocka_unit_test(test_ties_built),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -305,4 +305,200 @@ static inline void policy_seq_check(sph_rng *r, const char *kernel, int64_t rank
     pc_free(&f);
 }
 
+// ---- exact ties, built (issue 28) ------------------------------------------------------------
+
+/* One run of a tie case: the metrics and dhidden. */
+typedef struct ptie_run {
+    float met[SPH_POLICY_N_METRICS];
+    float *dh;
+} ptie_run;
+
+typedef void (*ptie_runner)(sph_ctx_t, pcase *); /* runs the wired case, outputs back on the host */
+
+static inline void ptie_host_run(sph_ctx_t ctx, pcase *c) {
+    sph_status st = pc_run(ctx, c);
+    if (st != SPH_OK) fail_msg("policy ties: %s", sph_last_error());
+}
+
+static inline void ptie_run_case(sph_ctx_t ctx, pcase *c, ptie_run *o, ptie_runner run) {
+    pc_poison(c);
+    (run ? run : ptie_host_run)(ctx, c);
+    memcpy(o->met, c->metrics, sizeof o->met);
+    o->dh = hc_alloc((size_t)(c->h.N * c->h.H) * 4);
+    memcpy(o->dh, c->h.dh, (size_t)(c->h.N * c->h.H) * 4);
+}
+
+/* max |a - s b| over row i of dhidden, relative to max |s b| (s: the expected scale). */
+static inline double ptie_row_err(const float *a, const float *b, double s, int64_t i, int64_t H,
+                                  double *scale) {
+    double e = 0, m = 0;
+    for (int64_t k = 0; k < H; k++) {
+        double x = a[i * H + k], y = s * b[i * H + k];
+        e = fmax(e, isnan(x - y) ? INFINITY : fabs(x - y));
+        m = fmax(m, fabs(y));
+    }
+    if (scale) *scale = m;
+    return m > 0 ? e / m : e;
+}
+
+/* The tie rules of docs/policy.md on a whole problem, the ties built exactly: the ratio
+ * r_i = exp(logp_i - old_i) the backend computes is known bitwise (logp is the backend's own:
+ * `own_logp` fills it - the reference's float64 log-probs, the CPU / CUDA backends' float32
+ * logprob output, which their per-row hook reads - and exp is the same libm function), so
+ *   - clip_high = r_u - 1 puts row u exactly on the upper bound (r_u in (1, 2): exact),
+ *   - clip_low = 1 - r_l puts row l exactly on the lower bound (r_l in (0.5, 1): exact),
+ *   - clip_ratio_c = r_k puts row k (A < 0, r_k > 1 + clip_high) exactly on the dual clip.
+ * Then, against the same problem with each bound moved by 1e-12 or well past the row:
+ *   - a ratio on a clip bound keeps its full gradient (closed interval: the row's dhidden
+ *     equals the one of a run with the row strictly inside) and is not counted clipped (one
+ *     fewer than with the bound 1e-12 inside, where the row's gradient is exactly 0);
+ *   - at the dual clip's tie the row keeps half its gradient (torch.minimum: half the
+ *     dhidden of the run without a dual clip) and is not counted in pg_clipfrac_lower.
+ * Entropy and KL off, so a row's dhidden is its policy gradient alone. */
+static inline void policy_tie_check(sph_rng *r, sph_ctx_t ctx, const char *what,
+                                    void (*own_logp)(sph_ctx_t, pcase *, double *)) {
+    const int64_t N = 29, H = 7, V = 37, iu = 3, il = 5, ik = 8;
+    pcase c;
+    pc_init(&c, r, N, H, V, V, 0, SPH_F32);
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    c.p.entropy_coef = 0.0;
+    c.h.tgt[iu] = 11, c.h.tgt[il] = 2, c.h.tgt[ik] = 30; /* active rows (hc_init ignores some) */
+    double *lp = hc_alloc((size_t)N * 8);
+    own_logp(ctx, &c, lp);
+    for (int64_t i = 0; i < N; i++) c.old[i] = (float)(lp[i] - 0.05 * rng_normal(r));
+    c.adv[iu] = 0.8f, c.old[iu] = (float)(lp[iu] - 0.15);
+    c.adv[il] = -0.6f, c.old[il] = (float)(lp[il] + 0.3);
+    c.adv[ik] = -1.1f, c.old[ik] = (float)(lp[ik] - 1.2);
+    const double ru = exp(lp[iu] - (double)c.old[iu]), rl = exp(lp[il] - (double)c.old[il]);
+    const double rk = exp(lp[ik] - (double)c.old[ik]);
+    assert_true(ru > 1 && ru < 2 && rl > 0.5 && rl < 1 && rk > 2);
+    const double hi = ru - 1.0, lo = 1.0 - rl;
+    assert_true(1.0 + hi == ru && 1.0 - lo == rl); /* the bounds the backend forms, exactly */
+    c.p.clip_high = hi, c.p.clip_low = lo, c.p.clip_ratio_c = rk;
+    ptie_run tie, up_in, up_out, lo_in, lo_out, dual_off, dual_out;
+    ptie_run_case(ctx, &c, &tie, NULL);
+    c.p.clip_high = hi + 0.3, ptie_run_case(ctx, &c, &up_in, NULL);
+    c.p.clip_high = hi - 1e-12, ptie_run_case(ctx, &c, &up_out, NULL);
+    c.p.clip_high = hi;
+    c.p.clip_low = lo + 0.1, ptie_run_case(ctx, &c, &lo_in, NULL);
+    c.p.clip_low = lo - 1e-12, ptie_run_case(ctx, &c, &lo_out, NULL);
+    c.p.clip_low = lo;
+    c.p.clip_ratio_c = HUGE_VAL, ptie_run_case(ctx, &c, &dual_off, NULL);
+    c.p.clip_ratio_c = rk - 1e-12, ptie_run_case(ctx, &c, &dual_out, NULL);
+    const double T = tie.met[SPH_METRIC_TOKENS];
+    assert_true(T >= 3);
+#define PT_COUNT(run, m) lround((double)(run).met[m] * T)
+    long clip = PT_COUNT(tie, SPH_METRIC_PG_CLIPFRAC);
+    char cs[160];
+    snprintf(cs, sizeof cs, "%s ties (r_u=%.17g r_l=%.17g r_k=%.17g)", what, ru, rl, rk);
+    if (PT_COUNT(up_out, SPH_METRIC_PG_CLIPFRAC) != clip + 1 ||
+        PT_COUNT(lo_out, SPH_METRIC_PG_CLIPFRAC) != clip + 1 ||
+        PT_COUNT(tie, SPH_METRIC_PG_CLIPFRAC_LOWER) != 0 ||
+        PT_COUNT(dual_out, SPH_METRIC_PG_CLIPFRAC_LOWER) != 1)
+        fail_msg("%s: clip counts at the ties %ld / lower %ld; bound 1e-12 inside: upper %ld, "
+                 "lower %ld, dual %ld (expected %ld, %ld, 1 and 0 at the dual tie)", cs, clip,
+                 PT_COUNT(tie, SPH_METRIC_PG_CLIPFRAC_LOWER),
+                 PT_COUNT(up_out, SPH_METRIC_PG_CLIPFRAC), PT_COUNT(lo_out, SPH_METRIC_PG_CLIPFRAC),
+                 PT_COUNT(dual_out, SPH_METRIC_PG_CLIPFRAC_LOWER), clip + 1, clip + 1);
+#undef PT_COUNT
+    const struct {
+        const char *name;
+        int64_t row;
+        const ptie_run *other;
+        double s;
+    } chk[] = {{"upper bound: full gradient (= strictly inside)", iu, &up_in, 1.0},
+               {"upper bound 1e-12 inside: no gradient", iu, &up_out, 0.0},
+               {"lower bound: full gradient (= strictly inside)", il, &lo_in, 1.0},
+               {"lower bound 1e-12 inside: no gradient", il, &lo_out, 0.0},
+               {"dual clip tie: half the gradient", ik, &dual_off, 0.5},
+               {"dual clip 1e-12 inside: no gradient", ik, &dual_out, 0.0}};
+    for (size_t q = 0; q < sizeof chk / sizeof chk[0]; q++) {
+        double scale = 0, err;
+        if (chk[q].s == 0.0) { /* the other run's row is 0, the tie's is not */
+            err = ptie_row_err(chk[q].other->dh, tie.dh, 0.0, chk[q].row, H, NULL);
+            ptie_row_err(tie.dh, tie.dh, 1.0, chk[q].row, H, &scale);
+            if (!(err == 0.0 && scale > 0))
+                fail_msg("%s: %s: row %lld's dhidden max %g there, %g at the tie", cs,
+                         chk[q].name, (long long)chk[q].row, err, scale);
+        } else {
+            err = ptie_row_err(tie.dh, chk[q].other->dh, chk[q].s, chk[q].row, H, &scale);
+            if (!(err <= 1e-6 && scale > 0))
+                fail_msg("%s: %s: row %lld's dhidden off by %.3g (relative)", cs, chk[q].name,
+                         (long long)chk[q].row, err);
+        }
+    }
+    free(tie.dh), free(up_in.dh), free(up_out.dh), free(lo_in.dh), free(lo_out.dh);
+    free(dual_off.dh), free(dual_out.dh), free(lp);
+    pc_free(&c);
+}
+
+/* The closed clip interval where the ratio is exactly 1 on every libm (host or device exp):
+ * rows with old = logp bitwise (delta = 0, r = exp(0) = 1) and clip_low = clip_high = 0, so
+ * the clip range is [1, 1] and those rows sit on both bounds at once. They keep the full
+ * gradient (their dhidden equals the one of a run with the range [0.8, 1.3], where they are
+ * strictly inside) and are not counted clipped: pg_clipfrac counts exactly the rows with
+ * A (r - 1) > 0, i.e. A delta > 0, delta known exactly on the host. For a backend whose exp
+ * is not the host's (CUDA), where the bounds of policy_tie_check cannot be built; the backend's
+ * loss must read its float32 logprob output (CPU, CUDA; not the float64 reference). */
+static inline void policy_tie_check_unit(sph_rng *r, sph_ctx_t ctx, const char *what,
+                                         void (*own_logp)(sph_ctx_t, pcase *, double *),
+                                         ptie_runner run) {
+    const int64_t N = 31, H = 6, V = 43;
+    pcase c;
+    pc_init(&c, r, N, H, V, V, 0, SPH_F32);
+    pc_wire(&c, HC_LP | HC_ENT | HC_DH, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    c.p.entropy_coef = 0.0;
+    c.p.clip_ratio_c = HUGE_VAL;
+    for (int64_t i = 1; i < N; i += 3) c.h.tgt[i] = i % V; /* the tie rows: active */
+    double *lp = hc_alloc((size_t)N * 8);
+    own_logp(ctx, &c, lp);
+    long want = 0;
+    int64_t n_tie = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const int tie = i % 3 == 1;
+        c.old[i] = tie ? (float)lp[i] : (float)(lp[i] - 0.2 * rng_normal(r));
+        if (tie) {
+            /* the backend's logp is a float (its logprob output): delta = 0 exactly */
+            assert_true((double)c.old[i] == lp[i]);
+            n_tie++;
+        }
+        if (c.h.tgt[i] >= 0 && c.adv[i] * (lp[i] - (double)c.old[i]) > 0) want++;
+    }
+    c.p.clip_low = 0.0, c.p.clip_high = 0.0;
+    ptie_run tie, in;
+    ptie_run_case(ctx, &c, &tie, run);
+    c.p.clip_low = 0.2, c.p.clip_high = 0.3;
+    ptie_run_case(ctx, &c, &in, run);
+    const double T = tie.met[SPH_METRIC_TOKENS];
+    const long got = lround((double)tie.met[SPH_METRIC_PG_CLIPFRAC] * T);
+    if (got != want)
+        fail_msg("%s unit-ratio ties: pg_clipfrac counts %ld rows, expected %ld (the rows with "
+                 "A delta > 0; the %lld rows at r = 1 on both bounds are not clipped)", what,
+                 got, want, (long long)n_tie);
+    for (int64_t i = 1; i < N; i += 3) {
+        double scale = 0;
+        const double err = ptie_row_err(tie.dh, in.dh, 1.0, i, H, &scale);
+        if (!(err <= 1e-6 && scale > 0))
+            fail_msg("%s unit-ratio ties: row %lld (r = 1 on both bounds) dhidden off by %.3g "
+                     "(relative) from strictly inside (expected the full gradient)", what,
+                     (long long)i, err);
+    }
+    free(tie.dh), free(in.dh), free(lp);
+    pc_free(&c);
+}
+
+/* own_logp of the float64 reference: its log-probs, as its loss sees them. */
+static inline void ptie_logp_ref(sph_ctx_t ctx, pcase *c, double *lp) {
+    sph_policy_plan pp;
+    expect_ok(sph_policy_plan_make(ctx, &c->h.a, &c->p, &pp));
+    expect_ok(sph_policy_ref_f64(&pp, NULL, lp, NULL, NULL, NULL));
+}
+
+/* own_logp of a backend whose per-row hook reads its float32 logprob output. */
+static inline void ptie_logp_output(sph_ctx_t ctx, pcase *c, double *lp) {
+    pc_poison(c);
+    expect_ok(pc_run(ctx, c));
+    for (int64_t i = 0; i < c->h.N; i++) lp[i] = (double)c->h.lp[i];
+}
+
 #endif

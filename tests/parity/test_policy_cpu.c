@@ -8,7 +8,9 @@
  *     active, spans without a mask, ignored targets;
  *   - accumulate / overwrite, loss-only calls (no gradient outputs), stats in the workspace;
  *   - inactive rows: exact zeros in every per-row output and dhidden row;
- *   - determinism (bitwise, same inputs), TP shards in threads, a sequence group (seq_comm).
+ *   - determinism (bitwise, same inputs), TP shards in threads, a sequence group (seq_comm);
+ *   - num_tokens / num_seqs set: against the reference and against the scaling they imply;
+ *   - the tie rules (clip bounds, dual clip) with the ties built exactly.
  */
 #include "test_policy_case.h"
 
@@ -223,11 +225,89 @@ static void test_tp_and_groups(void **state) {
     policy_seq_check(&r, NULL, 3, SPH_PG_GSPO, SPH_AGG_SEQ_MEAN_TOKEN_MEAN);
 }
 
+/* num_tokens / num_seqs (a global batch's T and S) on the CPU backend: against the reference
+ * run with the same counts, and against the same backend without them by construction: the
+ * aggregation weights are c_i = 1/T (token-mean) or 1/S x (1, 1/T_j, 1/norm_length) (seq-*),
+ * so the loss, its parts and both gradients scale by T_act/num_tokens resp. S_act/num_seqs
+ * (T_act, S_act: the counts the metrics report), and the per-token metrics (clip fractions,
+ * ppo_kl) always by T_act/num_tokens. A backend that ignores either count, or applies one in
+ * place of the other, fails one of the two. */
+static void test_global_counts(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 4);
+    for (int loss = 0; loss < 3; loss++)
+        for (int agg = 0; agg < 4; agg++) {
+            const int64_t N = 47, H = 9, V = 131;
+            pcase c;
+            pc_init(&c, &r, N, H, V, V, 0, SPH_F32);
+            hc_mask(&c.h, &r, 0.6);
+            pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK | PC_ISW, (sph_pg_loss)loss,
+                    (sph_kl_kind)(1 + (loss + agg) % 3), (sph_loss_agg)agg);
+            run_out base, got, ref;
+            run_case(&c, NULL, 2, 8, &base);
+            const double T = base.met[SPH_METRIC_TOKENS], S = base.met[SPH_METRIC_SEQS];
+            /* S is counted where it is used (seq-* aggregations, gspo); 0 otherwise */
+            if (!(T >= 2 && (agg == SPH_AGG_TOKEN_MEAN || S >= 2)))
+                fail_msg("too few active rows / sequences: T=%g S=%g", T, S);
+            c.p.num_tokens = (int64_t)T * 3 + 7;
+            c.p.num_seqs = (int64_t)S * 2 + 5;
+            run_case(&c, NULL, 2, 8, &got);
+            run_case(&c, "ref", 1, 0, &ref);
+            char cs[160];
+            snprintf(cs, sizeof cs, "policy_cpu counts(loss=%d,agg=%d,T=%g->%lld,S=%g->%lld)",
+                     loss, agg, T, (long long)c.p.num_tokens, S, (long long)c.p.num_seqs);
+            const double tol = TOL_CPU_F32;
+            assert_true(pc_metrics_close("metrics vs ref", cs, got.met, SPH_F32, ref.met,
+                                         SPH_F32, tol));
+            assert_true(hc_close("dhidden vs ref", cs, got.dh, SPH_F32, ref.dh, SPH_F32, N * H,
+                                 tol));
+            assert_true(hc_close("dweight vs ref", cs, got.dw, SPH_F32, ref.dw, SPH_F32, V * H,
+                                 tol));
+            const double ft = T / (double)c.p.num_tokens, fs = S / (double)c.p.num_seqs;
+            const double fl = agg == SPH_AGG_TOKEN_MEAN ? ft : fs;
+            float want[SPH_POLICY_N_METRICS];
+            for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
+                double f = k <= SPH_METRIC_ENTROPY_LOSS ? fl : k <= SPH_METRIC_PPO_KL ? ft : 1.0;
+                want[k] = (float)(base.met[k] * f);
+            }
+            assert_true(pc_metrics_close("metrics vs scaled", cs, got.met, SPH_F32, want,
+                                         SPH_F32, tol));
+            for (int64_t k = 0; k < N * H; k++) base.dh[k] = (float)(base.dh[k] * fl);
+            for (int64_t k = 0; k < V * H; k++) base.dw[k] = (float)(base.dw[k] * fl);
+            assert_true(hc_close("dhidden vs scaled", cs, got.dh, SPH_F32, base.dh, SPH_F32,
+                                 N * H, tol));
+            assert_true(hc_close("dweight vs scaled", cs, got.dw, SPH_F32, base.dw, SPH_F32,
+                                 V * H, tol));
+            /* the per-row outputs do not depend on the counts */
+            assert_memory_equal(got.lp, base.lp, (size_t)N * 4);
+            assert_memory_equal(got.ent, base.ent, (size_t)N * 4);
+            out_free(&base), out_free(&got), out_free(&ref);
+            pc_free(&c);
+        }
+}
+
+/* The tie rules on the CPU backend, ties built exactly (test_policy_case.h, policy_tie_check):
+ * its per-row hook reads its float32 logprob output, so the ratios it forms are known. */
+static void test_ties_built(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 5);
+    for (int threads = 1; threads <= 2; threads++) {
+        sph_ctx_t ctx = hc_ctx(NULL, threads, NULL);
+        for (int rep = 0; rep < 3; rep++) policy_tie_check(&r, ctx, "cpu", ptie_logp_output);
+        policy_tie_check_unit(&r, ctx, "cpu", ptie_logp_output, NULL);
+        sph_ctx_destroy(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_combination),
         cmocka_unit_test(test_awkward),
         cmocka_unit_test(test_optional_outputs),
+        cmocka_unit_test(test_global_counts),
+        cmocka_unit_test(test_ties_built),
         cmocka_unit_test(test_tp_and_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

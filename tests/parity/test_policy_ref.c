@@ -244,8 +244,16 @@ static void test_ties(void **state) {
     k.clip_c = 3.0;
     sph_policy_row_eval(&k, 1.5, -1.0, 0.0, 0.0, 0.0, &o);
     assert_true(o.pg == 3.0 && o.dpg == 0.0 && o.lower);
+    /* the exact tie built, not hoped for (exp(log(3)) is not 3 on every libm): c set to the
+     * ratio the row evaluates to, bitwise */
+    const double r3 = exp(log(3.0));
+    k.clip_c = r3;
     sph_policy_row_eval(&k, log(3.0), -1.0, 0.0, 0.0, 0.0, &o);
-    if (exp(log(3.0)) == 3.0) assert_true(o.pg == 3.0 && o.dpg == 1.5 && !o.lower);
+    assert_true(o.pg == r3 && o.dpg == 0.5 * r3 && !o.lower);
+    k.clip_c = nextafter(r3, 0.0); /* one ulp inside: binds, no gradient, counted */
+    sph_policy_row_eval(&k, log(3.0), -1.0, 0.0, 0.0, 0.0, &o);
+    assert_true(o.pg == k.clip_c && o.dpg == 0.0 && o.lower);
+    k.clip_c = 3.0;
     /* gspo: rho exactly 10 keeps the gradient, above it none */
     k.loss = SPH_PM_GSPO;
     k.clip_c = HUGE_VAL;
@@ -263,6 +271,17 @@ static void test_ties(void **state) {
     /* NaN log-prob: NaN value and NaN gradient (never a silent 0) */
     sph_policy_row_eval(&k, NAN, 1.0, 0.0, 1.0, 0.0, &o);
     assert_true(isnan(o.pg) && isnan(o.dpg) && isnan(o.kl));
+}
+
+/* The same rules through the whole reference backend, the ties built exactly
+ * (test_policy_case.h, policy_tie_check). */
+static void test_ties_built(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 5);
+    sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
+    for (int rep = 0; rep < 3; rep++) policy_tie_check(&r, ctx, "ref", ptie_logp_ref);
+    sph_ctx_destroy(ctx);
 }
 
 static void test_tp(void **state) {
@@ -285,7 +304,8 @@ static void test_seq_group(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_and_fd), cmocka_unit_test(test_global_counts),
-        cmocka_unit_test(test_ties),          cmocka_unit_test(test_tp),
+        cmocka_unit_test(test_ties),          cmocka_unit_test(test_ties_built),
+        cmocka_unit_test(test_tp),
         cmocka_unit_test(test_seq_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

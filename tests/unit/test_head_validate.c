@@ -131,6 +131,32 @@ static void test_bad_inputs(void **state) {
         expect_bad(SPH_HEAD_FORWARD, SPH_ERR_INVALID_ARG, "active_mask[4]: 2");
         free(C.mask), C.mask = NULL;
 
+        // an active_mask of the wrong length (one short, one long, 2-d): refused by name,
+        // both passes, one-pass too, nothing written (a mask read past its end or short of
+        // the rows would be a silent wrong answer)
+        for (int variant = 0; variant < 3; variant++) {
+            setup_case();
+            C.mask = hc_alloc(8);
+            memset(C.mask, 1, 8);
+            int64_t msh[2] = {variant == 0 ? 5 : 7, 1};
+            int64_t msh2[2] = {6, 2};
+            sph_tensor tm = {C.mask, {SPH_DEVICE_CPU, 0}, variant == 2 ? 2 : 1, SPH_U8,
+                             variant == 2 ? msh2 : msh, NULL, 0};
+            const char *want = variant == 0   ? "active_mask: shape[0] is 5, expected 6"
+                               : variant == 1 ? "active_mask: shape[0] is 7, expected 6"
+                                              : "active_mask: ndim is 2, expected 1";
+            hc_wire(&C, HC_LP | HC_ENT);
+            C.a.active_mask = &tm;
+            expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, want);
+            hc_wire(&C, HC_G | HC_DH | HC_DW);
+            C.a.active_mask = &tm;
+            expect_bad(SPH_HEAD_BACKWARD, SPH_ERR_SHAPE, want);
+            hc_wire(&C, HC_OUTS | HC_UPS | HC_DH | HC_DW);
+            C.a.active_mask = &tm;
+            expect_bad(SPH_HEAD_FORWARD, SPH_ERR_SHAPE, want);
+            free(C.mask), C.mask = NULL;
+        }
+
         // candidates
         setup_case();
         int64_t cand[6 * 3];
