@@ -11,7 +11,8 @@
  * products, the general path's fused sm_90a epilogues on and off (SPH_CUDA_FLAG_NO_FUSED), the
  * kernel's two schedules (ping-pong and cooperative, SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE,
  * bitwise equal), both gradient sweep orders (SPH_CUDA_FLAG_NO_COLOUTER) and the
- * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD). Contexts take the SPH_CUDA_*
+ * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD), issue 23's kernel versions (each
+ * forced on: E_TWO_CHUNKS, DH_SPLITK, E2D_OVERLAP; test_issue23). Contexts take the SPH_CUDA_*
  * variables of the environment first (sph_ctx_opts_apply_env: the device scripts rerun the
  * suite under them), then each test's own switches,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
@@ -35,6 +36,10 @@ int main(void) {
 #include "head/host.h"
 
 static sph_rng g_rng;
+/* issue 23's E2D_OVERLAP: rows per block forced into run_cfg's contexts (0: the rule), and
+ * the chunks they pipelined (read back before each context is destroyed) */
+static int64_t g_e2d_rows;
+static int g_e2d_pipelined;
 
 #include "cuda_case.h"
 
@@ -75,6 +80,7 @@ static int run_cfg(const gcfg *f) {
     void *dh_start = hc_dup(c.dh, dhn * hc_esize(c.gdt));
 
     sph_ctx_t g = gpu_ctx(f->chunk_bytes, f->bi, NULL);
+    ((sph_cuda_state *)g->cuda)->e2d_rows = g_e2d_rows;
     const double ftol = rows_tol(f->dt);
     int ok = 1;
     refout r;
@@ -148,6 +154,7 @@ static int run_cfg(const gcfg *f) {
     ref_free(&r);
     free(dh0), free(dw0), free(dh_start), free(act), free(ind), free(adh), free(adw), free(zdh),
         free(zdw);
+    g_e2d_pipelined += ((sph_cuda_state *)g->cuda)->e2d_blocks_run;
     sph_ctx_destroy(g);
     hc_free(&c);
     return ok;
@@ -905,6 +912,109 @@ static void test_pingpong(void **state) {
     assert_true(ok);
 }
 
+/* Issue 23's kernel versions, each forced on, against the float64 reference (and the check
+ * that the version's path was taken):
+ * - E_TWO_CHUNKS: staged E whose whole-shard rows miss the budget by a little: two chunks,
+ *   the second accumulating into the half-precision dW (no fp32 dW accumulator: the one-pass
+ *   workspace shrinks); plain rows and gathered spans, bf16 and f16, accumulate.
+ * - DH_SPLITK: short chunks (300 rows) over a 20001-column shard, one split: dH cut into 8
+ *   vocabulary pieces (plus the 33 remainder columns) and summed; one-pass (staged E), general
+ *   (vocabulary-outer sweep), fused and unfused, accumulate, f16 / bf16 / fp32 dH (the
+ *   workspace grows by the partials).
+ * - E2D_OVERLAP: staged E made block by block on the side stream under the dH GEMMs (blocks
+ *   forced small); gathered spans, accumulate, temperature, fp32 gradients. */
+static size_t onepass_ws(int64_t N, int64_t H, int64_t V, int64_t chunk_bytes) {
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
+    c.gdt = SPH_BF16;
+    hc_wire(&c, HC_LP | HC_G | HC_DH | HC_DW); /* forward with the gradients: one-pass */
+    sph_ctx_t g = gpu_ctx(chunk_bytes, 0, NULL);
+    mirror m;
+    mirror_make(g, &c.a, &m);
+    size_t bytes = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &m.a, &bytes));
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    hc_free(&c);
+    return bytes;
+}
+
+static void test_issue23(void **state) {
+    (void)state;
+    if (!device_is_sm90()) {
+        test_skip("device 0 is not sm_90: the staged-E paths of issue 23 were not exercised");
+    }
+    int ok = 1;
+    /* E_TWO_CHUNKS: N 2001 x V 5000 x H 264: the whole shard ~54 MB with cuBLAS's 32 MiB, half
+     * of it ~44 MB; a 46 MB budget leaves the default 3 chunks behind a 5.3 MB fp32 dW */
+    const int64_t b46 = (int64_t)46 << 20;
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 0);
+    const size_t e_off = onepass_ws(2001, 264, 5000, b46);
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 1);
+    const size_t e_on = onepass_ws(2001, 264, 5000, b46);
+    if (!(e_on != e_off && (int64_t)e_on <= b46)) { /* the switch changes nothing else */
+        print_error("test_issue23: E_TWO_CHUNKS one-pass workspace %zu vs %zu without: the "
+                    "two-chunk layout was not taken\n", e_on, e_off);
+        ok = 0;
+    }
+    {
+        gcfg f = base(SPH_BF16, 2001, 264, 5000);
+        f.one_pass = 1, f.gdt = SPH_BF16, f.chunk_bytes = b46;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.entropy = 0;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 2001, 264, 5000); /* gathered spans */
+        f.one_pass = 1, f.gdt = SPH_F16, f.chunk_bytes = b46, f.mask_frac = 0.8, f.use_spans = 1;
+        ok &= run_cfg(&f);
+    }
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, -1);
+    /* DH_SPLITK */
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 0);
+    const size_t bw_off = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 264, 20001, 0);
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 1);
+    const size_t bw_on = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 264, 20001, 0);
+    if (!(bw_on >= bw_off + (size_t)8 * 300 * 264 * 4)) {
+        print_error("test_issue23: DH_SPLITK backward workspace %zu vs %zu without: the split "
+                    "dH was not taken\n", bw_on, bw_off);
+        ok = 0;
+    }
+    for (int m = 0; m < 2; m++) {
+        cuda_switch(SPH_CUDA_FLAG_NO_FUSED, m == 1);
+        gcfg f = base(SPH_BF16, 300, 264, 20001); /* general, fp32 dH */
+        ok &= run_cfg(&f);
+        f.gdt = SPH_BF16, f.acc = 1, f.mask_frac = 0.5, f.use_spans = 1;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 300, 264, 20001); /* one-pass (staged E when fused) */
+        f.one_pass = 1, f.gdt = SPH_F16;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.temp = 0.7;
+        ok &= run_cfg(&f);
+    }
+    cuda_switch(SPH_CUDA_FLAG_NO_FUSED, -1);
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, -1);
+    /* E2D_OVERLAP: blocks of 136 rows (8 blocks of the 1000-row chunk, a short last one) */
+    cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, 1);
+    g_e2d_rows = 136, g_e2d_pipelined = 0;
+    {
+        gcfg f = base(SPH_BF16, 1000, 264, 3001);
+        f.one_pass = 1, f.gdt = SPH_BF16;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.mask_frac = 0.7, f.use_spans = 1; /* gathered: fp32 dH rows, scattered */
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 1000, 136, 3001); /* (a softcap with dlogit_mean declines staged E) */
+        f.one_pass = 1, f.gdt = SPH_F32, f.temp = 0.8;
+        ok &= run_cfg(&f);
+    }
+    if (g_e2d_pipelined < 3) {
+        print_error("test_issue23: E2D_OVERLAP pipelined %d chunks, expected >= 3: the "
+                    "overlapped path was not taken\n", g_e2d_pipelined);
+        ok = 0;
+    }
+    g_e2d_rows = 0;
+    cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, -1);
+    assert_true(ok);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -917,7 +1027,7 @@ int main(void) {
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
         cmocka_unit_test(test_fused),         cmocka_unit_test(test_sweep),
-        cmocka_unit_test(test_pingpong),
+        cmocka_unit_test(test_pingpong),      cmocka_unit_test(test_issue23),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };
