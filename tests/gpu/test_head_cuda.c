@@ -945,46 +945,47 @@ static void test_issue23(void **state) {
         test_skip("device 0 is not sm_90: the staged-E paths of issue 23 were not exercised");
     }
     int ok = 1;
-    /* E_TWO_CHUNKS: N 2001 x V 5000 x H 264: the whole shard ~54 MB with cuBLAS's 32 MiB, half
-     * of it ~44 MB; a 46 MB budget leaves the default 3 chunks behind a 5.3 MB fp32 dW */
+    /* E_TWO_CHUNKS: N 2001 x V 5000 (x H 72): the whole shard's E and records ~54 MB with
+     * cuBLAS's 32 MiB, half of it ~44 MB; in a 46 MB budget the default takes 2 chunks of 1001
+     * rows behind a 1.4 MB fp32 dW accumulator, the switch the same chunks without it */
     const int64_t b46 = (int64_t)46 << 20;
     cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 0);
-    const size_t e_off = onepass_ws(2001, 264, 5000, b46);
+    const size_t e_off = onepass_ws(2001, 72, 5000, b46);
     cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 1);
-    const size_t e_on = onepass_ws(2001, 264, 5000, b46);
+    const size_t e_on = onepass_ws(2001, 72, 5000, b46);
     if (!(e_on != e_off && (int64_t)e_on <= b46)) { /* the switch changes nothing else */
         print_error("test_issue23: E_TWO_CHUNKS one-pass workspace %zu vs %zu without: the "
                     "two-chunk layout was not taken\n", e_on, e_off);
         ok = 0;
     }
     {
-        gcfg f = base(SPH_BF16, 2001, 264, 5000);
+        gcfg f = base(SPH_BF16, 2001, 72, 5000);
         f.one_pass = 1, f.gdt = SPH_BF16, f.chunk_bytes = b46;
         ok &= run_cfg(&f);
         f.acc = 1, f.entropy = 0;
         ok &= run_cfg(&f);
-        f = base(SPH_F16, 2001, 264, 5000); /* gathered spans */
+        f = base(SPH_F16, 2001, 72, 5000); /* gathered spans */
         f.one_pass = 1, f.gdt = SPH_F16, f.chunk_bytes = b46, f.mask_frac = 0.8, f.use_spans = 1;
         ok &= run_cfg(&f);
     }
     cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, -1);
     /* DH_SPLITK */
     cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 0);
-    const size_t bw_off = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 264, 20001, 0);
+    const size_t bw_off = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 136, 20001, 0);
     cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 1);
-    const size_t bw_on = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 264, 20001, 0);
-    if (!(bw_on >= bw_off + (size_t)8 * 300 * 264 * 4)) {
+    const size_t bw_on = ws_bytes_of(SPH_HEAD_BACKWARD, 300, 136, 20001, 0);
+    if (!(bw_on >= bw_off + (size_t)8 * 300 * 136 * 4)) {
         print_error("test_issue23: DH_SPLITK backward workspace %zu vs %zu without: the split "
                     "dH was not taken\n", bw_on, bw_off);
         ok = 0;
     }
     for (int m = 0; m < 2; m++) {
         cuda_switch(SPH_CUDA_FLAG_NO_FUSED, m == 1);
-        gcfg f = base(SPH_BF16, 300, 264, 20001); /* general, fp32 dH */
+        gcfg f = base(SPH_BF16, 300, 136, 20001); /* general, fp32 dH */
         ok &= run_cfg(&f);
         f.gdt = SPH_BF16, f.acc = 1, f.mask_frac = 0.5, f.use_spans = 1;
         ok &= run_cfg(&f);
-        f = base(SPH_F16, 300, 264, 20001); /* one-pass (staged E when fused) */
+        f = base(SPH_F16, 300, 136, 20001); /* one-pass (staged E when fused) */
         f.one_pass = 1, f.gdt = SPH_F16;
         ok &= run_cfg(&f);
         f.acc = 1, f.temp = 0.7;
@@ -996,7 +997,7 @@ static void test_issue23(void **state) {
     cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, 1);
     g_e2d_rows = 136, g_e2d_pipelined = 0;
     {
-        gcfg f = base(SPH_BF16, 1000, 264, 3001);
+        gcfg f = base(SPH_BF16, 1000, 136, 3001);
         f.one_pass = 1, f.gdt = SPH_BF16;
         ok &= run_cfg(&f);
         f.acc = 1, f.mask_frac = 0.7, f.use_spans = 1; /* gathered: fp32 dH rows, scattered */
