@@ -415,6 +415,9 @@ static sph_status e2d_overlapped(pass_ctx *c, const chunk *ch, int64_t ci, int *
                                   : round_up((ch->rows + SPH_E2D_BLOCKS - 1) / SPH_E2D_BLOCKS, 8))
                            : e2d_block_rows(ch->rows, p->H, st->prop.multiProcessorCount);
     if (rb <= 0 || rb >= ch->rows) return SPH_OK;
+    SPH_CHECK((ch->rows + rb - 1) / rb <= SPH_E2D_BLOCKS, SPH_ERR_INTERNAL,
+              "e2d overlap: %lld rows in blocks of %lld exceed %d events", (long long)ch->rows,
+              (long long)rb, SPH_E2D_BLOCKS);
     if (!st->side) {
         SPH_CUDA_RET(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
         for (int k = 0; k <= SPH_E2D_BLOCKS; k++) {

@@ -355,6 +355,33 @@ static void test_issue23(void **state) {
         g_e2 = 0;
         assert_false(e.dw_inplace);
     }
+    {   /* the premises of tests/gpu/test_head_cuda.c test_issue23: 2001 x 72 x 5000 in 46 MB
+         * takes the two-chunk layout (plain rows and 0.8 of them in 40 spans, gathered) */
+        int64_t spans[80];
+        for (int q = 0; q < 40; q++) spans[2 * q] = 50 * q + 5, spans[2 * q + 1] = 50 * q + 45;
+        for (int sp = 0; sp < 2; sp++) {
+            lcase k = {2001, 72, 5000, SPH_BF16, SPH_BF16, sp ? spans : NULL, sp ? 40 : 0, 2};
+            sph_cuda_layout d, e;
+            assert_true(layout_of(&k, (int64_t)46 << 20, 1, &d));
+            g_e2 = 1;
+            assert_true(layout_of(&k, (int64_t)46 << 20, 1, &e));
+            g_e2 = 0;
+            assert_true(d.onepass_e && e.onepass_e && e.dw_inplace && !e.dw32 && d.dw32);
+            assert_int_equal(e.n_chunks, 2);
+            assert_int_equal(e.gather, sp);
+            assert_true(e.total != d.total && (int64_t)e.total <= (int64_t)46 << 20);
+        }
+        /* and 300 x 136 x 20001 takes 8 dH pieces, general and one-pass */
+        for (int pass = 1; pass <= 2; pass++) {
+            lcase k = {300, 136, 20001, SPH_BF16, SPH_BF16, NULL, 0, pass};
+            sph_cuda_layout s;
+            g_dhk = 1;
+            assert_true(layout_of(&k, 0, 1, &s));
+            g_dhk = 0;
+            assert_int_equal(s.dhk, 8);
+            assert_int_equal(s.n_splits, 1);
+        }
+    }
     /* the split count: 128 x 256 tiles against 2 waves of 132 SMs, <= 8, >= 2048 columns */
     assert_int_equal(sph_cuda_dh_splits(1024, 4096, 128256, 132), 3); /* 128 tiles */
     assert_int_equal(sph_cuda_dh_splits(1024, 2048, 62080, 132), 5);  /* 64 tiles */
