@@ -125,6 +125,7 @@ typedef struct point {
 /* The options of the benchmark's context: time_point's cold first call makes its own context
  * with them. */
 static sph_ctx_opts g_co;
+const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }
 
 /* The cold first call of one configuration, as a user's first step pays it: a fresh context
  * (cuBLAS handle, tune-cache load), the workspace query, its allocation, the first forward
@@ -134,7 +135,7 @@ static sph_ctx_opts g_co;
 static int cold_call(const sph_head_args *f, const sph_head_args *bw, int one_pass, double *ms) {
     const double t0 = sph_cli_now_s();
     sph_ctx_t c2;
-    if (sph_ctx_create(&c2, &g_co) != SPH_OK)
+    if (sph_ctx_create(&c2, bench_ctx_opts()) != SPH_OK)
         return sph_cli_fail("bench", 1, "first call: context: %s", sph_last_error());
     size_t wf = 0, wb = 0;
     void *ws = NULL;
