@@ -2,9 +2,9 @@
 # issue23.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh): issue
 # 23's kernel versions checked and timed in one call of at most ~520 s:
 #   1. correctness first: gpu_test_head_cuda's test_issue23 (each new switch forced on against
-#      the float64 reference, and its path checked taken), then test_fused,test_sweep,
-#      test_parity_grid with SPH_CUDA_DHSPLITK=1 (their small chunks over >= 4096 columns take
-#      the split dH) and the policy-loss tests under each switch;
+#      the float64 reference, and its path checked taken), then test_pingpong,test_fused with
+#      SPH_CUDA_DHSPLITK=1 (test_pingpong's 1100 x 264 x 7000 case takes 3 dH pieces, under both
+#      schedules) and the policy-loss tests under each switch;
 #   2. a same-run A/B (spanhead bench, back to back): the default at shapes A,B,D,E x N 1K,4K,
 #      16K x active 1, 0.25 (response mask) x general and one-pass, then each switch at the
 #      points its rule touches (E2CHUNK: D,E 16K one-pass; E2DOVL: A,B,D,E 16K one-pass;
@@ -66,7 +66,7 @@ T=./bin/gpu_test_head_cuda
 run test_issue23 100 "$R/tests/issue23.log" SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_issue23 \
   -- "$T" || status=1
 run test_dhsplitk_suite 60 "$R/tests/dhsplitk_suite.log" SPH_TEST_SKIP_HUGE=1 \
-  SPH_GPU_TESTS=test_fused,test_sweep,test_parity_grid SPH_CUDA_DHSPLITK=1 -- "$T" || status=1
+  SPH_GPU_TESTS=test_pingpong,test_fused SPH_CUDA_DHSPLITK=1 -- "$T" || status=1
 for sw in SPH_CUDA_DHSPLITK=1 SPH_CUDA_E2CHUNK=1 SPH_CUDA_E2DOVL=1; do
   run "test_policies_${sw%%=*}" 20 "$R/tests/policies_${sw%%=*}.log" "$sw" \
     -- ./bin/gpu_test_head_cuda_policies || status=1

@@ -133,8 +133,10 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
              * in 4 GiB), but two chunks fit without the fp32 dW accumulator: the second
              * chunk's dW GEMM accumulates into the half-precision dW itself (beta 1, one more
              * rounding), instead of 3 chunks behind 2.1 GB of fp32 dW read and written per
-             * chunk. Only where the rows make exactly two chunks (one span or gathered). */
-            if (st->e_two_chunks && half_dw && re < rows_all && (lay->gather || n_spans <= 1)) {
+             * chunk. Only where the rows make exactly two chunks (one span or gathered, no
+             * user cap on the chunk rows). */
+            if (st->e_two_chunks && half_dw && re < rows_all && (lay->gather || n_spans <= 1) &&
+                ctx->chunk_rows <= 0) {
                 const int64_t half = (rows_all + 1) / 2;
                 if (base_fixed + half * row_e <= be) re = half, inplace = 1;
             }
@@ -257,6 +259,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      * (M x H) when dH is half or the rows are gathered */
     lay->dh32 = lay->col_outer ? col_fixed > 0
                                : !lay->gather && half_dh && lay->n_splits > 1;
+    if (lay->n_chunks != 2) lay->dw_inplace = 0; /* (guarded above; never more roundings) */
     lay->dw32 = half_dw && lay->n_chunks > 1 && !lay->dw_inplace;
     /* DH_SPLITK (issue 23, v14): each chunk's dH is one GEMM per split of rows x H outputs
      * over the split's columns; when those tiles leave SMs idle (1K rows), the GEMM is cut

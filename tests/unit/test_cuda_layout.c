@@ -38,6 +38,7 @@ static sph_cuda_state g_state;
 static sph_rng g_rng;
 /* issue 23's switches for the next layouts (E_TWO_CHUNKS, DH_SPLITK): fake_ctx sets them */
 static int g_e2, g_dhk, g_nogather;
+static int64_t g_chunk_rows; /* the context's chunk_rows (0: automatic) */
 
 /* A CUDA context in name only: the layout reads the budget, the modes and the backend state. */
 static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
@@ -50,6 +51,7 @@ static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
     g_state.no_gather = g_nogather;
     c.device.type = SPH_DEVICE_CUDA;
     c.chunk_bytes = chunk_bytes;
+    c.chunk_rows = g_chunk_rows;
     c.opts.chunk_bytes = chunk_bytes; /* 0: the defaults, as sph_ctx_create leaves them */
     c.cuda = &g_state;
     return c;
@@ -346,6 +348,15 @@ static void test_issue23(void **state) {
         g_e2 = 0, g_nogather = 0;
         assert_false(e.dw_inplace);
         assert_int_equal(e.dw32, e.n_chunks > 1);
+    }
+    {   /* a user cap on the chunk rows (more than two chunks): declined */
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        sph_cuda_layout e;
+        g_e2 = 1, g_chunk_rows = 4000;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0, g_chunk_rows = 0;
+        assert_false(e.dw_inplace);
+        assert_true(e.n_chunks > 2 && e.dw32);
     }
     {   /* an fp32 dW has no accumulator to save: declined */
         lcase k = {16384, 4096, 128256, SPH_BF16, SPH_F32, NULL, 0, 2};
