@@ -922,7 +922,8 @@ static void test_pingpong(void **state) {
  *   (vocabulary-outer sweep), fused and unfused, accumulate, f16 / bf16 / fp32 dH (the
  *   workspace grows by the partials).
  * - E2D_OVERLAP: staged E made block by block on the side stream under the dH GEMMs (blocks
- *   forced small); gathered spans, accumulate, temperature, fp32 gradients. */
+ *   forced small); gathered spans, accumulate, temperature, fp32 gradients.
+ * - E2D_OVERLAP and DH_SPLITK under CUDA graph capture (captured_equal). */
 static size_t onepass_ws(int64_t N, int64_t H, int64_t V, int64_t chunk_bytes) {
     hcase c;
     hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
@@ -937,6 +938,76 @@ static size_t onepass_ws(int64_t N, int64_t H, int64_t V, int64_t chunk_bytes) {
     sph_ctx_destroy(g);
     hc_free(&c);
     return bytes;
+}
+
+/* A pass under a switch captured into a CUDA graph (first, so the switch's lazily made state,
+ * E2D_OVERLAP's side stream and events, is made during the capture), replayed twice, then run
+ * directly: logprob, dhidden, dweight bitwise equal. one_pass: the forward with the
+ * gradients; else forward + backward. */
+static int captured_equal(uint32_t flag, int64_t N, int64_t H, int64_t V, int one_pass,
+                          int64_t e2d_rows) {
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    cuda_switch(flag, 1);
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
+    c.gdt = SPH_BF16;
+    hc_wire(&c, HC_LP | HC_ENT | HC_G | HC_E | HC_DH | HC_DW);
+    hc_poison(&c);
+    sph_ctx_t g = gpu_ctx(0, 0, st);
+    ((sph_cuda_state *)g->cuda)->e2d_rows = e2d_rows;
+    mirror m;
+    mirror_make(g, &c.a, &m);
+    sph_head_args fa = m.a;
+    if (!one_pass) fa.dhidden = fa.dweight = NULL;
+    size_t bf = 0, bb = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &fa, &bf));
+    if (!one_pass) expect_ok(sph_head_workspace_size(g, SPH_HEAD_BACKWARD, &m.a, &bb));
+    size_t bytes = bf > bb ? bf : bb;
+    void *ws = NULL;
+    expect_ok(sph_ctx_malloc(g, bytes, &ws));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    sph_status s = sph_head_forward(g, &fa, ws, bytes);
+    if (s == SPH_OK && !one_pass) s = sph_head_backward(g, &m.a, ws, bytes);
+    cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    if (s != SPH_OK) print_error("capture (flag 0x%x): %s\n", flag, sph_last_error());
+    assert_int_equal(s, SPH_OK);
+    assert_int_equal(ce, cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int k = 0; k < 2; k++) assert_int_equal(cudaGraphLaunch(exec, st), cudaSuccess);
+    expect_ok(sph_ctx_synchronize(g));
+    mirror_back(g, &m);
+    const size_t nl = (size_t)N * 4, nh = (size_t)(N * H) * 2, nw = (size_t)(V * H) * 2;
+    void *lp = hc_dup(c.lp, nl), *dh = hc_dup(c.dh, nh), *dw = hc_dup(c.dw, nw);
+    const int pipelined = ((sph_cuda_state *)g->cuda)->e2d_blocks_run;
+    /* the direct run after poisoning the outputs */
+    expect_ok(sph_ctx_memset(g, m.dev[5], 0xff, m.bytes[5]));
+    expect_ok(sph_ctx_memset(g, m.dev[14], 0xff, m.bytes[14]));
+    expect_ok(sph_ctx_memset(g, m.dev[15], 0xff, m.bytes[15]));
+    expect_ok(sph_head_forward(g, &fa, ws, bytes));
+    if (!one_pass) expect_ok(sph_head_backward(g, &m.a, ws, bytes));
+    expect_ok(sph_ctx_synchronize(g));
+    mirror_back(g, &m);
+    int ok = !memcmp(lp, c.lp, nl) && !memcmp(dh, c.dh, nh) && !memcmp(dw, c.dw, nw);
+    if (!ok) print_error("captured_equal(flag 0x%x, %lld x %lld x %lld, one_pass %d): the graph's "
+                         "outputs differ from the direct run's\n", flag, (long long)N,
+                         (long long)H, (long long)V, one_pass);
+    if (flag == SPH_CUDA_FLAG_E2D_OVERLAP && pipelined < 1) {
+        print_error("captured_equal: E2D_OVERLAP did not pipeline the captured pass\n");
+        ok = 0;
+    }
+    free(lp), free(dh), free(dw);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    sph_ctx_free(g, ws);
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    cudaStreamDestroy(st);
+    hc_free(&c);
+    cuda_switch(flag, -1);
+    return ok;
 }
 
 static void test_issue23(void **state) {
@@ -1013,6 +1084,10 @@ static void test_issue23(void **state) {
     }
     g_e2d_rows = 0;
     cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, -1);
+    /* under graph capture: the side stream forks and joins inside the graph; split dH */
+    ok &= captured_equal(SPH_CUDA_FLAG_E2D_OVERLAP, 1000, 136, 3001, 1, 136);
+    ok &= captured_equal(SPH_CUDA_FLAG_DH_SPLITK, 300, 136, 20001, 1, 0);
+    ok &= captured_equal(SPH_CUDA_FLAG_DH_SPLITK, 300, 136, 20001, 0, 0);
     assert_true(ok);
 }
 
