@@ -370,9 +370,12 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int src) 
             else SPH_TRY(gemm_dh(c, wp, rows, w, D, &o));
         }
         if (p->dweight) {
-            /* the fp32 accumulator holds the whole shard: zeroed by grad_prologue */
-            const gemm_out o = lay->dw32 ? acc32(dw32 + (size_t)c0 * p->H, p->H, 1)
-                                         : user_dw(c, c0, ci > 0 || p->acc_dw);
+            /* the fp32 accumulator holds the whole shard: zeroed by grad_prologue, or
+             * (DW32_BETA0) written by the first chunk (every split of it: all V_loc columns) */
+            const gemm_out o = lay->dw32
+                                   ? acc32(dw32 + (size_t)c0 * p->H, p->H,
+                                           !c->st->dw32_beta0 || ci > 0)
+                                   : user_dw(c, c0, ci > 0 || p->acc_dw);
             SPH_TRY(gemm_dw(c, hp, ld, rows, w, D, &o));
         }
     }
@@ -525,7 +528,9 @@ static sph_status grad_sweep(pass_ctx *c) {
 }
 
 /* Before a gradient sweep: dH rows outside every span to 0 (unless accumulating), the fp32
- * dW accumulator to 0, and dW itself to 0 when no chunk will overwrite it. */
+ * dW accumulator to 0 (not with DW32_BETA0: the first chunk's GEMMs overwrite it; dw32 means
+ * >= 2 chunks, and chunk 0 covers every column), and dW itself to 0 when no chunk will
+ * overwrite it. */
 static sph_status grad_prologue(pass_ctx *c) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
@@ -547,9 +552,12 @@ static sph_status grad_prologue(pass_ctx *c) {
             if (k < p->n_spans) prev = p->spans[2 * k + 1];
         }
     }
-    if (p->dweight && lay->dw32 && !lay->col_outer)
-        SPH_CUDA_RET(cudaMemsetAsync(c->ws + lay->off_dw32, 0,
-                                     (size_t)p->V_loc * p->H * sizeof(float), c->stream));
+    if (p->dweight && lay->dw32 && !lay->col_outer) {
+        if (c->st->dw32_beta0) c->st->dw32_memsets_saved++;
+        else
+            SPH_CUDA_RET(cudaMemsetAsync(c->ws + lay->off_dw32, 0,
+                                         (size_t)p->V_loc * p->H * sizeof(float), c->stream));
+    }
     if (p->dweight && !lay->dw32 && lay->n_chunks == 0 && !p->acc_dw && p->V_loc > 0) {
         size_t es = dt_size(dt_kind(p->dw_dtype)), pitch = (size_t)p->ld_dw * es;
         SPH_CUDA_RET(cudaMemset2DAsync(p->dweight, pitch, 0, (size_t)p->H * es,

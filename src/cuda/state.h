@@ -44,6 +44,9 @@ typedef struct sph_cuda_state {
     cudaEvent_t ev[9];               /* E2D_OVERLAP: ev[0] main -> side, ev[1..8] per block */
     int64_t e2d_rows;                /* E2D_OVERLAP, tests only: rows per block (0: the rule) */
     int e2d_blocks_run;              /* E2D_OVERLAP: chunks pipelined so far (tests read it) */
+    int dw32_beta0;                  /* DW32_BETA0: the first chunk's dW GEMM writes the fp32
+                                        accumulator (beta 0), no memset */
+    int dw32_memsets_saved;          /* DW32_BETA0: passes that skipped the memset (tests) */
     unsigned long long *nf;          /* device: [0] non-finite active rows found by the
                                         finalize kernel, [1] the lowest such row (~0: none);
                                         read and reset by sph_ctx_nonfinite */

@@ -39,6 +39,8 @@ static sph_rng g_rng;
 /* issue 23's switches for the next layouts (E_TWO_CHUNKS, DH_SPLITK): fake_ctx sets them */
 static int g_e2, g_dhk, g_nogather;
 static int64_t g_chunk_rows; /* the context's chunk_rows (0: automatic) */
+static int g_acc_dw;         /* the plans accumulate into dW */
+static sph_dtype g_dw_dt;    /* dW's dtype when set (bits != 0), else the case's gdt */
 
 /* A CUDA context in name only: the layout reads the budget, the modes and the backend state. */
 static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
@@ -84,7 +86,8 @@ static sph_head_plan make_plan(const lcase *k) {
     } else {
         p.dlogprob = FAKE(6);
         p.dhidden = FAKE(7), p.ld_dh = k->H, p.dh_dtype = k->gdt;
-        p.dweight = FAKE(8), p.ld_dw = k->H, p.dw_dtype = k->gdt;
+        p.dweight = FAKE(8), p.ld_dw = k->H, p.dw_dtype = g_dw_dt.bits ? g_dw_dt : k->gdt;
+        p.acc_dw = g_acc_dw;
         p.one_pass = k->pass == 2;
         if (p.one_pass) p.logprob = FAKE(5);
     }
@@ -366,30 +369,68 @@ static void test_issue23(void **state) {
         g_e2 = 0;
         assert_false(e.dw_inplace);
     }
-    {   /* the premises of tests/gpu/test_head_cuda.c test_issue23: 2001 x 72 x 5000 in 46 MB
-         * takes the two-chunk layout (plain rows and 0.8 of them in 40 spans, gathered) */
-        int64_t spans[80];
-        for (int q = 0; q < 40; q++) spans[2 * q] = 50 * q + 5, spans[2 * q + 1] = 50 * q + 45;
-        for (int sp = 0; sp < 2; sp++) {
-            lcase k = {2001, 72, 5000, SPH_BF16, SPH_BF16, sp ? spans : NULL, sp ? 40 : 0, 2};
+    {   /* accumulating into dW (run 25a: the second rounding at old dW + the first chunk's
+         * partial, 4.9e-2 at ~2 in bf16), or a dW coarser than the inputs: declined, the
+         * layout of the default */
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        for (int w = 0; w < 2; w++) {
             sph_cuda_layout d, e;
-            assert_true(layout_of(&k, (int64_t)46 << 20, 1, &d));
+            if (w == 0) g_acc_dw = 1;
+            else k.dt = SPH_F16; /* f16 inputs, bf16 dW: u_bf16 > u_D = u_f16 */
+            assert_true(layout_of(&k, 0, 1, &d));
             g_e2 = 1;
-            assert_true(layout_of(&k, (int64_t)46 << 20, 1, &e));
+            assert_true(layout_of(&k, 0, 1, &e));
+            g_e2 = 0, g_acc_dw = 0;
+            assert_false(e.dw_inplace);
+            assert_true(e.dw32 && e.n_chunks == 3);
+            assert_memory_equal(&d, &e, sizeof d);
+        }
+        g_dw_dt = SPH_F16; /* f16 inputs, f16 dW: taken */
+        k.dt = SPH_F16;
+        sph_cuda_layout e;
+        g_e2 = 1;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0, g_dw_dt.bits = 0;
+        assert_true(e.dw_inplace && !e.dw32 && e.n_chunks == 2);
+    }
+    {   /* the halves must still stage E (>= SPH_ONEPASS_STAGED_ROWS rows): 1000 rows whose
+         * whole shard misses but 500 fit: declined, not the recomputing sweep */
+        lcase k = {1000, 72, 2400, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        sph_cuda_layout d, e;
+        const int64_t b = 33554432 + 20224 + 691200 + 600 * 5064; /* 600 staged rows */
+        assert_true(layout_of(&k, b, 1, &d));
+        g_e2 = 1;
+        assert_true(layout_of(&k, b, 1, &e));
+        g_e2 = 0;
+        assert_true(d.onepass_e && e.onepass_e && !e.dw_inplace);
+        assert_memory_equal(&d, &e, sizeof d);
+    }
+    {   /* the premises of tests/gpu/test_head_cuda.c test_issue23: 1300 x 72 x 2400 in 39 MB
+         * takes the two-chunk layout (plain rows and 0.9 of them in 26 spans, gathered), and
+         * the default 2 chunks behind the fp32 dW accumulator (DW32_BETA0's case) */
+        int64_t spans[52];
+        for (int q = 0; q < 26; q++) spans[2 * q] = 50 * q + 2, spans[2 * q + 1] = 50 * q + 47;
+        for (int sp = 0; sp < 2; sp++) {
+            lcase k = {1300, 72, 2400, SPH_BF16, SPH_BF16, sp ? spans : NULL, sp ? 26 : 0, 2};
+            sph_cuda_layout d, e;
+            assert_true(layout_of(&k, 39000000, 1, &d));
+            g_e2 = 1;
+            assert_true(layout_of(&k, 39000000, 1, &e));
             g_e2 = 0;
             assert_true(d.onepass_e && e.onepass_e && e.dw_inplace && !e.dw32 && d.dw32);
             assert_int_equal(e.n_chunks, 2);
+            assert_int_equal(d.n_chunks, 2);
             assert_int_equal(e.gather, sp);
-            assert_true(e.total != d.total && (int64_t)e.total <= (int64_t)46 << 20);
+            assert_true(e.total != d.total && (int64_t)e.total <= 39000000);
         }
-        /* and 300 x 136 x 20001 takes 8 dH pieces, general and one-pass */
+        /* and 200 x 72 x 6200 takes 3 dH pieces, general and one-pass */
         for (int pass = 1; pass <= 2; pass++) {
-            lcase k = {300, 136, 20001, SPH_BF16, SPH_BF16, NULL, 0, pass};
+            lcase k = {200, 72, 6200, SPH_BF16, SPH_BF16, NULL, 0, pass};
             sph_cuda_layout s;
             g_dhk = 1;
             assert_true(layout_of(&k, 0, 1, &s));
             g_dhk = 0;
-            assert_int_equal(s.dhk, 8);
+            assert_int_equal(s.dhk, 3);
             assert_int_equal(s.n_splits, 1);
         }
     }
