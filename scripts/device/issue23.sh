@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # issue23.sh - on the device machine, inside the carried bundle (scripts/device/bundle.sh): issue
-# 23's kernel versions checked and timed in one call of at most ~520 s:
-#   1. correctness first: gpu_test_head_cuda's test_issue23 (each new switch forced on against
-#      the float64 reference, and its path checked taken), then test_pingpong,test_fused with
-#      SPH_CUDA_DHSPLITK=1 (test_pingpong's 1100 x 264 x 7000 case takes 3 dH pieces, under both
-#      schedules) and the policy-loss tests under each switch;
-#   2. a same-run A/B (spanhead bench, back to back): the default at shapes A,B,D,E x N 1K,4K,
-#      16K x active 1, 0.25 (response mask) x general and one-pass, then each switch at the
-#      points its rule touches (E2CHUNK: D,E 16K one-pass; E2DOVL: A,B,D,E 16K one-pass;
-#      DHSPLITK: A,B,D,E 1K both modes), with the default again at the same points right
-#      before each, so every comparison is adjacent in time;
-#   3. Nsight Compute per-kernel times (ncu --clock-control none) of the worst one-pass point
-#      at 16K (highest ratio in step 2's default) and of E 1K one-pass.
-# Every step has its own limit, cut to what is left of LIMIT (default 520 s); a step that
-# cannot get 15 s is skipped (said in steps.txt). Output: $OUT/issue23.tgz (machine.txt,
-# steps.txt, tests/*.log, bench_*.md/.jsonl, ab.md, ncu_*.csv/.md) and, printed, steps.txt,
-# ab.md and the ncu tables.
+# 23's second device call (after run 25), at most ~LIMIT s (default 290):
+#   1. correctness, bounded: gpu_test_head_cuda's test_issue23 (E_TWO_CHUNKS now declined with
+#      accumulate, DW32_BETA0 on NaN-poisoned workspaces, DH_SPLITK, E2D_OVERLAP; each forced
+#      on, its path checked taken; ~15 s of host reference), test_sweep under
+#      SPH_CUDA_DW32BZ=1 (the row-outer sweep's fp32 dW accumulator over several chunks), the
+#      policy-loss tests under SPH_CUDA_DW32BZ=1 and SPH_CUDA_E2CHUNK=1;
+#   2. a same-run A/B (spanhead bench, back to back) of DW32_BETA0 (SPH_CUDA_DW32BZ=1): D, E
+#      16K one-pass (the points with the fp32 dW accumulator), then A, B x 1K, 4K, 16K x both
+#      modes (a control: one chunk or vocabulary-outer there, predicted unchanged), the default
+#      run right before each;
+#   3. bench/cuda/torch_overhead.py (B 1K 0.25, A 1K 1.0: the torch path's per-call time against
+#      the plain binding, with torch.profiler tables); needs the tree's python/, the carried
+#      python/spanhead/_spanhead.abi3.so and torch (python3, or PYTHON=...);
+#   4. Nsight Compute per-kernel times (ncu --clock-control none) of A one-pass 1K.
+# Every step has its own limit, cut to what is left of LIMIT; a step that cannot get 15 s is
+# skipped (said in steps.txt). Output: $OUT/issue23.tgz (machine.txt, steps.txt, tests/*.log,
+# bench_*.md/.jsonl, ab.md, torch_overhead.md/.log, ncu_*.csv/.md) and, printed, steps.txt,
+# ab.md, torch_overhead.md and the ncu table.
 # DRY=1: print the commands instead of running them (every step "runs" in 0 s), for checking
 # the script's logic on a machine without a GPU:  DRY=1 OUT=/tmp/x bash scripts/device/issue23.sh
 cd "$(dirname "$0")"
@@ -26,7 +28,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 R=$(mktemp -d)
 mkdir -p "$R/tests"
-LIMIT=${LIMIT:-520}
+LIMIT=${LIMIT:-290}
 START=$(date +%s)
 status=0
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
@@ -63,11 +65,11 @@ run() {
 
 # ---- 1. correctness ------------------------------------------------------------------------
 T=./bin/gpu_test_head_cuda
-run test_issue23 100 "$R/tests/issue23.log" SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_issue23 \
+run test_issue23 60 "$R/tests/issue23.log" SPH_TEST_SKIP_HUGE=1 SPH_GPU_TESTS=test_issue23 \
   -- "$T" || status=1
-run test_dhsplitk_suite 60 "$R/tests/dhsplitk_suite.log" SPH_TEST_SKIP_HUGE=1 \
-  SPH_GPU_TESTS=test_pingpong,test_fused SPH_CUDA_DHSPLITK=1 -- "$T" || status=1
-for sw in SPH_CUDA_DHSPLITK=1 SPH_CUDA_E2CHUNK=1 SPH_CUDA_E2DOVL=1; do
+run test_sweep_dw32bz 45 "$R/tests/sweep_dw32bz.log" SPH_TEST_SKIP_HUGE=1 \
+  SPH_GPU_TESTS=test_sweep SPH_CUDA_DW32BZ=1 -- "$T" || status=1
+for sw in SPH_CUDA_DW32BZ=1 SPH_CUDA_E2CHUNK=1; do
   run "test_policies_${sw%%=*}" 20 "$R/tests/policies_${sw%%=*}.log" "$sw" \
     -- ./bin/gpu_test_head_cuda_policies || status=1
 done
@@ -82,14 +84,11 @@ bench() { # bench NAME LIMIT ENV... -- ARGS...
   run "bench_$name" "$lim" "$R/bench_$name.md" "${envs[@]}" -- \
     ./bin/spanhead bench "$@" --json "$R/bench_$name.jsonl"
 }
-bench grid 150 -- --shape A,B,D,E --N 1K,4K,16K --mode both $B
-bench e2chunk_default 30 -- --shape D,E --N 16K --mode one-pass $B
-bench e2chunk 30 SPH_CUDA_E2CHUNK=1 -- --shape D,E --N 16K --mode one-pass $B
-bench e2dovl_default 45 -- --shape A,B,D,E --N 16K --mode one-pass $B
-bench e2dovl 45 SPH_CUDA_E2DOVL=1 -- --shape A,B,D,E --N 16K --mode one-pass $B
-bench dhsplitk_default 30 -- --shape A,B,D,E --N 1K --mode both $B
-bench dhsplitk 30 SPH_CUDA_DHSPLITK=1 -- --shape A,B,D,E --N 1K --mode both $B
-# side by side (ab.md): each switch against the default run just before it
+bench dw32bz_de_default 25 -- --shape D,E --N 16K --mode one-pass $B
+bench dw32bz_de 25 SPH_CUDA_DW32BZ=1 -- --shape D,E --N 16K --mode one-pass $B
+bench dw32bz_ab_default 30 -- --shape A,B --N 1K,4K,16K --mode both $B
+bench dw32bz_ab 30 SPH_CUDA_DW32BZ=1 -- --shape A,B --N 1K,4K,16K --mode both $B
+# side by side (ab.md): the switch against the default run just before it
 python3 - "$R" > "$R/ab.md" 2>&1 <<'EOF' || true
 import json, os, sys
 R = sys.argv[1]
@@ -104,36 +103,33 @@ def load(n):
                 continue
             out[(j["shape"], j["N"], j["active"], j["mask"], j["mode"])] = j
     return out
-g = load("grid")
-print("## default grid (ratio: / burst 8 or 6 N_active H V floor; first call: cold, ms)\n")
-print("| shape | N | active | mask | mode | ms | ratio | sustained | first call ms | extra MiB | path |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-for k, j in g.items():
-    print("| %s | %d | %.2f | %s | %s | %.3f | %.3f | %.3f | %.1f | %.0f | %s |" % (
-        k + (j["ms"], j["ratio"], j["ratio_sustained"], j.get("first_call_ms", -1),
-             j["peak_extra_bytes"] / 2**20, j.get("path", "?"))))
-for sw in ("e2chunk", "e2dovl", "dhsplitk"):
+for sw in ("dw32bz_de", "dw32bz_ab"):
     a, b = load(sw + "_default"), load(sw)
-    print("\n## %s against the default just before it\n" % sw)
-    print("| shape | N | active | mask | mode | default ms | %s ms | change | default MiB | %s MiB |" % (sw, sw))
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n## %s: SPH_CUDA_DW32BZ=1 against the default just before it (ratio: to the 6 / 8 "
+          "N_active H V burst floor; first call: cold, ms)\n" % sw)
+    print("| shape | N | active | mask | mode | default ms | switch ms | change | ratio | "
+          "default MiB | switch MiB | first call ms | path |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k in a:
         if k not in b:
             continue
         x, y = a[k]["ms"], b[k]["ms"]
-        print("| %s | %d | %.2f | %s | %s | %.3f | %.3f | %+.1f %% | %.0f | %.0f |" % (
-            k + (x, y, 100 * (y / x - 1), a[k]["peak_extra_bytes"] / 2**20,
-                 b[k]["peak_extra_bytes"] / 2**20)))
-# the worst one-pass point at 16K of the default grid, for step 3
-worst = max((j["ratio"], k) for k, j in g.items() if k[4] == "one-pass" and k[1] == 16384) \
-    if any(k[4] == "one-pass" and k[1] == 16384 for k in g) else None
-open(os.path.join(R, "worst.txt"), "w").write("%s\n" % (worst[1][0] if worst else "E"))
+        print("| %s | %d | %.2f | %s | %s | %.3f | %.3f | %+.1f %% | %.3f | %.0f | %.0f | %.1f | %s |"
+              % (k + (x, y, 100 * (y / x - 1), a[k]["ratio"], a[k]["peak_extra_bytes"] / 2**20,
+                      b[k]["peak_extra_bytes"] / 2**20, a[k].get("first_call_ms", -1),
+                      a[k].get("path", "?"))))
 EOF
 
-# ---- 3. Nsight Compute per-kernel breakdown --------------------------------------------------
+# ---- 3. the torch path's per-call overhead ---------------------------------------------------
+PY=${PYTHON:-python3}
+run torch_overhead 75 "$R/torch_overhead.log" PYTHONPATH="$PWD/../python" \
+  SPANHEAD_LIB="$PWD/lib/libspanhead.so.0" OUT="$R" -- \
+  "$PY" ../bench/cuda/torch_overhead.py --out "$R/torch_overhead.md" || status=1
+
+# ---- 4. Nsight Compute per-kernel breakdown --------------------------------------------------
 ncu_point() { # ncu_point SHAPE N: one-pass, dense + response 1.0, one timed repeat
   local shape=$1 n=$2 csv="$R/ncu_${1}_onepass_${2}.csv"
-  run "ncu_${shape}_${n}" 90 "$csv" -- ncu --clock-control none \
+  run "ncu_${shape}_${n}" 60 "$csv" -- ncu --clock-control none \
     --metrics gpu__time_duration.sum --csv ./bin/spanhead bench --shape "$shape" --N "$n" \
     --active 1 --mask response --mode one-pass --repeats 1 --warmup 0 || return 0
   [ -n "${DRY:-}" ] && return 0
@@ -159,14 +155,12 @@ for k, (n, t) in agg.items():
 print(f"| | {tot:.3f} | total (the rate kernels included) |")
 PY
 }
-worst=$(cat "$R/worst.txt" 2>/dev/null || echo E)
-case "$worst" in A|B|C|D|E) ;; *) worst=E ;; esac
-ncu_point "$worst" 16K
-ncu_point E 1K
+ncu_point A 1K
 
 tar czf "$OUT/issue23.tgz" -C "$R" .
 cat "$R/steps.txt"
 cat "$R/ab.md" 2>/dev/null
+cat "$R/torch_overhead.md" 2>/dev/null || tail -20 "$R/torch_overhead.log" 2>/dev/null
 for f in "$R"/ncu_*.md; do [ -f "$f" ] && cat "$f"; done
 for f in "$R"/tests/*.log; do
   grep -q "FAILED" "$f" 2>/dev/null && { echo "== $f"; tail -30 "$f"; }
