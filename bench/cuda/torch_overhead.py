@@ -24,7 +24,8 @@ plus host spans; active rows are the last `active` share of the batch ("response
 
 Writes $OUT/torch_overhead.md (or --out) and prints it. Needs PYTHONPATH=python and
 SPANHEAD_LIB=<the bundle's libspanhead.so> (python/spanhead/_spanhead.abi3.so carried).
-    PYTHONPATH=python SPANHEAD_LIB=.devbundle/lib/libspanhead.so python3 bench/cuda/torch_overhead.py
+    PYTHONPATH=python SPANHEAD_LIB=.devbundle/lib/libspanhead.so.0 \
+        python3 bench/cuda/torch_overhead.py
 """
 import argparse
 import os
@@ -192,7 +193,8 @@ def main():
                                           else "cpu (float32: a check of the script only)",
                                           getattr(spanhead, "__version__", "?"), a.iters,
                                           a.warmup), ""]
-    md += ["| shape | N | active | case | wall ms | cpu ms | gpu ms | wall - plain ms (its plain-* twin) |",
+    md += ["| shape | N | active | case | wall ms | cpu ms | gpu ms | "
+           "wall - plain ms (its plain-* twin) |",
            "|---|---|---|---|---|---|---|---|"]
     profs = []
     for sh, N, act in parse_points(a.points):

@@ -12,7 +12,8 @@
  * kernel's two schedules (ping-pong and cooperative, SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE,
  * bitwise equal), both gradient sweep orders (SPH_CUDA_FLAG_NO_COLOUTER) and the
  * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD), issue 23's kernel versions (each
- * forced on: E_TWO_CHUNKS, DH_SPLITK, E2D_OVERLAP, DW32_BETA0; test_issue23). Contexts take the SPH_CUDA_*
+ * forced on: E_TWO_CHUNKS, DH_SPLITK, E2D_OVERLAP, DW32_BETA0; test_issue23). Contexts take the
+ * SPH_CUDA_*
  * variables of the environment first (sph_ctx_opts_apply_env: the device scripts rerun the
  * suite under them), then each test's own switches,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
