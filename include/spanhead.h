@@ -282,9 +282,24 @@ typedef enum sph_cuda_flag {
                                                place (SPH_CUDA_ONEPASS=e) */
     SPH_CUDA_FLAG_ONEPASS_F32 = 1u << 10,   /* staged fp32 logits, unfused kernels
                                                (SPH_CUDA_ONEPASS=f32) */
-    SPH_CUDA_FLAG_ONEPASS_RECOMPUTE = 1u << 11 /* statistics of every chunk, then the
+    SPH_CUDA_FLAG_ONEPASS_RECOMPUTE = 1u << 11, /* statistics of every chunk, then the
                                                backward's sweep recomputing the logits
                                                (SPH_CUDA_ONEPASS=recompute) */
+    /* Kernel versions under test (issue 23), off by default until a device A/B shows them
+     * correct and faster; each turns one on: */
+    SPH_CUDA_FLAG_E_TWO_CHUNKS = 1u << 12, /* staged E: when the whole shard's rows miss the
+                                               budget, two chunks accumulating half-precision dW
+                                               in place of the fp32 dW accumulator
+                                               (SPH_CUDA_E2CHUNK=1) */
+    SPH_CUDA_FLAG_DH_SPLITK = 1u << 13,    /* dH of short chunks split over the vocabulary into
+                                               fp32 partials (one batched GEMM), then summed
+                                               (SPH_CUDA_DHSPLITK=1) */
+    SPH_CUDA_FLAG_E2D_OVERLAP = 1u << 14,  /* staged E: D made per row block on a second stream,
+                                               each block's dH GEMM after it, so the pass over
+                                               E overlaps the GEMMs (SPH_CUDA_E2DOVL=1) */
+    SPH_CUDA_FLAG_DW32_BETA0 = 1u << 15    /* the fp32 dW accumulator written by the first
+                                               chunk's dW GEMM (beta 0) instead of zeroed first
+                                               by a memset (SPH_CUDA_DW32BZ=1) */
 } sph_cuda_flag;
 
 typedef struct sph_ctx_opts {

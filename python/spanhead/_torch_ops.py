@@ -14,8 +14,12 @@ The pattern for a new operator (e.g. a policy loss):
   1. its tensors are op arguments (``Tensor`` / ``Tensor?``), host metadata too (spans are a CPU
      int64 (n, 2) tensor; a host mask is a CPU tensor and becomes spans + a device copy inside
      the implementation, where data may be read);
-  2. everything else is a plain argument: ``int``, ``float``, ``bool``, ``str?`` - the context
-     options travel as :class:`Opts` fields, a communicator as an integer key (:func:`comm_key`);
+  2. everything else travels packed: one ``float[]`` and one ``int[]`` (bools as 0/1, a
+     communicator as its integer key, :func:`comm_key`) plus the two ``str?`` context options
+     (:func:`pack_tail`). Few schema arguments keep the per-call cost down: torch's autograd
+     wrapper of a custom op with a setup_context runs ``torch._library.utils.fill_defaults``
+     on every forward, which reads ``schema.arguments`` (a fresh list of n Argument objects)
+     2n + 1 times: ~230 us at 27 arguments, ~30 us at 10, measured on the CPU;
   3. the implementation calls :func:`run` (one spanhead call on the context of the inputs'
      device and torch's current stream); the fake returns empty tensors of the output shapes;
   4. ``register_autograd``: saved tensors through ``ctx.save_for_backward``; a one-pass
@@ -195,28 +199,64 @@ def _empty(ref: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=ref.device)
 
 
+# ---- the operators' packed scalar arguments -------------------------------------------------
+
+# The tail every entry point prepares (spanhead.torch._prepare), in this order, and how it
+# travels: fl = [temperature, softcap], it = [gap, vocab_start, vocab_total, reduce_dhidden,
+# comm, threads, allow_tf32, batch_invariant, chunk_rows, chunk_bytes], kernel, tune_cache.
+_FWD_TAIL = ("gap", "vocab_start", "vocab_total", "temperature", "softcap", "reduce_dhidden",
+             "comm", "threads", "kernel", "allow_tf32", "batch_invariant", "chunk_rows",
+             "chunk_bytes", "tune_cache")
+_N_FL, _N_IT = 2, 10
+
+
+def pack_tail(tail: Sequence) -> tuple:
+    """(fl, it, kernel, tune_cache) of a _FWD_TAIL tuple: the operators' last four arguments."""
+    (gap, vocab_start, vocab_total, temperature, softcap, reduce_dh, comm, threads, kernel,
+     allow_tf32, batch_invariant, chunk_rows, chunk_bytes, tune_cache) = tail
+    return ([temperature, softcap],
+            [gap, vocab_start, vocab_total, int(reduce_dh), comm, threads, int(allow_tf32),
+             int(batch_invariant), chunk_rows, chunk_bytes], kernel, tune_cache)
+
+
+class _Tail(NamedTuple):
+    gap: int
+    vocab_start: int
+    vocab_total: int
+    temperature: float
+    softcap: float
+    reduce_dhidden: bool
+    comm: int
+    opts: tuple  # Opts fields, for run()
+
+
+def _unpack(fl: Sequence[float], it: Sequence[int], kernel: Optional[str],
+            tune_cache: Optional[str]) -> _Tail:
+    gap, vs, vt, red, comm, threads, tf32, bi, rows, cbytes = it[:_N_IT]
+    return _Tail(int(gap), int(vs), int(vt), float(fl[0]), float(fl[1]), bool(red), int(comm),
+                 (int(threads), kernel, bool(tf32), bool(bi), int(rows), int(cbytes),
+                  tune_cache))
+
+
 # ---- spanhead::head_fwd / head_bwd ----------------------------------------------------------
 
 @torch.library.custom_op(f"{_LIB}::head_fwd", mutates_args=())
 def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
              candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-             spans: Optional[torch.Tensor], want: List[bool], gap: int, vocab_start: int,
-             vocab_total: int, temperature: float, softcap: float, reduce_dhidden: bool,
-             comm: int, threads: int, kernel: Optional[str], allow_tf32: bool,
-             batch_invariant: bool, chunk_rows: int, chunk_bytes: int,
-             tune_cache: Optional[str]) -> List[torch.Tensor]:
+             spans: Optional[torch.Tensor], want: List[bool], fl: List[float], it: List[int],
+             kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
     """(logprob, entropy, lse, logit_mean, stats): each per-row output (N,) float32 when
-    wanted, else empty; stats (N, 3)."""
+    wanted, else empty; stats (N, 3). fl, it, kernel, tune_cache: pack_tail's."""
+    a = _unpack(fl, it, kernel, tune_cache)
     N = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
     outs = [torch.empty(N, **f32) if w else None for w in want]
     stats = torch.empty((N, 3), **f32)
-    m, sp = resolve_mask(hidden, mask, spans, gap)
+    m, sp = resolve_mask(hidden, mask, spans, a.gap)
     run(FORWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
                       active_mask=m, logprob=outs[0], entropy=outs[1], lse=outs[2],
                       logit_mean=outs[3], stats=stats),
-        sp, vocab_start, vocab_total, temperature, softcap, False, comm,
-        (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes, tune_cache))
+        sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap, False, a.comm, a.opts)
     return [o if o is not None else torch.empty(0, **f32) for o in outs] + [stats]
 
 
@@ -233,12 +273,11 @@ def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              spans: Optional[torch.Tensor], stats: torch.Tensor,
              dlogprob: Optional[torch.Tensor], dentropy: Optional[torch.Tensor],
              dlse: Optional[torch.Tensor], dlogit_mean: Optional[torch.Tensor],
-             need_dhidden: bool, need_dweight: bool, gap: int, vocab_start: int,
-             vocab_total: int, temperature: float, softcap: float, reduce_dhidden: bool,
-             comm: int, threads: int, kernel: Optional[str], allow_tf32: bool,
-             batch_invariant: bool, chunk_rows: int, chunk_bytes: int,
-             tune_cache: Optional[str]) -> List[torch.Tensor]:
+             need_dhidden: bool, need_dweight: bool, fl: List[float], it: List[int],
+             kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
     """(dhidden, dweight) in hidden's and weight's dtypes; empty when not needed."""
+    a = _unpack(fl, it, kernel, tune_cache)
+    reduce_dhidden = a.reduce_dhidden
     dh = dw = None
     if need_dhidden:
         # the TP all-reduce of dhidden runs in float32 (the library's requirement)
@@ -247,13 +286,12 @@ def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
     if need_dweight:
         dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
     if dh is not None or dw is not None:
-        m, sp = resolve_mask(hidden, mask, spans, gap)
+        m, sp = resolve_mask(hidden, mask, spans, a.gap)
         run(BACKWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
                            active_mask=m, stats=stats, dlogprob=dlogprob, dentropy=dentropy,
                            dlse=dlse, dlogit_mean=dlogit_mean, dhidden=dh, dweight=dw),
-            sp, vocab_start, vocab_total, temperature, softcap, reduce_dhidden and dh is not None,
-            comm, (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes,
-                   tune_cache))
+            sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap,
+            reduce_dhidden and dh is not None, a.comm, a.opts)
     if dh is not None and dh.dtype != hidden.dtype:
         dh = dh.to(hidden.dtype)
     return [dh if dh is not None else _empty(hidden, hidden.dtype),
@@ -267,19 +305,13 @@ def _head_bwd_fake(hidden, weight, targets, candidates, mask, spans, stats, dlog
             weight.new_empty(weight.shape if need_dweight else (0,))]
 
 
-# the non-tensor arguments head_fwd passes on to head_bwd, by name
-_FWD_TAIL = ("gap", "vocab_start", "vocab_total", "temperature", "softcap", "reduce_dhidden",
-             "comm", "threads", "kernel", "allow_tf32", "batch_invariant", "chunk_rows",
-             "chunk_bytes", "tune_cache")
-
-
 def _head_setup(ctx, inputs, output):
     hidden, weight, targets, candidates, mask, spans, want = inputs[:7]
     ctx.save_for_backward(hidden, weight, targets, candidates, mask, spans, output[4])
     ctx.mark_non_differentiable(output[4])  # stats
     ctx.set_materialize_grads(False)
     ctx.want = want
-    ctx.tail = inputs[7:]
+    ctx.tail = inputs[7:11]  # fl, it, kernel, tune_cache: passed on to head_bwd
 
 
 def _head_backward(ctx, grads):
@@ -287,7 +319,7 @@ def _head_backward(ctx, grads):
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ups = [g.to(torch.float32).contiguous() if (g is not None and w) else None
            for g, w in zip(grads[:4], ctx.want)]
-    none = (None,) * (7 + len(_FWD_TAIL))
+    none = (None,) * 11
     if not (need_h or need_w) or all(u is None for u in ups):
         return none
     dh, dw = head_bwd(hidden, weight, targets, candidates, mask, spans, stats, *ups,
@@ -303,19 +335,19 @@ head_fwd.register_autograd(_head_backward, setup_context=_head_setup)
 @torch.library.custom_op(f"{_LIB}::weighted_loss", mutates_args=())
 def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                   mask: Optional[torch.Tensor], spans: Optional[torch.Tensor],
-                  weights: torch.Tensor, c_lp: float, c_lse: float, c_mean: float,
-                  c_ent: float, want_entropy: bool, need_dhidden: bool, need_dweight: bool,
-                  gap: int, vocab_start: int, vocab_total: int, temperature: float,
-                  softcap: float, reduce_dhidden: bool, comm: int, threads: int,
-                  kernel: Optional[str], allow_tf32: bool, batch_invariant: bool,
-                  chunk_rows: int, chunk_bytes: int,
-                  tune_cache: Optional[str]) -> List[torch.Tensor]:
+                  weights: torch.Tensor, fl: List[float], it: List[int],
+                  kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
     """(loss, logprob, entropy, lse, logit_mean, dhidden, dweight) of
     L = sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i) + c_ent sum_i H_i over the active
     rows, in ONE spanhead call: the upstream gradients (c_lp w, c_ent, c_lse w, c_mean w) are
     known before the sweep, so dhidden and dweight come out of the forward (empty when not
     needed; so are entropy, lse, logit_mean when their coefficient is 0 and they are not
-    asked for)."""
+    asked for). fl = pack_tail's + [c_lp, c_lse, c_mean, c_ent], it = pack_tail's +
+    [want_entropy, need_dhidden, need_dweight] (pack_loss)."""
+    a = _unpack(fl, it, kernel, tune_cache)
+    c_lp, c_lse, c_mean, c_ent = (float(x) for x in fl[_N_FL:_N_FL + 4])
+    want_entropy, need_dhidden, need_dweight = (bool(x) for x in it[_N_IT:_N_IT + 3])
+    reduce_dhidden = a.reduce_dhidden
     N = hidden.shape[0]
     dev = hidden.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -340,11 +372,10 @@ def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
             dh = t["dhidden"] = torch.empty(hidden.shape, dtype=dt, device=dev)
         if need_dweight:
             dw = t["dweight"] = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
-    m, sp = resolve_mask(hidden, mask, spans, gap)
+    m, sp = resolve_mask(hidden, mask, spans, a.gap)
     t["active_mask"] = m
-    run(FORWARD, t, sp, vocab_start, vocab_total, temperature, softcap,
-        reduce_dhidden and dh is not None, comm,
-        (threads, kernel, allow_tf32, batch_invariant, chunk_rows, chunk_bytes, tune_cache))
+    run(FORWARD, t, sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap,
+        reduce_dhidden and dh is not None, a.comm, a.opts)
     # the loss over the active rows (the library writes 0 on inactive / ignored rows)
     per_row = lp * c_lp
     if lse is not None:
@@ -362,10 +393,19 @@ def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
             dw if dw is not None else _empty(weight, weight.dtype)]
 
 
+def pack_loss(tail: Sequence, c_lp: float, c_lse: float, c_mean: float, c_ent: float,
+              want_entropy: bool, need_dhidden: bool, need_dweight: bool) -> tuple:
+    """weighted_loss's (fl, it, kernel, tune_cache) of a _FWD_TAIL tuple and its own scalars."""
+    fl, it, kernel, tune_cache = pack_tail(tail)
+    return (fl + [c_lp, c_lse, c_mean, c_ent],
+            it + [int(want_entropy), int(need_dhidden), int(need_dweight)], kernel, tune_cache)
+
+
 @weighted_loss.register_fake
-def _weighted_loss_fake(hidden, weight, targets, mask, spans, weights, c_lp, c_lse, c_mean,
-                        c_ent, want_entropy, need_dhidden, need_dweight, *args):
+def _weighted_loss_fake(hidden, weight, targets, mask, spans, weights, fl, it, *args):
     N = hidden.shape[0]
+    c_lse, c_mean, c_ent = fl[_N_FL + 1], fl[_N_FL + 2], fl[_N_FL + 3]
+    want_entropy, need_dhidden, need_dweight = it[_N_IT], it[_N_IT + 1], it[_N_IT + 2]
 
     def f32(n):
         return hidden.new_empty((n,), dtype=torch.float32)
@@ -382,14 +422,15 @@ def _loss_setup(ctx, inputs, output):
     # only the loss is differentiable; no zero gradients of the (N, H) / (V, H) outputs either
     ctx.mark_non_differentiable(lp, ent, lse, mu, dh, dw)
     ctx.set_materialize_grads(False)
-    ctx.coefs = inputs[6:9]
-    ctx.need = inputs[11:13]
+    fl, it = inputs[6], inputs[7]
+    ctx.coefs = tuple(fl[_N_FL:_N_FL + 3])  # c_lp, c_lse, c_mean
+    ctx.need = (bool(it[_N_IT + 1]), bool(it[_N_IT + 2]))  # need_dhidden, need_dweight
     ctx.used = False
 
 
 def _loss_backward(ctx, grads):
     g_loss = grads[0]
-    none = (None,) * 27
+    none = (None,) * 10
     if getattr(ctx, "used", False):
         raise RuntimeError("weighted_logprob_loss: backward called a second time; the "
                            "one-pass gradients were computed in the forward and are handed "

@@ -319,7 +319,7 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
                  context_options)
     want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean)]
     outs = _ops.head_fwd(p.hidden, p.weight, p.targets, p.candidates, p.mask, p.spans, want,
-                         *p.tail)
+                         *_ops.pack_tail(p.tail))
     res = [o.reshape(p.lead) if w else None for o, w in zip(outs[:4], want)]
     if not (want[1] or want[2] or want[3]):
         return res[0]
@@ -414,8 +414,9 @@ def _one_pass(hidden, weight, targets, weights, loss_mask, spans, temperature, s
     grad = torch.is_grad_enabled()
     need_h = grad and h2.requires_grad
     need_w = grad and p.weight.requires_grad
-    out = _ops.weighted_loss(h2, p.weight, p.targets, p.mask, p.spans, w1, c_lp, c_lse, c_mean,
-                             c_ent, want_entropy, need_h, need_w, *p.tail)
+    out = _ops.weighted_loss(h2, p.weight, p.targets, p.mask, p.spans, w1,
+                             *_ops.pack_loss(p.tail, c_lp, c_lse, c_mean, c_ent, want_entropy,
+                                             need_h, need_w))
     loss, lp, ent = out[0], out[1], out[2]
     return (loss, lp.detach().reshape(p.lead),
             ent.detach().reshape(p.lead) if ent.numel() or N == 0 else None)

@@ -196,3 +196,22 @@ def test_z_loss_and_label_smoothing(kernel, softcap):
     for name, got, want in (("dhidden", h.grad, hd.grad), ("dweight", w.grad, wd.grad)):
         err = (got.double() - want).abs().max().item()
         assert err <= 2e-5 * max(1.0, want.abs().max().item()), f"{name}: max err {err}"
+
+
+def test_operator_schemas_stay_short():
+    """Per-call cost: torch's autograd wrapper of a custom op with a setup_context runs
+    torch._library.utils.fill_defaults on every forward, which rebuilds schema.arguments
+    (n Argument objects) 2n + 1 times: quadratic in the argument count (27 arguments: ~230 us
+    per call on this CPU, 10: ~50 us). The operators pack their scalars into one float[] and
+    one int[] (spanhead._torch_ops.pack_tail); this keeps them from growing back."""
+    from spanhead import _torch_ops as ops
+    n = {op._opoverload._schema.name: len(op._opoverload._schema.arguments)
+         for op in (ops.head_fwd, ops.head_bwd, ops.weighted_loss)}
+    assert n["spanhead::head_fwd"] <= 11 and n["spanhead::weighted_loss"] <= 10, n
+    assert n["spanhead::head_bwd"] <= 17, n
+    # the packing round-trips every field of the tail
+    tail = (3, 100, 5000, 0.7, 30.0, True, 12345, 2, "avx2", True, False, 64, 1 << 20, "/t.json")
+    a = ops._unpack(*ops.pack_tail(tail))
+    assert (a.gap, a.vocab_start, a.vocab_total, a.temperature, a.softcap, a.reduce_dhidden,
+            a.comm) == tail[:7]
+    assert a.opts == (2, "avx2", True, False, 64, 1 << 20, "/t.json")

@@ -3,7 +3,7 @@
 # they need (cmocka, cJSON, OpenBLAS and its Fortran runtime, libgomp), into a folder the
 # device tool carries (default /work/main/.devbundle, git-ignored there), with the scripts
 # that run inside it (run_tests.sh, bench_grid.sh, bench_ab.sh, sm90_check.sh,
-# ncu_breakdown.sh, core_check.sh, nccl_gpu.sh) and its commit (COMMIT). cudart, cuBLAS and NCCL are not copied: the device
+# ncu_breakdown.sh, core_check.sh, issue23.sh, nccl_gpu.sh) and its commit (COMMIT). cudart, cuBLAS and NCCL are not copied: the device
 # image has them. scripts/device/README.md lists what runs where.
 #   usage: scripts/device/bundle.sh [build-dir] [bundle-dir]   (defaults build-dev, above)
 set -euo pipefail
@@ -22,7 +22,7 @@ for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 # the scripts that run inside the bundle (scripts/device/README.md); nccl_gpu.sh comes below
-for s in run_tests.sh bench_grid.sh bench_ab.sh sm90_check.sh ncu_breakdown.sh core_check.sh; do
+for s in run_tests.sh bench_grid.sh bench_ab.sh sm90_check.sh ncu_breakdown.sh core_check.sh issue23.sh; do
   cp "$root/scripts/device/$s" "$out/"
 done
 git -C "$root" rev-parse --short HEAD > "$out/COMMIT"

@@ -44,6 +44,10 @@ int bench_plan_runs(const bopts *o, run_spec *r);
 int bench_point_mask(const bopts *o, const work *w, const char *mask, double *act,
                      uint8_t *hm, int64_t *spans, int64_t *n_spans, int64_t *n_active);
 
+/* The options of the benchmark's context (cmd_bench.c): the rows' cold first calls make
+ * fresh contexts with them. */
+const sph_ctx_opts *bench_ctx_opts(void);
+
 /* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the
  * general path + the loss on the host at every point, the table on stdout, JSON lines to js
  * (or NULL). 0 or an exit code. */

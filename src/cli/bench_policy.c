@@ -84,6 +84,7 @@ static void host_loss(int64_t N, const float *lp, const uint8_t *act, const floa
 typedef struct row {
     const char *mode;
     double ms, floor_ms;
+    double first_ms; /* cold first call: a fresh context + workspace + one step */
     size_t peak;
     char path[56];
 } row;
@@ -91,9 +92,10 @@ typedef struct row {
 static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, const work *w,
                  const char *mask, double act, int64_t n_active, const row *rw, double one_ms) {
     printf("| %s | %" PRId64 " | %" PRId64 " | %" PRId64 " | %.4f | %s | %s | %.3f | %.3f | "
-           "%.3f | %.3f | %.1f | %s |\n",
+           "%.3f | %.3f | %.1f | %s | %.1f |\n",
            w->sh.name, w->sh.H, w->sh.V, w->N, act, mask, rw->mode, rw->ms, rw->floor_ms,
-           rw->ms / rw->floor_ms, rw->ms / one_ms, rw->peak / 1048576.0, rw->path);
+           rw->ms / rw->floor_ms, rw->ms / one_ms, rw->peak / 1048576.0, rw->path,
+           rw->first_ms);
     fflush(stdout);
     if (!js) return;
     /* strings escaped, non-finite numbers null (json_util.h) */
@@ -114,9 +116,58 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
     fputs(",\"vs_one_pass\":", js), sph_cli_json_num(js, "%.4f", rw->ms / one_ms);
     fprintf(js, ",\"peak_extra_bytes\":%zu,\"path\":", rw->peak);
     sph_cli_json_str(js, rw->path);
+    fputs(",\"first_call_ms\":", js), sph_cli_json_num(js, "%.3f", rw->first_ms);
     fputs(",\"loss\":\"ppo clip 0.2/0.28 c 3, k3 0.001, entropy 0.001, seq-mean-token-mean\"}\n",
           js);
     if (fflush(js) != 0 && !bench_js_errno) bench_js_errno = errno ? errno : EIO;
+}
+
+/* What one step of a variant reads (time_variants): the arguments and the host loss's data. */
+typedef struct pstep {
+    const sph_head_args *pol, *one, *f, *bw;
+    const sph_policy_args *pa;
+    const pbufs *b;
+    int64_t N;
+    const uint8_t *act;
+    const float *hadv, *hold, *href;
+    const double *c;
+    float *hlp, *hg, *he;
+} pstep;
+
+/* One step of variant v on context cx with workspace (ws, wsb), synchronized. */
+static sph_status step_once(sph_ctx_t cx, int v, void *ws, size_t wsb, const pstep *q) {
+    sph_status s;
+    if (v == 0) {
+        s = sph_policy_loss(cx, q->pol, q->pa, ws, wsb);
+    } else if (v == 1) {
+        s = sph_head_forward(cx, q->one, ws, wsb);
+    } else {
+        s = sph_head_forward(cx, q->f, ws, wsb);
+        if (!s) s = sph_ctx_memcpy(cx, q->hlp, q->b->lp, (size_t)q->N * 4);
+        if (!s) host_loss(q->N, q->hlp, q->act, q->hadv, q->hold, q->href, q->c, q->hg, q->he);
+        if (!s) s = sph_ctx_memcpy(cx, q->b->g, q->hg, (size_t)q->N * 4);
+        if (!s) s = sph_ctx_memcpy(cx, q->b->e, q->he, (size_t)q->N * 4);
+        if (!s) s = sph_head_backward(cx, q->bw, ws, wsb);
+    }
+    if (!s) s = sph_ctx_synchronize(cx);
+    return s;
+}
+
+/* The cold first call of variant v (as cmd_bench.c's rows): a fresh context with the
+ * benchmark's options, a workspace of wsb bytes, one step; *ms its wall time. */
+static int cold_step(int v, size_t wsb, const pstep *q, double *ms) {
+    const double t0 = sph_cli_now_s();
+    sph_ctx_t c2;
+    if (sph_ctx_create(&c2, bench_ctx_opts()) != SPH_OK)
+        return sph_cli_fail("bench", 1, "first call: context: %s", sph_last_error());
+    void *ws = NULL;
+    sph_status s = wsb ? sph_ctx_malloc(c2, wsb, &ws) : SPH_OK;
+    if (!s) s = step_once(c2, v, ws, wsb, q);
+    *ms = 1e3 * (sph_cli_now_s() - t0);
+    int rc = s ? sph_cli_fail("bench", 1, "first call: %s", sph_last_error()) : 0;
+    if (ws) sph_ctx_free(c2, ws);
+    sph_ctx_destroy(c2);
+    return rc;
 }
 
 /* One point: the three variants; rows[3] out. */
@@ -194,23 +245,12 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
         S += n > 0;
     }
     for (int64_t i = 0; i < N; i++) c[i] /= S ? (double)S : 1.0;
+    const pstep q = {&pol, &one, &f, &bw, &pa, b, N, act, hadv, hold, href, c, hlp, hg, he};
     for (int v = 0; v < 3 && !rc; v++) {
+        if ((rc = cold_step(v, rows[v].peak, &q, &rows[v].first_ms))) break;
         for (int64_t r = -o->warmup; r < o->repeats; r++) {
             double t0 = sph_cli_now_s();
-            sph_status s;
-            if (v == 0) {
-                s = sph_policy_loss(ctx, &pol, &pa, b->ws, b->ws_bytes);
-            } else if (v == 1) {
-                s = sph_head_forward(ctx, &one, b->ws, b->ws_bytes);
-            } else {
-                s = sph_head_forward(ctx, &f, b->ws, b->ws_bytes);
-                if (!s) s = sph_ctx_memcpy(ctx, hlp, b->lp, (size_t)N * 4);
-                if (!s) host_loss(N, hlp, act, hadv, hold, href, c, hg, he);
-                if (!s) s = sph_ctx_memcpy(ctx, b->g, hg, (size_t)N * 4);
-                if (!s) s = sph_ctx_memcpy(ctx, b->e, he, (size_t)N * 4);
-                if (!s) s = sph_head_backward(ctx, &bw, b->ws, b->ws_bytes);
-            }
-            if (!s) s = sph_ctx_synchronize(ctx);
+            sph_status s = step_once(ctx, v, b->ws, b->ws_bytes, &q);
             if (s) {
                 rc = sph_cli_fail("bench", 1, "%s: %s", rows[v].mode, sph_last_error());
                 break;
@@ -237,7 +277,8 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
            "(8 for general+loss) N_active H V at the burst GEMM rate\n\n",
            POL_SEQ);
     printf("| shape | H | V_loc | N | active | mask | mode | ms | floor ms | ratio | vs one-pass "
-           "| extra MiB | path |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| extra MiB | path | first call ms |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
     for (int wi = 0; wi < n_work && !rc; wi++) {
         const work *w = &ws[wi];

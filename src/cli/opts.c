@@ -108,8 +108,8 @@ const sph_cli_opt sph_cli_bench_opts[] = {
     {"--H", "N", SPH_OPT_COUNT, O(H), 1, INT32_MAX, 0, 0, NULL, 0,
      "a custom shape instead, with --V (default on cpu: 256 x 4096)"},
     {"--V", "N", SPH_OPT_COUNT, O(V), 1, INT32_MAX, 0, 0, NULL, 0, "local vocabulary of the custom shape"},
-    {"--N", "16K,64K", SPH_OPT_COUNTS, O(N_list), 1, (int64_t)1 << 40, 0, 0, NULL, 0,
-     "tokens per rank (default 16K,64K on cuda, 1K on cpu)"},
+    {"--N", "4K,16K,64K", SPH_OPT_COUNTS, O(N_list), 1, (int64_t)1 << 40, 0, 0, NULL, 0,
+     "tokens per rank (default 4K,16K,64K on cuda, 1K on cpu)"},
     {"--matrix", "seed", SPH_OPT_CHOICE, O(matrix), 0, 0, 0, 0, k_bench_matrix, 0,
      "instead of the --shape x --N grid, the seed's matrix as\n"
      "per-rank work: each shape at TP4/CP2 with 16K..256K total\n"

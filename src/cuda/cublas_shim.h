@@ -30,6 +30,11 @@ extern "C" {
       (cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,     \
        const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *, \
        cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t))                            \
+    X(gemm_strided_batched_ex, "cublasGemmStridedBatchedEx", cublasStatus_t,                  \
+      (cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,     \
+       const void *, cudaDataType, int, long long int, const void *, cudaDataType, int,       \
+       long long int, const void *, void *, cudaDataType, int, long long int, int,             \
+       cublasComputeType_t, cublasGemmAlgo_t))                                                 \
     X(status_string, "cublasGetStatusString", const char *, (cublasStatus_t))
 
 #define SPH_CUBLAS_FIELD(field, sym, ret, params) ret(*field) params;
@@ -59,6 +64,8 @@ const char *sph_cublas_path(void);
 #define cublasSetStream (sph_cublas_fn.set_stream)
 #define cublasSetWorkspace (sph_cublas_fn.set_workspace)
 #define cublasGemmEx (sph_cublas_fn.gemm_ex)
+#undef cublasGemmStridedBatchedEx
+#define cublasGemmStridedBatchedEx (sph_cublas_fn.gemm_strided_batched_ex)
 #define cublasGetStatusString (sph_cublas_fn.status_string)
 
 #endif

@@ -199,20 +199,24 @@ static sph_status fused_dlogits(pass_ctx *c, const char *hp, int64_t ld, const c
     return sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream);
 }
 
-/* Staged E: the chunk's D in place of its E, once the chunk's rows are finalized (stats). */
-static sph_status chunk_e2d(pass_ctx *c, const chunk *ch) {
+/* Staged E: the chunk's D in place of its E, once the chunk's rows are finalized (stats);
+ * rows [b0, b0 + nb) of the chunk on stream s (E2D_OVERLAP: one row block on the side
+ * stream), the whole chunk with chunk_e2d. */
+static sph_status chunk_e2d_rows(pass_ctx *c, const chunk *ch, int64_t b0, int64_t nb,
+                                 cudaStream_t s) {
     const sph_head_plan *p = c->p;
     sph_e2d_args a;
     memset(&a, 0, sizeof a);
-    a.E = c->ws + c->lay->off_D;
+    a.E = c->ws + c->lay->off_D + (size_t)b0 * c->lay->ldL * 2;
     a.ldE = c->lay->ldL;
     a.dtype_bf16 = c->dk == DT_BF16;
-    a.tile_recs = (const float *)(c->ws + c->lay->off_T);
+    a.tile_recs = (const float *)(c->ws + c->lay->off_T) +
+                  (size_t)b0 * c->lay->n_tiles * SPH_PARTIAL_FIELDS;
     a.n_tiles = c->lay->n_tiles;
-    a.rows = ch->rows;
+    a.rows = nb;
     a.w = p->V_loc;
-    a.r0 = ch->r0;
-    a.rowmap = ch->rowmap;
+    a.r0 = ch->r0 + b0;
+    a.rowmap = ch->rowmap ? ch->rowmap + b0 : NULL;
     a.col_g0 = p->v0;
     a.stats = p->stats;
     a.g = p->dlogprob;
@@ -225,7 +229,10 @@ static sph_status chunk_e2d(pass_ctx *c, const chunk *ch) {
     a.inv_t = (float)(1.0 / p->temperature);
     a.t_over_cap = p->softcap > 0 ? (float)(p->temperature / p->softcap) : 0.f;
     a.inv_V = (float)(1.0 / (double)p->V);
-    return sph_cuda_e2d(&a, c->stream);
+    return sph_cuda_e2d(&a, s);
+}
+static sph_status chunk_e2d(pass_ctx *c, const chunk *ch) {
+    return chunk_e2d_rows(c, ch, 0, ch->rows, c->stream);
 }
 
 /* Where a gradient product goes: C (column-major, leading dimension ldc, type ct), scaled
@@ -237,15 +244,16 @@ typedef struct gemm_out {
     float beta;
 } gemm_out;
 
-/* Where a chunk's dlogits come from (grad_chunk, chunk_dlogits). */
-enum { D_RECOMPUTE = 0, D_FROM_L = 1, D_READY = 2 };
+/* Where a chunk's dlogits come from (grad_chunk, chunk_dlogits); D_READY_NODH: D in place
+ * and the chunk's dH already done (E2D_OVERLAP). */
+enum { D_RECOMPUTE = 0, D_FROM_L = 1, D_READY = 2, D_READY_NODH = 3 };
 
 /* D (rows, w) of a chunk and split: from the logits kept in L (D_FROM_L), already in place
  * (D_READY: staged E turned into D), recomputed by the fused kernel, or recomputed by cuBLAS
  * into L and turned into D. */
 static sph_status chunk_dlogits(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
                                 int64_t c0, int64_t w, float *L, void *D, int src) {
-    if (src == D_READY) return SPH_OK;
+    if (src == D_READY || src == D_READY_NODH) return SPH_OK;
     if (src == D_FROM_L) return sph_cuda_launch_dlogits(c, L, D, ch, c0, w);
     if (c->lay->fused) return fused_dlogits(c, hp, ld, ch, c0, w, D);
     SPH_TRY(gemm_logits(c, hp, ld, ch->rows, c0, w, L));
@@ -270,6 +278,37 @@ static sph_status gemm_dh(pass_ctx *c, const char *wp, int64_t rows, int64_t w, 
                                 &o->beta, o->C, o->ct, o->ldc, compute_type(c),
                                 CUBLAS_GEMM_DEFAULT));
     return SPH_OK;
+}
+
+/* DH_SPLITK (issue 23, v14): gemm_dh of one chunk cut over the vocabulary into lay->dhk fp32
+ * partials at off_dhk (one strided-batched GEMM of equal widths, the remainder columns added
+ * into the first partial), summed into o by head_splitk.cu. */
+static sph_status gemm_dh_splitk(pass_ctx *c, const char *wp, int64_t rows, int64_t w,
+                                 const void *D, const gemm_out *o) {
+    const sph_head_plan *p = c->p;
+    const sph_cuda_layout *lay = c->lay;
+    const int64_t S = lay->dhk, kk = w / S / 8 * 8, rem = w - S * kk;
+    if (kk < 1024) return gemm_dh(c, wp, rows, w, D, o); /* a narrow last split */
+    SPH_CHECK(S >= 2 && rows <= lay->R, SPH_ERR_INTERNAL,
+              "dh split-k: %lld splits of %lld columns for %lld rows (R %lld)", (long long)S,
+              (long long)kk, (long long)rows, (long long)lay->R);
+    float *P = (float *)(c->ws + lay->off_dhk);
+    const long long stride = (long long)lay->R * p->H;
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType_t t = dt_cuda(c->dk);
+    SPH_CUBLAS_RET(cublasGemmStridedBatchedEx(
+        c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H, (int)rows, (int)kk, &one, wp, t,
+        (int)p->ld_w, (long long)kk * p->ld_w, D, t, (int)lay->ldL, (long long)kk, &zero, P,
+        CUDA_R_32F, (int)p->H, stride, (int)S, compute_type(c), CUBLAS_GEMM_DEFAULT));
+    if (rem > 0)
+        SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->H,
+                                    (int)rows, (int)rem, &one,
+                                    wp + (size_t)(S * kk) * p->ld_w * c->es, t, (int)p->ld_w,
+                                    (const char *)D + (size_t)(S * kk) * c->es, t,
+                                    (int)lay->ldL, &one, P, CUDA_R_32F, (int)p->H,
+                                    compute_type(c), CUBLAS_GEMM_DEFAULT));
+    return sph_cuda_splitk_sum(P, S, stride, rows, p->H, o->C, o->ldc, o->ct, o->beta != 0.f,
+                               c->stream);
 }
 
 /* dW_split^T (H, w) (+)= h^T (H, rows) . D (rows, w). */
@@ -324,15 +363,19 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int src) 
         int64_t c0 = s * lay->Vs, w = p->V_loc - c0 < lay->Vs ? p->V_loc - c0 : lay->Vs;
         SPH_TRY(chunk_dlogits(c, ch, hp, ld, c0, w, L, D, src));
         const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
-        if (p->dhidden) {
+        if (p->dhidden && src != D_READY_NODH) {
             const gemm_out o = dh_via32 ? acc32(dh32, p->H, s > 0)
                                         : user_dh(c, ch->r0, s > 0 || p->acc_dh);
-            SPH_TRY(gemm_dh(c, wp, rows, w, D, &o));
+            if (lay->dhk) SPH_TRY(gemm_dh_splitk(c, wp, rows, w, D, &o));
+            else SPH_TRY(gemm_dh(c, wp, rows, w, D, &o));
         }
         if (p->dweight) {
-            /* the fp32 accumulator holds the whole shard: zeroed by grad_prologue */
-            const gemm_out o = lay->dw32 ? acc32(dw32 + (size_t)c0 * p->H, p->H, 1)
-                                         : user_dw(c, c0, ci > 0 || p->acc_dw);
+            /* the fp32 accumulator holds the whole shard: zeroed by grad_prologue, or
+             * (DW32_BETA0) written by the first chunk (every split of it: all V_loc columns) */
+            const gemm_out o = lay->dw32
+                                   ? acc32(dw32 + (size_t)c0 * p->H, p->H,
+                                           !c->st->dw32_beta0 || ci > 0)
+                                   : user_dw(c, c0, ci > 0 || p->acc_dw);
             SPH_TRY(gemm_dw(c, hp, ld, rows, w, D, &o));
         }
     }
@@ -343,6 +386,77 @@ static sph_status grad_chunk(pass_ctx *c, const chunk *ch, int64_t ci, int src) 
             dhk, (char *)p->dhidden + (size_t)ch->r0 * p->ld_dh * dt_size(dhk), p->ld_dh, dh32,
             p->H, rows, p->H, p->acc_dh, c->stream));
     return SPH_OK;
+}
+
+/* E2D_OVERLAP (issue 23, v15): rows per block of the staged-E chunk's e2d / dH pipeline, or 0
+ * for no pipeline: blocks whose dH GEMM still has ~2 waves of 128 x 256 tiles, 2 to
+ * SPH_E2D_BLOCKS of them. */
+#define SPH_E2D_BLOCKS 8
+static int64_t e2d_block_rows(int64_t rows, int64_t H, int sms) {
+    if (sms <= 0) sms = 132;
+    const int64_t tn = (H + 255) / 256;
+    const int64_t rb = ((2 * (int64_t)sms + tn - 1) / tn) * 128;
+    int64_t nb = rows / rb;
+    if (nb > SPH_E2D_BLOCKS) nb = SPH_E2D_BLOCKS;
+    if (nb < 2) return 0;
+    return round_up((rows + nb - 1) / nb, 8);
+}
+
+/* Staged E with E2D_OVERLAP: D made block by block on the side stream while the main stream
+ * runs the dH GEMM of the block made before (the pass over E is memory-bound, the GEMM
+ * compute-bound), then dW over the whole chunk (grad_chunk, D_READY_NODH). 0 in *done when the
+ * chunk is not pipelined (the caller runs chunk_e2d + grad_chunk). */
+static sph_status e2d_overlapped(pass_ctx *c, const chunk *ch, int64_t ci, int *done) {
+    const sph_head_plan *p = c->p;
+    const sph_cuda_layout *lay = c->lay;
+    sph_cuda_state *st = c->st;
+    *done = 0;
+    if (!st->e2d_overlap || !p->dhidden || lay->n_splits != 1 || lay->dhk || lay->bi) return SPH_OK;
+    const int64_t rb = st->e2d_rows > 0
+                           ? (st->e2d_rows * SPH_E2D_BLOCKS >= ch->rows
+                                  ? round_up(st->e2d_rows, 8)
+                                  : round_up((ch->rows + SPH_E2D_BLOCKS - 1) / SPH_E2D_BLOCKS, 8))
+                           : e2d_block_rows(ch->rows, p->H, st->prop.multiProcessorCount);
+    if (rb <= 0 || rb >= ch->rows) return SPH_OK;
+    SPH_CHECK((ch->rows + rb - 1) / rb <= SPH_E2D_BLOCKS, SPH_ERR_INTERNAL,
+              "e2d overlap: %lld rows in blocks of %lld exceed %d events", (long long)ch->rows,
+              (long long)rb, SPH_E2D_BLOCKS);
+    if (!st->side) {
+        SPH_CUDA_RET(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
+        for (int k = 0; k <= SPH_E2D_BLOCKS; k++) {
+            cudaError_t e = cudaEventCreateWithFlags(&st->ev[k], cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                for (int q = 0; q < k; q++) cudaEventDestroy(st->ev[q]), st->ev[q] = NULL;
+                cudaStreamDestroy(st->side);
+                st->side = NULL;
+                return sph_err(SPH_ERR_CUDA, "e2d overlap: event: %s", cudaGetErrorString(e));
+            }
+        }
+    }
+    /* the side stream starts after everything on the main stream (the finalized rows) */
+    SPH_CUDA_RET(cudaEventRecord(st->ev[0], c->stream));
+    SPH_CUDA_RET(cudaStreamWaitEvent(st->side, st->ev[0], 0));
+    const int dh_via32 = lay->dh32 || lay->gather;
+    float *dh32 = (float *)(c->ws + (lay->gather ? lay->off_dhg : lay->off_dh32));
+    const void *D = c->ws + lay->off_D;
+    int nb = 0;
+    for (int64_t b0 = 0; b0 < ch->rows; b0 += rb, nb++) {
+        const int64_t n = ch->rows - b0 < rb ? ch->rows - b0 : rb;
+        SPH_TRY(chunk_e2d_rows(c, ch, b0, n, st->side));
+        SPH_CUDA_RET(cudaEventRecord(st->ev[1 + nb], st->side));
+    }
+    nb = 0;
+    for (int64_t b0 = 0; b0 < ch->rows; b0 += rb, nb++) {
+        const int64_t n = ch->rows - b0 < rb ? ch->rows - b0 : rb;
+        SPH_CUDA_RET(cudaStreamWaitEvent(c->stream, st->ev[1 + nb], 0));
+        const gemm_out o = dh_via32 ? acc32(dh32 + (size_t)b0 * p->H, p->H, 0)
+                                    : user_dh(c, ch->r0 + b0, p->acc_dh);
+        SPH_TRY(gemm_dh(c, (const char *)p->weight, n, p->V_loc,
+                        (const char *)D + (size_t)b0 * lay->ldL * c->es, &o));
+    }
+    *done = 1;
+    st->e2d_blocks_run++;
+    return grad_chunk(c, ch, ci, D_READY_NODH);
 }
 
 /* The vocabulary-outer gradient sweep (lay->col_outer): every row chunk of a split, then the
@@ -376,7 +490,8 @@ static sph_status grad_cols(pass_ctx *c) {
                 const gemm_out o =
                     lay->dh32 ? acc32(dh_all + (size_t)(ch.k0 - base) * p->H, p->H, s > 0)
                               : user_dh(c, ch.r0, s > 0 || p->acc_dh);
-                SPH_TRY(gemm_dh(c, wp, ch.rows, w, D, &o));
+                if (lay->dhk) SPH_TRY(gemm_dh_splitk(c, wp, ch.rows, w, D, &o));
+                else SPH_TRY(gemm_dh(c, wp, ch.rows, w, D, &o));
             }
             if (p->dweight) {
                 const gemm_out o = lay->dw32 ? acc32(dw_s, p->H, ci > 0)
@@ -413,7 +528,9 @@ static sph_status grad_sweep(pass_ctx *c) {
 }
 
 /* Before a gradient sweep: dH rows outside every span to 0 (unless accumulating), the fp32
- * dW accumulator to 0, and dW itself to 0 when no chunk will overwrite it. */
+ * dW accumulator to 0 (not with DW32_BETA0: the first chunk's GEMMs overwrite it; dw32 means
+ * >= 2 chunks, and chunk 0 covers every column), and dW itself to 0 when no chunk will
+ * overwrite it. */
 static sph_status grad_prologue(pass_ctx *c) {
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
@@ -435,9 +552,12 @@ static sph_status grad_prologue(pass_ctx *c) {
             if (k < p->n_spans) prev = p->spans[2 * k + 1];
         }
     }
-    if (p->dweight && lay->dw32 && !lay->col_outer)
-        SPH_CUDA_RET(cudaMemsetAsync(c->ws + lay->off_dw32, 0,
-                                     (size_t)p->V_loc * p->H * sizeof(float), c->stream));
+    if (p->dweight && lay->dw32 && !lay->col_outer) {
+        if (c->st->dw32_beta0) c->st->dw32_memsets_saved++;
+        else
+            SPH_CUDA_RET(cudaMemsetAsync(c->ws + lay->off_dw32, 0,
+                                         (size_t)p->V_loc * p->H * sizeof(float), c->stream));
+    }
     if (p->dweight && !lay->dw32 && lay->n_chunks == 0 && !p->acc_dw && p->V_loc > 0) {
         size_t es = dt_size(dt_kind(p->dw_dtype)), pitch = (size_t)p->ld_dw * es;
         SPH_CUDA_RET(cudaMemset2DAsync(p->dweight, pitch, 0, (size_t)p->H * es,
@@ -554,8 +674,12 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
                                            ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
             if (lay.onepass_e) {
-                SPH_TRY(chunk_e2d(&c, &ch));
-                SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
+                int done = 0;
+                SPH_TRY(e2d_overlapped(&c, &ch, ci, &done));
+                if (!done) {
+                    SPH_TRY(chunk_e2d(&c, &ch));
+                    SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
+                }
             } else {
                 SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 ? D_FROM_L : D_RECOMPUTE));
             }

@@ -63,6 +63,10 @@ typedef struct sph_cuda_layout {
                          * head_onepass.cu), not fp32 logits; D replaces E in place */
     int store16;        /* fused epilogues write D / E with 16-byte stores */
     int64_t e_rows;     /* staged E: rows per chunk the budget allows */
+    int dw_inplace;     /* staged E, E_TWO_CHUNKS: two chunks, the second accumulating into the
+                         * half-precision dW (no fp32 dW accumulator) */
+    int64_t dhk;        /* DH_SPLITK: vocabulary splits of each chunk's dH GEMM (>= 2), or 0 */
+    size_t off_dhk;     /* DH_SPLITK: the fp32 partials (dhk, R, H) */
     int64_t budget;     /* the workspace budget this layout was cut to (bytes) */
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
@@ -76,6 +80,11 @@ typedef struct sph_cuda_layout {
 extern "C" {
 #endif
 /* C linkage: tests/unit/test_cuda_layout.c checks the layouts on a machine without a GPU. */
+/* DH_SPLITK (issue 23): how many vocabulary splits the dH GEMM of a chunk of rows takes
+ * (rows x H output, w columns of contraction) on a device of sms SMs (0: 132): 1 when its
+ * 128 x 256 output tiles already fill the SMs, else enough for ~2 waves, at most 8 and at
+ * least 2048 columns each. */
+int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms);
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);
 /* The CUDA head's slots over the reference (the device table's head_fill), and the
@@ -172,6 +181,11 @@ sph_status sph_cuda_launch_convert(int kind, void *dst, int64_t ld_dst, const fl
                                    cudaStream_t stream);
 /* dH rows of a gathered chunk (or of the whole row space) from its fp32 rows dhg. */
 sph_status sph_cuda_launch_scatter(pass_ctx *c, const chunk *ch, const float *dhg);
+/* DH_SPLITK (head_splitk.cu): C (rows of ldc, H columns, type ct) = (acc ? C : 0) + the sum
+ * of S fp32 partials P[s * stride + r * H + j]. */
+sph_status sph_cuda_splitk_sum(const float *P, int64_t S, int64_t stride, int64_t rows,
+                               int64_t H, void *C, int64_t ldc, cudaDataType_t ct, int acc,
+                               cudaStream_t stream);
 /* Gathered mode: the row map (global row of each position of the row space). */
 sph_status sph_cuda_build_act_rows(pass_ctx *c);
 #endif /* __cplusplus */

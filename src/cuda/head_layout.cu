@@ -16,6 +16,17 @@
 
 // ---- host: layout --------------------------------------------------------------------------
 
+int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms) {
+    if (sms <= 0) sms = 132;
+    if (rows <= 0 || H <= 0 || w <= 0) return 1;
+    const int64_t tiles = ((rows + 127) / 128) * ((H + 255) / 256);
+    if (tiles >= sms) return 1;
+    int64_t s = (2 * (int64_t)sms + tiles - 1) / tiles;
+    if (s > 8) s = 8;
+    if (s > w / 2048) s = w / 2048;
+    return s >= 2 ? s : 1;
+}
+
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                                            sph_head_pass pass, sph_cuda_layout *lay) {
     memset(lay, 0, sizeof *lay);
@@ -115,9 +126,29 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
                 (lay->gather ? p->H * ((int64_t)dt_size(dk) + (p->dhidden ? 4 : 0)) : 0) +
                 64; /* per-row share of the 256-byte region rounding */
             int64_t re = rows_all;
+            int inplace = 0;
             if (base_fixed + rows_all * row_e > be)
                 re = (be - base_fixed - row_fixed) / row_e;
+            /* E_TWO_CHUNKS (issue 23, v13): the whole shard misses the budget (E 16K by ~2 %
+             * in 4 GiB), but two chunks fit without the fp32 dW accumulator: the second
+             * chunk's dW GEMM accumulates into the half-precision dW itself (beta 1, one more
+             * rounding), instead of 3 chunks behind 2.1 GB of fp32 dW read and written per
+             * chunk. Only where the rows make exactly two chunks (one span or gathered, no
+             * user cap on the chunk rows), never when accumulating into dW (the intermediate
+             * old dW + first chunk is not bounded by the gradient: run 25a saw 4.9e-2 at a
+             * bf16 dW of ~2), and only for a dW of the input's dtype: the extra rounding of
+             * the first chunk's partial P1 is then <= u_out |P1| <= u_D A (A = sum |d| |h|),
+             * within the budget's margin over u_D A (tests/tolerances.h TOL_CUDA_MARGIN). */
+            if (st->e_two_chunks && half_dw && !p->acc_dw && dt_kind(p->dw_dtype) == dk &&
+                re < rows_all && (lay->gather || n_spans <= 1) && ctx->chunk_rows <= 0) {
+                const int64_t half = (rows_all + 1) / 2;
+                /* (and only where the halves still stage E: the rule below) */
+                if (base_fixed + half * row_e <= be &&
+                    (half >= SPH_ONEPASS_STAGED_ROWS || st->onepass_mode == 1))
+                    re = half, inplace = 1;
+            }
             if (re >= SPH_ONEPASS_STAGED_ROWS || re >= rows_all || st->onepass_mode == 1) {
+                lay->dw_inplace = inplace;
                 lay->onepass_e = 1;
                 lay->onepass_chunks = 1;
                 lay->e_rows = re > 0 ? re : 1;
@@ -235,7 +266,15 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
      * (M x H) when dH is half or the rows are gathered */
     lay->dh32 = lay->col_outer ? col_fixed > 0
                                : !lay->gather && half_dh && lay->n_splits > 1;
-    lay->dw32 = half_dw && lay->n_chunks > 1;
+    if (lay->n_chunks != 2) lay->dw_inplace = 0; /* (guarded above; never more roundings) */
+    lay->dw32 = half_dw && lay->n_chunks > 1 && !lay->dw_inplace;
+    /* DH_SPLITK (issue 23, v14): each chunk's dH is one GEMM per split of rows x H outputs
+     * over the split's columns; when those tiles leave SMs idle (1K rows), the GEMM is cut
+     * over the vocabulary into fp32 partials, then summed (a narrow last split: unsplit) */
+    if (st->dh_splitk && lay->grads && p->dhidden && !lay->bi) {
+        const int64_t k = sph_cuda_dh_splits(R, p->H, Vs, st->prop.multiProcessorCount);
+        lay->dhk = k > 1 ? k : 0;
+    }
 
     lay->n_tiles = (Vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
     lay->off_L = off;
@@ -260,6 +299,13 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->off_dhg = off;
     if (lay->gather && lay->grads && p->dhidden && !lay->col_outer)
         off += sph_ws_round((size_t)R * p->H * 4);
+    /* DH_SPLITK's partials last, and only when they fit the budget beside the rest */
+    lay->off_dhk = off;
+    if (lay->dhk) {
+        const size_t part = sph_ws_round((size_t)lay->dhk * R * p->H * 4);
+        if ((int64_t)(off + part) <= lay->budget) off += part;
+        else lay->dhk = 0;
+    }
     lay->total = off;
     return SPH_OK;
 }

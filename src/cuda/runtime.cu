@@ -75,6 +75,10 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
                        : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
                                                                 : 0;
     st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
+    st->e_two_chunks = (fl & SPH_CUDA_FLAG_E_TWO_CHUNKS) != 0;
+    st->dh_splitk = (fl & SPH_CUDA_FLAG_DH_SPLITK) != 0;
+    st->e2d_overlap = (fl & SPH_CUDA_FLAG_E2D_OVERLAP) != 0;
+    st->dw32_beta0 = (fl & SPH_CUDA_FLAG_DW32_BETA0) != 0;
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));
     if (e == cudaSuccess) e = cudaMemset(st->nf, 0, sizeof(unsigned long long));
@@ -100,6 +104,12 @@ static void sph_cuda_ctx_fini(sph_ctx_t ctx) {
     if (!st) return;
     if (st->cublas) cublasDestroy(st->cublas);
     if (st->nf) cudaFree(st->nf);
+    if (st->side) { /* E2D_OVERLAP's side stream and events (head.cu), made on first use */
+        cudaStreamSynchronize(st->side);
+        for (int k = 0; k < (int)(sizeof st->ev / sizeof st->ev[0]); k++)
+            if (st->ev[k]) cudaEventDestroy(st->ev[k]);
+        cudaStreamDestroy(st->side);
+    }
     sph_free(st);
     ctx->cuda = NULL;
 }

@@ -37,6 +37,16 @@ typedef struct sph_cuda_state {
     int onepass_mode;                /* ONEPASS_*: 0 auto, 1 staged E, 2 staged fp32 logits
                                         (unfused), 3 recompute (the fused sweep) */
     int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
+    int e_two_chunks;                /* E_TWO_CHUNKS: staged E in 2 chunks, no fp32 dW acc. */
+    int dh_splitk;                   /* DH_SPLITK: dH of short chunks split over V (fp32) */
+    int e2d_overlap;                 /* E2D_OVERLAP: e2d per row block on a side stream */
+    cudaStream_t side;               /* E2D_OVERLAP: the side stream (NULL until first use) */
+    cudaEvent_t ev[9];               /* E2D_OVERLAP: ev[0] main -> side, ev[1..8] per block */
+    int64_t e2d_rows;                /* E2D_OVERLAP, tests only: rows per block (0: the rule) */
+    int e2d_blocks_run;              /* E2D_OVERLAP: chunks pipelined so far (tests read it) */
+    int dw32_beta0;                  /* DW32_BETA0: the first chunk's dW GEMM writes the fp32
+                                        accumulator (beta 0), no memset */
+    int dw32_memsets_saved;          /* DW32_BETA0: passes that skipped the memset (tests) */
     unsigned long long *nf;          /* device: [0] non-finite active rows found by the
                                         finalize kernel, [1] the lowest such row (~0: none);
                                         read and reset by sph_ctx_nonfinite */

@@ -71,10 +71,14 @@ recs = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["mask"] for r in recs] == ["none", "packed-rl"], recs
 need = ("gpu date commit shape H V_local N active mask mode impl ms floor_ms ratio "
         "floor_sustained_ms ratio_sustained rate_tflops rate_sustained_tflops "
-        "peak_extra_bytes tp cp tokens n_active").split()
+        "peak_extra_bytes tp cp tokens n_active first_call_ms").split()
 for r in recs:
     missing = [k for k in need if k not in r]
     assert not missing, missing
+    # the cold first call (fresh context + workspace + the first step) is its own field: a
+    # real time, finite, not the median of the warm ones copied
+    assert math.isfinite(r["first_call_ms"]) and r["first_call_ms"] > 0, r
+    assert r["first_call_ms"] != r["ms"], r
     assert r["shape"] == "custom" and (r["H"], r["V_local"], r["N"]) == (64, 520, 4096)
     assert r["mode"] == "general" and r["impl"] == "spanhead" and r["commit"] == "abc123"
     assert r["tp"] is None and r["cp"] is None and r["tokens"] is None
@@ -86,6 +90,8 @@ assert abs(rl["active"] - rl["n_active"] / 4096) < 1e-4, rl
 md = open(sys.argv[2]).read()
 assert f"| {rl['active']:.4f} | packed-rl | general |" in md
 assert "| sustained floor ms | sustained ratio |" in md, md
+assert "| extra MiB | path | first call ms |" in md, md
+assert "# first context of the process" in md, md
 assert "| GEMM TFLOP/s | floor ms | ratio | sustained TFLOP/s |" in md, md
 assert "a chain of 4 products" in md and "dense GEMM rate" not in md, md
 # one table: every row has the header's number of cells

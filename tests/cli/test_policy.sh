@@ -126,6 +126,8 @@ modes = [r["mode"] for r in rows]
 assert modes == ["policy", "one-pass", "general+loss"] * 2, modes
 assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in rows)
 assert all(abs(r["vs_one_pass"] - 1) < 1e-9 for r in rows if r["mode"] == "one-pass")
+# every row's cold first call (a fresh context + workspace + one step), its own number
+assert all(r["first_call_ms"] > 0 and r["first_call_ms"] != r["ms"] for r in rows), rows
 PY
 then
     ok "bench --mode policy"

@@ -11,7 +11,9 @@
  * products, the general path's fused sm_90a epilogues on and off (SPH_CUDA_FLAG_NO_FUSED), the
  * kernel's two schedules (ping-pong and cooperative, SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE,
  * bitwise equal), both gradient sweep orders (SPH_CUDA_FLAG_NO_COLOUTER) and the
- * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD). Contexts take the SPH_CUDA_*
+ * dense-backward ablation (SPH_CUDA_FLAG_DENSE_BACKWARD), issue 23's kernel versions (each
+ * forced on: E_TWO_CHUNKS, DH_SPLITK, E2D_OVERLAP, DW32_BETA0; test_issue23). Contexts take the
+ * SPH_CUDA_*
  * variables of the environment first (sph_ctx_opts_apply_env: the device scripts rerun the
  * suite under them), then each test's own switches,
  * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
@@ -35,6 +37,12 @@ int main(void) {
 #include "head/host.h"
 
 static sph_rng g_rng;
+/* issue 23's E2D_OVERLAP: rows per block forced into run_cfg's contexts (0: the rule), and
+ * the chunks they pipelined (read back before each context is destroyed) */
+static int64_t g_e2d_rows;
+static int g_e2d_pipelined;
+/* DW32_BETA0: the passes that skipped the fp32 dW accumulator's memset */
+static int g_dw32_saved;
 
 #include "cuda_case.h"
 
@@ -75,6 +83,7 @@ static int run_cfg(const gcfg *f) {
     void *dh_start = hc_dup(c.dh, dhn * hc_esize(c.gdt));
 
     sph_ctx_t g = gpu_ctx(f->chunk_bytes, f->bi, NULL);
+    ((sph_cuda_state *)g->cuda)->e2d_rows = g_e2d_rows;
     const double ftol = rows_tol(f->dt);
     int ok = 1;
     refout r;
@@ -148,6 +157,8 @@ static int run_cfg(const gcfg *f) {
     ref_free(&r);
     free(dh0), free(dw0), free(dh_start), free(act), free(ind), free(adh), free(adw), free(zdh),
         free(zdw);
+    g_e2d_pipelined += ((sph_cuda_state *)g->cuda)->e2d_blocks_run;
+    g_dw32_saved += ((sph_cuda_state *)g->cuda)->dw32_memsets_saved;
     sph_ctx_destroy(g);
     hc_free(&c);
     return ok;
@@ -905,6 +916,233 @@ static void test_pingpong(void **state) {
     assert_true(ok);
 }
 
+/* Issue 23's kernel versions, each forced on, against the float64 reference (and the check
+ * that the version's path was taken):
+ * - E_TWO_CHUNKS: staged E whose whole-shard rows miss the budget by a little: two chunks,
+ *   the second accumulating into the half-precision dW (no fp32 dW accumulator: the one-pass
+ *   workspace shrinks); plain rows and gathered spans, bf16 and f16, accumulate.
+ * - DH_SPLITK: short chunks (300 rows) over a 20001-column shard, one split: dH cut into 8
+ *   vocabulary pieces (plus the 33 remainder columns) and summed; one-pass (staged E), general
+ *   (vocabulary-outer sweep), fused and unfused, accumulate, f16 / bf16 / fp32 dH (the
+ *   workspace grows by the partials).
+ * - E2D_OVERLAP: staged E made block by block on the side stream under the dH GEMMs (blocks
+ *   forced small); gathered spans, accumulate, temperature, fp32 gradients.
+ * - E2D_OVERLAP and DH_SPLITK under CUDA graph capture (captured_equal). */
+static size_t onepass_ws(int64_t N, int64_t H, int64_t V, int64_t chunk_bytes, int acc) {
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
+    c.gdt = SPH_BF16;
+    hc_wire(&c, HC_LP | HC_G | HC_DH | HC_DW); /* forward with the gradients: one-pass */
+    c.a.accumulate_dhidden = c.a.accumulate_dweight = acc;
+    sph_ctx_t g = gpu_ctx(chunk_bytes, 0, NULL);
+    mirror m;
+    mirror_make(g, &c.a, &m);
+    size_t bytes = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &m.a, &bytes));
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    hc_free(&c);
+    return bytes;
+}
+
+/* A pass under a switch captured into a CUDA graph (first, so the switch's lazily made state,
+ * E2D_OVERLAP's side stream and events, is made during the capture), replayed twice, then run
+ * directly: logprob, dhidden, dweight bitwise equal. one_pass: the forward with the
+ * gradients; else forward + backward. */
+static int captured_equal(uint32_t flag, int64_t N, int64_t H, int64_t V, int one_pass,
+                          int64_t e2d_rows) {
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    cuda_switch(flag, 1);
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, SPH_BF16);
+    c.gdt = SPH_BF16;
+    hc_wire(&c, HC_LP | HC_ENT | HC_G | HC_E | HC_DH | HC_DW);
+    hc_poison(&c);
+    sph_ctx_t g = gpu_ctx(0, 0, st);
+    ((sph_cuda_state *)g->cuda)->e2d_rows = e2d_rows;
+    mirror m;
+    mirror_make(g, &c.a, &m);
+    sph_head_args fa = m.a;
+    if (!one_pass) fa.dhidden = fa.dweight = NULL;
+    size_t bf = 0, bb = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &fa, &bf));
+    if (!one_pass) expect_ok(sph_head_workspace_size(g, SPH_HEAD_BACKWARD, &m.a, &bb));
+    size_t bytes = bf > bb ? bf : bb;
+    void *ws = NULL;
+    expect_ok(sph_ctx_malloc(g, bytes, &ws));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    sph_status s = sph_head_forward(g, &fa, ws, bytes);
+    if (s == SPH_OK && !one_pass) s = sph_head_backward(g, &m.a, ws, bytes);
+    cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    if (s != SPH_OK) print_error("capture (flag 0x%x): %s\n", flag, sph_last_error());
+    assert_int_equal(s, SPH_OK);
+    assert_int_equal(ce, cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int k = 0; k < 2; k++) assert_int_equal(cudaGraphLaunch(exec, st), cudaSuccess);
+    expect_ok(sph_ctx_synchronize(g));
+    mirror_back(g, &m);
+    const size_t nl = (size_t)N * 4, nh = (size_t)(N * H) * 2, nw = (size_t)(V * H) * 2;
+    void *lp = hc_dup(c.lp, nl), *dh = hc_dup(c.dh, nh), *dw = hc_dup(c.dw, nw);
+    const int pipelined = ((sph_cuda_state *)g->cuda)->e2d_blocks_run;
+    /* the direct run after poisoning the outputs */
+    expect_ok(sph_ctx_memset(g, m.dev[5], 0xff, m.bytes[5]));
+    expect_ok(sph_ctx_memset(g, m.dev[14], 0xff, m.bytes[14]));
+    expect_ok(sph_ctx_memset(g, m.dev[15], 0xff, m.bytes[15]));
+    expect_ok(sph_head_forward(g, &fa, ws, bytes));
+    if (!one_pass) expect_ok(sph_head_backward(g, &m.a, ws, bytes));
+    expect_ok(sph_ctx_synchronize(g));
+    mirror_back(g, &m);
+    int ok = !memcmp(lp, c.lp, nl) && !memcmp(dh, c.dh, nh) && !memcmp(dw, c.dw, nw);
+    if (!ok) print_error("captured_equal(flag 0x%x, %lld x %lld x %lld, one_pass %d): the graph's "
+                         "outputs differ from the direct run's\n", flag, (long long)N,
+                         (long long)H, (long long)V, one_pass);
+    if (flag == SPH_CUDA_FLAG_E2D_OVERLAP && pipelined < 1) {
+        print_error("captured_equal: E2D_OVERLAP did not pipeline the captured pass\n");
+        ok = 0;
+    }
+    free(lp), free(dh), free(dw);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    sph_ctx_free(g, ws);
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    cudaStreamDestroy(st);
+    hc_free(&c);
+    cuda_switch(flag, -1);
+    return ok;
+}
+
+static void test_issue23(void **state) {
+    (void)state;
+    if (!device_is_sm90()) {
+        test_skip("device 0 is not sm_90: the staged-E paths of issue 23 were not exercised");
+    }
+    /* Sizes: each case's float64 references (ref_run + the independent backward) cost ~5
+     * N H V multiply-adds on the host, the whole test ~1.5e9 x 5 (run 25a's 2001 x 72 x 5000
+     * and 300 x 136 x 20001 cases made ~1e10 x 5 and ran past 100 s). A failing group ends
+     * the test at once (goto out), so a failure never runs into the step's limit. */
+    int ok = 1;
+    const uint32_t all = SPH_CUDA_FLAG_E_TWO_CHUNKS | SPH_CUDA_FLAG_DH_SPLITK |
+                         SPH_CUDA_FLAG_E2D_OVERLAP | SPH_CUDA_FLAG_DW32_BETA0 |
+                         SPH_CUDA_FLAG_NO_FUSED | SPH_CUDA_FLAG_NO_GATHER;
+    /* E_TWO_CHUNKS: N 1300 x V 2400 (x H 72): the whole shard's E and records 6.6 MB beside
+     * cuBLAS's 32 MiB, half of it 3.3 MB; in a 39 MB budget the default takes 2 chunks of 650
+     * rows behind a 0.7 MB fp32 dW accumulator, the switch the same chunks without it (the
+     * premises: tests/unit/test_cuda_layout.c test_issue23). Accumulating into dW declines
+     * it (the same workspace as the default), and is still checked. */
+    const int64_t b39 = 39000000;
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 0);
+    const size_t e_off = onepass_ws(1300, 72, 2400, b39, 0);
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 1);
+    const size_t e_on = onepass_ws(1300, 72, 2400, b39, 0);
+    const size_t e_acc = onepass_ws(1300, 72, 2400, b39, 1);
+    if (!(e_on != e_off && (int64_t)e_on <= b39)) { /* the switch changes nothing else */
+        print_error("test_issue23: E_TWO_CHUNKS one-pass workspace %zu vs %zu without: the "
+                    "two-chunk layout was not taken\n", e_on, e_off);
+        ok = 0;
+    }
+    if (e_acc != e_off) {
+        print_error("test_issue23: E_TWO_CHUNKS with accumulate: workspace %zu, expected the "
+                    "default's %zu (declined)\n", e_acc, e_off);
+        ok = 0;
+    }
+    {
+        gcfg f = base(SPH_BF16, 1300, 72, 2400);
+        f.one_pass = 1, f.gdt = SPH_BF16, f.chunk_bytes = b39;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.entropy = 0; /* declined: the fp32 accumulator */
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 1300, 72, 2400); /* gathered spans */
+        f.one_pass = 1, f.gdt = SPH_F16, f.chunk_bytes = b39, f.mask_frac = 0.9, f.use_spans = 1;
+        ok &= run_cfg(&f);
+    }
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, -1);
+    if (!ok) goto out;
+    /* DW32_BETA0: the fp32 dW accumulator written by the first chunk (no memset), workspaces
+     * poisoned with NaN so a skipped zeroing cannot pass: one-pass staged E in 2 chunks (the
+     * shape above, default layout), accumulate; the general path's row-outer sweep over
+     * several spans without gathering (a chunk per span) */
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, 0);
+    cuda_switch(SPH_CUDA_FLAG_DW32_BETA0, 1);
+    g_poison_ws = 1, g_dw32_saved = 0;
+    {
+        gcfg f = base(SPH_BF16, 1300, 72, 2400);
+        f.one_pass = 1, f.gdt = SPH_BF16, f.chunk_bytes = b39, f.acc = 1;
+        ok &= run_cfg(&f);
+        cuda_switch(SPH_CUDA_FLAG_NO_GATHER, 1);
+        f = base(SPH_BF16, 700, 72, 2400); /* general: forward, then the backward */
+        f.gdt = SPH_BF16, f.mask_frac = 0.5, f.use_spans = 1;
+        ok &= run_cfg(&f);
+        cuda_switch(SPH_CUDA_FLAG_NO_GATHER, -1);
+    }
+    g_poison_ws = 0;
+    if (g_dw32_saved < 2) {
+        print_error("test_issue23: DW32_BETA0 skipped %d memsets, expected 2: the path was "
+                    "not taken\n", g_dw32_saved);
+        ok = 0;
+    }
+    cuda_switch(SPH_CUDA_FLAG_DW32_BETA0, -1);
+    cuda_switch(SPH_CUDA_FLAG_E_TWO_CHUNKS, -1);
+    if (!ok) goto out;
+    /* DH_SPLITK: 200 rows x 6200 columns (x H 72): 3 pieces of 2064 + 8 remainder columns */
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 0);
+    const size_t bw_off = ws_bytes_of(SPH_HEAD_BACKWARD, 200, 72, 6200, 0);
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, 1);
+    const size_t bw_on = ws_bytes_of(SPH_HEAD_BACKWARD, 200, 72, 6200, 0);
+    if (!(bw_on >= bw_off + (size_t)3 * 200 * 72 * 4)) {
+        print_error("test_issue23: DH_SPLITK backward workspace %zu vs %zu without: the split "
+                    "dH was not taken\n", bw_on, bw_off);
+        ok = 0;
+    }
+    for (int m = 0; m < 2; m++) {
+        cuda_switch(SPH_CUDA_FLAG_NO_FUSED, m == 1);
+        gcfg f = base(SPH_BF16, 200, 72, 6200); /* general, fp32 dH */
+        ok &= run_cfg(&f);
+        f.gdt = SPH_BF16, f.acc = 1, f.mask_frac = 0.5, f.use_spans = 1;
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 200, 72, 6200); /* one-pass (staged E when fused) */
+        f.one_pass = 1, f.gdt = SPH_F16;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.temp = 0.7;
+        ok &= run_cfg(&f);
+    }
+    cuda_switch(SPH_CUDA_FLAG_NO_FUSED, -1);
+    cuda_switch(SPH_CUDA_FLAG_DH_SPLITK, -1);
+    if (!ok) goto out;
+    /* E2D_OVERLAP: blocks of 136 rows (8 blocks of the 1000-row chunk, a short last one) */
+    cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, 1);
+    g_e2d_rows = 136, g_e2d_pipelined = 0;
+    {
+        gcfg f = base(SPH_BF16, 1000, 72, 2001);
+        f.one_pass = 1, f.gdt = SPH_BF16;
+        ok &= run_cfg(&f);
+        f.acc = 1, f.mask_frac = 0.7, f.use_spans = 1; /* gathered: fp32 dH rows, scattered */
+        ok &= run_cfg(&f);
+        f = base(SPH_F16, 1000, 72, 2001); /* (a softcap with dlogit_mean declines staged E) */
+        f.one_pass = 1, f.gdt = SPH_F32, f.temp = 0.8;
+        ok &= run_cfg(&f);
+    }
+    if (g_e2d_pipelined < 3) {
+        print_error("test_issue23: E2D_OVERLAP pipelined %d chunks, expected >= 3: the "
+                    "overlapped path was not taken\n", g_e2d_pipelined);
+        ok = 0;
+    }
+    g_e2d_rows = 0;
+    cuda_switch(SPH_CUDA_FLAG_E2D_OVERLAP, -1);
+    if (!ok) goto out;
+    /* under graph capture: the side stream forks and joins inside the graph; split dH */
+    ok &= captured_equal(SPH_CUDA_FLAG_E2D_OVERLAP, 1000, 72, 2001, 1, 136);
+    ok &= captured_equal(SPH_CUDA_FLAG_DH_SPLITK, 200, 72, 6200, 1, 0);
+    ok &= captured_equal(SPH_CUDA_FLAG_DH_SPLITK, 200, 72, 6200, 0, 0);
+out:
+    cuda_switch(all, -1);
+    g_e2d_rows = 0, g_poison_ws = 0;
+    assert_true(ok);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -917,7 +1155,7 @@ int main(void) {
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
         cmocka_unit_test(test_fused),         cmocka_unit_test(test_sweep),
-        cmocka_unit_test(test_pingpong),
+        cmocka_unit_test(test_pingpong),      cmocka_unit_test(test_issue23),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_huge),
     };

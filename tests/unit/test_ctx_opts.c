@@ -13,7 +13,9 @@
 
 static const char *g_vars[] = {"SPH_CUDA_GATHER",    "SPH_CUDA_SQUARE",   "SPH_CUDA_FUSED",
                                "SPH_CUDA_COLOUTER",  "SPH_CUDA_SM90",     "SPH_CUDA_BWD_DENSE",
-                               "SPH_CUDA_PINGPONG",  "SPH_CUDA_STORE16",  "SPH_CUDA_ONEPASS"};
+                               "SPH_CUDA_PINGPONG",  "SPH_CUDA_STORE16",  "SPH_CUDA_ONEPASS",
+                               "SPH_CUDA_E2CHUNK",   "SPH_CUDA_DHSPLITK", "SPH_CUDA_E2DOVL",
+                               "SPH_CUDA_DW32BZ"};
 #define N_VARS (sizeof g_vars / sizeof g_vars[0])
 
 static void clear_env(void) {
@@ -85,6 +87,12 @@ static void test_apply_env(void **state) {
         {"SPH_CUDA_ONEPASS", "f32", SPH_CUDA_FLAG_ONEPASS_F32},
         {"SPH_CUDA_ONEPASS", "recompute", SPH_CUDA_FLAG_ONEPASS_RECOMPUTE},
         {"SPH_CUDA_ONEPASS", "auto", 0},
+        {"SPH_CUDA_E2CHUNK", "1", SPH_CUDA_FLAG_E_TWO_CHUNKS},
+        {"SPH_CUDA_DHSPLITK", "1", SPH_CUDA_FLAG_DH_SPLITK},
+        {"SPH_CUDA_E2DOVL", "1", SPH_CUDA_FLAG_E2D_OVERLAP},
+        {"SPH_CUDA_E2DOVL", "0", 0},
+        {"SPH_CUDA_DW32BZ", "1", SPH_CUDA_FLAG_DW32_BETA0},
+        {"SPH_CUDA_DW32BZ", "0", 0},
         {"SPH_CUDA_FUSED", "1", 0},
         {"SPH_CUDA_BWD_DENSE", "0", 0},
         {"SPH_CUDA_GATHER", "", 0},

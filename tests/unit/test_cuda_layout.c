@@ -36,6 +36,11 @@ int main(void) {
 
 static sph_cuda_state g_state;
 static sph_rng g_rng;
+/* issue 23's switches for the next layouts (E_TWO_CHUNKS, DH_SPLITK): fake_ctx sets them */
+static int g_e2, g_dhk, g_nogather;
+static int64_t g_chunk_rows; /* the context's chunk_rows (0: automatic) */
+static int g_acc_dw;         /* the plans accumulate into dW */
+static sph_dtype g_dw_dt;    /* dW's dtype when set (bits != 0), else the case's gdt */
 
 /* A CUDA context in name only: the layout reads the budget, the modes and the backend state. */
 static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
@@ -43,8 +48,12 @@ static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
     memset(&c, 0, sizeof c);
     memset(&g_state, 0, sizeof g_state);
     g_state.assume_sm90 = assume_sm90;
+    g_state.e_two_chunks = g_e2;
+    g_state.dh_splitk = g_dhk;
+    g_state.no_gather = g_nogather;
     c.device.type = SPH_DEVICE_CUDA;
     c.chunk_bytes = chunk_bytes;
+    c.chunk_rows = g_chunk_rows;
     c.opts.chunk_bytes = chunk_bytes; /* 0: the defaults, as sph_ctx_create leaves them */
     c.cuda = &g_state;
     return c;
@@ -77,7 +86,8 @@ static sph_head_plan make_plan(const lcase *k) {
     } else {
         p.dlogprob = FAKE(6);
         p.dhidden = FAKE(7), p.ld_dh = k->H, p.dh_dtype = k->gdt;
-        p.dweight = FAKE(8), p.ld_dw = k->H, p.dw_dtype = k->gdt;
+        p.dweight = FAKE(8), p.ld_dw = k->H, p.dw_dtype = g_dw_dt.bits ? g_dw_dt : k->gdt;
+        p.acc_dw = g_acc_dw;
         p.one_pass = k->pass == 2;
         if (p.one_pass) p.logprob = FAKE(5);
     }
@@ -236,6 +246,7 @@ static void test_random_plans(void **state) {
         const int64_t chunk_bytes = budgets[rnd_in(0, 3)];
         int64_t cb = chunk_bytes > 0 ? chunk_bytes : (int64_t)1 << 30;
         const int fused = (int)rnd_in(0, 1);
+        g_e2 = (int)rnd_in(0, 1), g_dhk = (int)rnd_in(0, 1);
         sph_cuda_layout lay;
         if (!layout_of(&k, chunk_bytes, fused, &lay)) {
             ok = 0;
@@ -271,6 +282,17 @@ static void test_random_plans(void **state) {
                    lay.ldL % 8 || lay.budget != (chunk_bytes > 0 ? chunk_bytes
                                                                  : SPH_ONEPASS_DEFAULT_BYTES);
         if (k.pass == 2 && lay.fused) bad |= !lay.onepass_e && lay.onepass_chunks;
+        /* issue 23: two chunks in place of the fp32 dW accumulator only under its switch, on
+         * the staged-E path, for a half dW, with exactly two chunks; dH split-K only under its
+         * switch, with one vocabulary split, its partials inside the workspace and budget */
+        if (lay.dw_inplace)
+            bad |= !g_e2 || !lay.onepass_e || lay.n_chunks != 2 || lay.dw32 ||
+                   k.gdt.bits != 16 || (int64_t)lay.total > lay.budget;
+        if (lay.dhk)
+            bad |= !g_dhk || lay.dhk < 2 || lay.dhk > 8 || !grads ||
+                   lay.bi || lay.Vs / lay.dhk < 2048 ||
+                   lay.off_dhk + (size_t)lay.dhk * lay.R * k.H * 4 > lay.total ||
+                   (int64_t)lay.total > lay.budget;
         if (half && k.H % 8 == 0 && fused && !(k.pass == 2 && lay.onepass_chunks))
             bad |= !lay.fused;
         if (bad) {
@@ -283,7 +305,169 @@ static void test_random_plans(void **state) {
         }
     }
     test_free(spans);
+    g_e2 = g_dhk = 0;
     assert_true(ok);
+}
+
+/* Issue 23's layouts. E_TWO_CHUNKS (v13): E 16K one-pass misses one whole-shard chunk of
+ * staged E in the 4 GiB default by ~2 %, so by default it takes 3 chunks behind the 2.1 GB
+ * fp32 dW accumulator; with the switch it takes 2 chunks of 8192 rows and no accumulator,
+ * within the budget (half the workspace); D 16K likewise; A and B 16K (one chunk already) and
+ * a no-gather multi-span plan keep their layout. DH_SPLITK (v14): the split count of the dH
+ * GEMM, and its partials in the layout at 1K rows only. */
+static void test_issue23(void **state) {
+    (void)state;
+    const int64_t B4 = SPH_ONEPASS_DEFAULT_BYTES;
+    static const struct { int64_t H, V; int chunks_default; } sh[4] = {
+        {4096, 128256, 3}, {2048, 151936, 2}, {2048, 62080, 1}, {4096, 37984, 1}};
+    for (int si = 0; si < 4; si++) {
+        lcase k = {16384, sh[si].H, sh[si].V, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        sph_cuda_layout d, e;
+        g_e2 = 0;
+        assert_true(layout_of(&k, 0, 1, &d));
+        g_e2 = 1;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0;
+        assert_true(d.onepass_e && e.onepass_e);
+        assert_int_equal(d.n_chunks, sh[si].chunks_default);
+        assert_int_equal(d.dw32, d.n_chunks > 1);
+        assert_false(d.dw_inplace);
+        if (sh[si].chunks_default > 1) {
+            assert_int_equal(e.n_chunks, 2);
+            assert_int_equal(e.R, 8192);
+            assert_true(e.dw_inplace && !e.dw32);
+            assert_true((int64_t)e.total <= B4);
+            assert_true(e.total < d.total); /* no 1.2-2.1 GB accumulator */
+        } else {
+            assert_memory_equal(&d, &e, sizeof d); /* the switch changes nothing */
+        }
+    }
+    {   /* several spans without gathering: chunks per span, not exactly two: declined */
+        int64_t spans[4] = {0, 8192, 8192 + 16, 16384};
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_BF16, spans, 2, 2};
+        sph_cuda_layout e;
+        g_e2 = 1, g_nogather = 1;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0, g_nogather = 0;
+        assert_false(e.dw_inplace);
+        assert_int_equal(e.dw32, e.n_chunks > 1);
+    }
+    {   /* a user cap on the chunk rows (more than two chunks): declined */
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        sph_cuda_layout e;
+        g_e2 = 1, g_chunk_rows = 4000;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0, g_chunk_rows = 0;
+        assert_false(e.dw_inplace);
+        assert_true(e.n_chunks > 2 && e.dw32);
+    }
+    {   /* an fp32 dW has no accumulator to save: declined */
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_F32, NULL, 0, 2};
+        sph_cuda_layout e;
+        g_e2 = 1;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0;
+        assert_false(e.dw_inplace);
+    }
+    {   /* accumulating into dW (run 25a: the second rounding at old dW + the first chunk's
+         * partial, 4.9e-2 at ~2 in bf16), or a dW coarser than the inputs: declined, the
+         * layout of the default */
+        lcase k = {16384, 4096, 128256, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        for (int w = 0; w < 2; w++) {
+            sph_cuda_layout d, e;
+            if (w == 0) g_acc_dw = 1;
+            else k.dt = SPH_F16; /* f16 inputs, bf16 dW: u_bf16 > u_D = u_f16 */
+            assert_true(layout_of(&k, 0, 1, &d));
+            g_e2 = 1;
+            assert_true(layout_of(&k, 0, 1, &e));
+            g_e2 = 0, g_acc_dw = 0;
+            assert_false(e.dw_inplace);
+            assert_true(e.dw32 && e.n_chunks == 3);
+            assert_memory_equal(&d, &e, sizeof d);
+        }
+        g_dw_dt = SPH_F16; /* f16 inputs, f16 dW: taken */
+        k.dt = SPH_F16;
+        sph_cuda_layout e;
+        g_e2 = 1;
+        assert_true(layout_of(&k, 0, 1, &e));
+        g_e2 = 0, g_dw_dt.bits = 0;
+        assert_true(e.dw_inplace && !e.dw32 && e.n_chunks == 2);
+    }
+    {   /* the halves must still stage E (>= SPH_ONEPASS_STAGED_ROWS rows): 1000 rows whose
+         * whole shard misses but 500 fit: declined, not the recomputing sweep */
+        lcase k = {1000, 72, 2400, SPH_BF16, SPH_BF16, NULL, 0, 2};
+        sph_cuda_layout d, e;
+        const int64_t b = 33554432 + 20224 + 691200 + 600 * 5064; /* 600 staged rows */
+        assert_true(layout_of(&k, b, 1, &d));
+        g_e2 = 1;
+        assert_true(layout_of(&k, b, 1, &e));
+        g_e2 = 0;
+        assert_true(d.onepass_e && e.onepass_e && !e.dw_inplace);
+        assert_memory_equal(&d, &e, sizeof d);
+    }
+    {   /* the premises of tests/gpu/test_head_cuda.c test_issue23: 1300 x 72 x 2400 in 39 MB
+         * takes the two-chunk layout (plain rows and 0.9 of them in 26 spans, gathered), and
+         * the default 2 chunks behind the fp32 dW accumulator (DW32_BETA0's case) */
+        int64_t spans[52];
+        for (int q = 0; q < 26; q++) spans[2 * q] = 50 * q + 2, spans[2 * q + 1] = 50 * q + 47;
+        for (int sp = 0; sp < 2; sp++) {
+            lcase k = {1300, 72, 2400, SPH_BF16, SPH_BF16, sp ? spans : NULL, sp ? 26 : 0, 2};
+            sph_cuda_layout d, e;
+            assert_true(layout_of(&k, 39000000, 1, &d));
+            g_e2 = 1;
+            assert_true(layout_of(&k, 39000000, 1, &e));
+            g_e2 = 0;
+            assert_true(d.onepass_e && e.onepass_e && e.dw_inplace && !e.dw32 && d.dw32);
+            assert_int_equal(e.n_chunks, 2);
+            assert_int_equal(d.n_chunks, 2);
+            assert_int_equal(e.gather, sp);
+            assert_true(e.total != d.total && (int64_t)e.total <= 39000000);
+        }
+        /* and 200 x 72 x 6200 takes 3 dH pieces, general and one-pass */
+        for (int pass = 1; pass <= 2; pass++) {
+            lcase k = {200, 72, 6200, SPH_BF16, SPH_BF16, NULL, 0, pass};
+            sph_cuda_layout s;
+            g_dhk = 1;
+            assert_true(layout_of(&k, 0, 1, &s));
+            g_dhk = 0;
+            assert_int_equal(s.dhk, 3);
+            assert_int_equal(s.n_splits, 1);
+        }
+    }
+    /* the split count: 128 x 256 tiles against 2 waves of 132 SMs, <= 8, >= 2048 columns */
+    assert_int_equal(sph_cuda_dh_splits(1024, 4096, 128256, 132), 3); /* 128 tiles */
+    assert_int_equal(sph_cuda_dh_splits(1024, 2048, 62080, 132), 5);  /* 64 tiles */
+    assert_int_equal(sph_cuda_dh_splits(1024, 2048, 62080, 0), 5);    /* 0: an H200's 132 */
+    assert_int_equal(sph_cuda_dh_splits(256, 2048, 151936, 132), 8);  /* capped */
+    assert_int_equal(sph_cuda_dh_splits(1024, 2048, 6000, 132), 2);   /* >= 2048 columns */
+    assert_int_equal(sph_cuda_dh_splits(1024, 2048, 4000, 132), 1);
+    assert_int_equal(sph_cuda_dh_splits(4096, 4096, 128256, 132), 1); /* 512 tiles: full */
+    assert_int_equal(sph_cuda_dh_splits(2048, 2048, 62080, 132), 3);  /* 128 tiles < 132 */
+    assert_int_equal(sph_cuda_dh_splits(0, 2048, 62080, 132), 1);
+    for (int pass = 1; pass <= 2; pass++) {
+        const int64_t Ns[2] = {1024, 16384};
+        for (int ni = 0; ni < 2; ni++) {
+            lcase k = {Ns[ni], 4096, 128256, SPH_BF16, SPH_BF16, NULL, 0, pass};
+            sph_cuda_layout d, s;
+            assert_true(layout_of(&k, 0, 1, &d));
+            g_dhk = 1;
+            assert_true(layout_of(&k, 0, 1, &s));
+            g_dhk = 0;
+            assert_int_equal(d.dhk, 0);
+            if (ni == 0) {
+                /* (the general backward at 1K takes 3 splits of ~54K columns: still 3) */
+                assert_int_equal(s.dhk, 3);
+                /* the partials appended after the layout without the switch */
+                assert_true(s.off_dhk == d.total);
+                assert_true(s.total == s.off_dhk + ((size_t)3 * s.R * 4096 * 4 + SPH_WS_ALIGN -
+                                                    1) / SPH_WS_ALIGN * SPH_WS_ALIGN);
+                assert_true((int64_t)s.total <= s.budget);
+            } else {
+                assert_int_equal(s.dhk, 0);
+                assert_memory_equal(&d, &s, sizeof d);
+            }
+        }
+    }
 }
 
 int main(void) {
@@ -291,6 +475,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_issue6_grid),
         cmocka_unit_test(test_random_plans),
+        cmocka_unit_test(test_issue23),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
