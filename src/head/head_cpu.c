@@ -11,7 +11,7 @@
  *
  * Forward (per chunk): every thread owns whole vocab tiles of width vt; it forms the tile
  *   L = Hc W_tile^T (sgemm; a bf16/f16 weight tile is converted once per tile per chunk),
- *   scales it to z and reduces each row to a partial record (m, s, b, zt, sz) of that tile.
+ *   reduces each row to a partial record (m, s, d, zt, sz) of that tile (cpu_kernels.h).
  *   Records merge per row in tile order (deterministic, independent of the thread count),
  *   then across the TP group in rank order (combine.c, one allgather per forward).
  * Backward (per chunk): D (R, V_loc) is the chunk buffer. Per tile: recompute L into D's
@@ -46,8 +46,11 @@
 #define R_DEFAULT 512
 #define COL_BLOCK 64
 
+/* A row's gradient coefficients. The shift: y = (x - xs) ys = z - m with xs the row max in
+ * units of the tile values x (row_shift), ls = log S, dm = mu - m; p = e^(y - ls),
+ * mu - z = dm - y. */
 typedef struct coef {
-    float lse, A, e, mu, C, g; /* A = gl - g */
+    float xs, ys, ls, A, e, dm, C, g; /* A = gl - g */
     int64_t t; /* target as a local column, or -1 when ignored / in another shard */
 } coef;
 
@@ -208,19 +211,25 @@ static float cap_factor(const run *r, float z) {
     return 1.0f - th * th;
 }
 
-/* z in x (transform already applied) -> du in place, without the target term. */
+/* What turns a tile value x into z: 1 / T for the raw products u, 1 for softcapped z. */
+static float x_scale(const run *r) { return r->cap <= 0 ? r->inv_t : 1.0f; }
+
+/* x (u, or z when softcapped) -> du in place, without the target term. */
 static void grad_row(const run *r, float *x, int64_t n, const coef *c) {
     if (r->cap <= 0) {
-        r->k.tile_grad(x, n, c->lse, c->A, c->e, c->mu, c->C, r->inv_t);
+        r->k.tile_grad(x, n, c->xs, c->ys, c->ls, c->A, c->e, c->dm, c->C, r->inv_t);
         return;
     }
     for (int64_t j = 0; j < n; j++) {
-        float z = x[j], p = expf(z - c->lse);
-        x[j] = (p * (c->A + c->e * (c->mu - z)) + c->C) * r->inv_t * cap_factor(r, z);
+        float z = x[j], y = (z - c->xs) * c->ys, p = expf(y - c->ls);
+        x[j] = (p * (c->A + c->e * (c->dm - y)) + c->C) * r->inv_t * cap_factor(r, z);
     }
 }
 
-/* Row stats of a tile row: transform in place, then (m, s, b, sz). */
+/* Row stats of a tile row: (xm, s, d, sz) with xm the row max of the tile values x (tile_z
+ * turns it into z). Without softcap x stays the raw product u: z - m = (u - u_max) / T is
+ * formed before the scaling, never as a difference of two rounded z of the logits'
+ * magnitude (a low temperature). Softcapped, x becomes z in place (bounded by c / T). */
 static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
     if (r->cap <= 0) {
         r->k.tile_stats(x, n, r->inv_t, out);
@@ -230,15 +239,23 @@ static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
     sph_head_tile_stats_generic(x, n, 1.0f, out);
 }
 
+/* z in float64 of a tile value x (the max, the target): the product of two floats, exact in
+ * float64. */
+static double tile_z(const run *r, float v) {
+    return r->cap <= 0 ? (double)v * (double)r->inv_t : (double)v;
+}
+
 /* Final per-row outputs from a combined record (same rules as the reference). */
 static void finalize_row(const run *r, int64_t i, const double *rec, int active) {
     const sph_head_plan *p = r->p;
     double lp = 0, ent = 0, lse = 0, lm = 0, m = 0, mu = 0;
     if (active && !(rec[0] == -INFINITY && rec[1] == 0)) {
-        lse = rec[0] + log(rec[1]);
-        mu = rec[2] / rec[1];
-        lp = target_of(p, i) >= 0 ? rec[3] - lse : 0;
-        ent = lse - mu;
+        /* shifted record (combine.c): no lse - mu cancellation at any logit magnitude */
+        const double ls = log(rec[1]), dm = rec[2] / rec[1];
+        lse = rec[0] + ls;
+        mu = rec[0] + dm;
+        lp = target_of(p, i) >= 0 ? (rec[3] - rec[0]) - ls : 0;
+        ent = ls - dm;
         lm = p->K ? 0 : rec[4] / (double)p->V;
         m = rec[0];
     }
@@ -261,7 +278,7 @@ static int64_t nonfinite_rows(const double *rec, const int64_t *rows, int64_t n,
     for (int64_t q = 0; q < n; q++) {
         const double *o = rec + (by_row ? rows[q] : q) * SPH_PARTIAL_FIELDS;
         if (o[0] == -INFINITY && o[1] == 0) continue;
-        const double lse = o[0] + log(o[1]), mu = o[2] / o[1];
+        const double lse = o[0] + log(o[1]), mu = o[0] + o[2] / o[1];
         if (isfinite(o[0]) && isfinite(lse) && isfinite(mu)) continue;
         if (!bad || rows[q] < *first) *first = rows[q];
         bad++;
@@ -269,15 +286,14 @@ static int64_t nonfinite_rows(const double *rec, const int64_t *rows, int64_t n,
     return bad;
 }
 
-static void make_coef(const run *r, int64_t i, float lse, float mu, coef *c) {
+static void make_coef(const run *r, int64_t i, const float sh[4], coef *c) {
     const sph_head_plan *p = r->p;
     int64_t t = target_of(p, i);
     float g = t >= 0 && p->dlogprob ? p->dlogprob[i] : 0.0f;
     float e = p->dentropy ? p->dentropy[i] : 0.0f, gl = p->dlse ? p->dlse[i] : 0.0f;
     float gm = p->K == 0 && p->dlogit_mean ? p->dlogit_mean[i] : 0.0f;
-    c->lse = lse;
+    c->xs = sh[0], c->ys = sh[1], c->ls = sh[2], c->dm = sh[3];
     c->A = gl - g;
-    c->mu = mu;
     c->e = e;
     c->C = (float)(gm / (double)p->V);
     c->g = g;
@@ -410,9 +426,9 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                         1.0f, hc, (int)p->H, wt, (int)ldw, 0.0f, lt, (int)ldl);
             for (int64_t q = 0; q < nr; q++) {
                 float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
+                const int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
                 stats_row(r, x, w, o);
-                int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
-                o[4] = t >= 0 && t < w ? x[t] : 0.0f;
+                o[4] = t >= 0 && t < w ? x[t] : 0.0f; /* a tile value, like the max (tile_z) */
             }
         }
 #pragma omp for schedule(static)
@@ -420,9 +436,10 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
             double acc[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
             for (int64_t tv = 0; tv < L->n_vt; tv++) {
                 const float *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
-                /* (m, s, b, zt, sz); b = d + m s in float64 (cpu_kernels.h) */
-                double add[SPH_PARTIAL_FIELDS] = {o[0], o[1], (double)o[2] + (double)o[0] * o[1],
-                                                 o[4], o[3]};
+                /* (m, s, d, zt, sz): m and zt in float64 from the unscaled products (exact:
+                 * a float times a float), s and d already shifted (cpu_kernels.h) */
+                double add[SPH_PARTIAL_FIELDS] = {tile_z(r, o[0]), o[1], o[2], tile_z(r, o[4]),
+                                                 o[3]};
                 sph_head_partial_merge(acc, add);
             }
             memcpy(rec + q * SPH_PARTIAL_FIELDS, acc, sizeof acc);
@@ -453,6 +470,7 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
             }
             for (int64_t q = 0; q < nr; q++) {
                 float *x = D + q * p->V_loc + v;
+                /* recomputed from the float32 stats: to z, as the stats' m was rounded */
                 if (!have_z) {
                     if (r->cap > 0) softcap_rows(x, w, r->cap, r->inv_t);
                     else
@@ -507,27 +525,38 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
     }
 }
 
-/* lse and mu of row i: from a merged record (m, s, b, ...) when o is given (an empty record,
- * m = -inf and s = 0, gives 0 and 0), else from the saved stats. */
-static void row_lse_mu(const sph_head_plan *p, int64_t i, const double *o, float *lse,
-                       float *mu) {
+/* The shift (xs, ys, ls, dm) of row i (see coef). From a merged record (m, s, d, ...) when o
+ * is given (an empty record, m = -inf and s = 0, gives zeros): m is the exact float64
+ * product of a tile value and x_scale, so xs = m / x_scale is that tile value exactly and
+ * y = (x - xs) x_scale never subtracts two numbers of the logits' magnitude. From the saved
+ * float32 stats (m, lse, mu), the caller has scaled the tile to z (float32, rounded as m
+ * was: the max token gives y = 0 bitwise) and y = z - m; ls and dm carry the stats' own
+ * rounding (ulp(|m|), docs/design.md 2.3). */
+static void row_shift(const run *r, int64_t i, const double *o, float sh[4]) {
     if (!o) {
-        *lse = p->stats[i * 3 + 1], *mu = p->stats[i * 3 + 2];
+        const float *st = r->p->stats + i * 3;
+        sh[0] = st[0], sh[1] = 1.0f;
+        sh[2] = (float)((double)st[1] - st[0]);
+        sh[3] = (float)((double)st[2] - st[0]);
         return;
     }
-    const int empty = o[0] == -INFINITY && o[1] == 0;
-    *lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
-    *mu = empty ? 0.0f : (float)(o[2] / o[1]);
+    if (o[0] == -INFINITY && o[1] == 0) {
+        sh[0] = sh[2] = sh[3] = 0.0f, sh[1] = 1.0f;
+        return;
+    }
+    const double xsc = x_scale(r);
+    sh[0] = (float)(o[0] / xsc), sh[1] = (float)xsc;
+    sh[2] = (float)log(o[1]);
+    sh[3] = (float)(o[2] / o[1]);
 }
 
 static void chunk_coefs(const run *r, int64_t c0, int64_t nr, const double *crec) {
-    const sph_head_plan *p = r->p;
     coef *cf = at(r, r->L.o_coef);
     for (int64_t q = 0; q < nr; q++) {
         int64_t i = r->rows[c0 + q];
-        float lse, mu;
-        row_lse_mu(p, i, crec ? crec + q * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
-        make_coef(r, i, lse, mu, &cf[q]);
+        float sh[4];
+        row_shift(r, i, crec ? crec + q * SPH_PARTIAL_FIELDS : NULL, sh);
+        make_coef(r, i, sh, &cf[q]);
     }
 }
 
@@ -645,8 +674,8 @@ static void support_logits(const run *r, int64_t i, const float *h, float *wbuf,
             load_row(r, p->weight, cols[k] * p->ld_w, p->H, wbuf);
             w = wbuf;
         }
-        float u = dotf(h, w, p->H);
-        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u * r->inv_t;
+        float u = dotf(h, w, p->H); /* tile values: u, or z when softcapped (x_scale) */
+        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u;
     }
 }
 
@@ -668,7 +697,7 @@ static sph_status support_forward_rows(const run *r) {
             int64_t i = r->rows[q], t = target_of(p, i);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
             support_logits(r, i, h, wb, z, cols);
-            double m = -INFINITY, s = 0, b = 0, zt = 0;
+            double m = -INFINITY, s = 0, d = 0, zt = 0;
             int n = 0, nan = 0;
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
@@ -677,15 +706,16 @@ static sph_status support_forward_rows(const run *r) {
                     if (z[k] > m) m = z[k];
                 }
             if (nan) m = NAN;
+            const double xsc = x_scale(r); /* z = x xsc, shifted before the scaling */
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
-                    double e = exp((double)z[k] - m);
+                    double y = ((double)z[k] - m) * xsc, e = exp(y);
                     s += e;
-                    b += e * z[k];
-                    if (cols[k] + p->v0 == t) zt = z[k];
+                    d += e * y;
+                    if (cols[k] + p->v0 == t) zt = tile_z(r, z[k]);
                 }
             double *o = rec + i * SPH_PARTIAL_FIELDS;
-            if (n) o[0] = m, o[1] = s, o[2] = b, o[3] = zt;
+            if (n) o[0] = tile_z(r, (float)m), o[1] = s, o[2] = d, o[3] = zt;
         }
     }
     SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
@@ -709,10 +739,10 @@ static sph_status support_backward(const run *r, int from_rec) {
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < L->n_act; q++) {
             int64_t i = r->rows[q];
-            float lse, mu;
-            row_lse_mu(p, i, from_rec ? rec + i * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
+            float sh[4];
+            row_shift(r, i, from_rec ? rec + i * SPH_PARTIAL_FIELDS : NULL, sh);
             coef c;
-            make_coef(r, i, lse, mu, &c);
+            make_coef(r, i, sh, &c);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
             support_logits(r, i, h, wb, z, cols);
             float *d = du + q * p->K;
@@ -721,8 +751,10 @@ static sph_status support_backward(const run *r, int from_rec) {
                     d[k] = 0;
                     continue;
                 }
-                float pr = expf(z[k] - c.lse);
-                float dz = pr * (c.A + c.e * (c.mu - z[k])) + (cols[k] == c.t ? c.g : 0.0f);
+                /* from the stats: z in float32 first, as in chunk_backward */
+                float xv = !from_rec && r->cap <= 0 ? z[k] * r->inv_t : z[k];
+                float y = (xv - c.xs) * c.ys, pr = expf(y - c.ls);
+                float dz = pr * (c.A + c.e * (c.dm - y)) + (cols[k] == c.t ? c.g : 0.0f);
                 d[k] = dz * r->inv_t * cap_factor(r, z[k]);
             }
             if (p->dhidden) {

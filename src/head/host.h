@@ -14,14 +14,15 @@ extern "C" {
 #endif
 
 /* TP combine (combine.c). local[N][SPH_PARTIAL_FIELDS] holds this rank's partial records
- * (m, s, b, zt, sz) in float64; gathered is scratch of comm size * N * SPH_PARTIAL_FIELDS
- * doubles (host memory); out[N][SPH_PARTIAL_FIELDS] receives the combined (M, S, B, ZT, SZ),
+ * (m, s, d, zt, sz) in float64, d shifted by the record's max (combine.c); gathered is scratch
+ * of comm size * N * SPH_PARTIAL_FIELDS doubles (host memory); out[N][SPH_PARTIAL_FIELDS]
+ * receives the combined (M, S, D, ZT, SZ),
  * combined in rank order (deterministic). With comm NULL or of size 1, out = local (gathered
  * unused, may be NULL). local and out may alias. */
 sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
                                 double *out, int64_t N);
 /* Combines the partials of one row across shards or tiles, in the order given:
- * (m, s, b, zt, sz) += (m', s', b', zt', sz'). Exact up to rounding; handles m = -inf. */
+ * (m, s, d, zt, sz) += (m', s', d', zt', sz'). Exact up to rounding; handles m = -inf. */
 void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS], const double add[SPH_PARTIAL_FIELDS]);
 
 /* The reference's passes on a host plan (head_ref.c): no workspace, host scratch; ctx takes
