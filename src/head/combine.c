@@ -55,6 +55,34 @@ void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS],
     acc[4] += add[4];
 }
 
+sph_status sph_head_combine_sq_f64(sph_comm_t comm, const double *mq, double *gathered,
+                                   const double *rec, double *Q, int64_t N) {
+    const size_t R = (size_t)SPH_PARTIAL_FIELDS;
+    const int64_t ranks = comm && comm->size > 1 ? comm->size : 1;
+    const double *all = mq;
+    if (ranks > 1) {
+        SPH_CHECK(gathered != NULL, SPH_ERR_INTERNAL, "combine: no gather buffer");
+        const size_t bytes = (size_t)N * 2 * sizeof(double);
+        if (N > 0) {
+            sph_status s = comm->ops->allgather(comm, mq, gathered, bytes, NULL);
+            if (s != SPH_OK)
+                return sph_err_prefix(s, "head: TP combine of sum_p2 (allgather of %zu bytes): ",
+                                      bytes);
+        }
+        all = gathered;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        const double M = rec[(size_t)i * R];
+        double q = 0;
+        for (int64_t r = 0; r < ranks; r++) { /* rank order: the same bits on every rank */
+            const double *x = all + ((size_t)r * (size_t)N + (size_t)i) * 2;
+            if (x[1] != 0 || isnan(x[1])) q += x[1] * exp(2 * (x[0] - M));
+        }
+        Q[i] = q;
+    }
+    return SPH_OK;
+}
+
 sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
                                 double *out, int64_t N) {
     SPH_CHECK(N >= 0, SPH_ERR_INVALID_ARG, "combine: N = %lld, expected >= 0", (long long)N);

@@ -58,6 +58,7 @@ typedef struct layout {
     int64_t n_act, R, vt, n_vt, T, ranks;
     int half, need_D, dw_buf;
     size_t o_rows, o_rec, o_crec, o_gath, o_hc, o_dhc, o_d, o_tile, o_wt, o_part, o_coef, o_du, o_dw;
+    size_t o_part2, o_mq, o_cmq, o_q; /* sum_p2 only: tile q, (m, q) by row and by chunk row, Q */
     size_t tile_floats, wt_floats; /* per thread */
     size_t total;
 } layout;
@@ -115,6 +116,11 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     ok &= sph_mul_size(Nz > Rz ? Nz : Rz, SPH_PARTIAL_FIELDS * d8 * (size_t)L->ranks, &n);
     L->o_gath = take(&off, L->ranks > 1 ? n : 0);
     L->o_coef = take(&off, Rz * sizeof(coef));
+    /* sum_p2 (forward): (m, q) of every row and of the chunk's rows, the combined Q by row */
+    const int sp2 = pass == SPH_HEAD_FORWARD && p->sum_p2;
+    L->o_mq = take(&off, sp2 ? (Nz + 1) * 2 * d8 : 0);
+    L->o_cmq = take(&off, sp2 ? Rz * 2 * d8 : 0);
+    L->o_q = take(&off, sp2 ? (Nz > Rz ? Nz : Rz) * d8 : 0);
     if (p->K == 0) {
         ok &= sph_mul_size(Rz, H * f4, &n);
         L->o_hc = take(&off, n);
@@ -125,6 +131,8 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         L->wt_floats = L->half ? (size_t)L->vt * H : 0;
         ok &= sph_mul_size(Rz * (size_t)L->n_vt, SPH_PARTIAL_FIELDS * f4, &n);
         L->o_part = take(&off, pass == SPH_HEAD_FORWARD ? n : 0);
+        ok &= sph_mul_size(Rz, (size_t)L->n_vt * f4, &n);
+        L->o_part2 = take(&off, sp2 ? n : 0);
     } else {
         L->tile_floats = 3 * (size_t)p->K + 1; /* z of the candidates + their int64 columns */
         L->wt_floats = 2 * H;          /* converted hidden row + weight row */
@@ -263,9 +271,23 @@ static void finalize_row(const run *r, int64_t i, const double *rec, int active)
     if (p->entropy) p->entropy[i] = (float)ent;
     if (p->lse) p->lse[i] = (float)lse;
     if (p->logit_mean) p->logit_mean[i] = (float)lm;
+    if (p->sum_p2) p->sum_p2[i] = 0; /* active rows: write_sum_p2 after the combine */
     p->stats[i * 3] = (float)m;
     p->stats[i * 3 + 1] = (float)lse;
     p->stats[i * 3 + 2] = (float)mu;
+}
+
+/* sum_p2 of the rows rows[0 .. n) from their combined records rec and Q (by row when
+ * by_row, else by position q): Q / S^2, both shifted by the same M. */
+static void write_sum_p2(const run *r, const int64_t *rows, int64_t n, const double *rec,
+                         const double *Q, int by_row) {
+    const sph_head_plan *p = r->p;
+    if (!p->sum_p2) return;
+    for (int64_t q = 0; q < n; q++) {
+        const int64_t i = rows[q], k = by_row ? i : q;
+        const double *o = rec + k * SPH_PARTIAL_FIELDS;
+        p->sum_p2[i] = o[0] == -INFINITY && o[1] == 0 ? 0.0f : (float)(Q[k] / (o[1] * o[1]));
+    }
 }
 
 /* Non-finite policy: the rows (rows[0 .. n), records rec[q] or rec[rows[q]] when by_row) whose
@@ -429,6 +451,12 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                 const int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
                 stats_row(r, x, w, o);
                 o[4] = t >= 0 && t < w ? x[t] : 0.0f; /* a tile value, like the max (tile_z) */
+                if (p->sum_p2) { /* sum e^(2 y), shifted like s (a second look at the tile) */
+                    const float sc = x_scale(r), xm = o[0];
+                    float qs = 0;
+                    for (int64_t j = 0; j < w; j++) qs += expf(2 * (x[j] - xm) * sc);
+                    ((float *)at(r, L->o_part2))[q * L->n_vt + tv] = qs;
+                }
             }
         }
 #pragma omp for schedule(static)
@@ -443,6 +471,16 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                 sph_head_partial_merge(acc, add);
             }
             memcpy(rec + q * SPH_PARTIAL_FIELDS, acc, sizeof acc);
+            if (p->sum_p2) { /* (m, q) of the chunk row on this shard, q shifted by its m */
+                const float *q2 = (const float *)at(r, L->o_part2) + q * L->n_vt;
+                double qq = 0;
+                for (int64_t tv = 0; tv < L->n_vt; tv++) {
+                    const double mt = tile_z(r, part[(q * L->n_vt + tv) * SPH_PARTIAL_FIELDS]);
+                    if (q2[tv] != 0 || isnan(q2[tv])) qq += q2[tv] * exp(2 * (mt - acc[0]));
+                }
+                double *mq = (double *)at(r, L->o_cmq) + q * 2;
+                mq[0] = acc[0], mq[1] = qq;
+            }
         }
     }
 }
@@ -578,14 +616,22 @@ static sph_status full_forward(const run *r) {
             for (int64_t q = 0; q < nr; q++)
                 memcpy(rec + r->rows[c0 + q] * SPH_PARTIAL_FIELDS, crec + q * SPH_PARTIAL_FIELDS,
                        SPH_PARTIAL_FIELDS * sizeof(double));
+            if (p->sum_p2)
+                for (int64_t q = 0; q < nr; q++)
+                    memcpy((double *)at(r, L->o_mq) + r->rows[c0 + q] * 2,
+                           (const double *)at(r, L->o_cmq) + q * 2, 2 * sizeof(double));
         }
         SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+        if (p->sum_p2)
+            SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_mq), gath, rec, at(r, L->o_q),
+                                            p->N));
         /* the statistics of every row are known: refuse non-finite ones before writing */
         const int64_t bad = nonfinite_rows(rec, r->rows, L->n_act, 1, &first);
         if (bad) return sph_head_nonfinite_error(r->ctx, SPH_HEAD_FORWARD, bad, first, NULL);
         clear_outputs(r);
         for (int64_t q = 0; q < L->n_act; q++)
             finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
+        write_sum_p2(r, r->rows, L->n_act, rec, at(r, L->o_q), 1);
         return SPH_OK;
     }
     /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place. The outputs
@@ -604,6 +650,9 @@ static sph_status full_forward(const run *r) {
         gather_chunk(r, c0, nr);
         chunk_forward(r, c0, nr, crec);
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
+        if (p->sum_p2)
+            SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_cmq), gath, crec, at(r, L->o_q),
+                                            nr));
         /* every rank holds the same combined records: the same verdict on every rank */
         const int64_t bad = nonfinite_rows(crec, r->rows + c0, nr, 0, &first);
         if (bad)
@@ -618,6 +667,7 @@ static sph_status full_forward(const run *r) {
         }
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
+        write_sum_p2(r, r->rows + c0, nr, crec, at(r, L->o_q), 0);
         /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
          * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
         if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
@@ -683,9 +733,11 @@ static sph_status support_forward_rows(const run *r) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
     double *rec = at(r, L->o_rec), *gath = at(r, L->o_gath);
+    double *mq = p->sum_p2 ? at(r, L->o_mq) : NULL;
     for (int64_t i = 0; i < p->N; i++) {
         double *o = rec + i * SPH_PARTIAL_FIELDS;
         o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
+        if (mq) mq[i * 2] = -INFINITY, mq[i * 2 + 1] = 0;
     }
 #pragma omp parallel num_threads(L->T)
     {
@@ -697,7 +749,7 @@ static sph_status support_forward_rows(const run *r) {
             int64_t i = r->rows[q], t = target_of(p, i);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
             support_logits(r, i, h, wb, z, cols);
-            double m = -INFINITY, s = 0, d = 0, zt = 0;
+            double m = -INFINITY, s = 0, d = 0, zt = 0, q2 = 0;
             int n = 0, nan = 0;
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
@@ -712,13 +764,16 @@ static sph_status support_forward_rows(const run *r) {
                     double y = ((double)z[k] - m) * xsc, e = exp(y);
                     s += e;
                     d += e * y;
+                    q2 += e * e;
                     if (cols[k] + p->v0 == t) zt = tile_z(r, z[k]);
                 }
             double *o = rec + i * SPH_PARTIAL_FIELDS;
             if (n) o[0] = tile_z(r, (float)m), o[1] = s, o[2] = d, o[3] = zt;
+            if (n && mq) mq[i * 2] = o[0], mq[i * 2 + 1] = q2;
         }
     }
     SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+    if (mq) SPH_TRY(sph_head_combine_sq_f64(p->comm, mq, gath, rec, at(r, L->o_q), p->N));
     return SPH_OK;
 }
 
@@ -806,6 +861,7 @@ static sph_status support_forward(const run *r) {
     clear_outputs(r);
     for (int64_t q = 0; q < r->L.n_act; q++)
         finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
+    write_sum_p2(r, r->rows, r->L.n_act, rec, at(r, r->L.o_q), 1);
     if (!p->one_pass) return SPH_OK;
     return support_backward(r, 1);
 }

@@ -100,9 +100,9 @@ static int64_t target_of(const sph_head_plan *p, int64_t i) {
 
 // ---- forward ---------------------------------------------------------------------------
 
-/* The forward's float64 rows out[N][7] (host.h) and, when sh is given, the shifted stats
- * sh[N][3] = (M, ls, dm) a one-pass backward takes. */
-static sph_status rows_core(const sph_head_plan *p, double *out, double *sh) {
+/* The forward's float64 rows out[N][7] (host.h); when sh is given, the shifted stats
+ * sh[N][3] = (M, ls, dm) a one-pass backward takes; when sp2 is given, sum_p2 (N). */
+static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, double *sp2) {
     const int64_t N = p->N, ncols = p->K ? p->K : p->V_loc;
     const int64_t R = SPH_PARTIAL_FIELDS;
     const int64_t ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
@@ -111,8 +111,9 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh) {
     double *zrow = sph_malloc((size_t)ncols * sizeof *zrow); /* z of the row's columns */
     double *rec = sph_malloc(((size_t)N * R + 1) * sizeof *rec);
     double *gath = ranks > 1 ? sph_malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
+    double *mq = sp2 ? sph_malloc(((size_t)N * 2 + 1) * sizeof *mq) : NULL; /* (m, q) local */
     sph_status st = SPH_OK;
-    if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath)) {
+    if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath) || (sp2 && !mq)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
         goto done;
     }
@@ -121,6 +122,7 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh) {
         double *r = rec + i * R;
         r[0] = -INFINITY;
         r[1] = r[2] = r[3] = r[4] = 0;
+        if (mq) mq[i * 2] = -INFINITY, mq[i * 2 + 1] = 0;
         if (!active[i]) continue; /* inactive rows take part in the collective as empty */
         int64_t n = row_columns(p, i, cols), t = target_of(p, i);
         const double T = row_temperature(p, i);
@@ -139,17 +141,23 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh) {
             r[2] += e * (z - m); /* shifted (combine.c) */
             r[4] += z;
             if (cols[c] + p->v0 == t) r[3] = z;
+            if (mq) mq[i * 2 + 1] += e * e; /* sum_p2: e^(2 (z - m)), shifted likewise */
         }
         if (n > 0) r[0] = m;
+        if (mq && n > 0) mq[i * 2] = m;
     }
     st = sph_head_combine_f64(p->comm, rec, gath, rec, N);
+    if (st == SPH_OK && sp2) st = sph_head_combine_sq_f64(p->comm, mq, gath, rec, sp2, N);
     if (st != SPH_OK) goto done;
     for (int64_t i = 0; i < N; i++) {
         double *o = out + i * 7, *r = rec + i * R;
         for (int f = 0; f < 7; f++) o[f] = 0;
         if (sh) sh[i * 3] = sh[i * 3 + 1] = sh[i * 3 + 2] = 0;
+        const double q = sp2 ? sp2[i] : 0;
+        if (sp2) sp2[i] = 0;
         /* inactive rows, and support rows with no candidate at all, output zeros */
         if (!active[i] || (r[0] == -INFINITY && r[1] == 0)) continue;
+        if (sp2) sp2[i] = q / (r[1] * r[1]);
         const double ls = log(r[1]), dm = r[2] / r[1];
         o[0] = target_of(p, i) >= 0 ? (r[3] - r[0]) - ls : 0;
         o[1] = ls - dm;
@@ -166,11 +174,12 @@ done:
     sph_free(zrow);
     sph_free(rec);
     sph_free(gath);
+    sph_free(mq);
     return st;
 }
 
 sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
-    return rows_core(p, out, NULL);
+    return rows_core(p, out, NULL, NULL);
 }
 
 // ---- backward --------------------------------------------------------------------------
@@ -318,12 +327,13 @@ sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p) {
     const int64_t N = p->N;
     double *o = sph_malloc(((size_t)N * 7 + 1) * sizeof *o);
     double *st64 = sph_malloc(((size_t)N * 3 + 1) * sizeof *st64);
+    double *sp2 = p->sum_p2 ? sph_malloc(((size_t)N + 1) * sizeof *sp2) : NULL;
     sph_status st = SPH_OK;
-    if (!o || !st64) {
+    if (!o || !st64 || (p->sum_p2 && !sp2)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
         goto done;
     }
-    st = rows_core(p, o, st64);
+    st = rows_core(p, o, st64, sp2);
     if (st != SPH_OK) goto done;
     /* non-finite policy: every row's statistics are known, nothing is written yet (inactive
      * and empty rows are zeros) */
@@ -348,11 +358,13 @@ sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p) {
         if (p->entropy) p->entropy[i] = (float)r[1];
         if (p->lse) p->lse[i] = (float)r[2];
         if (p->logit_mean) p->logit_mean[i] = (float)r[3];
+        if (p->sum_p2) p->sum_p2[i] = (float)sp2[i];
         for (int f = 0; f < 3; f++) p->stats[i * 3 + f] = (float)r[4 + f];
     }
 done:
     sph_free(o);
     sph_free(st64);
+    sph_free(sp2);
     return st;
 }
 
