@@ -135,6 +135,25 @@ for k, r in oracle(h16, w16, t16, ones, g16, zero, zero).items():
 sys.exit(1 if bad else 0)
 PY
 
+# ---- --sum-p2 (issue 25): sum_p2.npy against NumPy float64, inactive rows 0 ----------------------
+expect_rc 0 "sum_p2 " -- "$cli" run --inputs "$tmp/in" --outputs "$tmp/outp2" --check --sum-p2 --temperature 0.7
+python3 - "$tmp" <<'PY' && ok "sum_p2.npy matches NumPy float64" || bad "sum_p2.npy differs from NumPy"
+import numpy as np, sys
+d = sys.argv[1]
+h, w = np.load(f"{d}/in/hidden.npy").astype(np.float64), np.load(f"{d}/in/weight.npy").astype(np.float64)
+m = np.load(f"{d}/in/mask.npy").astype(bool)
+z = h @ w.T / 0.7
+p = np.exp(z - z.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
+ref = np.where(m, (p * p).sum(1), 0)
+got = np.load(f"{d}/outp2/sum_p2.npy")
+assert got.dtype == np.float32 and got.shape == ref.shape, (got.dtype, got.shape)
+assert np.all(got[~m] == 0), got[~m]
+err = np.abs(got - ref).max() / np.abs(ref).max()
+print(f"  sum_p2: normwise error {err:.2e}")
+sys.exit(0 if err <= 2e-5 else 1)
+PY
+[[ ! -e $tmp/out/sum_p2.npy ]] && ok "no sum_p2.npy without --sum-p2" || bad "sum_p2.npy written without --sum-p2"
+
 # ---- --check without upstream gradients: forward only, and the check says so -----------------
 mkdir -p "$tmp/fwd" && cp "$tmp/in/hidden.npy" "$tmp/in/weight.npy" "$tmp/in/targets.npy" "$tmp/fwd/"
 expect_rc 0 "not computed, not checked: entropy, dhidden, dweight" -- "$cli" run --inputs "$tmp/fwd" --check \
