@@ -577,7 +577,11 @@ SPH_API void sph_pack_free(sph_pack_result *r);
  * row's candidates only; logprob, entropy and lse are over that set; touches K weight rows
  * per row. Each rank handles the candidates inside its shard. logit_mean is not defined there.
  *
- * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy), stats is fp32 [N, 3]
+ * sum_p2_i = sum_j p_ij^2 (optional forward output, no gradient): in the sweep, shifted by the
+ * row max as every statistic is (sum_j e^(2 (z_ij - m_i)) / S_i^2); under TP one more small
+ * allgather (N x 2 doubles per rank) combines it.
+ *
+ * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy, sum_p2), stats is fp32 [N, 3]
  * (row max m, lse, mu) written by the forward (global over the TP group) and read by the
  * backward. Gradient outputs are [N, H] and [V_loc, H] in the input dtype or fp32.
  *
@@ -629,6 +633,11 @@ typedef struct sph_head_args {
     int accumulate_dhidden;           /* 1: dhidden += ..., 0: overwrite */
     int accumulate_dweight;           /* 1: dweight += ..., 0: overwrite */
     int allreduce_dhidden;            /* 1: sum dhidden over the TP group (comm required) */
+    /* appended fields: a struct_size that ends before one leaves it NULL / 0 */
+    const sph_tensor *sum_p2;         /* forward: fp32 (N), sum_j p_ij^2 of each active row (0
+                                         on inactive rows; over the support with candidates);
+                                         no gradient. Host contexts (CPU, reference) only for
+                                         now: a CUDA context refuses it (SPH_ERR_UNSUPPORTED) */
 } sph_head_args;
 
 /* Every field not named is 0 / NULL: no optional tensor, unsharded, softcap off. */

@@ -27,7 +27,7 @@ DeviceLike = Union[str, int, Tuple[str, int], None]
 FORWARD, BACKWARD = 0, 1
 _SLOTS = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
           "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-          "dhidden", "dweight")
+          "dhidden", "dweight", "sum_p2")
 
 
 def _parse_device(device: Any) -> Tuple[int, int]:
@@ -228,14 +228,14 @@ def default_context(device: Tuple[int, int], stream: int = 0) -> Context:
 
 
 class HeadResult(dict):
-    """Outputs of a head call by name (logprob, entropy, lse, logit_mean, stats, dhidden,
-    dweight); also readable as attributes. Absent outputs are None."""
+    """Outputs of a head call by name (logprob, entropy, lse, logit_mean, sum_p2, stats,
+    dhidden, dweight); also readable as attributes. Absent outputs are None."""
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self[name]
         except KeyError:
-            if name in ("logprob", "entropy", "lse", "logit_mean", "stats", "dhidden",
+            if name in ("logprob", "entropy", "lse", "logit_mean", "sum_p2", "stats", "dhidden",
                         "dweight", "workspace_bytes"):
                 return None
             raise AttributeError(name) from None
@@ -335,7 +335,7 @@ def head_forward(hidden: Any, weight: Any, targets: Any = None, *, candidates: A
                  dlogit_mean: Any = None, dhidden: Any = False, dweight: Any = False,
                  grad_dtype: Any = None, accumulate_dhidden: bool = False,
                  accumulate_dweight: bool = False, allreduce_dhidden: bool = False,
-                 context: Optional[Context] = None) -> HeadResult:
+                 context: Optional[Context] = None, sum_p2: Any = False) -> HeadResult:
     """Forward of the LM head: per-row log-prob of the targets and, on request, entropy,
     log-sum-exp and mean logit, without materializing the logits.
 
@@ -359,6 +359,9 @@ def head_forward(hidden: Any, weight: Any, targets: Any = None, *, candidates: A
         grad_dtype: dtype of allocated gradients (default: the input dtype).
         context: a :class:`Context`; default: this thread's context for the inputs' device
             (and, for torch/cupy CUDA tensors, the current stream).
+        sum_p2: True (or a float32 (N,) tensor): sum_j p_ij^2 of each active row (0 on
+            inactive rows), no gradient. CPU contexts only for now (CUDA raises
+            UnsupportedError).
 
     Returns:
         :class:`HeadResult` with the requested outputs (None for the others).
@@ -383,7 +386,7 @@ def head_backward(hidden: Any, weight: Any, targets: Any = None, *, stats: Any,
     allreduce_dhidden sums dhidden over the context's tensor-parallel group.
     """
     kw = locals()
-    kw.update(logprob=False, entropy=False, lse=False, logit_mean=False)
+    kw.update(logprob=False, entropy=False, lse=False, logit_mean=False, sum_p2=False)
     return _head(BACKWARD, kw)
 
 
@@ -410,7 +413,7 @@ def _head(pass_: int, kw: dict) -> HeadResult:
         if lp is None:
             lp = targets is not None
         for name, spec in (("logprob", lp), ("entropy", kw["entropy"]), ("lse", kw["lse"]),
-                           ("logit_mean", kw["logit_mean"])):
+                           ("logit_mean", kw["logit_mean"]), ("sum_p2", kw["sum_p2"])):
             t[name] = res[name] = _out(spec, hidden, (n,), T.F32, name)
         if kw["stats"] is None or kw["stats"] is False:
             raise InvalidArgumentError("stats: the forward always writes stats (N, 3); pass True "

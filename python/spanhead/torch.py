@@ -49,8 +49,9 @@ from ._tensors import int64_pairs
 from ._torch_ops import context_for
 from .comm import Comm
 
-__all__ = ["logprobs", "HeadOutputs", "context_for", "weighted_logprob_loss", "LossOutputs",
-           "linear_cross_entropy", "LinearCrossEntropyLoss", "policy_loss", "PolicyOutputs"]
+__all__ = ["logprobs", "HeadOutputs", "HeadOutputsSumP2", "context_for", "weighted_logprob_loss",
+           "LossOutputs", "linear_cross_entropy", "LinearCrossEntropyLoss", "policy_loss",
+           "PolicyOutputs"]
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -64,6 +65,22 @@ class HeadOutputs(NamedTuple):
     entropy: Optional[torch.Tensor]
     lse: Optional[torch.Tensor]
     logit_mean: Optional[torch.Tensor]
+
+    @property
+    def sum_p2(self) -> Optional[torch.Tensor]:
+        """Not requested (see :class:`HeadOutputsSumP2`)."""
+        return None
+
+
+class HeadOutputsSumP2(NamedTuple):
+    """:class:`HeadOutputs` plus sum_p2 (float32, no gradient), what :func:`logprobs` returns
+    with ``sum_p2=True`` (a separate type so that the 4-tuple of the others stays as it was)."""
+
+    logprob: Optional[torch.Tensor]
+    entropy: Optional[torch.Tensor]
+    lse: Optional[torch.Tensor]
+    logit_mean: Optional[torch.Tensor]
+    sum_p2: torch.Tensor
 
 
 class LossOutputs(NamedTuple):
@@ -280,7 +297,8 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              entropy: bool = False, tp_group: Any = None, vocab_start: int = 0, *,
              vocab_total: int = 0, lse: bool = False, logit_mean: bool = False,
              softcap: Optional[float] = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
-             reduce_dhidden: Optional[bool] = None, **context_options: Any) -> Any:
+             reduce_dhidden: Optional[bool] = None, sum_p2: bool = False,
+             **context_options: Any) -> Any:
     """Per-token log-probs of ``targets`` under ``softmax((hidden @ weight.T) / temperature)``,
     differentiable w.r.t. hidden and weight, without materializing the logits.
 
@@ -308,19 +326,25 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         reduce_dhidden: sum dhidden over tp_group in the backward (default True with tp_group:
             the gradient of the replicated hidden is the sum of the shards' partials; pass
             False when a surrounding layer already all-reduces it, as Megatron's does).
+        sum_p2: also return sum_j p_ij^2 per row (float32, no gradient; 0 on inactive rows).
+            CPU tensors only for now (CUDA raises UnsupportedError).
         context_options: passed to spanhead.Context (threads, kernel, batch_invariant, ...).
 
     Returns:
         logprob (float32, targets' shape) when only logprobs are requested, else a
-        :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others.
+        :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others
+        (with ``sum_p2=True``: a :class:`HeadOutputsSumP2`, the same plus sum_p2).
     """
     p = _prepare(hidden, weight, targets, candidates, loss_mask, spans, gap, tp_group,
                  vocab_start, vocab_total, temperature, softcap, reduce_dhidden,
                  context_options)
-    want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean)]
+    want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean), bool(sum_p2)]
     outs = _ops.head_fwd(p.hidden, p.weight, p.targets, p.candidates, p.mask, p.spans, want,
                          *_ops.pack_tail(p.tail))
     res = [o.reshape(p.lead) if w else None for o, w in zip(outs[:4], want)]
+    sp2 = outs[5].detach().reshape(p.lead) if sum_p2 else None
+    if sum_p2:
+        return HeadOutputsSumP2(*res, sum_p2=sp2)
     if not (want[1] or want[2] or want[3]):
         return res[0]
     return HeadOutputs(*res)

@@ -202,6 +202,9 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "gradients from the forward sweep (no recompute)"},
     {"--support", "K", SPH_OPT_I64, O(K), 1, INT64_MAX, 0, 0, NULL, 0,
      "sample-support mode with K candidates per row (K <= vocabulary)"},
+    {"--sum-p2", NULL, SPH_OPT_FLAG, O(sum_p2), 0, 0, 0, 0, NULL, 0,
+     "also compute sum_j p_ij^2 per row (sum_p2.npy; no gradient;\n"
+     "CPU only for now)"},
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
      "synthetic data seed (default 1)"},
     {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
@@ -220,7 +223,7 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "candidates.npy (bf16 data: uint16 .npy plus --dtype bf16);\n"
      "the backward runs when an upstream gradient is given"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
-     "write logprob entropy lse logit_mean dhidden dweight .npy (what\n"
+     "write logprob entropy lse logit_mean dhidden dweight sum_p2 .npy (what\n"
      "was computed): all at once after the run (and --check) succeeded,\n"
      "or none"},
     {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,

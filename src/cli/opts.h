@@ -51,6 +51,7 @@ typedef struct run_opts {
     int64_t N, H, V, V_total, v0, K, threads, repeats, gap, seed;
     double active, softcap, temperature;
     int entropy, one_pass, check, json;
+    int sum_p2; /* --sum-p2 */
     /* derived */
     int dtype_given, shape_given, default_batch;
 } run_opts;

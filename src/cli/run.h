@@ -45,7 +45,7 @@ int run_problem_make(const run_opts *o, run_problem *p);
 /* ---- the device run ----------------------------------------------------------------------- */
 
 enum { T_H, T_W, T_TGT, T_CAND, T_MASK, T_LP, T_ENT, T_LSE, T_LM, T_ST, T_G, T_E, T_GL, T_GM,
-       T_DH, T_DW, T_COUNT };
+       T_DH, T_DW, T_SP2, T_COUNT };
 
 typedef struct run_device {
     sph_ctx_t ctx;
@@ -70,9 +70,14 @@ void run_device_free(run_device *d);
 
 /* ---- outputs and report ------------------------------------------------------------------- */
 
-#define RUN_N_OUT 6
-extern const char *const run_out_names[RUN_N_OUT]; /* logprob entropy lse logit_mean dhidden dweight */
+#define RUN_N_OUT 7
+/* logprob entropy lse logit_mean dhidden dweight sum_p2 (opt-in, --sum-p2) */
+extern const char *const run_out_names[RUN_N_OUT];
 extern const char *const run_out_files[RUN_N_OUT + 1]; /* the same .npy names, NULL-ended */
+/* output k is per row, (N) */
+#define RUN_OUT_PER_ROW(k) ((k) < 4 || (k) == 6)
+/* output k is listed as "not computed" when absent (sum_p2 is only ever opt-in) */
+#define RUN_OUT_LISTED(k) ((k) == 1 || (k) == 3 || (k) == 4 || (k) == 5)
 extern const int run_out_buf[RUN_N_OUT];           /* their T_* buffers */
 
 typedef struct run_result {

@@ -13,11 +13,11 @@
 #include "run.h"
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
-                                              "dhidden", "dweight"};
+                                              "dhidden", "dweight", "sum_p2"};
 const char *const run_out_files[RUN_N_OUT + 1] = {"logprob.npy", "entropy.npy", "lse.npy",
                                                  "logit_mean.npy", "dhidden.npy", "dweight.npy",
-                                                 NULL};
-const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW};
+                                                 "sum_p2.npy", NULL};
+const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW, T_SP2};
 
 /* max |got - ref| / max |ref| (normwise), NaN -> inf. */
 static double rel_err(const float *got, const float *ref, int64_t n) {
@@ -65,8 +65,9 @@ int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sp
     memset(os, 0, sizeof *os);
     for (int k = 0; k < RUN_N_OUT; k++) {
         if (!r->have[k]) continue;
-        int64_t sh[2] = {k < 4 ? p->N : (k == 4 ? p->N : p->V), p->H};
-        if (sph_cli_outset_npy(&s, run_out_names[k], 'f', 4, k < 4 ? 1 : 2, sh, r->out[k]))
+        int64_t sh[2] = {RUN_OUT_PER_ROW(k) || k == 4 ? p->N : p->V, p->H};
+        if (sph_cli_outset_npy(&s, run_out_names[k], 'f', 4, RUN_OUT_PER_ROW(k) ? 1 : 2, sh,
+                               r->out[k]))
             return sph_cli_fail(RUN_CMD, 1, "%s (nothing was written to %s)", s.err, o->outputs);
     }
     if (sph_cli_outset_commit(&s)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
@@ -81,7 +82,7 @@ static const char *dtype_name(const run_problem *p) {
 static void list_missing(char *buf, size_t n, const run_result *r) {
     buf[0] = '\0';
     for (int k = 0; k < RUN_N_OUT; k++)
-        if (!r->have[k] && (k >= 4 || k == 1 || k == 3)) {
+        if (!r->have[k] && RUN_OUT_LISTED(k)) {
             size_t l = strlen(buf);
             snprintf(buf + l, n - l, "%s%s", l ? ", " : "", run_out_names[k]);
         }
@@ -194,7 +195,7 @@ void run_report_json(const run_problem *p, const run_opts *o, const run_result *
         }
     printf("},\"not_computed\":[");
     for (int k = 0, first = 1; k < RUN_N_OUT; k++)
-        if (!r->have[k] && (k >= 4 || k == 1 || k == 3))
+        if (!r->have[k] && RUN_OUT_LISTED(k))
             printf("%s\"%s\"", first ? "" : ",", run_out_names[k]), first = 0;
     printf("],\"passed\":%s}}\n", r->passed ? "true" : "false");
 }

@@ -2,11 +2,15 @@
  * combine.c - the exact combine of per-row softmax partials (head/plan.h's record), across
  * vocab tiles inside a backend and across the ranks of a tensor-parallel group.
  *
- * A record over a set J of columns is (m, s, b, zt, sz):
- *   m = max_J z,  s = sum_J e^(z - m),  b = sum_J e^(z - m) z,  zt = z_target or 0,
+ * A record over a set J of columns is (m, s, d, zt, sz):
+ *   m = max_J z,  s = sum_J e^(z - m),  d = sum_J e^(z - m) (z - m),  zt = z_target or 0,
  *   sz = sum_J z.
+ * d is kept shifted by the record's own max (not b = sum e^(z - m) z): the row's outputs are
+ * then entropy = log S - D/S and mu = M + D/S, with no cancellation of two numbers of the
+ * logits' magnitude (lse - mu), however large |z| is (a low temperature, a large offset).
  * Two records over disjoint sets merge into the record of the union:
- *   M = max(m, m'), s e^(m - M) + s' e^(m' - M), likewise b; zt and sz add.
+ *   M = max(m, m'),  s e^(m - M) + s' e^(m' - M),
+ *   D = (d + (m - M) s) e^(m - M) + (d' + (m' - M) s') e^(m' - M);  zt and sz add.
  * A record over an empty set has m = -inf, s = b = 0; the merge keeps it neutral (the
  * e^(-inf - M) factor is 0, and -inf - (-inf) never happens because M = -inf only when both
  * are empty, handled first). Ranks are merged in rank order so every rank computes the same
@@ -40,11 +44,43 @@ void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS],
     if (isinf(M) && M > 0) { /* an +inf logit: the row is not finite; keep it visible */
         fa = fb = NAN;
     }
+    /* a factor that underflows to 0 drops its whole term: (m - M) s may be huge (|m - M| up to
+     * the logits' range), and huge * 0 would be fine but inf * 0 would not */
+    double da = fa == 0 ? 0 : (acc[2] + (acc[0] - M) * acc[1]) * fa;
+    double db = fb == 0 ? 0 : (add[2] + (add[0] - M) * add[1]) * fb;
     acc[1] = acc[1] * fa + add[1] * fb;
-    acc[2] = acc[2] * fa + add[2] * fb;
+    acc[2] = da + db;
     acc[0] = M;
     acc[3] += add[3];
     acc[4] += add[4];
+}
+
+sph_status sph_head_combine_sq_f64(sph_comm_t comm, const double *mq, double *gathered,
+                                   const double *rec, double *Q, int64_t N) {
+    const size_t R = (size_t)SPH_PARTIAL_FIELDS;
+    const int64_t ranks = comm && comm->size > 1 ? comm->size : 1;
+    const double *all = mq;
+    if (ranks > 1) {
+        SPH_CHECK(gathered != NULL, SPH_ERR_INTERNAL, "combine: no gather buffer");
+        const size_t bytes = (size_t)N * 2 * sizeof(double);
+        if (N > 0) {
+            sph_status s = comm->ops->allgather(comm, mq, gathered, bytes, NULL);
+            if (s != SPH_OK)
+                return sph_err_prefix(s, "head: TP combine of sum_p2 (allgather of %zu bytes): ",
+                                      bytes);
+        }
+        all = gathered;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        const double M = rec[(size_t)i * R];
+        double q = 0;
+        for (int64_t r = 0; r < ranks; r++) { /* rank order: the same bits on every rank */
+            const double *x = all + ((size_t)r * (size_t)N + (size_t)i) * 2;
+            if (x[1] != 0 || isnan(x[1])) q += x[1] * exp(2 * (x[0] - M));
+        }
+        Q[i] = q;
+    }
+    return SPH_OK;
 }
 
 sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,

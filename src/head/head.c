@@ -13,6 +13,7 @@
  * (ctx->head.workspace, ctx->head.check_workspace), and the pass.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,19 @@ static int cmp_i64(const void *a, const void *b) {
 
 // ---- validation ------------------------------------------------------------------------
 
+/* The appended forward outputs of issue 25 (sum_p2), read only when args.struct_size covers
+ * them; a forward output like logprob (an output region), ignored by the backward. Host
+ * contexts only for now: the CUDA backend does not compute them yet. */
+static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_pass pass,
+                                   const sph_head_args *a, sph_head_plan *p) {
+    const int has = a->struct_size >= offsetof(sph_head_args, sum_p2) + sizeof a->sum_p2;
+    if (!has || !a->sum_p2 || pass != SPH_HEAD_FORWARD) return SPH_OK;
+    SPH_CHECK(ctx->dev->host_memory, SPH_ERR_UNSUPPORTED,
+              "sum_p2: not supported on a device context (device type %d) yet; the CPU "
+              "backend and the reference compute it", (int)ctx->device.type);
+    return row_vector(val, SPH_VAL_OUT, a->sum_p2, "sum_p2", p->N, &p->sum_p2);
+}
+
 /* A gradient output (rows x H) in the input dtype or f32; absent (NULL) leaves it unset. */
 static sph_status grad_output(sph_validator *val, const sph_tensor *t, const char *name,
                               int64_t rows, const char *rows_what, sph_dtype in, int64_t H,
@@ -71,9 +85,10 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
     SPH_TRY(sph_ctx_check(ctx, "head"));
     SPH_CHECK(a != NULL, SPH_ERR_INVALID_ARG, "args: NULL");
     SPH_CHECK(p != NULL, SPH_ERR_INVALID_ARG, "plan: NULL");
-    SPH_CHECK(a->struct_size >= sizeof(sph_head_args), SPH_ERR_INVALID_ARG,
-              "args.struct_size: %zu, expected %zu (use SPH_HEAD_ARGS_INIT)", a->struct_size,
-              sizeof(sph_head_args));
+    /* fields are only appended: a struct that ends before sum_p2 is an older caller's */
+    SPH_CHECK(a->struct_size >= offsetof(sph_head_args, sum_p2), SPH_ERR_INVALID_ARG,
+              "args.struct_size: %zu, expected >= %zu (use SPH_HEAD_ARGS_INIT)", a->struct_size,
+              offsetof(sph_head_args, sum_p2));
     SPH_CHECK(pass == SPH_HEAD_FORWARD || pass == SPH_HEAD_BACKWARD, SPH_ERR_INVALID_ARG,
               "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
     memset(p, 0, sizeof *p);
@@ -174,6 +189,7 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
     if (a->logit_mean)
         SPH_TRY(row_vector(val, fwd, a->logit_mean, "logit_mean", p->N,
                            &p->logit_mean));
+    SPH_TRY(contract_outputs(ctx, val, pass, a, p));
     SPH_CHECK(a->logprob == NULL || a->targets != NULL, SPH_ERR_INVALID_ARG,
               "logprob: requested without targets");
     SPH_CHECK(a->logit_mean == NULL || p->K == 0, SPH_ERR_INVALID_ARG,

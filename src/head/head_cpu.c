@@ -11,7 +11,7 @@
  *
  * Forward (per chunk): every thread owns whole vocab tiles of width vt; it forms the tile
  *   L = Hc W_tile^T (sgemm; a bf16/f16 weight tile is converted once per tile per chunk),
- *   scales it to z and reduces each row to a partial record (m, s, b, zt, sz) of that tile.
+ *   reduces each row to a partial record (m, s, d, zt, sz) of that tile (cpu_kernels.h).
  *   Records merge per row in tile order (deterministic, independent of the thread count),
  *   then across the TP group in rank order (combine.c, one allgather per forward).
  * Backward (per chunk): D (R, V_loc) is the chunk buffer. Per tile: recompute L into D's
@@ -46,8 +46,11 @@
 #define R_DEFAULT 512
 #define COL_BLOCK 64
 
+/* A row's gradient coefficients. The shift: y = (x - xs) ys = z - m with xs the row max in
+ * units of the tile values x (row_shift), ls = log S, dm = mu - m; p = e^(y - ls),
+ * mu - z = dm - y. */
 typedef struct coef {
-    float lse, A, e, mu, C, g; /* A = gl - g */
+    float xs, ys, ls, A, e, dm, C, g; /* A = gl - g */
     int64_t t; /* target as a local column, or -1 when ignored / in another shard */
 } coef;
 
@@ -55,6 +58,7 @@ typedef struct layout {
     int64_t n_act, R, vt, n_vt, T, ranks;
     int half, need_D, dw_buf;
     size_t o_rows, o_rec, o_crec, o_gath, o_hc, o_dhc, o_d, o_tile, o_wt, o_part, o_coef, o_du, o_dw;
+    size_t o_part2, o_mq, o_cmq, o_q; /* sum_p2 only: tile q, (m, q) by row and by chunk row, Q */
     size_t tile_floats, wt_floats; /* per thread */
     size_t total;
 } layout;
@@ -112,6 +116,11 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
     ok &= sph_mul_size(Nz > Rz ? Nz : Rz, SPH_PARTIAL_FIELDS * d8 * (size_t)L->ranks, &n);
     L->o_gath = take(&off, L->ranks > 1 ? n : 0);
     L->o_coef = take(&off, Rz * sizeof(coef));
+    /* sum_p2 (forward): (m, q) of every row and of the chunk's rows, the combined Q by row */
+    const int sp2 = pass == SPH_HEAD_FORWARD && p->sum_p2;
+    L->o_mq = take(&off, sp2 ? (Nz + 1) * 2 * d8 : 0);
+    L->o_cmq = take(&off, sp2 ? Rz * 2 * d8 : 0);
+    L->o_q = take(&off, sp2 ? (Nz > Rz ? Nz : Rz) * d8 : 0);
     if (p->K == 0) {
         ok &= sph_mul_size(Rz, H * f4, &n);
         L->o_hc = take(&off, n);
@@ -122,6 +131,8 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         L->wt_floats = L->half ? (size_t)L->vt * H : 0;
         ok &= sph_mul_size(Rz * (size_t)L->n_vt, SPH_PARTIAL_FIELDS * f4, &n);
         L->o_part = take(&off, pass == SPH_HEAD_FORWARD ? n : 0);
+        ok &= sph_mul_size(Rz, (size_t)L->n_vt * f4, &n);
+        L->o_part2 = take(&off, sp2 ? n : 0);
     } else {
         L->tile_floats = 3 * (size_t)p->K + 1; /* z of the candidates + their int64 columns */
         L->wt_floats = 2 * H;          /* converted hidden row + weight row */
@@ -208,19 +219,25 @@ static float cap_factor(const run *r, float z) {
     return 1.0f - th * th;
 }
 
-/* z in x (transform already applied) -> du in place, without the target term. */
+/* What turns a tile value x into z: 1 / T for the raw products u, 1 for softcapped z. */
+static float x_scale(const run *r) { return r->cap <= 0 ? r->inv_t : 1.0f; }
+
+/* x (u, or z when softcapped) -> du in place, without the target term. */
 static void grad_row(const run *r, float *x, int64_t n, const coef *c) {
     if (r->cap <= 0) {
-        r->k.tile_grad(x, n, c->lse, c->A, c->e, c->mu, c->C, r->inv_t);
+        r->k.tile_grad(x, n, c->xs, c->ys, c->ls, c->A, c->e, c->dm, c->C, r->inv_t);
         return;
     }
     for (int64_t j = 0; j < n; j++) {
-        float z = x[j], p = expf(z - c->lse);
-        x[j] = (p * (c->A + c->e * (c->mu - z)) + c->C) * r->inv_t * cap_factor(r, z);
+        float z = x[j], y = (z - c->xs) * c->ys, p = expf(y - c->ls);
+        x[j] = (p * (c->A + c->e * (c->dm - y)) + c->C) * r->inv_t * cap_factor(r, z);
     }
 }
 
-/* Row stats of a tile row: transform in place, then (m, s, b, sz). */
+/* Row stats of a tile row: (xm, s, d, sz) with xm the row max of the tile values x (tile_z
+ * turns it into z). Without softcap x stays the raw product u: z - m = (u - u_max) / T is
+ * formed before the scaling, never as a difference of two rounded z of the logits'
+ * magnitude (a low temperature). Softcapped, x becomes z in place (bounded by c / T). */
 static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
     if (r->cap <= 0) {
         r->k.tile_stats(x, n, r->inv_t, out);
@@ -230,15 +247,23 @@ static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
     sph_head_tile_stats_generic(x, n, 1.0f, out);
 }
 
+/* z in float64 of a tile value x (the max, the target): the product of two floats, exact in
+ * float64. */
+static double tile_z(const run *r, float v) {
+    return r->cap <= 0 ? (double)v * (double)r->inv_t : (double)v;
+}
+
 /* Final per-row outputs from a combined record (same rules as the reference). */
 static void finalize_row(const run *r, int64_t i, const double *rec, int active) {
     const sph_head_plan *p = r->p;
     double lp = 0, ent = 0, lse = 0, lm = 0, m = 0, mu = 0;
     if (active && !(rec[0] == -INFINITY && rec[1] == 0)) {
-        lse = rec[0] + log(rec[1]);
-        mu = rec[2] / rec[1];
-        lp = target_of(p, i) >= 0 ? rec[3] - lse : 0;
-        ent = lse - mu;
+        /* shifted record (combine.c): no lse - mu cancellation at any logit magnitude */
+        const double ls = log(rec[1]), dm = rec[2] / rec[1];
+        lse = rec[0] + ls;
+        mu = rec[0] + dm;
+        lp = target_of(p, i) >= 0 ? (rec[3] - rec[0]) - ls : 0;
+        ent = ls - dm;
         lm = p->K ? 0 : rec[4] / (double)p->V;
         m = rec[0];
     }
@@ -246,9 +271,23 @@ static void finalize_row(const run *r, int64_t i, const double *rec, int active)
     if (p->entropy) p->entropy[i] = (float)ent;
     if (p->lse) p->lse[i] = (float)lse;
     if (p->logit_mean) p->logit_mean[i] = (float)lm;
+    if (p->sum_p2) p->sum_p2[i] = 0; /* active rows: write_sum_p2 after the combine */
     p->stats[i * 3] = (float)m;
     p->stats[i * 3 + 1] = (float)lse;
     p->stats[i * 3 + 2] = (float)mu;
+}
+
+/* sum_p2 of the rows rows[0 .. n) from their combined records rec and Q (by row when
+ * by_row, else by position q): Q / S^2, both shifted by the same M. */
+static void write_sum_p2(const run *r, const int64_t *rows, int64_t n, const double *rec,
+                         const double *Q, int by_row) {
+    const sph_head_plan *p = r->p;
+    if (!p->sum_p2) return;
+    for (int64_t q = 0; q < n; q++) {
+        const int64_t i = rows[q], k = by_row ? i : q;
+        const double *o = rec + k * SPH_PARTIAL_FIELDS;
+        p->sum_p2[i] = o[0] == -INFINITY && o[1] == 0 ? 0.0f : (float)(Q[k] / (o[1] * o[1]));
+    }
 }
 
 /* Non-finite policy: the rows (rows[0 .. n), records rec[q] or rec[rows[q]] when by_row) whose
@@ -261,7 +300,7 @@ static int64_t nonfinite_rows(const double *rec, const int64_t *rows, int64_t n,
     for (int64_t q = 0; q < n; q++) {
         const double *o = rec + (by_row ? rows[q] : q) * SPH_PARTIAL_FIELDS;
         if (o[0] == -INFINITY && o[1] == 0) continue;
-        const double lse = o[0] + log(o[1]), mu = o[2] / o[1];
+        const double lse = o[0] + log(o[1]), mu = o[0] + o[2] / o[1];
         if (isfinite(o[0]) && isfinite(lse) && isfinite(mu)) continue;
         if (!bad || rows[q] < *first) *first = rows[q];
         bad++;
@@ -269,15 +308,14 @@ static int64_t nonfinite_rows(const double *rec, const int64_t *rows, int64_t n,
     return bad;
 }
 
-static void make_coef(const run *r, int64_t i, float lse, float mu, coef *c) {
+static void make_coef(const run *r, int64_t i, const float sh[4], coef *c) {
     const sph_head_plan *p = r->p;
     int64_t t = target_of(p, i);
     float g = t >= 0 && p->dlogprob ? p->dlogprob[i] : 0.0f;
     float e = p->dentropy ? p->dentropy[i] : 0.0f, gl = p->dlse ? p->dlse[i] : 0.0f;
     float gm = p->K == 0 && p->dlogit_mean ? p->dlogit_mean[i] : 0.0f;
-    c->lse = lse;
+    c->xs = sh[0], c->ys = sh[1], c->ls = sh[2], c->dm = sh[3];
     c->A = gl - g;
-    c->mu = mu;
     c->e = e;
     c->C = (float)(gm / (double)p->V);
     c->g = g;
@@ -410,9 +448,15 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                         1.0f, hc, (int)p->H, wt, (int)ldw, 0.0f, lt, (int)ldl);
             for (int64_t q = 0; q < nr; q++) {
                 float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
+                const int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
                 stats_row(r, x, w, o);
-                int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
-                o[4] = t >= 0 && t < w ? x[t] : 0.0f;
+                o[4] = t >= 0 && t < w ? x[t] : 0.0f; /* a tile value, like the max (tile_z) */
+                if (p->sum_p2) { /* sum e^(2 y), shifted like s (a second look at the tile) */
+                    const float sc = x_scale(r), xm = o[0];
+                    float qs = 0;
+                    for (int64_t j = 0; j < w; j++) qs += expf(2 * (x[j] - xm) * sc);
+                    ((float *)at(r, L->o_part2))[q * L->n_vt + tv] = qs;
+                }
             }
         }
 #pragma omp for schedule(static)
@@ -420,12 +464,23 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
             double acc[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
             for (int64_t tv = 0; tv < L->n_vt; tv++) {
                 const float *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
-                /* (m, s, b, zt, sz); b = d + m s in float64 (cpu_kernels.h) */
-                double add[SPH_PARTIAL_FIELDS] = {o[0], o[1], (double)o[2] + (double)o[0] * o[1],
-                                                 o[4], o[3]};
+                /* (m, s, d, zt, sz): m and zt in float64 from the unscaled products (exact:
+                 * a float times a float), s and d already shifted (cpu_kernels.h) */
+                double add[SPH_PARTIAL_FIELDS] = {tile_z(r, o[0]), o[1], o[2], tile_z(r, o[4]),
+                                                 o[3]};
                 sph_head_partial_merge(acc, add);
             }
             memcpy(rec + q * SPH_PARTIAL_FIELDS, acc, sizeof acc);
+            if (p->sum_p2) { /* (m, q) of the chunk row on this shard, q shifted by its m */
+                const float *q2 = (const float *)at(r, L->o_part2) + q * L->n_vt;
+                double qq = 0;
+                for (int64_t tv = 0; tv < L->n_vt; tv++) {
+                    const double mt = tile_z(r, part[(q * L->n_vt + tv) * SPH_PARTIAL_FIELDS]);
+                    if (q2[tv] != 0 || isnan(q2[tv])) qq += q2[tv] * exp(2 * (mt - acc[0]));
+                }
+                double *mq = (double *)at(r, L->o_cmq) + q * 2;
+                mq[0] = acc[0], mq[1] = qq;
+            }
         }
     }
 }
@@ -453,6 +508,7 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
             }
             for (int64_t q = 0; q < nr; q++) {
                 float *x = D + q * p->V_loc + v;
+                /* recomputed from the float32 stats: to z, as the stats' m was rounded */
                 if (!have_z) {
                     if (r->cap > 0) softcap_rows(x, w, r->cap, r->inv_t);
                     else
@@ -507,27 +563,38 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
     }
 }
 
-/* lse and mu of row i: from a merged record (m, s, b, ...) when o is given (an empty record,
- * m = -inf and s = 0, gives 0 and 0), else from the saved stats. */
-static void row_lse_mu(const sph_head_plan *p, int64_t i, const double *o, float *lse,
-                       float *mu) {
+/* The shift (xs, ys, ls, dm) of row i (see coef). From a merged record (m, s, d, ...) when o
+ * is given (an empty record, m = -inf and s = 0, gives zeros): m is the exact float64
+ * product of a tile value and x_scale, so xs = m / x_scale is that tile value exactly and
+ * y = (x - xs) x_scale never subtracts two numbers of the logits' magnitude. From the saved
+ * float32 stats (m, lse, mu), the caller has scaled the tile to z (float32, rounded as m
+ * was: the max token gives y = 0 bitwise) and y = z - m; ls and dm carry the stats' own
+ * rounding (ulp(|m|), docs/design.md 2.3). */
+static void row_shift(const run *r, int64_t i, const double *o, float sh[4]) {
     if (!o) {
-        *lse = p->stats[i * 3 + 1], *mu = p->stats[i * 3 + 2];
+        const float *st = r->p->stats + i * 3;
+        sh[0] = st[0], sh[1] = 1.0f;
+        sh[2] = (float)((double)st[1] - st[0]);
+        sh[3] = (float)((double)st[2] - st[0]);
         return;
     }
-    const int empty = o[0] == -INFINITY && o[1] == 0;
-    *lse = empty ? 0.0f : (float)(o[0] + log(o[1]));
-    *mu = empty ? 0.0f : (float)(o[2] / o[1]);
+    if (o[0] == -INFINITY && o[1] == 0) {
+        sh[0] = sh[2] = sh[3] = 0.0f, sh[1] = 1.0f;
+        return;
+    }
+    const double xsc = x_scale(r);
+    sh[0] = (float)(o[0] / xsc), sh[1] = (float)xsc;
+    sh[2] = (float)log(o[1]);
+    sh[3] = (float)(o[2] / o[1]);
 }
 
 static void chunk_coefs(const run *r, int64_t c0, int64_t nr, const double *crec) {
-    const sph_head_plan *p = r->p;
     coef *cf = at(r, r->L.o_coef);
     for (int64_t q = 0; q < nr; q++) {
         int64_t i = r->rows[c0 + q];
-        float lse, mu;
-        row_lse_mu(p, i, crec ? crec + q * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
-        make_coef(r, i, lse, mu, &cf[q]);
+        float sh[4];
+        row_shift(r, i, crec ? crec + q * SPH_PARTIAL_FIELDS : NULL, sh);
+        make_coef(r, i, sh, &cf[q]);
     }
 }
 
@@ -549,14 +616,22 @@ static sph_status full_forward(const run *r) {
             for (int64_t q = 0; q < nr; q++)
                 memcpy(rec + r->rows[c0 + q] * SPH_PARTIAL_FIELDS, crec + q * SPH_PARTIAL_FIELDS,
                        SPH_PARTIAL_FIELDS * sizeof(double));
+            if (p->sum_p2)
+                for (int64_t q = 0; q < nr; q++)
+                    memcpy((double *)at(r, L->o_mq) + r->rows[c0 + q] * 2,
+                           (const double *)at(r, L->o_cmq) + q * 2, 2 * sizeof(double));
         }
         SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+        if (p->sum_p2)
+            SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_mq), gath, rec, at(r, L->o_q),
+                                            p->N));
         /* the statistics of every row are known: refuse non-finite ones before writing */
         const int64_t bad = nonfinite_rows(rec, r->rows, L->n_act, 1, &first);
         if (bad) return sph_head_nonfinite_error(r->ctx, SPH_HEAD_FORWARD, bad, first, NULL);
         clear_outputs(r);
         for (int64_t q = 0; q < L->n_act; q++)
             finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
+        write_sum_p2(r, r->rows, L->n_act, rec, at(r, L->o_q), 1);
         return SPH_OK;
     }
     /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place. The outputs
@@ -575,6 +650,9 @@ static sph_status full_forward(const run *r) {
         gather_chunk(r, c0, nr);
         chunk_forward(r, c0, nr, crec);
         SPH_TRY(sph_head_combine_f64(p->comm, crec, gath, crec, nr));
+        if (p->sum_p2)
+            SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_cmq), gath, crec, at(r, L->o_q),
+                                            nr));
         /* every rank holds the same combined records: the same verdict on every rank */
         const int64_t bad = nonfinite_rows(crec, r->rows + c0, nr, 0, &first);
         if (bad)
@@ -589,6 +667,7 @@ static sph_status full_forward(const run *r) {
         }
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
+        write_sum_p2(r, r->rows + c0, nr, crec, at(r, L->o_q), 0);
         /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
          * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
         if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
@@ -645,8 +724,8 @@ static void support_logits(const run *r, int64_t i, const float *h, float *wbuf,
             load_row(r, p->weight, cols[k] * p->ld_w, p->H, wbuf);
             w = wbuf;
         }
-        float u = dotf(h, w, p->H);
-        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u * r->inv_t;
+        float u = dotf(h, w, p->H); /* tile values: u, or z when softcapped (x_scale) */
+        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u;
     }
 }
 
@@ -654,9 +733,11 @@ static sph_status support_forward_rows(const run *r) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
     double *rec = at(r, L->o_rec), *gath = at(r, L->o_gath);
+    double *mq = p->sum_p2 ? at(r, L->o_mq) : NULL;
     for (int64_t i = 0; i < p->N; i++) {
         double *o = rec + i * SPH_PARTIAL_FIELDS;
         o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
+        if (mq) mq[i * 2] = -INFINITY, mq[i * 2 + 1] = 0;
     }
 #pragma omp parallel num_threads(L->T)
     {
@@ -668,7 +749,7 @@ static sph_status support_forward_rows(const run *r) {
             int64_t i = r->rows[q], t = target_of(p, i);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
             support_logits(r, i, h, wb, z, cols);
-            double m = -INFINITY, s = 0, b = 0, zt = 0;
+            double m = -INFINITY, s = 0, d = 0, zt = 0, q2 = 0;
             int n = 0, nan = 0;
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
@@ -677,18 +758,22 @@ static sph_status support_forward_rows(const run *r) {
                     if (z[k] > m) m = z[k];
                 }
             if (nan) m = NAN;
+            const double xsc = x_scale(r); /* z = x xsc, shifted before the scaling */
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
-                    double e = exp((double)z[k] - m);
+                    double y = ((double)z[k] - m) * xsc, e = exp(y);
                     s += e;
-                    b += e * z[k];
-                    if (cols[k] + p->v0 == t) zt = z[k];
+                    d += e * y;
+                    q2 += e * e;
+                    if (cols[k] + p->v0 == t) zt = tile_z(r, z[k]);
                 }
             double *o = rec + i * SPH_PARTIAL_FIELDS;
-            if (n) o[0] = m, o[1] = s, o[2] = b, o[3] = zt;
+            if (n) o[0] = tile_z(r, (float)m), o[1] = s, o[2] = d, o[3] = zt;
+            if (n && mq) mq[i * 2] = o[0], mq[i * 2 + 1] = q2;
         }
     }
     SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
+    if (mq) SPH_TRY(sph_head_combine_sq_f64(p->comm, mq, gath, rec, at(r, L->o_q), p->N));
     return SPH_OK;
 }
 
@@ -709,10 +794,10 @@ static sph_status support_backward(const run *r, int from_rec) {
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < L->n_act; q++) {
             int64_t i = r->rows[q];
-            float lse, mu;
-            row_lse_mu(p, i, from_rec ? rec + i * SPH_PARTIAL_FIELDS : NULL, &lse, &mu);
+            float sh[4];
+            row_shift(r, i, from_rec ? rec + i * SPH_PARTIAL_FIELDS : NULL, sh);
             coef c;
-            make_coef(r, i, lse, mu, &c);
+            make_coef(r, i, sh, &c);
             load_row(r, p->hidden, i * p->ld_h, p->H, h);
             support_logits(r, i, h, wb, z, cols);
             float *d = du + q * p->K;
@@ -721,8 +806,10 @@ static sph_status support_backward(const run *r, int from_rec) {
                     d[k] = 0;
                     continue;
                 }
-                float pr = expf(z[k] - c.lse);
-                float dz = pr * (c.A + c.e * (c.mu - z[k])) + (cols[k] == c.t ? c.g : 0.0f);
+                /* from the stats: z in float32 first, as in chunk_backward */
+                float xv = !from_rec && r->cap <= 0 ? z[k] * r->inv_t : z[k];
+                float y = (xv - c.xs) * c.ys, pr = expf(y - c.ls);
+                float dz = pr * (c.A + c.e * (c.dm - y)) + (cols[k] == c.t ? c.g : 0.0f);
                 d[k] = dz * r->inv_t * cap_factor(r, z[k]);
             }
             if (p->dhidden) {
@@ -774,6 +861,7 @@ static sph_status support_forward(const run *r) {
     clear_outputs(r);
     for (int64_t q = 0; q < r->L.n_act; q++)
         finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
+    write_sum_p2(r, r->rows, r->L.n_act, rec, at(r, r->L.o_q), 1);
     if (!p->one_pass) return SPH_OK;
     return support_backward(r, 1);
 }

@@ -47,45 +47,46 @@ void sph_head_tile_stats_avx2(float *x, int64_t n, float inv_t, float out[4]) {
     __m256 vm = _mm256_set1_ps(-INFINITY), vsz = _mm256_setzero_ps();
     const int64_t n8 = n & ~(int64_t)7;
     for (int64_t j = 0; j < n8; j += 8) {
-        __m256 z = _mm256_mul_ps(_mm256_loadu_ps(x + j), it);
-        _mm256_storeu_ps(x + j, z);
-        vm = _mm256_max_ps(vm, z);
-        vsz = _mm256_add_ps(vsz, z);
+        __m256 u = _mm256_loadu_ps(x + j);
+        vm = _mm256_max_ps(vm, u);
+        vsz = _mm256_fmadd_ps(u, it, vsz);
     }
     float m = hmax256(vm), sz = hsum256(vsz);
     for (int64_t j = n8; j < n; j++) {
-        float z = x[j] * inv_t;
-        x[j] = z;
-        m = z > m ? z : m;
-        sz += z;
+        m = x[j] > m ? x[j] : m;
+        sz += x[j] * inv_t;
     }
+    /* shifted before scaling, (u - m) / T: exact at any logit magnitude (cpu_kernels.h) */
     const __m256 mm = _mm256_set1_ps(m);
     __m256 vs = _mm256_setzero_ps(), vb = _mm256_setzero_ps();
     for (int64_t j = 0; j < n8; j += 8) {
-        __m256 z = _mm256_loadu_ps(x + j), p = exp256(_mm256_sub_ps(z, mm));
+        __m256 u = _mm256_loadu_ps(x + j), y = _mm256_mul_ps(_mm256_sub_ps(u, mm), it);
+        __m256 p = exp256(y);
         vs = _mm256_add_ps(vs, p);
-        vb = _mm256_fmadd_ps(p, _mm256_sub_ps(z, mm), vb);
+        vb = _mm256_fmadd_ps(p, y, vb);
     }
     float s = hsum256(vs), b = hsum256(vb);
     for (int64_t j = n8; j < n; j++) {
-        float p = expf(x[j] - m);
+        float y = (x[j] - m) * inv_t, p = expf(y);
         s += p;
-        b += p * (x[j] - m);
+        b += p * y;
     }
     out[0] = m, out[1] = s, out[2] = b, out[3] = sz;
 }
 
-void sph_head_tile_grad_avx2(float *x, int64_t n, float lse, float A, float e, float mu, float C,
-                             float inv_t) {
-    const __m256 vl = _mm256_set1_ps(lse), va = _mm256_set1_ps(A), ve = _mm256_set1_ps(e),
-                 vc = _mm256_set1_ps(C), it = _mm256_set1_ps(inv_t), vmu = _mm256_set1_ps(mu);
+void sph_head_tile_grad_avx2(float *x, int64_t n, float xs, float ys, float ls, float A, float e,
+                             float dm, float C, float inv_t) {
+    const __m256 vl = _mm256_set1_ps(ls), va = _mm256_set1_ps(A), ve = _mm256_set1_ps(e),
+                 vc = _mm256_set1_ps(C), it = _mm256_set1_ps(inv_t), vdm = _mm256_set1_ps(dm),
+                 vxs = _mm256_set1_ps(xs), vys = _mm256_set1_ps(ys);
     const int64_t n8 = n & ~(int64_t)7;
     for (int64_t j = 0; j < n8; j += 8) {
-        __m256 z = _mm256_loadu_ps(x + j), p = exp256(_mm256_sub_ps(z, vl));
-        __m256 d = _mm256_fmadd_ps(p, _mm256_fmadd_ps(ve, _mm256_sub_ps(vmu, z), va), vc);
+        __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vxs), vys);
+        __m256 p = exp256(_mm256_sub_ps(y, vl));
+        __m256 d = _mm256_fmadd_ps(p, _mm256_fmadd_ps(ve, _mm256_sub_ps(vdm, y), va), vc);
         _mm256_storeu_ps(x + j, _mm256_mul_ps(d, it));
     }
-    sph_head_tile_grad_generic(x + n8, n - n8, lse, A, e, mu, C, inv_t);
+    sph_head_tile_grad_generic(x + n8, n - n8, xs, ys, ls, A, e, dm, C, inv_t);
 }
 
 void sph_head_cvt_avx2(const uint16_t *src, float *dst, int64_t n, int is_bf16) {

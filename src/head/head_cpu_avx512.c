@@ -38,31 +38,32 @@ void sph_head_tile_stats_avx512(float *x, int64_t n, float inv_t, float out[4]) 
     __m512 vm = _mm512_set1_ps(-INFINITY), vsz = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 z = _mm512_mul_ps(_mm512_loadu_ps(x + j), it);
-        _mm512_storeu_ps(x + j, z);
-        vm = _mm512_max_ps(vm, z);
-        vsz = _mm512_add_ps(vsz, z);
+        __m512 u = _mm512_loadu_ps(x + j);
+        vm = _mm512_max_ps(vm, u);
+        vsz = _mm512_fmadd_ps(u, it, vsz);
     }
     if (j < n) {
         __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-        __m512 z = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), it);
-        _mm512_mask_storeu_ps(x + j, k, z);
-        vm = _mm512_mask_max_ps(vm, k, vm, z);
-        vsz = _mm512_mask_add_ps(vsz, k, vsz, z);
+        __m512 u = _mm512_maskz_loadu_ps(k, x + j);
+        vm = _mm512_mask_max_ps(vm, k, vm, u);
+        vsz = _mm512_mask3_fmadd_ps(u, it, vsz, k);
     }
     const float m = _mm512_reduce_max_ps(vm);
+    /* shifted before scaling, (u - m) / T: exact at any logit magnitude (cpu_kernels.h) */
     const __m512 mm = _mm512_set1_ps(m);
     __m512 vs = _mm512_setzero_ps(), vb = _mm512_setzero_ps();
     for (j = 0; j + 16 <= n; j += 16) {
-        __m512 z = _mm512_loadu_ps(x + j), p = exp512(_mm512_sub_ps(z, mm));
+        __m512 u = _mm512_loadu_ps(x + j), y = _mm512_mul_ps(_mm512_sub_ps(u, mm), it);
+        __m512 p = exp512(y);
         vs = _mm512_add_ps(vs, p);
-        vb = _mm512_fmadd_ps(p, _mm512_sub_ps(z, mm), vb);
+        vb = _mm512_fmadd_ps(p, y, vb);
     }
     if (j < n) {
         __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-        __m512 z = _mm512_maskz_loadu_ps(k, x + j), p = exp512(_mm512_sub_ps(z, mm));
+        __m512 u = _mm512_maskz_loadu_ps(k, x + j), y = _mm512_mul_ps(_mm512_sub_ps(u, mm), it);
+        __m512 p = exp512(y);
         vs = _mm512_mask_add_ps(vs, k, vs, p);
-        vb = _mm512_mask3_fmadd_ps(p, _mm512_sub_ps(z, mm), vb, k); /* lanes outside k keep vb */
+        vb = _mm512_mask3_fmadd_ps(p, y, vb, k); /* lanes outside k keep vb */
     }
     out[0] = m;
     out[1] = _mm512_reduce_add_ps(vs);
@@ -70,20 +71,23 @@ void sph_head_tile_stats_avx512(float *x, int64_t n, float inv_t, float out[4]) 
     out[3] = _mm512_reduce_add_ps(vsz);
 }
 
-void sph_head_tile_grad_avx512(float *x, int64_t n, float lse, float A, float e, float mu, float C,
-                               float inv_t) {
-    const __m512 vl = _mm512_set1_ps(lse), va = _mm512_set1_ps(A), ve = _mm512_set1_ps(e),
-                 vc = _mm512_set1_ps(C), it = _mm512_set1_ps(inv_t), vmu = _mm512_set1_ps(mu);
+void sph_head_tile_grad_avx512(float *x, int64_t n, float xs, float ys, float ls, float A,
+                               float e, float dm, float C, float inv_t) {
+    const __m512 vl = _mm512_set1_ps(ls), va = _mm512_set1_ps(A), ve = _mm512_set1_ps(e),
+                 vc = _mm512_set1_ps(C), it = _mm512_set1_ps(inv_t), vdm = _mm512_set1_ps(dm),
+                 vxs = _mm512_set1_ps(xs), vys = _mm512_set1_ps(ys);
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 z = _mm512_loadu_ps(x + j), p = exp512(_mm512_sub_ps(z, vl));
-        __m512 d = _mm512_fmadd_ps(p, _mm512_fmadd_ps(ve, _mm512_sub_ps(vmu, z), va), vc);
+        __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vxs), vys);
+        __m512 p = exp512(_mm512_sub_ps(y, vl));
+        __m512 d = _mm512_fmadd_ps(p, _mm512_fmadd_ps(ve, _mm512_sub_ps(vdm, y), va), vc);
         _mm512_storeu_ps(x + j, _mm512_mul_ps(d, it));
     }
     if (j < n) {
         __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-        __m512 z = _mm512_maskz_loadu_ps(k, x + j), p = exp512(_mm512_sub_ps(z, vl));
-        __m512 d = _mm512_fmadd_ps(p, _mm512_fmadd_ps(ve, _mm512_sub_ps(vmu, z), va), vc);
+        __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vxs), vys);
+        __m512 p = exp512(_mm512_sub_ps(y, vl));
+        __m512 d = _mm512_fmadd_ps(p, _mm512_fmadd_ps(ve, _mm512_sub_ps(vdm, y), va), vc);
         _mm512_mask_storeu_ps(x + j, k, _mm512_mul_ps(d, it));
     }
 }

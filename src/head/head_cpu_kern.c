@@ -10,25 +10,24 @@
 void sph_head_tile_stats_generic(float *x, int64_t n, float inv_t, float out[4]) {
     float m = -INFINITY, sz = 0;
     for (int64_t j = 0; j < n; j++) {
-        float z = x[j] * inv_t;
-        x[j] = z;
-        m = z > m ? z : m; /* a NaN z never wins here; s and b below carry it */
-        sz += z;
+        m = x[j] > m ? x[j] : m; /* a NaN never wins here; s and d below carry it */
+        sz += x[j] * inv_t;
     }
-    float s = 0, b = 0;
+    float s = 0, d = 0;
     for (int64_t j = 0; j < n; j++) {
-        float p = expf(x[j] - m);
+        float y = (x[j] - m) * inv_t; /* shifted before scaling: exact at any |z| */
+        float p = expf(y);
         s += p;
-        b += p * (x[j] - m);
+        d += p * y;
     }
-    out[0] = m, out[1] = s, out[2] = b, out[3] = sz;
+    out[0] = m, out[1] = s, out[2] = d, out[3] = sz;
 }
 
-void sph_head_tile_grad_generic(float *x, int64_t n, float lse, float A, float e, float mu, float C,
-                                float inv_t) {
+void sph_head_tile_grad_generic(float *x, int64_t n, float xs, float ys, float ls, float A,
+                                float e, float dm, float C, float inv_t) {
     for (int64_t j = 0; j < n; j++) {
-        float z = x[j], p = expf(z - lse);
-        x[j] = (p * (A + e * (mu - z)) + C) * inv_t;
+        float y = (x[j] - xs) * ys, p = expf(y - ls);
+        x[j] = (p * (A + e * (dm - y)) + C) * inv_t;
     }
 }
 

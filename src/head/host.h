@@ -15,14 +15,21 @@ extern "C" {
 #endif
 
 /* TP combine (combine.c). local[N][SPH_PARTIAL_FIELDS] holds this rank's partial records
- * (m, s, b, zt, sz) in float64; gathered is scratch of comm size * N * SPH_PARTIAL_FIELDS
- * doubles (host memory); out[N][SPH_PARTIAL_FIELDS] receives the combined (M, S, B, ZT, SZ),
+ * (m, s, d, zt, sz) in float64, d shifted by the record's max (combine.c); gathered is scratch
+ * of comm size * N * SPH_PARTIAL_FIELDS doubles (host memory); out[N][SPH_PARTIAL_FIELDS]
+ * receives the combined (M, S, D, ZT, SZ),
  * combined in rank order (deterministic). With comm NULL or of size 1, out = local (gathered
  * unused, may be NULL). local and out may alias. */
 sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *gathered,
                                 double *out, int64_t N);
+/* sum_p2 across the TP group: mq[N][2] holds this rank's (m, q) per row, q = sum over its
+ * columns of e^(2 (z - m)); rec[N][SPH_PARTIAL_FIELDS] the combined records (their M);
+ * Q[i] = sum over ranks of q e^(2 (m - M)), so that sum_p2 = Q / S^2. gathered: comm size * N
+ * * 2 doubles (unused without a group). One allgather, ranks merged in rank order. */
+sph_status sph_head_combine_sq_f64(sph_comm_t comm, const double *mq, double *gathered,
+                                   const double *rec, double *Q, int64_t N);
 /* Combines the partials of one row across shards or tiles, in the order given:
- * (m, s, b, zt, sz) += (m', s', b', zt', sz'). Exact up to rounding; handles m = -inf. */
+ * (m, s, d, zt, sz) += (m', s', d', zt', sz'). Exact up to rounding; handles m = -inf. */
 void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS], const double add[SPH_PARTIAL_FIELDS]);
 
 /* The reference's passes on a host plan (head_ref.c): no workspace, host scratch; ctx takes

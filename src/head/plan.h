@@ -42,6 +42,7 @@ struct sph_head_plan {
     const int64_t *spans; int64_t n_spans; /* host, validated: ordered, in range, cover mask;
                                               NULL = derive from mask or dense */
     float *logprob, *entropy, *lse, *logit_mean; /* (N) each or NULL */
+    float *sum_p2;                       /* (N) or NULL: sum_j p_ij^2 (forward only) */
     float *stats;                        /* (N, 3): m, lse, mu; row stride 3 */
     const float *dlogprob, *dentropy, *dlse, *dlogit_mean; /* (N) each or NULL */
     void *dhidden; int64_t ld_dh; sph_dtype dh_dtype;

@@ -5,9 +5,12 @@
  * cpu_kernels.h says they compute:
  *   cvt        all 65536 bf16 and f16 patterns, bitwise equal to the scalar conversion (NaN
  *              to NaN), at every start offset and length mod the vector width (the tails)
- *   tile_stats (m, s, d, sz) of rows of every length 1..70 and 256, 257, 1000; a NaN in a
- *              row; entries whose e^(z - m) is 0; z written back bitwise as x * inv_t
- *   tile_grad  du = (e^(z - lse) (A + e (mu - z)) + C) inv_t, the same lengths
+ *   tile_stats (xm, s, d, sz) of rows of every length 1..70 and 256, 257, 1000, shifted
+ *              before the scaling (y = (x - xm) inv_t); a NaN in a row; entries whose e^y
+ *              is 0; x left bitwise as it was; a row with a large offset at a low
+ *              temperature (|z| ~ 1e5) whose spread is a few units of z
+ *   tile_grad  du = (e^(y - ls) (A + e (dm - y)) + C) inv_t with y = (x - xs) ys, the
+ *              same lengths and the same offset rows
  * Budgets: tolerances.h (f32 arithmetic of <= 1000 terms: TOL_CPU_F32).
  */
 #include <stdio.h>
@@ -84,35 +87,36 @@ static void test_tile_stats(void **state) {
     assert_non_null(x), assert_non_null(x0);
     int ok = 1;
     for (int k = 0; k < N_LENS; k++)
-        for (int rep = 0; rep < 3; rep++) {
+        for (int rep = 0; rep < 4; rep++) {
             const int64_t n = len_at(k);
-            const float inv_t = rep == 1 ? (float)(1 / 0.7) : 1.0f;
-            const double scale = rep == 2 ? 30 : 3; /* rep 2: a peaked row */
-            for (int64_t j = 0; j < n; j++) x0[j] = x[j] = (float)(rng_normal(&r) * scale);
+            /* rep 2: a peaked row; rep 3: offset 12 at T = 1e-4, spread ~ 3 in z */
+            const float inv_t = rep == 1 ? (float)(1 / 0.7) : rep == 3 ? 1e4f : 1.0f;
+            const double scale = rep == 2 ? 30 : rep == 3 ? 3e-4 : 3;
+            for (int64_t j = 0; j < n; j++)
+                x0[j] = x[j] = (float)((rep == 3 ? 12 : 0) + rng_normal(&r) * scale);
             float out[4];
             g_k.tile_stats(x, n, inv_t, out);
             double m = -INFINITY, s = 0, d = 0, sz = 0, sabs = 0;
             for (int64_t j = 0; j < n; j++) {
-                float z = x0[j] * inv_t;
-                if (memcmp(&z, &x[j], 4)) {
-                    print_error("%s tile_stats n=%lld: z[%lld] = %.9g, expected x * inv_t = %.9g\n",
-                                g_name, (long long)n, (long long)j, x[j], z);
+                if (memcmp(&x0[j], &x[j], 4)) {
+                    print_error("%s tile_stats n=%lld: x[%lld] = %.9g changed, was %.9g\n",
+                                g_name, (long long)n, (long long)j, x[j], x0[j]);
                     ok = 0;
                     break;
                 }
-                if (z > m) m = z;
-                sz += z, sabs += fabs(z);
+                if (x0[j] > m) m = x0[j];
+                sz += (double)x0[j] * inv_t, sabs += fabs((double)x0[j] * inv_t);
             }
             for (int64_t j = 0; j < n; j++) {
-                double p = exp((double)x[j] - m);
-                s += p, d += p * ((double)x[j] - m);
+                double y = ((double)x0[j] - m) * inv_t, p = exp(y);
+                s += p, d += p * y;
             }
             char cs[96];
             snprintf(cs, sizeof cs, "tile_stats(%s,n=%lld,inv_t=%g,scale=%g)", g_name,
                      (long long)n, (double)inv_t, scale);
             double got[3] = {out[1], out[2], out[3]}, ref[3] = {s, d, sz};
-            double bound[3] = {TOL_CPU_F32 * s, TOL_CPU_F32 * (fabs(d) + s * (fabs(m) + 1)),
-                               TOL_CPU_F32 * (sabs + 1)};
+            /* d is shifted: its budget is that of its own terms, not of |m| s */
+            double bound[3] = {TOL_CPU_F32 * s, TOL_CPU_F32 * (fabs(d) + s), TOL_CPU_F32 * (sabs + 1)};
             ok &= (double)out[0] == m;
             if ((double)out[0] != m)
                 print_error("%s: max %.9g, expected %.9g\n", cs, (double)out[0], m);
@@ -153,23 +157,26 @@ static void test_tile_grad(void **state) {
     assert_non_null(got);
     int ok = 1;
     for (int k = 0; k < N_LENS; k++)
-        for (int rep = 0; rep < 2; rep++) {
+        for (int rep = 0; rep < 3; rep++) {
             const int64_t n = len_at(k);
-            double m = -INFINITY, s = 0;
+            /* rep 2: offset 12 at T = 1e-4 (|z| ~ 1e5), spread ~ 3 in z */
+            const float inv_t = rep == 1 ? 1.25f : rep == 2 ? 1e4f : 1.0f;
+            const double off = rep == 2 ? 12 : 0, scale = rep == 2 ? 3e-4 : 3;
+            double xm = -INFINITY, s = 0;
             for (int64_t j = 0; j < n; j++) {
-                z[j] = (float)(rng_normal(&r) * 3);
-                if (z[j] > m) m = z[j];
+                z[j] = (float)(off + rng_normal(&r) * scale);
+                if (z[j] > xm) xm = z[j];
             }
-            for (int64_t j = 0; j < n; j++) s += exp(z[j] - m);
-            const float lse = (float)(m + log(s)), mu = (float)(rng_normal(&r));
+            for (int64_t j = 0; j < n; j++) s += exp(((double)z[j] - xm) * inv_t);
+            const float xs = (float)xm, ys = inv_t, ls = (float)log(s), dm = (float)(rng_normal(&r));
             const float A = (float)rng_normal(&r), e = (float)rng_normal(&r);
-            const float C = (float)(rng_normal(&r) * 1e-3), inv_t = rep ? 1.25f : 1.0f;
+            const float C = (float)(rng_normal(&r) * 1e-3);
             memcpy(x, z, (size_t)n * 4);
-            g_k.tile_grad(x, n, lse, A, e, mu, C, inv_t);
+            g_k.tile_grad(x, n, xs, ys, ls, A, e, dm, C, inv_t);
             for (int64_t j = 0; j < n; j++) {
-                double p = exp((double)z[j] - lse);
-                ref[j] = (p * (A + e * ((double)mu - z[j])) + C) * inv_t;
-                bd[j] = TOL_CPU_F32 * ((p * (fabs(A) + fabs(e) * (fabs(mu) + fabs(z[j]))) +
+                double y = ((double)z[j] - xs) * ys, p = exp(y - ls);
+                ref[j] = (p * (A + e * ((double)dm - y)) + C) * inv_t;
+                bd[j] = TOL_CPU_F32 * ((p * (fabs(A) + fabs(e) * (fabs(dm) + fabs(y))) +
                                         fabs(C)) * inv_t + 1e-30);
                 got[j] = x[j];
             }
