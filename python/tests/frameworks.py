@@ -88,3 +88,35 @@ def load_verl():
     bare_package("verl", os.path.join(d, "verl"))
     verl_actor_config_stub()
     return d
+
+
+def load_skyrl():
+    """The skyrl folder (and its bundled skyrl-gym) on sys.path, skyrl.backends registered
+    bare. ``ray`` is absent (it is SkyRL's distributed runtime, not the math): the policy-loss
+    registry module imports it for its registry actor, used only once ray is initialized, so
+    a stand-in with ``remote`` (identity) and ``is_initialized`` (False) takes its place."""
+    d = use("skyrl")
+    gym = os.path.join(d, "skyrl-gym")
+    if os.path.isdir(gym) and gym not in sys.path:
+        sys.path.insert(1, gym)
+    import skyrl
+    bare_package("skyrl.backends", os.path.join(os.path.dirname(skyrl.__file__), "backends"))
+    if "ray" not in sys.modules:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            ray = types.ModuleType("ray")
+            ray.remote = lambda cls: cls
+            ray.is_initialized = lambda: False
+            sys.modules["ray"] = ray
+    return d
+
+
+def init_single_process_group(tmp_path_factory):
+    """torch.distributed's default group of one gloo process (SkyRL's torch path all-reduces
+    over its group unconditionally)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        f = tmp_path_factory.mktemp("dist") / "store"
+        dist.init_process_group("gloo", init_method=f"file://{f}", rank=0, world_size=1)
+    return dist.group.WORLD
