@@ -22,8 +22,8 @@
   dual_clip, gspo, cispo; a masked *sum* of the per-token losses, the advantages already
   scaled by SkyRL's loss reduction) computed from the hidden states by one
   ``spanhead.torch.policy_loss`` call; other types, or an off-policy correction, fall back
-  (one-time warning) to SkyRL's own function on spanhead's log-probs (so does any ``rollout_logprobs``: SkyRL's
-  off-policy correction).
+  (one-time warning) to SkyRL's own function on spanhead's log-probs (so does any
+  ``rollout_logprobs``: SkyRL's off-policy correction).
 
 Supported SkyRL: ``>=0.3.0,<0.4`` (tested with 0.3.0).
 """
