@@ -14,6 +14,8 @@
   ``d_hidden`` (SkyRL's sequence-parallel gather reduces it) and ``d_weight`` in the weight's
   dtype. ``chunk_size`` is validated and otherwise unused (spanhead chunks the vocabulary
   itself, in its workspace budget); temperature is folded into the weight by SkyRL's caller.
+  An NCCL group uses spanhead's TP path; any other (gloo) combines the shards' statistics in
+  torch (``_tp.py``).
 * :func:`patch` / :func:`unpatch`: route SkyRL's backend dispatcher
   (``model_utils._fused_lm_head_logprob_apply``, which every fused log-prob path of the
   Megatron model wrapper calls) to spanhead for the backend names given (default both,
@@ -29,13 +31,14 @@ Supported SkyRL: ``>=0.3.0,<0.4`` (tested with 0.3.0).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext as _nullcontext
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from .. import torch as _sht
 from .._errors import InvalidArgumentError, ShapeError
-from . import check_version, warn_once
+from . import _tp, check_version, warn_once
 
 SKYRL_MIN, SKYRL_MAX = "0.3.0", "0.4"
 _MODEL_UTILS = "skyrl.backends.skyrl_train.distributed.megatron.model_utils"
@@ -95,10 +98,13 @@ class FusedLinearLogprobSpanhead:
         valid = (target >= lo) & (target < hi)
         t = torch.where(valid, t, torch.full_like(t, -1))
         h = hidden.to(weight.dtype)
-        if inference_only:
-            with torch.no_grad():
-                return _sht.logprobs(h, weight, t, **kw)
-        return _sht.logprobs(h, weight, t, **kw)
+        with torch.no_grad() if inference_only else _nullcontext():
+            if _tp.uses_torch_combine(tp_group):    # gloo & co: combined in torch
+                B, S = t.shape
+                lp, _ = _tp.logprob_entropy(h.reshape(B * S, -1), weight, t.reshape(-1),
+                                            start, tp_group, want_entropy=False)
+                return lp.reshape(B, S)
+            return _sht.logprobs(h, weight, t, **kw)
 
 
 # ---- patch / unpatch ------------------------------------------------------------------------
@@ -189,6 +195,8 @@ def policy_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, target:
     shifted): ``(loss, {"clip_ratio": ...})`` as SkyRL returns (the metric a 0-dim tensor,
     no host sync). Fallbacks as the module's docstring says."""
     kw, why = map_config(config, rollout_logprobs is not None)
+    if kw is not None and _tp.uses_torch_combine(tp_group):
+        kw, why = None, "a TP group spanhead does not drive (not NCCL)"
     if hidden.dim() != 3 or tuple(target.shape) != tuple(hidden.shape[:2]):
         raise ShapeError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)}: "
                          f"expected [B, S, H] and [B, S]")

@@ -11,7 +11,8 @@
   ``"sum"`` / ``"mean"`` the log-probs are the 0-dim sum / mean over all N tokens), autograd
   through both; with a process group of more than one rank the weight is the local vocabulary
   shard (rank r holds ids ``[r V_loc, (r + 1) V_loc)``), labels are global ids and, as in verl,
-  ``d_hidden`` is this rank's partial (not summed over the group).
+  ``d_hidden`` is this rank's partial (not summed over the group). An NCCL group uses
+  spanhead's TP path; any other (gloo) combines the shards' statistics in torch (``_tp.py``).
 * :func:`patch` / :func:`unpatch`: idempotent, reversible; the originals are recorded.
 * :func:`ppo_loss`: verl's actor loss (``verl.workers.utils.losses.ppo_loss``: the
   ``policy_loss`` registry's vanilla (dual-clip) / gspo / cispo, its KL losses and
@@ -31,7 +32,7 @@ import torch
 
 from .. import torch as _sht
 from .._errors import InvalidArgumentError, ShapeError
-from . import check_version, warn_once
+from . import _tp, check_version, warn_once
 
 VERL_MIN, VERL_MAX = "0.9.0", "0.10"
 _TARGET = "verl.utils.kernel.linear_cross_entropy"
@@ -83,12 +84,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         if lo < 0 or hi >= v_total:
             bad = lo if lo < 0 else hi
             raise InvalidArgumentError(f"labels: id {bad} outside the vocabulary [0, {v_total})")
-    kw: Dict[str, Any] = {}
-    if size > 1:
-        kw = dict(tp_group=dist_process_group, vocab_start=rank * v_loc, vocab_total=v_total,
-                  reduce_dhidden=False)
-    out = _sht.logprobs(h2, weight, lab, temperature=float(temperature), entropy=True, **kw)
-    lp, ent = out.logprob, out.entropy
+    if _tp.uses_torch_combine(dist_process_group):     # gloo & co: combined in torch
+        lp, ent = _tp.logprob_entropy(h2, weight, lab, rank * v_loc, dist_process_group,
+                                      float(temperature))
+    else:
+        kw: Dict[str, Any] = {}
+        if size > 1:
+            kw = dict(tp_group=dist_process_group, vocab_start=rank * v_loc,
+                      vocab_total=v_total, reduce_dhidden=False)
+        out = _sht.logprobs(h2, weight, lab, temperature=float(temperature), entropy=True,
+                            **kw)
+        lp, ent = out.logprob, out.entropy
     red = reduction.lower()
     if red == "sum":
         lp = lp.sum()
@@ -239,6 +245,8 @@ def ppo_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: to
     if "loss_scale_factor" not in gbi or gbi["loss_scale_factor"] is None:
         gbi["loss_scale_factor"] = _cfg(config, "loss_scale_factor", None)
     kw, why = map_config(config)
+    if kw is not None and _tp.uses_torch_combine(dist_process_group):
+        kw, why = None, "a TP group spanhead does not drive (not NCCL)"
     if hidden.dim() != 3 or tuple(labels.shape) != tuple(hidden.shape[:2]):
         raise ShapeError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)}: "
                          f"expected (B, T, H) and (B, T)")
