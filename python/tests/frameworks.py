@@ -32,7 +32,23 @@ def use(framework: str) -> str:
                     allow_module_level=True)
     if d not in sys.path:
         sys.path.insert(0, d)
+        _refresh_transformers()
     return d
+
+
+def _refresh_transformers():
+    """transformers caches which optional packages exist (accelerate, for TRL's trainer) when
+    first asked: a module imported before this folder joined sys.path (test_hf.py, verl's
+    tests) would leave it saying "not installed". Clear those caches."""
+    import importlib
+    importlib.invalidate_caches()
+    iu = sys.modules.get("transformers.utils.import_utils")
+    if iu is None:
+        return
+    for name in dir(iu):
+        f = getattr(iu, name)
+        if name.startswith("is_") and hasattr(f, "cache_clear"):
+            f.cache_clear()
 
 
 def bare_package(name: str, path: str) -> types.ModuleType:
@@ -120,3 +136,15 @@ def init_single_process_group(tmp_path_factory):
         f = tmp_path_factory.mktemp("dist") / "store"
         dist.init_process_group("gloo", init_method=f"file://{f}", rank=0, world_size=1)
     return dist.group.WORLD
+
+
+def off_sys_path_afterwards(*frameworks):
+    """A module-scoped fixture body: after the module's tests the framework folders leave
+    sys.path (pytest collects every module first, so they are on it meanwhile; the venv and
+    these folders share no package but idna and certifi, pinned alike)."""
+    yield
+    base = os.environ.get("SPANHEAD_INTEGRATIONS_DIR") or os.path.join(ROOT, "build-integrations")
+    for fw in frameworks:
+        for d in (os.path.join(base, fw), os.path.join(base, fw, "skyrl-gym")):
+            while d in sys.path:
+                sys.path.remove(d)

@@ -30,9 +30,19 @@ import spanhead  # noqa: E402
 import spanhead.integrations.skyrl as shs  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _framework_path_off_afterwards():
+    yield from frameworks.off_sys_path_afterwards("skyrl")
+
+
+
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
-    return frameworks.init_single_process_group(tmp_path_factory)
+    import torch.distributed as dist
+    was = dist.is_initialized()
+    yield frameworks.init_single_process_group(tmp_path_factory)
+    if not was:                          # later test modules see no default group
+        dist.destroy_process_group()
 
 
 def close(a, b, tol=2e-5, what=""):

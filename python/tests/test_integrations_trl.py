@@ -23,6 +23,12 @@ datasets = pytest.importorskip("datasets", reason="datasets is not installed")
 import spanhead  # noqa: E402
 import spanhead.integrations.trl as sh_trl  # noqa: E402
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _framework_path_off_afterwards():
+    yield from frameworks.off_sys_path_afterwards("trl")
+
+
 V, P, K, B = 61, 5, 9, 4
 
 

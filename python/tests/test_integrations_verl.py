@@ -28,6 +28,12 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 import spanhead  # noqa: E402
 import spanhead.integrations.verl as shv  # noqa: E402
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _framework_path_off_afterwards():
+    yield from frameworks.off_sys_path_afterwards("verl")
+
+
 Cfg = frameworks.ActorConfig
 
 
