@@ -53,7 +53,7 @@ fi
 # on sys.path under the venv's python. Separate folders keep their pins apart (SkyRL's
 # transformers pin, for one, is not installed at all: the venv's transformers serves).
 # A folder whose stamp matches the list is left as it is. SPH_INTEGRATIONS=none skips it (the
-# tests then skip, saying so). About 110 MB of wheels, under a minute.
+# tests then skip, saying so). About 90 MB of wheels (mostly pyarrow and pandas), a minute.
 integ=${SPH_INTEGRATIONS:-$(cd "$(dirname "$0")/.." && pwd)/build-integrations}
 if [ "$venv" != none ] && [ "$integ" != none ]; then
     declare -A integ_reqs=(

@@ -116,16 +116,20 @@ def test_patch_unpatch_roundtrip():
     holder.linear_cross_entropy = orig
     holder.lce_alias = orig
     sys.modules[holder.__name__] = holder
+    from verl.utils.experimental.torch_functional import FusedLinearForPPO
+    torch_forward = FusedLinearForPPO.__dict__["forward"]
     try:
         shv.patch()
         shv.patch()                                       # idempotent
         assert verl_lce.linear_cross_entropy is shv.linear_cross_entropy
+        assert FusedLinearForPPO.__dict__["forward"] is not torch_forward
         assert holder.linear_cross_entropy is shv.linear_cross_entropy
         assert holder.lce_alias is shv.linear_cross_entropy
         assert shv.is_patched()
         shv.unpatch()
         assert verl_lce.linear_cross_entropy is orig
         assert holder.linear_cross_entropy is orig and holder.lce_alias is orig
+        assert FusedLinearForPPO.__dict__["forward"] is torch_forward
         assert not shv.is_patched()
         shv.unpatch()                                     # a no-op
         assert verl_lce.linear_cross_entropy is orig
@@ -178,6 +182,40 @@ def test_verl_model_forward_patched_vs_torch_backend(rng):
     ((out.log_probs.reshape(2, 19) * g1).sum() + (out.entropy.reshape(2, 19) * g2).sum()).backward()
     for n, p in model.named_parameters():
         close(p.grad, ref_grads[n], tol=5e-5, what=n)
+
+
+def test_verl_torch_backend_patched_vs_unpatched(rng, monkeypatch):
+    """verl's default fused backend (impl_backend=torch: FusedLinearForPPO) patched and not:
+    the same log-probs, entropy (and their dtypes, shapes) and gradients; spanhead ran."""
+    from verl.models.transformers import dense_common as dc
+    calls = []
+    real = shv.linear_cross_entropy
+    monkeypatch.setattr(shv, "linear_cross_entropy", lambda *a: calls.append(1) or real(*a))
+    model = tiny_llama(int(rng.integers(1 << 30)))
+    ids = torch.tensor(rng.integers(0, 89, (3, 17)))
+    g1 = torch.tensor(rng.standard_normal((3, 17)), dtype=torch.float32)
+    g2 = torch.tensor(rng.standard_normal((3, 17)), dtype=torch.float32)
+    res = {}
+    for patched in (False, True):
+        model.zero_grad()
+        if patched:
+            shv.patch()
+        try:
+            out = dc.forward_with_torch_backend(model, input_ids=ids, return_dict=True,
+                                                temperature=1.1)
+        finally:
+            shv.unpatch()
+        ((out.log_probs * g1).sum() + (out.entropy * g2).sum()).backward()
+        res[patched] = (out.log_probs, out.entropy,
+                        {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert calls == [1]
+    (lp0, e0, gr0), (lp1, e1, gr1) = res[False], res[True]
+    assert lp1.shape == lp0.shape and e1.shape == e0.shape
+    assert lp1.dtype == lp0.dtype and e1.dtype == e0.dtype
+    close(lp1, lp0, what="log_probs")
+    close(e1, e0, what="entropy")
+    for n in gr0:
+        close(gr1[n], gr0[n], tol=5e-5, what=n)
 
 
 # ---- ppo_loss ---------------------------------------------------------------------------

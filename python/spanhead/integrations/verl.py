@@ -1,8 +1,9 @@
 """spanhead for verl (docs/integrations.md).
 
     import spanhead.integrations.verl as shv
-    shv.patch()     # verl's use_fused_kernels path (every module that imported
-                    # verl.utils.kernel.linear_cross_entropy.linear_cross_entropy) runs spanhead
+    shv.patch()     # verl's use_fused_kernels paths (the triton backend's
+                    # linear_cross_entropy, every module that imported it, and the torch
+                    # backend's FusedLinearForPPO) run spanhead
 
 * :func:`linear_cross_entropy` has the contract of verl's
   ``verl.utils.kernel.linear_cross_entropy.linear_cross_entropy`` (a ``LinearCrossEntropy.apply``):
@@ -105,45 +106,67 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 # ---- patch / unpatch ------------------------------------------------------------------------
 
-_patched: List[Tuple[Any, str, Any]] = []   # (module, attribute, original)
+_patched: List[Tuple[Any, str, Any, Any]] = []   # (object, attribute, original, replacement)
+_TORCH_PATH = "verl.utils.experimental.torch_functional"
 
 
 def is_patched() -> bool:
     return bool(_patched)
 
 
+def _fused_linear_for_ppo_forward(self, hidden_states, vocab_weights, input_ids,
+                                  temperature=1.0):
+    """``FusedLinearForPPO.forward`` (verl's torch backend of the fused kernels, the default
+    ``impl_backend``) on spanhead: log-probs float32 and entropy in hidden's dtype (as verl's
+    torch path returns them), of ``input_ids``' shape."""
+    if hidden_states.ndim not in (2, 3) or tuple(input_ids.shape) != \
+            tuple(hidden_states.shape[:-1]):
+        raise ShapeError(f"hidden_states {tuple(hidden_states.shape)} and input_ids "
+                         f"{tuple(input_ids.shape)}: expected (..., H) and (...)")
+    lp, ent = linear_cross_entropy(hidden_states, vocab_weights, input_ids.to(torch.int64),
+                                   float(temperature), "none")
+    shape = input_ids.shape
+    return lp.view(shape), ent.to(hidden_states.dtype).view(shape)
+
+
+def _swap(obj: Any, attr: str, orig: Any, new: Any) -> None:
+    setattr(obj, attr, new)
+    _patched.append((obj, attr, orig, new))
+
+
 def patch() -> None:
-    """Make verl's fused-kernel path run spanhead: ``verl.utils.kernel.linear_cross_entropy``'s
-    ``linear_cross_entropy`` and every loaded ``verl.*`` module attribute bound to it (the
-    Megatron forwards import it by name at module level; the FSDP forwards import it inside
-    the function, so they see the replaced attribute). Idempotent (a second call patches only
-    modules loaded since); :func:`unpatch` restores every original. An unsupported verl
-    version raises :class:`spanhead.UnsupportedError` and changes nothing."""
+    """Make verl's fused-kernel paths run spanhead: ``verl.utils.kernel.linear_cross_entropy``'s
+    ``linear_cross_entropy`` (the triton backend of FSDP's fused forwards and verl's Megatron
+    forwards) and every loaded ``verl.*`` module attribute bound to it (the Megatron forwards
+    import it by name at module level; the FSDP forwards import it inside the function, so
+    they see the replaced attribute), and ``FusedLinearForPPO.forward`` (the torch backend,
+    ``fused_kernel_options.impl_backend=torch``, verl's default). Idempotent (a second call
+    patches only modules loaded since); :func:`unpatch` restores every original. An
+    unsupported verl version raises :class:`spanhead.UnsupportedError` and changes nothing."""
     check_version("verl", VERL_MIN, VERL_MAX)
     import importlib
     mod = importlib.import_module(_TARGET)
+    etf = importlib.import_module(_TORCH_PATH)
     if not _patched:
-        orig = mod.linear_cross_entropy
-        _patched.append((mod, "linear_cross_entropy", orig))
+        _swap(mod, "linear_cross_entropy", mod.linear_cross_entropy, linear_cross_entropy)
+        cls = etf.FusedLinearForPPO
+        _swap(cls, "forward", cls.__dict__["forward"], _fused_linear_for_ppo_forward)
     orig = _patched[0][2]
-    if mod.linear_cross_entropy is orig:
-        mod.linear_cross_entropy = linear_cross_entropy
     for name, m in list(sys.modules.items()):
         if m is None or m is mod or not (name == "verl" or name.startswith("verl.")):
             continue
         d = getattr(m, "__dict__", {})
         for attr, val in list(d.items()):
             if val is orig:
-                setattr(m, attr, linear_cross_entropy)
-                _patched.append((m, attr, orig))
+                _swap(m, attr, orig, linear_cross_entropy)
 
 
 def unpatch() -> None:
     """Restore everything :func:`patch` replaced (a no-op when nothing is patched)."""
     while _patched:
-        m, attr, orig = _patched.pop()
-        if getattr(m, attr, None) is linear_cross_entropy:
-            setattr(m, attr, orig)
+        obj, attr, orig, new = _patched.pop()
+        if obj.__dict__.get(attr) is new:
+            setattr(obj, attr, orig)
 
 
 # ---- verl's actor loss from the hidden states ------------------------------------------------
