@@ -321,7 +321,9 @@ def run_trl(a, dev):
                                    num_key_value_heads=max(1, Hd // 512), pad_token_id=0,
                                    eos_token_id=1, bos_token_id=1, tie_word_embeddings=False,
                                    max_position_embeddings=4096)
-    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp + "/model")
+    m = transformers.Qwen2ForCausalLM(cfg)
+    (m.to(torch.bfloat16) if dev.type == "cuda" else m).save_pretrained(tmp + "/model")
+    del m
     tok.save_pretrained(tmp + "/model")
     args = trl.GRPOConfig(output_dir=tmp + "/out", per_device_train_batch_size=Bn,
                           num_generations=Bn // 2, max_completion_length=K, report_to=[],
