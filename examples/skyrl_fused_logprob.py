@@ -20,6 +20,7 @@ from skyrl.train.config import AlgorithmConfig  # noqa: E402
 
 import spanhead.integrations.skyrl as shs  # noqa: E402
 
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")      # one local process: loopback
 store = os.path.join(tempfile.mkdtemp(), "store")
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
 group = dist.group.WORLD

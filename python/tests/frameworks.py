@@ -132,6 +132,7 @@ def init_single_process_group(tmp_path_factory):
     """torch.distributed's default group of one gloo process (SkyRL's torch path all-reduces
     over its group unconditionally)."""
     import torch.distributed as dist
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # loopback only
     if not dist.is_initialized():
         f = tmp_path_factory.mktemp("dist") / "store"
         dist.init_process_group("gloo", init_method=f"file://{f}", rank=0, world_size=1)

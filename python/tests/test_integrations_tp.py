@@ -20,7 +20,8 @@ def test_tp_gloo(tmp_path, world):
     frameworks.use("verl")
     frameworks.use("skyrl")
     store = tmp_path / "store"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # gloo on the loopback interface (not the one the hostname resolves to): local traffic only
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(store)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=env) for r in range(world)]

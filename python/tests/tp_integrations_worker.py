@@ -106,8 +106,8 @@ def main():
                               temperature=0.8)
     close(loss, one, 2e-5, "verl ppo_loss over the group")
     dist.barrier()
-    print(f"RANK {rank} OK", flush=True)
     dist.destroy_process_group()
+    print(f"RANK {rank} OK", flush=True)
 
 
 if __name__ == "__main__":
