@@ -74,6 +74,7 @@ $(PY_EXT): $(PY_SRC) python/csrc/_spanhead.h include/spanhead.h
 python-test: build $(PY_EXT)
 	SPANHEAD_LIB=$(CURDIR)/$(BUILD)/libspanhead.so PYTHONPATH=$(CURDIR)/python \
 	  SPANHEAD_CLI=$(CURDIR)/$(BUILD)/spanhead SPANHEAD_BUILD_DIR=$(CURDIR)/$(BUILD) \
+	  SPANHEAD_INTEGRATIONS_DIR=$(CURDIR)/build-integrations \
 	  $(PYTEST_PY) -m pytest -q -rs python/tests
 
 # The CLI's benchmark with its defaults (on a GPU the model shapes, on the CPU a small shape that

@@ -45,3 +45,41 @@ if [ "$venv" != none ]; then
         "$venv/bin/python" -m pip install -q numpy pytest setuptools "$torch_req" "$hf_req"
     fi
 fi
+
+# ---- the RL frameworks for the integration tests (python/tests/test_integrations_*.py) ----
+# verl, SkyRL and TRL from PyPI, each WITHOUT its dependency tree (ray, vLLM, flash-attn,
+# ... are gigabytes) into its own folder build-integrations/<framework> (pip --target), with
+# only the small packages its tested modules import, pinned; the tests put that folder first
+# on sys.path under the venv's python. Separate folders keep their pins apart (SkyRL's
+# transformers pin, for one, is not installed at all: the venv's transformers serves).
+# A folder whose stamp matches the list is left as it is. SPH_INTEGRATIONS=none skips it (the
+# tests then skip, saying so). About 90 MB of wheels (mostly pyarrow and pandas), a minute.
+integ=${SPH_INTEGRATIONS:-$(cd "$(dirname "$0")/.." && pwd)/build-integrations}
+if [ "$venv" != none ] && [ "$integ" != none ]; then
+    declare -A integ_reqs=(
+        [verl]="verl==0.9.1 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 tensordict==0.10.0
+                cloudpickle==3.1.3 orjson==3.13.0 importlib_metadata==10.2.0 zipp==4.1.2
+                pyvers==0.1.0"
+        [skyrl]="skyrl==0.3.0 megatron-core==0.16.1 omegaconf==2.3.0
+                 antlr4-python3-runtime==4.9.3 loguru==0.7.3 jaxtyping==0.3.11
+                 wadler_lindig==0.1.8 pandas==3.1.1 python-dateutil==4.0.0 pytz==2026.6
+                 tzdata==2026.6 six==1.17.0 requests==2.34.2 urllib3==2.8.0 idna==3.20
+                 certifi==2026.10.19.post1 charset_normalizer==3.5.3"
+        [trl]="trl==1.16.0 accelerate==1.13.0 datasets==5.2.0 pyarrow==24.0.0 pandas==3.1.1
+               python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0 dill==0.4.1
+               multiprocess==0.70.19 xxhash==4.1.0 psutil==7.2.2 requests==2.34.2
+               urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1 charset_normalizer==3.5.3"
+    )
+    for fw in verl skyrl trl; do
+        reqs=$(echo ${integ_reqs[$fw]})
+        dir=$integ/$fw
+        if [ "$(cat "$dir/.spanhead-stamp" 2>/dev/null)" != "$reqs" ]; then
+            echo "setup: installing $fw (no dependencies beyond: $reqs) into $dir"
+            rm -rf "$dir" && mkdir -p "$dir"
+            # shellcheck disable=SC2086
+            "$venv/bin/python" -m pip install -q --no-deps --disable-pip-version-check \
+                --target "$dir" $reqs
+            echo "$reqs" > "$dir/.spanhead-stamp"
+        fi
+    done
+fi

@@ -68,7 +68,9 @@ def test_wheel_carries_library_and_stable_abi_extension(wheel):
     assert wheel.endswith("-cp39-abi3-linux_x86_64.whl"), wheel
     names = zipfile.ZipFile(wheel).namelist()
     for f in ("spanhead/libspanhead.so", "spanhead/_spanhead.abi3.so", "spanhead/torch.py",
-              "spanhead/hf.py", "spanhead/_torch_ops.py"):
+              "spanhead/hf.py", "spanhead/_torch_ops.py", "spanhead/integrations/__init__.py",
+              "spanhead/integrations/verl.py", "spanhead/integrations/skyrl.py",
+              "spanhead/integrations/trl.py", "spanhead/integrations/_tp.py"):
         assert f in names, f"{f} missing from {names}"
     # SPANHEAD_WHEEL_LIBS=auto: the non-glibc libraries libspanhead needs ride along
     carried = {os.path.basename(n) for n in names if n.startswith("spanhead/.libs/")}
