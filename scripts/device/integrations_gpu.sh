@@ -87,22 +87,32 @@ py=${PYTHON:-python3}
 sel=("$@")
 [ ${#sel[@]} -eq 0 ] && sel=("${fws[@]}")
 whl=$(ls .pywhl/spanhead-*.whl 2>/dev/null | head -1)
-if [ -z "$whl" ]; then
+# without a wheel: the tree's package (python/, its extension built here and carried) on the
+# library $SPANHEAD_LIB names (a bundle's libspanhead.so.0): one device call fewer
+tree_pkg=0
+if [ -z "$whl" ] && [ -n "${SPANHEAD_LIB:-}" ] && [ -e python/spanhead/_spanhead.abi3.so ]; then
+    tree_pkg=1
+elif [ -z "$whl" ]; then
     echo "integrations_gpu: FAIL no .pywhl/spanhead-*.whl (python_gpu.sh prepare here, carry" \
-        ".pywhl)" | tee "$log"
+        ".pywhl), and no SPANHEAD_LIB + python/spanhead/_spanhead.abi3.so" | tee "$log"
     exit 1
 fi
 site=$(mktemp -d)/site
-unset LD_LIBRARY_PATH SPANHEAD_LIB SPANHEAD_BUILD_DIR
+[ "$tree_pkg" = 1 ] || unset LD_LIBRARY_PATH SPANHEAD_LIB SPANHEAD_BUILD_DIR
 {
     echo "# integrations_gpu $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null)$(
-        git diff --quiet 2>/dev/null || echo +dirty) wheel $(basename "$whl")"
+        git diff --quiet 2>/dev/null || echo +dirty) $( [ "$tree_pkg" = 1 ] &&
+        echo "tree package, library $SPANHEAD_LIB" || echo "wheel $(basename "$whl")")"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    if ! $py -m pip install -q --no-deps --no-index --target "$site" "$whl" 2>/dev/null; then
-        mkdir -p "$site" && $py -m zipfile -e "$whl" "$site"
+    if [ "$tree_pkg" = 1 ]; then
+        export PYTHONPATH=$root/python
+    else
+        if ! $py -m pip install -q --no-deps --no-index --target "$site" "$whl" 2>/dev/null; then
+            mkdir -p "$site" && $py -m zipfile -e "$whl" "$site"
+        fi
+        export PYTHONPATH=$site:$root/.pywhl/pydeps
     fi
-    export PYTHONPATH=$site:$root/.pywhl/pydeps SPANHEAD_INTEGRATIONS_DIR=$fwdir \
-        NCCL_NVLS_ENABLE=0
+    export SPANHEAD_INTEGRATIONS_DIR=$fwdir NCCL_NVLS_ENABLE=0
     $py -c 'import sys, torch, transformers, spanhead
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
       transformers.__version__, "spanhead", spanhead.__version__)'
