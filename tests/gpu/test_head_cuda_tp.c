@@ -53,12 +53,20 @@ static sph_status d_allgather(sph_comm_t c, const void *send, void *recv, size_t
     }
     g->send[c->rank] = send;
     if (tp_barrier(&g->sync)) return tp_peer_failed();
+    /* on the rank's stream, synchronized before the barrier: a plain cudaMemcpy between device
+     * buffers returns before the copy is done (and runs on the legacy stream, which the
+     * context's non-blocking stream does not wait for), so a peer could reuse its send buffer
+     * under the copy; seen as wrong results only when the GPU was shared (run 26) */
     for (int64_t r = 0; r < g->size; r++)
-        if (cudaMemcpy((char *)recv + (size_t)r * bytes, g->send[r], bytes, cudaMemcpyDefault) !=
-            cudaSuccess) {
+        if (cudaMemcpyAsync((char *)recv + (size_t)r * bytes, g->send[r], bytes,
+                            cudaMemcpyDefault, (cudaStream_t)stream) != cudaSuccess) {
             tp_group_abort(&g->sync);
             return SPH_ERR_CUDA;
         }
+    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) {
+        tp_group_abort(&g->sync);
+        return SPH_ERR_CUDA;
+    }
     if (tp_barrier(&g->sync)) return tp_peer_failed();
     return SPH_OK;
 }
@@ -70,7 +78,11 @@ static sph_status d_allreduce(sph_comm_t c, float *buf, size_t count, void *stre
         return SPH_ERR_CUDA;
     }
     float *mine = malloc(count * 4 + 4), *tmp = malloc(count * 4 + 4);
-    cudaMemcpy(mine, buf, count * 4, cudaMemcpyDeviceToHost);
+    if (cudaMemcpy(mine, buf, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(mine), free(tmp);
+        tp_group_abort(&g->sync);
+        return SPH_ERR_CUDA;
+    }
     g->bufs[c->rank] = mine;
     sph_status st = SPH_OK;
     if (tp_barrier(&g->sync)) {
@@ -79,8 +91,14 @@ static sph_status d_allreduce(sph_comm_t c, float *buf, size_t count, void *stre
         for (size_t k = 0; k < count; k++) tmp[k] = 0;
         for (int64_t r = 0; r < g->size; r++)
             for (size_t k = 0; k < count; k++) tmp[k] += g->bufs[r][k];
+        /* a pageable host -> device cudaMemcpy may return before its DMA lands, on the legacy
+         * stream: the copy goes on the rank's stream and is waited for before tmp is freed and
+         * before the pass's later work on that stream reads buf */
         if (tp_barrier(&g->sync)) st = tp_peer_failed();
-        else cudaMemcpy(buf, tmp, count * 4, cudaMemcpyHostToDevice);
+        else if (cudaMemcpyAsync(buf, tmp, count * 4, cudaMemcpyHostToDevice,
+                                 (cudaStream_t)stream) != cudaSuccess ||
+                 cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+            st = SPH_ERR_CUDA;
     }
     free(mine), free(tmp);
     return st;
