@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -276,6 +277,18 @@ static int outset_stage(sph_cli_outset *s, const char *file,
     return 0;
 }
 
+/* SPH_CLI_TEST_WRITE_DELAY_MS (tests only, tests/cli/test_outputs.sh): a pause after each
+ * staged file, so that a signal sent once the first file shows lands while the set is being
+ * written, whatever the machine's speed (a polling test raced a fast write before). */
+static void test_write_delay(void) {
+    const char *v = getenv("SPH_CLI_TEST_WRITE_DELAY_MS");
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0 || ms > 10000) return;
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
 typedef struct npy_put {
     char kind;
     int bytes, ndim;
@@ -306,7 +319,9 @@ int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes
         return outset_fail(s);
     }
     const npy_put n = {kind, bytes, ndim, shape, data};
-    return outset_stage(s, file, put_npy, &n);
+    if (outset_stage(s, file, put_npy, &n)) return -1;
+    test_write_delay();
+    return 0;
 }
 
 int sph_cli_outset_text(sph_cli_outset *s, const char *file, const char *text) {

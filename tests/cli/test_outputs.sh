@@ -15,7 +15,9 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
 snapshot() { (cd "$1" && find . -printf '%p %y %l\n' | sort && find . -type f -exec md5sum {} + | sort); }
 
-# a run whose dweight (128 MiB) takes a while to write
+# a run whose dweight (128 MiB) takes a while to write; the signal tests also pause 0.5 s after
+# each staged file (SPH_CLI_TEST_WRITE_DELAY_MS, src/cli/outset.c), so the signal sent once the
+# first file shows lands while the set is written on any machine (a fast write raced the poll)
 big=(run --N 8 --H 1024 --V 32768 --repeats 1)
 small=(run --N 64 --H 32 --V 512 --entropy)
 # long enough (about 2 s here) that the second run surely starts while the first computes, and
@@ -41,7 +43,7 @@ has_data() { [ -n "$(find "$1" -mindepth 2 -type f -size +0 2>/dev/null | head -
 for sig in TERM INT; do
     par=$tmp/sig-$sig
     mkdir -p "$par"
-    "$cli" "${big[@]}" --outputs "$par/out" >/dev/null 2>"$tmp/err" &
+    SPH_CLI_TEST_WRITE_DELAY_MS=500 "$cli" "${big[@]}" --outputs "$par/out" >/dev/null 2>"$tmp/err" &
     pid=$!
     wait_for has_data "$par" || bad "sig-$sig: no staged data appeared"
     kill -s "$sig" "$pid"
@@ -63,7 +65,7 @@ for sig in TERM INT; do
     echo keep >"$ex/logprob.npy"
     echo mine >"$ex/notes.txt"
     before=$(snapshot "$ex")
-    "$cli" "${big[@]}" --outputs "$ex" >/dev/null 2>"$tmp/err" &
+    SPH_CLI_TEST_WRITE_DELAY_MS=500 "$cli" "${big[@]}" --outputs "$ex" >/dev/null 2>"$tmp/err" &
     pid=$!
     wait_for has_data "$ex" || bad "sig-ex-$sig: no staged data appeared"
     kill -s "$sig" "$pid"
