@@ -638,6 +638,14 @@ typedef struct sph_head_args {
                                          on inactive rows; over the support with candidates);
                                          no gradient. Host contexts (CPU, reference) only for
                                          now: a CUDA context refuses it (SPH_ERR_UNSUPPORTED) */
+    const sph_tensor *temperature_rows; /* f32 (N): one temperature per row (each > 0 and
+                                         finite), used instead of `temperature`; NULL = the
+                                         scalar. Not implemented yet: refused */
+    const sph_tensor *topk_ids;       /* forward: i64 (N, K), 1 <= K <= 256: the K most probable
+                                         global ids of each active row (-1 on inactive rows),
+                                         descending, ties lower id first; no gradient. Needs
+                                         topk_logprobs. Not implemented yet: refused */
+    const sph_tensor *topk_logprobs;  /* forward: f32 (N, K), their log-probs (0 on inactive) */
 } sph_head_args;
 
 /* Every field not named is 0 / NULL: no optional tensor, unsharded, softcap off. */

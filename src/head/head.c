@@ -57,8 +57,14 @@ static int cmp_i64(const void *a, const void *b) {
  * contexts only for now: the CUDA backend does not compute them yet. */
 static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_pass pass,
                                    const sph_head_args *a, sph_head_plan *p) {
-    const int has = a->struct_size >= offsetof(sph_head_args, sum_p2) + sizeof a->sum_p2;
-    if (!has || !a->sum_p2 || pass != SPH_HEAD_FORWARD) return SPH_OK;
+#define SPH_HAS_FIELD(f) (a->struct_size >= offsetof(sph_head_args, f) + sizeof a->f && a->f)
+    SPH_CHECK(!SPH_HAS_FIELD(temperature_rows), SPH_ERR_UNSUPPORTED,
+              "temperature_rows: per-row temperature is not implemented yet");
+    SPH_CHECK(!SPH_HAS_FIELD(topk_ids) && !SPH_HAS_FIELD(topk_logprobs), SPH_ERR_UNSUPPORTED,
+              "topk_ids, topk_logprobs: top-k is not implemented yet");
+    const int has = SPH_HAS_FIELD(sum_p2);
+#undef SPH_HAS_FIELD
+    if (!has || pass != SPH_HEAD_FORWARD) return SPH_OK;
     SPH_CHECK(ctx->dev->host_memory, SPH_ERR_UNSUPPORTED,
               "sum_p2: not supported on a device context (device type %d) yet; the CPU "
               "backend and the reference compute it", (int)ctx->device.type);
