@@ -581,6 +581,12 @@ SPH_API void sph_pack_free(sph_pack_result *r);
  * row max as every statistic is (sum_j e^(2 (z_ij - m_i)) / S_i^2); under TP one more small
  * allgather (N x 2 doubles per rank) combines it.
  *
+ * top-k (optional forward outputs topk_ids (N, K) i64, topk_logprobs (N, K) f32, no
+ * gradient): per active row the K ids of largest z_ij (descending; equal z: the lower id
+ * first) and their log-probs z_ij - lse_i. In the sweep: a per-row running list of the K best
+ * (a threshold compare per logit, the list touched only by a logit above its K-th value),
+ * merged over tiles and, under TP, over ranks (one allgather of N x K (z, id) pairs).
+ *
  * Per-row outputs are fp32 [N] (logit_mean, lse, logprob, entropy, sum_p2), stats is fp32 [N, 3]
  * (row max m, lse, mu) written by the forward (global over the TP group) and read by the
  * backward. Gradient outputs are [N, H] and [V_loc, H] in the input dtype or fp32.
@@ -641,12 +647,22 @@ typedef struct sph_head_args {
     const sph_tensor *temperature_rows; /* f32 (N): one temperature per row (each > 0 and
                                          finite), used instead of `temperature`; NULL = the
                                          scalar. Not implemented yet: refused */
-    const sph_tensor *topk_ids;       /* forward: i64 (N, K), 1 <= K <= 256: the K most probable
-                                         global ids of each active row (-1 on inactive rows),
-                                         descending, ties lower id first; no gradient. Needs
-                                         topk_logprobs. Not implemented yet: refused */
-    const sph_tensor *topk_logprobs;  /* forward: f32 (N, K), their log-probs (0 on inactive) */
+    const sph_tensor *topk_ids;       /* forward: i64 (N, K), 1 <= K <= SPH_HEAD_TOPK_MAX and
+                                         K <= vocab_total: the K most probable global ids of
+                                         each active row's distribution (after temperature and
+                                         softcap), descending probability, ties lower id first;
+                                         -1 on inactive rows; no gradient. Both topk tensors or
+                                         neither; not with candidates (SPH_ERR_INVALID_ARG) nor
+                                         with sph_policy_loss (SPH_ERR_UNSUPPORTED). Computed
+                                         in the statistics sweep; under TP each rank's K best
+                                         are allgathered (N x K x 16 bytes) and merged in rank
+                                         order. Host contexts only for now (see sum_p2) */
+    const sph_tensor *topk_logprobs;  /* forward: f32 (N, K), their log-probs z - lse (the
+                                         numbers logprob gives for those ids; 0 on inactive) */
 } sph_head_args;
+
+/* The largest K of sph_head_args.topk_ids. */
+#define SPH_HEAD_TOPK_MAX 256
 
 /* Every field not named is 0 / NULL: no optional tensor, unsharded, softcap off. */
 #define SPH_HEAD_ARGS_INIT { .struct_size = sizeof(sph_head_args), .temperature = 1.0 }

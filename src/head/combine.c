@@ -17,6 +17,7 @@
  * bits (deterministic, independent of timing).
  */
 #include <math.h>
+#include <string.h>
 
 #include "comm/comm.h"
 #include "head/host.h"
@@ -53,6 +54,65 @@ void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS],
     acc[0] = M;
     acc[3] += add[3];
     acc[4] += add[4];
+}
+
+void sph_topk_clear(sph_topk_ent *l, int64_t K) {
+    for (int64_t k = 0; k < K; k++) l[k].z = -INFINITY, l[k].id = -1;
+}
+
+void sph_topk_insert(sph_topk_ent *l, int64_t K, double z, int64_t id) {
+    if (isnan(z) || !sph_topk_better(z, id, l[K - 1].z, l[K - 1].id)) return;
+    int64_t lo = 0, hi = K - 1; /* the first entry that (z, id) beats */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (sph_topk_better(z, id, l[mid].z, l[mid].id)) hi = mid;
+        else lo = mid + 1;
+    }
+    memmove(l + lo + 1, l + lo, (size_t)(K - 1 - lo) * sizeof *l);
+    l[lo].z = z, l[lo].id = id;
+}
+
+void sph_topk_merge2(const sph_topk_ent *a, const sph_topk_ent *b, sph_topk_ent *out,
+                     int64_t K) {
+    int64_t i = 0, j = 0;
+    for (int64_t k = 0; k < K; k++) {
+        /* a and b never hold the same id (disjoint columns): no duplicates */
+        if (sph_topk_better(b[j].z, b[j].id, a[i].z, a[i].id)) out[k] = b[j++];
+        else out[k] = a[i++];
+    }
+}
+
+sph_status sph_head_combine_topk(sph_comm_t comm, sph_topk_ent *list, sph_topk_ent *gathered,
+                                 sph_topk_ent *scratch, int64_t n, int64_t K) {
+    if (!comm || comm->size <= 1 || n == 0) return SPH_OK;
+    SPH_CHECK(gathered != NULL && scratch != NULL, SPH_ERR_INTERNAL, "combine: no topk buffer");
+    size_t bytes;
+    SPH_CHECK(sph_mul_size((size_t)n * (size_t)K, sizeof *list, &bytes), SPH_ERR_OVERFLOW,
+              "combine: topk lists of %lld rows overflow size_t", (long long)n);
+    sph_status s = comm->ops->allgather(comm, list, gathered, bytes, NULL);
+    if (s != SPH_OK)
+        return sph_err_prefix(s, "head: TP combine of topk (allgather of %zu bytes): ", bytes);
+    for (int64_t i = 0; i < n; i++) {
+        const sph_topk_ent *cur = gathered + (size_t)i * (size_t)K;
+        for (int64_t r = 1; r < comm->size; r++) { /* rank order (a total order anyway) */
+            sph_topk_ent *o = scratch + (r & 1) * K;
+            sph_topk_merge2(cur, gathered + ((size_t)r * (size_t)n + (size_t)i) * (size_t)K, o,
+                            K);
+            cur = o;
+        }
+        memcpy(list + (size_t)i * (size_t)K, cur, (size_t)K * sizeof *list);
+    }
+    return SPH_OK;
+}
+
+void sph_head_topk_store(const sph_head_plan *p, int64_t i, const sph_topk_ent *l, double M,
+                         double ls) {
+    int64_t *ids = p->topk_ids + i * p->ld_ti;
+    float *lp = p->topk_lp + i * p->ld_tl;
+    for (int64_t k = 0; k < p->topk; k++) {
+        ids[k] = l ? l[k].id : -1;
+        lp[k] = l ? (float)((l[k].z - M) - ls) : 0.0f;
+    }
 }
 
 sph_status sph_head_combine_sq_f64(sph_comm_t comm, const double *mq, double *gathered,

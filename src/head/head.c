@@ -52,23 +52,49 @@ static int cmp_i64(const void *a, const void *b) {
 
 // ---- validation ------------------------------------------------------------------------
 
-/* The appended forward outputs of issue 25 (sum_p2), read only when args.struct_size covers
- * them; a forward output like logprob (an output region), ignored by the backward. Host
- * contexts only for now: the CUDA backend does not compute them yet. */
+/* The appended forward outputs of issue 25 (sum_p2, topk_ids + topk_logprobs), read only
+ * when args.struct_size covers them; forward outputs like logprob (output regions, so any
+ * overlap with another tensor of the call is refused), ignored by the backward. */
 static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_pass pass,
                                    const sph_head_args *a, sph_head_plan *p) {
 #define SPH_HAS_FIELD(f) (a->struct_size >= offsetof(sph_head_args, f) + sizeof a->f && a->f)
     SPH_CHECK(!SPH_HAS_FIELD(temperature_rows), SPH_ERR_UNSUPPORTED,
               "temperature_rows: per-row temperature is not implemented yet");
-    SPH_CHECK(!SPH_HAS_FIELD(topk_ids) && !SPH_HAS_FIELD(topk_logprobs), SPH_ERR_UNSUPPORTED,
-              "topk_ids, topk_logprobs: top-k is not implemented yet");
     const int has = SPH_HAS_FIELD(sum_p2);
+    const int has_ti = SPH_HAS_FIELD(topk_ids), has_tl = SPH_HAS_FIELD(topk_logprobs);
 #undef SPH_HAS_FIELD
-    if (!has || pass != SPH_HEAD_FORWARD) return SPH_OK;
-    SPH_CHECK(ctx->dev->host_memory, SPH_ERR_UNSUPPORTED,
-              "sum_p2: not supported on a device context (device type %d) yet; the CPU "
-              "backend and the reference compute it", (int)ctx->device.type);
-    return row_vector(val, SPH_VAL_OUT, a->sum_p2, "sum_p2", p->N, &p->sum_p2);
+    if (pass != SPH_HEAD_FORWARD) return SPH_OK;
+    SPH_CHECK(ctx->dev->host_memory || !(has || has_ti || has_tl), SPH_ERR_UNSUPPORTED,
+              "%s: not supported on a device context (device type %d) yet; the CPU "
+              "backend and the reference compute it", has ? "sum_p2" : "topk_ids",
+              (int)ctx->device.type);
+    if (has) SPH_TRY(row_vector(val, SPH_VAL_OUT, a->sum_p2, "sum_p2", p->N, &p->sum_p2));
+    if (!has_ti && !has_tl) return SPH_OK;
+    SPH_CHECK(has_ti && has_tl, SPH_ERR_INVALID_ARG,
+              "%s: given without %s (top-k takes both tensors or neither)",
+              has_ti ? "topk_ids" : "topk_logprobs", has_ti ? "topk_logprobs" : "topk_ids");
+    SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
+              "topk_ids: not defined in sample-support mode (candidates given)");
+    sph_view iv, lv;
+    SPH_TRY(sph_val_tensor(val, a->topk_ids, "topk_ids", 2, SPH_VAL_OUT, SPH_DT_I64, &iv));
+    SPH_TRY(sph_view_expect_dim(&iv, "topk_ids", 0, p->N, "N, rows of hidden"));
+    const int64_t K = iv.shape[1];
+    SPH_CHECK(K >= 1 && K <= SPH_HEAD_TOPK_MAX, SPH_ERR_SHAPE,
+              "topk_ids: shape[1] (K) is %lld, expected 1 <= K <= %d", (long long)K,
+              SPH_HEAD_TOPK_MAX);
+    SPH_CHECK(K <= p->V, SPH_ERR_SHAPE,
+              "topk_ids: shape[1] (K) is %lld, expected <= vocab_total = %lld", (long long)K,
+              (long long)p->V);
+    SPH_TRY(sph_val_tensor(val, a->topk_logprobs, "topk_logprobs", 2, SPH_VAL_OUT, SPH_DT_F32,
+                           &lv));
+    SPH_TRY(sph_view_expect_dim(&lv, "topk_logprobs", 0, p->N, "N, rows of hidden"));
+    SPH_TRY(sph_view_expect_dim(&lv, "topk_logprobs", 1, K, "K, columns of topk_ids"));
+    p->topk = K;
+    p->topk_ids = (int64_t *)iv.data;
+    p->ld_ti = iv.stride[0];
+    p->topk_lp = (float *)lv.data;
+    p->ld_tl = lv.stride[0];
+    return SPH_OK;
 }
 
 /* A gradient output (rows x H) in the input dtype or f32; absent (NULL) leaves it unset. */

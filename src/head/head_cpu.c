@@ -54,11 +54,20 @@ typedef struct coef {
     int64_t t; /* target as a local column, or -1 when ignored / in another shard */
 } coef;
 
+/* A thread's top-k entry: a tile value (u, or z when softcapped: ordered as z) and its local
+ * column, col -1 = empty; sorted best first (larger x, then the lower column). */
+typedef struct topk_tent {
+    float x;
+    int32_t col;
+} topk_tent;
+
 typedef struct layout {
     int64_t n_act, R, vt, n_vt, T, ranks;
     int half, need_D, dw_buf;
     size_t o_rows, o_rec, o_crec, o_gath, o_hc, o_dhc, o_d, o_tile, o_wt, o_part, o_coef, o_du, o_dw;
     size_t o_part2, o_mq, o_cmq, o_q; /* sum_p2 only: tile q, (m, q) by row and by chunk row, Q */
+    size_t o_tkt, o_tkm, o_ctk, o_tk, o_tkg; /* topk only: thread lists, merge scratch, chunk
+                                                lists, row lists, the gathered ones */
     size_t tile_floats, wt_floats; /* per thread */
     size_t total;
 } layout;
@@ -133,6 +142,20 @@ static sph_status make_layout(sph_ctx_t ctx, sph_head_pass pass, const sph_head_
         L->o_part = take(&off, pass == SPH_HEAD_FORWARD ? n : 0);
         ok &= sph_mul_size(Rz, (size_t)L->n_vt * f4, &n);
         L->o_part2 = take(&off, sp2 ? n : 0);
+        /* topk (forward): per thread and chunk row a list of the K best (tile value, column),
+         * per thread 2 K of merge scratch, the chunk rows' merged lists, every row's (two-pass
+         * forward), the gathered lists of the group (+ 2 K of scratch) */
+        const size_t Kz = pass == SPH_HEAD_FORWARD ? (size_t)p->topk : 0;
+        const size_t e16 = sizeof(sph_topk_ent);
+        ok &= sph_mul_size((size_t)L->T * Rz, Kz * sizeof(topk_tent), &n);
+        L->o_tkt = take(&off, n);
+        L->o_tkm = take(&off, (size_t)L->T * 2 * Kz * e16);
+        ok &= sph_mul_size(Rz, Kz * e16, &n);
+        L->o_ctk = take(&off, n);
+        ok &= sph_mul_size(Nz, Kz * e16, &n);
+        L->o_tk = take(&off, p->one_pass ? 0 : n);
+        ok &= sph_mul_size((size_t)L->ranks * (Nz > Rz ? Nz : Rz) + 2, Kz * e16, &n);
+        L->o_tkg = take(&off, L->ranks > 1 ? n : 0);
     } else {
         L->tile_floats = 3 * (size_t)p->K + 1; /* z of the candidates + their int64 columns */
         L->wt_floats = 2 * H;          /* converted hidden row + weight row */
@@ -272,6 +295,7 @@ static void finalize_row(const run *r, int64_t i, const double *rec, int active)
     if (p->lse) p->lse[i] = (float)lse;
     if (p->logit_mean) p->logit_mean[i] = (float)lm;
     if (p->sum_p2) p->sum_p2[i] = 0; /* active rows: write_sum_p2 after the combine */
+    if (p->topk && !active) sph_head_topk_store(p, i, NULL, 0, 0); /* active: write_topk */
     p->stats[i * 3] = (float)m;
     p->stats[i * 3 + 1] = (float)lse;
     p->stats[i * 3 + 2] = (float)mu;
@@ -287,6 +311,19 @@ static void write_sum_p2(const run *r, const int64_t *rows, int64_t n, const dou
         const int64_t i = rows[q], k = by_row ? i : q;
         const double *o = rec + k * SPH_PARTIAL_FIELDS;
         p->sum_p2[i] = o[0] == -INFINITY && o[1] == 0 ? 0.0f : (float)(Q[k] / (o[1] * o[1]));
+    }
+}
+
+/* topk of the rows rows[0 .. n) from their combined records rec and merged lists tk (by row
+ * when by_row, else by position q). */
+static void write_topk(const run *r, const int64_t *rows, int64_t n, const double *rec,
+                       const sph_topk_ent *tk, int by_row) {
+    const sph_head_plan *p = r->p;
+    if (!p->topk) return;
+    for (int64_t q = 0; q < n; q++) {
+        const int64_t i = rows[q], k = by_row ? i : q;
+        const double *o = rec + k * SPH_PARTIAL_FIELDS;
+        sph_head_topk_store(p, i, tk + k * p->topk, o[0], log(o[1]));
     }
 }
 
@@ -427,17 +464,63 @@ static const float *weight_tile(const run *r, int tid, int64_t v, int64_t w, int
     return wt;
 }
 
+/* Thread tid's top-k list of chunk row q (K entries). */
+static topk_tent *thread_topk(const run *r, int tid, int64_t q) {
+    return (topk_tent *)at(r, r->L.o_tkt) + ((size_t)tid * (size_t)r->L.R + (size_t)q) *
+                                                (size_t)r->p->topk;
+}
+
+/* A tile row x[0 .. w) (columns v ..) into the sorted list l: one compare per value against
+ * the K-th best; a thread visits its tiles and their columns in ascending order (static
+ * schedule), so a value equal to the K-th (a higher column) never enters a full list. */
+static void topk_tile(topk_tent *l, int64_t K, const float *x, int64_t w, int64_t v) {
+    float thr = l[K - 1].x;
+    int full = l[K - 1].col >= 0;
+    for (int64_t j = 0; j < w; j++) {
+        const float xj = x[j];
+        if (full && !(xj > thr)) continue;
+        if (isnan(xj)) continue; /* a non-finite row fails the call anyway */
+        const int32_t c = (int32_t)(v + j);
+        int64_t lo = 0, hi = K - 1; /* the first entry (xj, c) beats */
+        while (lo < hi) {
+            const int64_t mid = (lo + hi) / 2;
+            const topk_tent *e = &l[mid];
+            if (e->col < 0 || xj > e->x || (xj == e->x && c < e->col)) hi = mid;
+            else lo = mid + 1;
+        }
+        memmove(l + lo + 1, l + lo, (size_t)(K - 1 - lo) * sizeof *l);
+        l[lo].x = xj, l[lo].col = c;
+        thr = l[K - 1].x;
+        full = l[K - 1].col >= 0;
+    }
+}
+
+/* A thread list as global (z, id) entries. */
+static void topk_lift(const run *r, const topk_tent *l, sph_topk_ent *out) {
+    for (int64_t k = 0; k < r->p->topk; k++) {
+        out[k].z = l[k].col >= 0 ? tile_z(r, l[k].x) : -INFINITY;
+        out[k].id = l[k].col >= 0 ? r->p->v0 + l[k].col : -1;
+    }
+}
+
 /* Forward over one chunk: partial records per (row, tile), merged per row into rec[q]. The
- * logits go to D (one-pass) or to the thread's tile buffer. */
+ * logits go to D (one-pass) or to the thread's tile buffer. With topk, every thread keeps a
+ * list per chunk row over its tiles; the lists merge per row into the chunk's (o_ctk). */
 static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
     const float *hc = at(r, L->o_hc);
     float *D = L->need_D ? (float *)at(r, L->o_d) : NULL;
     float *part = at(r, L->o_part);
+    const int64_t K = p->topk;
 #pragma omp parallel num_threads(L->T)
     {
-        int tid = omp_get_thread_num();
+        int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (K)
+            for (int64_t q = 0; q < nr; q++) {
+                topk_tent *l = thread_topk(r, tid, q);
+                for (int64_t k = 0; k < K; k++) l[k].x = -INFINITY, l[k].col = -1;
+            }
 #pragma omp for schedule(static)
         for (int64_t tv = 0; tv < L->n_vt; tv++) {
             int64_t v = tv * L->vt, w = p->V_loc - v < L->vt ? p->V_loc - v : L->vt, ldw, ldl;
@@ -457,6 +540,7 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                     for (int64_t j = 0; j < w; j++) qs += expf(2 * (x[j] - xm) * sc);
                     ((float *)at(r, L->o_part2))[q * L->n_vt + tv] = qs;
                 }
+                if (K) topk_tile(thread_topk(r, tid, q), K, x, w, v); /* x is u or z now */
             }
         }
 #pragma omp for schedule(static)
@@ -480,6 +564,16 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                 }
                 double *mq = (double *)at(r, L->o_cmq) + q * 2;
                 mq[0] = acc[0], mq[1] = qq;
+            }
+            if (K) { /* the threads' lists of the row, merged (a total order: any order) */
+                sph_topk_ent *out = (sph_topk_ent *)at(r, L->o_ctk) + q * K;
+                sph_topk_ent *a = (sph_topk_ent *)at(r, L->o_tkm) + (size_t)tid * 2 * K, *b = a + K;
+                topk_lift(r, thread_topk(r, 0, q), out);
+                for (int t = 1; t < nt; t++) {
+                    topk_lift(r, thread_topk(r, t, q), a);
+                    sph_topk_merge2(out, a, b, K);
+                    memcpy(out, b, (size_t)K * sizeof *out);
+                }
             }
         }
     }
@@ -602,6 +696,8 @@ static sph_status full_forward(const run *r) {
     const sph_head_plan *p = r->p;
     const layout *L = &r->L;
     double *rec = at(r, L->o_rec), *crec = at(r, L->o_crec), *gath = at(r, L->o_gath);
+    const int64_t K = p->topk;
+    sph_topk_ent *tk = at(r, L->o_tk), *ctk = at(r, L->o_ctk), *tkg = at(r, L->o_tkg);
     int64_t first;
     if (!p->one_pass) {
         /* records of every row (inactive rows: empty), one combine for the whole forward */
@@ -609,6 +705,7 @@ static sph_status full_forward(const run *r) {
             double *o = rec + i * SPH_PARTIAL_FIELDS;
             o[0] = -INFINITY, o[1] = o[2] = o[3] = o[4] = 0;
         }
+        if (K) sph_topk_clear(tk, p->N * K);
         for (int64_t c0 = 0; c0 < L->n_act; c0 += L->R) {
             int64_t nr = L->n_act - c0 < L->R ? L->n_act - c0 : L->R;
             gather_chunk(r, c0, nr);
@@ -620,11 +717,14 @@ static sph_status full_forward(const run *r) {
                 for (int64_t q = 0; q < nr; q++)
                     memcpy((double *)at(r, L->o_mq) + r->rows[c0 + q] * 2,
                            (const double *)at(r, L->o_cmq) + q * 2, 2 * sizeof(double));
+            for (int64_t q = 0; q < nr && K; q++)
+                memcpy(tk + r->rows[c0 + q] * K, ctk + q * K, (size_t)K * sizeof *tk);
         }
         SPH_TRY(sph_head_combine_f64(p->comm, rec, gath, rec, p->N));
         if (p->sum_p2)
             SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_mq), gath, rec, at(r, L->o_q),
                                             p->N));
+        if (K) SPH_TRY(sph_head_combine_topk(p->comm, tk, tkg, tkg + L->ranks * p->N * K, p->N, K));
         /* the statistics of every row are known: refuse non-finite ones before writing */
         const int64_t bad = nonfinite_rows(rec, r->rows, L->n_act, 1, &first);
         if (bad) return sph_head_nonfinite_error(r->ctx, SPH_HEAD_FORWARD, bad, first, NULL);
@@ -632,6 +732,7 @@ static sph_status full_forward(const run *r) {
         for (int64_t q = 0; q < L->n_act; q++)
             finalize_row(r, r->rows[q], rec + r->rows[q] * SPH_PARTIAL_FIELDS, 1);
         write_sum_p2(r, r->rows, L->n_act, rec, at(r, L->o_q), 1);
+        write_topk(r, r->rows, L->n_act, rec, tk, 1);
         return SPH_OK;
     }
     /* one-pass: logits once per chunk into D, combine per chunk, dlogits in place. The outputs
@@ -653,6 +754,7 @@ static sph_status full_forward(const run *r) {
         if (p->sum_p2)
             SPH_TRY(sph_head_combine_sq_f64(p->comm, at(r, L->o_cmq), gath, crec, at(r, L->o_q),
                                             nr));
+        if (K) SPH_TRY(sph_head_combine_topk(p->comm, ctk, tkg, tkg + L->ranks * nr * K, nr, K));
         /* every rank holds the same combined records: the same verdict on every rank */
         const int64_t bad = nonfinite_rows(crec, r->rows + c0, nr, 0, &first);
         if (bad)
@@ -668,6 +770,7 @@ static sph_status full_forward(const run *r) {
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
         write_sum_p2(r, r->rows + c0, nr, crec, at(r, L->o_q), 0);
+        write_topk(r, r->rows + c0, nr, crec, ctk, 0);
         /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
          * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
         if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);

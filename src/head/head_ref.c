@@ -101,8 +101,10 @@ static int64_t target_of(const sph_head_plan *p, int64_t i) {
 // ---- forward ---------------------------------------------------------------------------
 
 /* The forward's float64 rows out[N][7] (host.h); when sh is given, the shifted stats
- * sh[N][3] = (M, ls, dm) a one-pass backward takes; when sp2 is given, sum_p2 (N). */
-static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, double *sp2) {
+ * sh[N][3] = (M, ls, dm) a one-pass backward takes; when sp2 is given, sum_p2 (N); when tk
+ * is given, the merged top-k list of every row tk[N][p->topk] (host.h). */
+static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, double *sp2,
+                            sph_topk_ent *tk) {
     const int64_t N = p->N, ncols = p->K ? p->K : p->V_loc;
     const int64_t R = SPH_PARTIAL_FIELDS;
     const int64_t ranks = p->comm && p->comm->size > 1 ? p->comm->size : 1;
@@ -112,8 +114,12 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, dou
     double *rec = sph_malloc(((size_t)N * R + 1) * sizeof *rec);
     double *gath = ranks > 1 ? sph_malloc((size_t)(ranks * N * R + 1) * sizeof *gath) : NULL;
     double *mq = sp2 ? sph_malloc(((size_t)N * 2 + 1) * sizeof *mq) : NULL; /* (m, q) local */
+    const int64_t K = tk ? p->topk : 0;
+    sph_topk_ent *tkg = K && ranks > 1 ? sph_malloc(((size_t)(ranks * N + 2) * K) * sizeof *tkg)
+                                       : NULL; /* the gathered lists, then 2 K of scratch */
     sph_status st = SPH_OK;
-    if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath) || (sp2 && !mq)) {
+    if (!active || !cols || !zrow || !rec || (ranks > 1 && !gath) || (sp2 && !mq) ||
+        (K && ranks > 1 && !tkg)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
         goto done;
     }
@@ -123,6 +129,7 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, dou
         r[0] = -INFINITY;
         r[1] = r[2] = r[3] = r[4] = 0;
         if (mq) mq[i * 2] = -INFINITY, mq[i * 2 + 1] = 0;
+        if (K) sph_topk_clear(tk + i * K, K);
         if (!active[i]) continue; /* inactive rows take part in the collective as empty */
         int64_t n = row_columns(p, i, cols), t = target_of(p, i);
         const double T = row_temperature(p, i);
@@ -142,12 +149,15 @@ static sph_status rows_core(const sph_head_plan *p, double *out, double *sh, dou
             r[4] += z;
             if (cols[c] + p->v0 == t) r[3] = z;
             if (mq) mq[i * 2 + 1] += e * e; /* sum_p2: e^(2 (z - m)), shifted likewise */
+            if (K) sph_topk_insert(tk + i * K, K, z, cols[c] + p->v0);
         }
         if (n > 0) r[0] = m;
         if (mq && n > 0) mq[i * 2] = m;
     }
     st = sph_head_combine_f64(p->comm, rec, gath, rec, N);
     if (st == SPH_OK && sp2) st = sph_head_combine_sq_f64(p->comm, mq, gath, rec, sp2, N);
+    if (st == SPH_OK && K)
+        st = sph_head_combine_topk(p->comm, tk, tkg, tkg ? tkg + ranks * N * K : NULL, N, K);
     if (st != SPH_OK) goto done;
     for (int64_t i = 0; i < N; i++) {
         double *o = out + i * 7, *r = rec + i * R;
@@ -175,11 +185,12 @@ done:
     sph_free(rec);
     sph_free(gath);
     sph_free(mq);
+    sph_free(tkg);
     return st;
 }
 
 sph_status sph_head_ref_rows_f64(const sph_head_plan *p, double *out) {
-    return rows_core(p, out, NULL, NULL);
+    return rows_core(p, out, NULL, NULL, NULL);
 }
 
 // ---- backward --------------------------------------------------------------------------
@@ -328,12 +339,13 @@ sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p) {
     double *o = sph_malloc(((size_t)N * 7 + 1) * sizeof *o);
     double *st64 = sph_malloc(((size_t)N * 3 + 1) * sizeof *st64);
     double *sp2 = p->sum_p2 ? sph_malloc(((size_t)N + 1) * sizeof *sp2) : NULL;
+    sph_topk_ent *tk = p->topk ? sph_malloc(((size_t)N * p->topk + 1) * sizeof *tk) : NULL;
     sph_status st = SPH_OK;
-    if (!o || !st64 || (p->sum_p2 && !sp2)) {
+    if (!o || !st64 || (p->sum_p2 && !sp2) || (p->topk && !tk)) {
         st = sph_err(SPH_ERR_ALLOC, "head_ref: out of host memory (N = %lld)", (long long)N);
         goto done;
     }
-    st = rows_core(p, o, st64, sp2);
+    st = rows_core(p, o, st64, sp2, tk);
     if (st != SPH_OK) goto done;
     /* non-finite policy: every row's statistics are known, nothing is written yet (inactive
      * and empty rows are zeros) */
@@ -360,11 +372,16 @@ sph_status sph_head_ref_forward(sph_ctx_t ctx, const sph_head_plan *p) {
         if (p->logit_mean) p->logit_mean[i] = (float)r[3];
         if (p->sum_p2) p->sum_p2[i] = (float)sp2[i];
         for (int f = 0; f < 3; f++) p->stats[i * 3 + f] = (float)r[4 + f];
+        /* st64 holds (M, ls, dm) of active rows, zeros elsewhere */
+        if (p->topk)
+            sph_head_topk_store(p, i, tk[i * p->topk].id >= 0 ? tk + i * p->topk : NULL,
+                                st64[i * 3], st64[i * 3 + 1]);
     }
 done:
     sph_free(o);
     sph_free(st64);
     sph_free(sp2);
+    sph_free(tk);
     return st;
 }
 

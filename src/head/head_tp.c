@@ -63,9 +63,11 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     w[TP_TAG] = TP_VALID;
     const void *present[] = {p->targets, p->cand,     p->mask,    p->spans,      p->logprob,
                              p->entropy, p->lse,      p->logit_mean, p->dlogprob, p->dentropy,
-                             p->dlse,    p->dlogit_mean, p->dhidden, p->dweight, p->sum_p2};
+                             p->dlse,    p->dlogit_mean, p->dhidden, p->dweight, p->sum_p2,
+                             p->topk_ids};
     int64_t f = (int64_t)pass | (int64_t)p->one_pass << 1 | (int64_t)p->acc_dh << 2 |
-                (int64_t)p->acc_dw << 3 | (int64_t)p->allreduce_dh << 4;
+                (int64_t)p->acc_dw << 3 | (int64_t)p->allreduce_dh << 4 |
+                p->topk << 32; /* K of topk (<= 256) */
     for (size_t k = 0; k < sizeof present / sizeof present[0]; k++)
         if (present[k]) f |= (int64_t)1 << (8 + k);
     w[TP_FLAGS] = f;

@@ -28,6 +28,34 @@ sph_status sph_head_combine_f64(sph_comm_t comm, const double *local, double *ga
  * * 2 doubles (unused without a group). One allgather, ranks merged in rank order. */
 sph_status sph_head_combine_sq_f64(sph_comm_t comm, const double *mq, double *gathered,
                                    const double *rec, double *Q, int64_t N);
+/* Top-k (issue 25): a row's list is K entries sorted best first, padded at the end with
+ * empty entries (id -1, z -inf). Better: larger z, then the lower id; empty is worst. */
+typedef struct sph_topk_ent {
+    double z;   /* the scaled logit z (after temperature and softcap) */
+    int64_t id; /* global vocabulary id, -1 = empty */
+} sph_topk_ent;
+static inline int sph_topk_better(double za, int64_t ia, double zb, int64_t ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return 0;
+    return za > zb || (za == zb && ia < ib);
+}
+/* l[0 .. K) <- empty. */
+void sph_topk_clear(sph_topk_ent *l, int64_t K);
+/* Puts (z, id) into the sorted list l (K entries) when it beats the last; NaN is skipped. */
+void sph_topk_insert(sph_topk_ent *l, int64_t K, double z, int64_t id);
+/* out <- the K best of the sorted lists a and b (out aliases neither). */
+void sph_topk_merge2(const sph_topk_ent *a, const sph_topk_ent *b, sph_topk_ent *out,
+                     int64_t K);
+/* The lists list[n][K] of this rank merged over the TP group in rank order (one allgather of
+ * n K entries into gathered, comm size * n * K entries); scratch: 2 K entries. Without a
+ * group: nothing to do. */
+sph_status sph_head_combine_topk(sph_comm_t comm, sph_topk_ent *list, sph_topk_ent *gathered,
+                                 sph_topk_ent *scratch, int64_t n, int64_t K);
+/* Row i's topk outputs from its merged list l and shifted statistics (M, ls = log S):
+ * log-prob (z - M) - ls; l NULL (inactive row): ids -1, log-probs 0. */
+void sph_head_topk_store(const sph_head_plan *p, int64_t i, const sph_topk_ent *l, double M,
+                         double ls);
+
 /* Combines the partials of one row across shards or tiles, in the order given:
  * (m, s, d, zt, sz) += (m', s', d', zt', sz'). Exact up to rounding; handles m = -inf. */
 void sph_head_partial_merge(double acc[SPH_PARTIAL_FIELDS], const double add[SPH_PARTIAL_FIELDS]);

@@ -43,6 +43,9 @@ struct sph_head_plan {
                                               NULL = derive from mask or dense */
     float *logprob, *entropy, *lse, *logit_mean; /* (N) each or NULL */
     float *sum_p2;                       /* (N) or NULL: sum_j p_ij^2 (forward only) */
+    int64_t topk;                        /* K of topk_ids / topk_lp (forward only), 0 = none */
+    int64_t *topk_ids; int64_t ld_ti;    /* (N, topk) i64, row stride ld_ti */
+    float *topk_lp; int64_t ld_tl;       /* (N, topk) f32, row stride ld_tl */
     float *stats;                        /* (N, 3): m, lse, mu; row stride 3 */
     const float *dlogprob, *dentropy, *dlse, *dlogit_mean; /* (N) each or NULL */
     void *dhidden; int64_t ld_dh; sph_dtype dh_dtype;

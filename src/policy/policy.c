@@ -139,6 +139,9 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
               "upstream gradients)", up ? up : "");
     SPH_CHECK(head->candidates == NULL, SPH_ERR_UNSUPPORTED,
               "head.candidates: sample support is not available with the policy loss");
+    SPH_CHECK(!head->topk_ids && !head->topk_logprobs, SPH_ERR_UNSUPPORTED,
+              "head.%s: top-k is not available with the policy loss (take it from "
+              "sph_head_forward)", head->topk_ids ? "topk_ids" : "topk_logprobs");
     SPH_CHECK(head->targets != NULL, SPH_ERR_INVALID_ARG,
               "head.targets: NULL, expected the (N) target ids (the loss needs logprob)");
     /* the generic checks now; the backend's (device pointers) once its buffers are bound;
