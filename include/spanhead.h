@@ -642,8 +642,9 @@ typedef struct sph_head_args {
     /* appended fields: a struct_size that ends before one leaves it NULL / 0 */
     const sph_tensor *sum_p2;         /* forward: fp32 (N), sum_j p_ij^2 of each active row (0
                                          on inactive rows; over the support with candidates);
-                                         no gradient. Host contexts (CPU, reference) only for
-                                         now: a CUDA context refuses it (SPH_ERR_UNSUPPORTED) */
+                                         no gradient. CUDA computes it on the cuBLAS / staged
+                                         path (describe: "+extras"); with candidates it refuses
+                                         it (SPH_ERR_UNSUPPORTED) */
     const sph_tensor *temperature_rows; /* f32 (N): one temperature per row (each > 0 and
                                          finite), used instead of `temperature`; NULL = the
                                          scalar. Not implemented yet: refused */
@@ -655,8 +656,9 @@ typedef struct sph_head_args {
                                          neither; not with candidates (SPH_ERR_INVALID_ARG) nor
                                          with sph_policy_loss (SPH_ERR_UNSUPPORTED). Computed
                                          in the statistics sweep; under TP each rank's K best
-                                         are allgathered (N x K x 16 bytes) and merged in rank
-                                         order. Host contexts only for now (see sum_p2) */
+                                         are allgathered (N x K pairs: 16 bytes on the host, 8
+                                         on CUDA) and merged in rank order. CUDA: the staged
+                                         path, as sum_p2, and vocab_total <= INT32_MAX */
     const sph_tensor *topk_logprobs;  /* forward: f32 (N, K), their log-probs z - lse (the
                                          numbers logprob gives for those ids; 0 on inactive) */
 } sph_head_args;

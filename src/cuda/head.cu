@@ -640,6 +640,8 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
         return SPH_OK;
     }
     SPH_TRY(sph_cuda_zero_rows_out(p, c.stream));
+    const int extras = sph_cuda_extras(p, SPH_HEAD_FORWARD); /* staged path (layout) */
+    if (extras) SPH_TRY(sph_cuda_extras_zero(p, c.stream));
     float *part = (float *)(c.ws + lay.off_part), *recv = (float *)(c.ws + lay.off_recv);
     float *L = (float *)(c.ws + lay.off_L);
     if (lay.comm_size > 1)
@@ -663,6 +665,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
             } else {
                 SPH_TRY(gemm_logits(&c, hp, ld, ch.rows, c0, w, L));
                 SPH_TRY(sph_cuda_launch_stats(&c, L, &ch, c0, w, s > 0));
+                if (extras) SPH_TRY(sph_cuda_extras_split(&c, L, &ch, c0, w, s > 0));
             }
         }
         if (per_chunk) {
@@ -673,6 +676,13 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
                                            ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
+            if (extras) {
+                const float2 *xm;
+                const sph_cuda_xtk *xt;
+                SPH_TRY(sph_cuda_extras_combine(&c, ch.k0, ch.rows, &xm, &xt));
+                SPH_TRY(sph_cuda_extras_finalize(&c, recs, xm, xt, ch.rows, ch.r0, ch.rowmap,
+                                                 ch.rows));
+            }
             if (lay.onepass_e) {
                 int done = 0;
                 SPH_TRY(e2d_overlapped(&c, &ch, ci, &done));
@@ -690,16 +700,23 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     const float *recs;
     SPH_TRY(sph_cuda_combine(ctx, p, part, recv, p->N, lay.comm_size, &recs));
     const int64_t stride = p->N * SPH_PARTIAL_FIELDS;
+    const float2 *xm = NULL;
+    const sph_cuda_xtk *xt = NULL;
+    if (extras) SPH_TRY(sph_cuda_extras_combine(&c, 0, p->N, &xm, &xt));
     if (lay.gather) {
-        SPH_TRY(sph_cuda_finalize_rows(p, recs, stride, lay.comm_size, 0,
-                                       (const int64_t *)(c.ws + lay.off_act), lay.M, c.st->nf,
+        const int64_t *act = (const int64_t *)(c.ws + lay.off_act);
+        SPH_TRY(sph_cuda_finalize_rows(p, recs, stride, lay.comm_size, 0, act, lay.M, c.st->nf,
                                        c.stream));
+        if (extras) SPH_TRY(sph_cuda_extras_finalize(&c, recs, xm, xt, p->N, 0, act, lay.M));
     } else {
         for (int64_t k = 0; k < spans_count(p); k++) {
             int64_t a, b;
             spans_get(p, k, &a, &b);
             SPH_TRY(sph_cuda_finalize_rows(p, recs + a * SPH_PARTIAL_FIELDS, stride, lay.comm_size,
                                            a, NULL, b - a, c.st->nf, c.stream));
+            if (extras)
+                SPH_TRY(sph_cuda_extras_finalize(&c, recs + a * SPH_PARTIAL_FIELDS, xm + a,
+                                                 xt + a * p->topk, p->N, a, NULL, b - a));
         }
     }
     if (!p->one_pass) return SPH_OK;
@@ -782,6 +799,14 @@ static sph_status cuda_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
     SPH_TRY(need_device(p->dlogit_mean, "dlogit_mean"));
     SPH_TRY(need_device(p->dhidden, "dhidden"));
     SPH_TRY(need_device(p->dweight, "dweight"));
+    SPH_TRY(need_device(p->sum_p2, "sum_p2"));
+    SPH_TRY(need_device(p->topk_ids, "topk_ids"));
+    SPH_TRY(need_device(p->topk_lp, "topk_logprobs"));
+    SPH_CHECK(!(p->sum_p2 && p->K > 0), SPH_ERR_UNSUPPORTED,
+              "sum_p2: not computed with candidates on CUDA yet (the CPU backend and the "
+              "reference compute it)");
+    SPH_CHECK(!p->topk || p->V <= INT32_MAX, SPH_ERR_UNSUPPORTED,
+              "topk_ids: vocab_total %lld exceeds the CUDA top-k's int32 ids", (long long)p->V);
     if (p->K > 0) SPH_TRY(sph_cuda_sample_check(p));
     return SPH_OK;
 }
@@ -818,7 +843,9 @@ static sph_status cuda_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
         else if (lay.onepass_chunks) path = "staged-f32";
         else path = "recompute", info->flags |= SPH_PASS_RECOMPUTES;
     }
-    snprintf(info->path, sizeof info->path, "%s", path);
+    /* the extras (sum_p2, top-k) read the staged logits: the cuBLAS path plus their kernel */
+    snprintf(info->path, sizeof info->path, "%s%s", path,
+             sph_cuda_extras(p, pass) ? "+extras" : "");
     return SPH_OK;
 }
 

@@ -73,8 +73,17 @@ typedef struct sph_cuda_layout {
     size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */
     size_t off_act, off_hg, off_dhg; /* gathered mode: row map (M), h chunk, fp32 dH chunk */
     size_t sample_bytes;
+    /* the forward's extras (issue 25, head_extras.cu): sum_p2's (m, q) per row and the
+     * top-k lists (K entries per row), and their TP receive buffers */
+    size_t off_xmq, off_xmq_recv, off_xtk, off_xtk_recv;
     size_t total;
 } sph_cuda_layout;
+
+/* A top-k entry on the device: z and the global id (-1: empty). */
+typedef struct sph_cuda_xtk {
+    float z;
+    int id;
+} sph_cuda_xtk;
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,6 +94,11 @@ extern "C" {
  * 128 x 256 output tiles already fill the SMs, else enough for ~2 waves, at most 8 and at
  * least 2048 columns each. */
 int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms);
+/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu); they read the
+ * staged fp32 logits, so such a pass takes the cuBLAS / staged path (no fused epilogue). */
+static inline int sph_cuda_extras(const sph_head_plan *p, sph_head_pass pass) {
+    return pass == SPH_HEAD_FORWARD && p->K == 0 && (p->sum_p2 != NULL || p->topk > 0);
+}
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);
 /* The CUDA head's slots over the reference (the device table's head_fill), and the
@@ -166,6 +180,20 @@ sph_status sph_cuda_chunk_h(pass_ctx *c, const chunk *ch, const char **hp, int64
 /* Records of the chunk's rows (merged after an earlier split's when merge) from staged L. */
 sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, int64_t c0,
                                  int64_t w, int merge);
+/* The forward's extras (head_extras.cu): sum_p2 / topk of every row to 0 / (-1, 0); the
+ * chunk rows' (m, q) and lists from the staged logits of a split (merged after the earlier
+ * splits' when merge); the allgather of rows [k0, k0 + rows) (*mq, *tk: rank r's row k at
+ * r * rows + k, or the rows themselves without a group); the outputs of rows rowmap[k] or
+ * r0 + k from them and the combined records rec0 (rank_stride rows apart), after the
+ * finalize wrote the rows' stats. */
+sph_status sph_cuda_extras_zero(const sph_head_plan *p, cudaStream_t stream);
+sph_status sph_cuda_extras_split(pass_ctx *c, const float *L, const chunk *ch, int64_t c0,
+                                 int64_t w, int merge);
+sph_status sph_cuda_extras_combine(pass_ctx *c, int64_t k0, int64_t rows, const float2 **mq,
+                                   const sph_cuda_xtk **tk);
+sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2 *mq0,
+                                    const sph_cuda_xtk *tk0, int64_t rank_stride, int64_t r0,
+                                    const int64_t *rowmap, int64_t rows);
 /* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);
  * row k is global row rowmap[k] or r0 + k. Non-finite active rows are counted in nf (the
  * context's sph_cuda_state.nf; NULL: not counted). */

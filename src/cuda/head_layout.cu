@@ -78,7 +78,7 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
      * user's tensors, so every chunk of the pass takes the same kernels. */
-    lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused &&
+    lay->fused = !lay->bi && dk != DT_F32 && !st->no_fused && !sph_cuda_extras(p, pass) &&
                  sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                            p->H) &&
                  !st->no_sm90 && (st->assume_sm90 || sph_cuda_sm90_available());
@@ -299,6 +299,20 @@ sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p,
     lay->off_dhg = off;
     if (lay->gather && lay->grads && p->dhidden && !lay->col_outer)
         off += sph_ws_round((size_t)R * p->H * 4);
+    /* the forward's extras (head_extras.cu): (m, q) and top-k lists of every row, and what
+     * the TP group's allgather brings */
+    if (sph_cuda_extras(p, pass)) {
+        const size_t n = (size_t)p->N, g = lay->comm_size > 1 ? (size_t)lay->comm_size : 0;
+        const size_t xk = (size_t)p->topk * sizeof(sph_cuda_xtk);
+        lay->off_xmq = off;
+        if (p->sum_p2) off += sph_ws_round(n * 8);
+        lay->off_xmq_recv = off;
+        if (p->sum_p2) off += sph_ws_round(g * n * 8);
+        lay->off_xtk = off;
+        off += sph_ws_round(n * xk);
+        lay->off_xtk_recv = off;
+        off += sph_ws_round(g * n * xk);
+    }
     /* DH_SPLITK's partials last, and only when they fit the budget beside the rest */
     lay->off_dhk = off;
     if (lay->dhk) {

@@ -55,7 +55,7 @@ static int cmp_i64(const void *a, const void *b) {
 /* The appended forward outputs of issue 25 (sum_p2, topk_ids + topk_logprobs), read only
  * when args.struct_size covers them; forward outputs like logprob (output regions, so any
  * overlap with another tensor of the call is refused), ignored by the backward. */
-static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_pass pass,
+static sph_status contract_outputs(sph_validator *val, sph_head_pass pass,
                                    const sph_head_args *a, sph_head_plan *p) {
 #define SPH_HAS_FIELD(f) (a->struct_size >= offsetof(sph_head_args, f) + sizeof a->f && a->f)
     SPH_CHECK(!SPH_HAS_FIELD(temperature_rows), SPH_ERR_UNSUPPORTED,
@@ -64,10 +64,6 @@ static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_p
     const int has_ti = SPH_HAS_FIELD(topk_ids), has_tl = SPH_HAS_FIELD(topk_logprobs);
 #undef SPH_HAS_FIELD
     if (pass != SPH_HEAD_FORWARD) return SPH_OK;
-    SPH_CHECK(ctx->dev->host_memory || !(has || has_ti || has_tl), SPH_ERR_UNSUPPORTED,
-              "%s: not supported on a device context (device type %d) yet; the CPU "
-              "backend and the reference compute it", has ? "sum_p2" : "topk_ids",
-              (int)ctx->device.type);
     if (has) SPH_TRY(row_vector(val, SPH_VAL_OUT, a->sum_p2, "sum_p2", p->N, &p->sum_p2));
     if (!has_ti && !has_tl) return SPH_OK;
     SPH_CHECK(has_ti && has_tl, SPH_ERR_INVALID_ARG,
@@ -221,7 +217,7 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
     if (a->logit_mean)
         SPH_TRY(row_vector(val, fwd, a->logit_mean, "logit_mean", p->N,
                            &p->logit_mean));
-    SPH_TRY(contract_outputs(ctx, val, pass, a, p));
+    SPH_TRY(contract_outputs(val, pass, a, p));
     SPH_CHECK(a->logprob == NULL || a->targets != NULL, SPH_ERR_INVALID_ARG,
               "logprob: requested without targets");
     SPH_CHECK(a->logit_mean == NULL || p->K == 0, SPH_ERR_INVALID_ARG,

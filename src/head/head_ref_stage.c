@@ -105,6 +105,9 @@ static sph_status stage_plan(stage_set *ss, sph_head_pass pass, const sph_head_p
     STAGE(dlogit_mean, extent(p->N, 1, 1, 4), 0);
     STAGE(dhidden, extent(p->N, p->H, p->ld_dh, sph_dtype_size(p->dh_dtype)), grads);
     STAGE(dweight, extent(p->V_loc, p->H, p->ld_dw, sph_dtype_size(p->dw_dtype)), grads);
+    STAGE(sum_p2, extent(p->N, 1, 1, 4), fwd);
+    STAGE(topk_ids, extent(p->N, p->topk, p->ld_ti, 8), fwd);
+    STAGE(topk_lp, extent(p->N, p->topk, p->ld_tl, 4), fwd);
 #undef STAGE
     h->device = (sph_device){SPH_DEVICE_CPU, 0};
     return SPH_OK;

@@ -1,9 +1,15 @@
 /*
- * test_head_cuda_contract.c - the appended head outputs of issue 25 (sum_p2) are not computed
- * on CUDA yet: a CUDA context (the CUDA backend, and the staged reference) asked for one
- * refuses the call at validation with SPH_ERR_UNSUPPORTED naming the option, and writes
- * nothing (the device outputs keep their poison). The same call without sum_p2 succeeds.
- * Skips (exit 77) without CUDA or without a device.
+ * test_head_cuda_contract.c - the appended head outputs of issue 25 on CUDA: sum_p2
+ * (sum_j p_ij^2) and the top-k of the distribution (topk_ids, topk_logprobs), from the CUDA
+ * backend (the cuBLAS / staged path plus head_extras.cu, describe's "+extras") and from the
+ * staged reference, against float64 computations written in the tests (an independent dense
+ * sum p^2; topk_check.h's full-sort oracle): bf16 and f32, awkward vocabularies (613, 1601),
+ * several vocabulary splits and row chunks (small chunk_bytes), masks with several spans
+ * (gathered chunks), temperature and softcap, K = 1, 64, 256, one-pass (staged fp32 chunks and
+ * the recomputing sweep), the batch-invariant mode; inactive rows exactly 0 / (-1, 0); the
+ * buffers poisoned before each run. Also: sum_p2 with candidates is refused on CUDA
+ * (SPH_ERR_UNSUPPORTED naming it, nothing written). Skips (exit 77) without CUDA or without a
+ * device.
  */
 #ifndef SPH_HAVE_CUDA
 #include <stdio.h>
@@ -17,60 +23,182 @@ int main(void) {
 #include <string.h>
 
 #include "../parity/test_head_case.h"
+#include "../parity/topk_check.h"
 
 static sph_rng g_rng;
 
 #include "case_mirror.h"
 
-static void test_sum_p2_unsupported(void **state) {
-    (void)state;
-    const char *kernels[2] = {NULL, "ref"};
-    for (int kk = 0; kk < 2; kk++) {
-        sph_ctx_opts o = SPH_CTX_OPTS_INIT;
-        o.device = (sph_device){SPH_DEVICE_CUDA, 0};
-        o.force_kernel = kernels[kk];
-        sph_ctx_t g = NULL;
-        expect_ok(sph_ctx_create(&g, &o));
-        hcase c;
-        hc_init(&c, &g_rng, 33, 32, 96, 96, 0, 0, SPH_BF16);
-        hc_wire(&c, HC_OUTS);
-        hc_poison(&c);
-        const size_t N = (size_t)c.N;
-        float *sp2 = hc_alloc(N * 4);
-        poison_f32(sp2, N);
-        void *dsp2 = NULL;
-        expect_ok(sph_ctx_malloc(g, N * 4, &dsp2));
-        expect_ok(sph_ctx_memcpy(g, dsp2, sp2, N * 4));
-        int64_t sh[1];
-        sph_tensor ts = tensor1(dsp2, SPH_F32, sh, c.N);
-        ts.device = (sph_device){SPH_DEVICE_CUDA, 0};
-        mirror m;
-        mirror_make(g, &c, &m);
-        c.a.sum_p2 = &ts;
-        size_t bytes = 0;
-        expect_status(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes),
-                      SPH_ERR_UNSUPPORTED, "sum_p2");
-        expect_status(sph_head_forward(g, &c.a, NULL, 0), SPH_ERR_UNSUPPORTED, "sum_p2");
-        mirror_back(g, &m);
-        expect_ok(sph_ctx_memcpy(g, sp2, dsp2, N * 4));
-        for (size_t i = 0; i < N; i++) assert_true(isnan(c.lp[i]) && isnan(sp2[i]));
-        /* without it, the same call runs */
-        mirror_make(g, &c, &m);
-        c.a.sum_p2 = NULL;
-        /* a device workspace (hc_run's is host memory, for host contexts) */
-        expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes));
-        void *dws = NULL;
-        expect_ok(sph_ctx_malloc(g, bytes ? bytes : 1, &dws));
-        expect_ok(sph_head_forward(g, &c.a, dws, bytes));
-        expect_ok(sph_ctx_synchronize(g));
-        sph_ctx_free(g, dws);
-        mirror_back(g, &m);
-        for (size_t i = 0; i < N; i++) assert_false(isnan(c.lse[i]));
-        sph_ctx_free(g, dsp2);
-        free(sp2);
-        hc_free(&c);
-        sph_ctx_destroy(g);
+/* sum_j p_ij^2 of row i over the whole case, float64, no shifted record. */
+static double indep_sum_p2(const hcase *c, int64_t i, double T, double cap) {
+    double *z = hc_alloc((size_t)c->V_loc * 8), m = -INFINITY, S = 0, Q = 0;
+    for (int64_t j = 0; j < c->V_loc; j++) {
+        const double u = hc_u(c, i, j);
+        z[j] = (cap > 0 ? cap * tanh(u / cap) : u) / T;
+        if (z[j] > m) m = z[j];
     }
+    for (int64_t j = 0; j < c->V_loc; j++) S += exp(z[j] - m);
+    for (int64_t j = 0; j < c->V_loc; j++) {
+        const double p = exp(z[j] - m) / S;
+        Q += p * p;
+    }
+    free(z);
+    return Q;
+}
+
+typedef struct xcase {
+    const char *kernel;
+    sph_dtype dt;
+    int64_t N, H, V, K;
+    int sp2, masked, one_pass, bi;
+    uint32_t flags;
+    int64_t chunk_bytes;
+    double T, cap;
+} xcase;
+
+static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
+    void *d = NULL;
+    expect_ok(sph_ctx_malloc(g, bytes ? bytes : 1, &d));
+    if (bytes) expect_ok(sph_ctx_memcpy(g, d, h, bytes));
+    return d;
+}
+
+static int run_case(const xcase *x) {
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    o.force_kernel = x->kernel;
+    o.chunk_bytes = x->chunk_bytes;
+    o.batch_invariant = x->bi;
+    o.cuda_flags = x->flags;
+    sph_ctx_t g = NULL;
+    expect_ok(sph_ctx_create(&g, &o));
+    hcase c;
+    hc_init(&c, &g_rng, x->N, x->H, x->V, x->V, 0, 0, x->dt);
+    if (x->masked) hc_mask_ragged(&c, &g_rng, 0.6);
+    hc_wire(&c, HC_OUTS | (x->masked ? HC_MASK | HC_SPANS : 0) |
+                    (x->one_pass ? HC_UPS | HC_DH | HC_DW : 0));
+    c.a.temperature = x->T, c.a.softcap = x->cap;
+    hc_poison(&c);
+    const int64_t N = c.N, K = x->K;
+    float *sp2 = hc_alloc((size_t)N * 4), *lp = hc_alloc((size_t)(N * K + 1) * 4);
+    int64_t *ids = hc_alloc((size_t)(N * K + 1) * 8);
+    poison_f32(sp2, (size_t)N);
+    poison_f32(lp, (size_t)(N * K));
+    for (int64_t k = 0; k < N * K; k++) ids[k] = 0x5a5a5a5a5aLL;
+    void *dsp2 = dev_copy(g, sp2, (size_t)N * 4), *dlp = dev_copy(g, lp, (size_t)(N * K) * 4);
+    void *dids = dev_copy(g, ids, (size_t)(N * K) * 8);
+    int64_t sh1[1], shi[2], shl[2];
+    sph_tensor ts = tensor1(dsp2, SPH_F32, sh1, N), ti = tensor2(dids, SPH_I64, shi, N, K),
+               tl = tensor2(dlp, SPH_F32, shl, N, K);
+    ts.device = ti.device = tl.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    mirror m;
+    mirror_make(g, &c, &m);
+    c.a.sum_p2 = x->sp2 ? &ts : NULL;
+    if (K) c.a.topk_ids = &ti, c.a.topk_logprobs = &tl;
+    size_t bytes = 0;
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes));
+    sph_head_pass_info info = SPH_HEAD_PASS_INFO_INIT;
+    expect_ok(sph_head_describe(g, SPH_HEAD_FORWARD, &c.a, &info));
+    void *dws = NULL;
+    expect_ok(sph_ctx_malloc(g, bytes ? bytes : 1, &dws));
+    expect_ok(sph_head_forward(g, &c.a, dws, bytes));
+    expect_ok(sph_ctx_synchronize(g));
+    sph_ctx_free(g, dws);
+    mirror_back(g, &m);
+    expect_ok(sph_ctx_memcpy(g, sp2, dsp2, (size_t)N * 4));
+    expect_ok(sph_ctx_memcpy(g, lp, dlp, (size_t)(N * K) * 4));
+    expect_ok(sph_ctx_memcpy(g, ids, dids, (size_t)(N * K) * 8));
+    char cs[200];
+    snprintf(cs, sizeof cs, "cuda(kernel=%s,path=%s,%s,N=%lld,V=%lld,K=%lld,sp2=%d,mask=%d,"
+                            "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g)",
+             x->kernel ? x->kernel : "cuda", info.path, sph_dtype_name(x->dt), (long long)N,
+             (long long)x->V, (long long)K, x->sp2, x->masked, x->one_pass, x->bi, x->flags,
+             (long long)x->chunk_bytes, x->T, x->cap);
+    int ok = 1;
+    if (!x->kernel && !strstr(info.path, "+extras")) {
+        fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
+        ok = 0;
+    }
+    const double tol = x->dt.bits == 32 ? TOL_CUDA_F32 : TOL_CUDA_HALF_ROWS;
+    uint8_t *act = hc_alloc((size_t)N);
+    hc_active(&c, act);
+    if (x->sp2) {
+        double md = 0, mr = 0;
+        int64_t worst = -1;
+        for (int64_t i = 0; i < N; i++) {
+            const double ref = act[i] ? indep_sum_p2(&c, i, x->T, x->cap) : 0;
+            if (!act[i] && sp2[i] != 0.0f) ok = 0, worst = i;
+            const double d = fabs((double)sp2[i] - ref);
+            if (!(d <= md)) md = d, worst = i;
+            if (fabs(ref) > mr) mr = fabs(ref);
+        }
+        if (!(md <= tol * (mr > 0 ? mr : 1)) || !ok) {
+            fprintf(stderr, "FAIL sum_p2 %s: normwise error %.3e (row %lld: %.9g); seed %llu\n", cs,
+                    md / (mr > 0 ? mr : 1), (long long)worst, worst >= 0 ? sp2[worst] : 0.0,
+                    (unsigned long long)test_seed());
+            ok = 0;
+        }
+    }
+    if (K) ok &= check_topk(cs, ids, lp, K, &c, act, x->T, x->cap, tol, 1e-3);
+    free(act), free(sp2), free(lp), free(ids);
+    sph_ctx_free(g, dsp2), sph_ctx_free(g, dlp), sph_ctx_free(g, dids);
+    hc_free(&c);
+    sph_ctx_destroy(g);
+    return ok;
+}
+
+static void test_extras_cuda(void **state) {
+    (void)state;
+    const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE;
+    const xcase cases[] = {
+        /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap */
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0},
+        {NULL, SPH_F32, 77, 40, 613, 1, 1, 1, 0, 0, 0, 40 * 1024, 1.0, 3.0},
+        {NULL, SPH_F32, 77, 40, 613, 200, 0, 0, 0, 0, 0, 0, 0.6, 0.0},
+        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, F32S, 64 * 1024, 1.0, 0.0},
+        {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP, 0, 0.8, 2.5},
+        {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, 0, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, 0, 0, 1.0, 0.0},
+        {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0},
+        {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0},
+    };
+    int ok = 1;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
+    assert_true(ok);
+}
+
+static void test_sum_p2_support_unsupported(void **state) {
+    (void)state;
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    sph_ctx_t g = NULL;
+    expect_ok(sph_ctx_create(&g, &o));
+    hcase c;
+    hc_init(&c, &g_rng, 33, 32, 96, 96, 0, 6, SPH_BF16);
+    hc_wire(&c, HC_LP | HC_ENT | HC_LSE);
+    hc_poison(&c);
+    const size_t N = (size_t)c.N;
+    float *sp2 = hc_alloc(N * 4);
+    poison_f32(sp2, N);
+    void *dsp2 = dev_copy(g, sp2, N * 4);
+    int64_t sh[1];
+    sph_tensor ts = tensor1(dsp2, SPH_F32, sh, c.N);
+    ts.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    mirror m;
+    mirror_make(g, &c, &m);
+    c.a.sum_p2 = &ts;
+    size_t bytes = 0;
+    expect_status(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes),
+                  SPH_ERR_UNSUPPORTED, "sum_p2");
+    expect_status(sph_head_forward(g, &c.a, NULL, 0), SPH_ERR_UNSUPPORTED, "sum_p2");
+    mirror_back(g, &m);
+    expect_ok(sph_ctx_memcpy(g, sp2, dsp2, N * 4));
+    for (size_t i = 0; i < N; i++) assert_true(isnan(c.lp[i]) && isnan(sp2[i]));
+    sph_ctx_free(g, dsp2);
+    free(sp2);
+    hc_free(&c);
+    sph_ctx_destroy(g);
 }
 
 int main(void) {
@@ -80,7 +208,8 @@ int main(void) {
     }
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sum_p2_unsupported),
+        cmocka_unit_test(test_extras_cuda),
+        cmocka_unit_test(test_sum_p2_support_unsupported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -470,12 +470,44 @@ static void test_issue23(void **state) {
     }
 }
 
+/* issue 25's extras (sum_p2, top-k): the forward takes the staged cuBLAS path (the extras
+ * read the fp32 logits), one-pass its staged fp32 chunks or the sweep, never staged E; their
+ * buffers ((m, q), N x K lists, x TP size received) come on top of the same layout. */
+static void test_extras(void **state) {
+    (void)state;
+    const int64_t N = 4096, H = 2048, V = 62080, K = 64;
+    for (int pass = 0; pass < 3; pass += 2) {
+        const lcase k = {N, H, V, SPH_BF16, SPH_BF16, NULL, 0, pass};
+        struct sph_ctx c = fake_ctx(0, 1);
+        sph_head_plan p = make_plan(&k);
+        sph_cuda_layout plain, x;
+        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &plain), SPH_OK);
+        assert_true(plain.fused); /* bf16 on (assumed) sm_90a: the fused epilogue */
+        p.sum_p2 = FAKE(9);
+        p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
+        c = fake_ctx(0, 1);
+        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
+        assert_false(x.fused);
+        assert_false(x.onepass_e);
+        assert_true(x.off_xtk >= x.off_xmq + (size_t)N * 8);
+        assert_true(x.total >= x.off_xtk + (size_t)(N * K) * sizeof(sph_cuda_xtk));
+        /* the backward never computes them */
+        if (pass == 2) {
+            sph_cuda_layout b;
+            c = fake_ctx(0, 1);
+            assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_BACKWARD, &b), SPH_OK);
+            assert_int_equal(b.off_xtk_recv, 0);
+        }
+    }
+}
+
 int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_issue6_grid),
         cmocka_unit_test(test_random_plans),
         cmocka_unit_test(test_issue23),
+        cmocka_unit_test(test_extras),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
