@@ -142,6 +142,10 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     SPH_CHECK(!head->topk_ids && !head->topk_logprobs, SPH_ERR_UNSUPPORTED,
               "head.%s: top-k is not available with the policy loss (take it from "
               "sph_head_forward)", head->topk_ids ? "topk_ids" : "topk_logprobs");
+    /* the device policy loss runs its own sweeps around the head's (src/cuda/policy.cu) */
+    SPH_CHECK(!head->sum_p2 || ctx->dev->host_memory, SPH_ERR_UNSUPPORTED,
+              "head.sum_p2: not available with the policy loss on a device context (take it "
+              "from sph_head_forward)");
     SPH_CHECK(head->targets != NULL, SPH_ERR_INVALID_ARG,
               "head.targets: NULL, expected the (N) target ids (the loss needs logprob)");
     /* the generic checks now; the backend's (device pointers) once its buffers are bound;
