@@ -160,8 +160,9 @@ int sph_cli_run(int argc, char **argv) {
     r.floor_s = r.rate > 0 ? r.work / r.rate : 0;
     r.ws_bytes = d.ws_bytes[0] > d.ws_bytes[1] ? d.ws_bytes[0] : d.ws_bytes[1];
     const int have[RUN_N_OUT] = {1, d.a.entropy != NULL, 1, d.a.logit_mean != NULL, d.backward,
-                                 d.backward, d.a.sum_p2 != NULL};
-    const int64_t cnt[RUN_N_OUT] = {p.N, p.N, p.N, p.N, p.N * p.H, p.V * p.H, p.N};
+                                 d.backward, d.a.sum_p2 != NULL, o.topk > 0, o.topk > 0};
+    const int64_t cnt[RUN_N_OUT] = {p.N, p.N, p.N, p.N, p.N * p.H, p.V * p.H, p.N,
+                                    p.N * o.topk, p.N * o.topk};
     for (int k = 0; k < RUN_N_OUT; k++) {
         r.have[k] = have[k], r.count[k] = cnt[k];
         if (have[k] && !(r.out[k] = run_device_get(&d, run_out_buf[k]))) {

@@ -203,8 +203,11 @@ const sph_cli_opt sph_cli_run_opts[] = {
     {"--support", "K", SPH_OPT_I64, O(K), 1, INT64_MAX, 0, 0, NULL, 0,
      "sample-support mode with K candidates per row (K <= vocabulary)"},
     {"--sum-p2", NULL, SPH_OPT_FLAG, O(sum_p2), 0, 0, 0, 0, NULL, 0,
-     "also compute sum_j p_ij^2 per row (sum_p2.npy; no gradient;\n"
-     "CPU only for now)"},
+     "also compute sum_j p_ij^2 per row (sum_p2.npy; no gradient)"},
+    {"--topk", "K", SPH_OPT_I64, O(topk), 1, 256, 0, 0, NULL, 0,
+     "also compute the K most probable ids of each row and their\n"
+     "log-probs (topk_ids.npy int64, topk_logprobs.npy; K <= 256 and\n"
+     "<= the vocabulary; no gradient)"},
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
      "synthetic data seed (default 1)"},
     {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
@@ -223,7 +226,8 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "candidates.npy (bf16 data: uint16 .npy plus --dtype bf16);\n"
      "the backward runs when an upstream gradient is given"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
-     "write logprob entropy lse logit_mean dhidden dweight sum_p2 .npy (what\n"
+     "write logprob entropy lse logit_mean dhidden dweight sum_p2\n"
+     "topk_logprobs topk_ids .npy (what\n"
      "was computed): all at once after the run (and --check) succeeded,\n"
      "or none"},
     {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,

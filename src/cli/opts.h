@@ -52,6 +52,7 @@ typedef struct run_opts {
     double active, softcap, temperature;
     int entropy, one_pass, check, json;
     int sum_p2; /* --sum-p2 */
+    int64_t topk; /* --topk K, 0 = none */
     /* derived */
     int dtype_given, shape_given, default_batch;
 } run_opts;

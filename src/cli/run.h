@@ -45,7 +45,7 @@ int run_problem_make(const run_opts *o, run_problem *p);
 /* ---- the device run ----------------------------------------------------------------------- */
 
 enum { T_H, T_W, T_TGT, T_CAND, T_MASK, T_LP, T_ENT, T_LSE, T_LM, T_ST, T_G, T_E, T_GL, T_GM,
-       T_DH, T_DW, T_SP2, T_COUNT };
+       T_DH, T_DW, T_SP2, T_TKL, T_TKI, T_COUNT };
 
 typedef struct run_device {
     sph_ctx_t ctx;
@@ -70,14 +70,18 @@ void run_device_free(run_device *d);
 
 /* ---- outputs and report ------------------------------------------------------------------- */
 
-#define RUN_N_OUT 7
-/* logprob entropy lse logit_mean dhidden dweight sum_p2 (opt-in, --sum-p2) */
+#define RUN_N_OUT 9
+/* logprob entropy lse logit_mean dhidden dweight sum_p2 (opt-in, --sum-p2) topk_logprobs
+ * topk_ids (opt-in, --topk K: (N, K), the ids int64) */
 extern const char *const run_out_names[RUN_N_OUT];
 extern const char *const run_out_files[RUN_N_OUT + 1]; /* the same .npy names, NULL-ended */
 /* output k is per row, (N) */
 #define RUN_OUT_PER_ROW(k) ((k) < 4 || (k) == 6)
 /* output k is listed as "not computed" when absent (sum_p2 is only ever opt-in) */
 #define RUN_OUT_LISTED(k) ((k) == 1 || (k) == 3 || (k) == 4 || (k) == 5)
+/* output k is (N, K) of --topk; RUN_OUT_IDS: the int64 ids */
+#define RUN_OUT_TOPK(k) ((k) == 7 || (k) == 8)
+#define RUN_OUT_IDS 8
 extern const int run_out_buf[RUN_N_OUT];           /* their T_* buffers */
 
 typedef struct run_result {

@@ -58,6 +58,10 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     PUT(T_LM, NULL, (size_t)N * 4, 1, N, 0, SPH_F32);
     PUT(T_ST, NULL, (size_t)N * 12, 2, N, 3, SPH_F32);
     if (o->sum_p2) PUT(T_SP2, NULL, (size_t)N * 4, 1, N, 0, SPH_F32);
+    if (o->topk) {
+        PUT(T_TKL, NULL, (size_t)(N * o->topk) * 4, 2, N, o->topk, SPH_F32);
+        PUT(T_TKI, NULL, (size_t)(N * o->topk) * 8, 2, N, o->topk, SPH_I64);
+    }
     if (p->g) PUT(T_G, p->g, (size_t)N * 4, 1, N, 0, SPH_F32);
     if (p->e) PUT(T_E, p->e, (size_t)N * 4, 1, N, 0, SPH_F32);
     if (p->gl) PUT(T_GL, p->gl, (size_t)N * 4, 1, N, 0, SPH_F32);
@@ -80,6 +84,7 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     a.logit_mean = p->K ? NULL : &d->t[T_LM];
     a.stats = &d->t[T_ST];
     a.sum_p2 = o->sum_p2 ? &d->t[T_SP2] : NULL;
+    if (o->topk) a.topk_logprobs = &d->t[T_TKL], a.topk_ids = &d->t[T_TKI];
     a.dlogprob = p->g ? &d->t[T_G] : NULL;
     a.dentropy = p->e ? &d->t[T_E] : NULL;
     a.dlse = p->gl ? &d->t[T_GL] : NULL;

@@ -13,11 +13,13 @@
 #include "run.h"
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",
-                                              "dhidden", "dweight", "sum_p2"};
+                                              "dhidden", "dweight", "sum_p2",
+                                              "topk_logprobs", "topk_ids"};
 const char *const run_out_files[RUN_N_OUT + 1] = {"logprob.npy", "entropy.npy", "lse.npy",
                                                  "logit_mean.npy", "dhidden.npy", "dweight.npy",
-                                                 "sum_p2.npy", NULL};
-const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW, T_SP2};
+                                                 "sum_p2.npy", "topk_logprobs.npy",
+                                                 "topk_ids.npy", NULL};
+const int run_out_buf[RUN_N_OUT] = {T_LP, T_ENT, T_LSE, T_LM, T_DH, T_DW, T_SP2, T_TKL, T_TKI};
 
 /* max |got - ref| / max |ref| (normwise), NaN -> inf. */
 static double rel_err(const float *got, const float *ref, int64_t n) {
@@ -31,10 +33,35 @@ static double rel_err(const float *got, const float *ref, int64_t n) {
     return md / (mr > 0 ? mr : 1.0);
 }
 
+/* topk (--topk K) against the reference's K' = min(K + 1, V) best: the log-probs normwise
+ * into err[7]; into err[8] the ids that differ where the reference's log-probs leave a gap
+ * above the tolerance to both neighbours (near-ties may come out in either order), a count. */
+static void check_topk(const run_result *r, const float *rl, const int64_t *ri, int64_t N,
+                       int64_t K, int64_t Kr, double *err_lp, double *err_ids) {
+    const float *gl = r->out[7];
+    const int64_t *gi = (const int64_t *)r->out[RUN_OUT_IDS];
+    double md = 0, mr = 0, bad = 0;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t k = 0; k < K; k++) {
+            const double ref = rl[i * Kr + k], d = fabs((double)gl[i * K + k] - ref);
+            if (isnan(d)) md = INFINITY;
+            else if (d > md) md = d;
+            if (fabs(ref) > mr) mr = fabs(ref);
+            const double gap = r->tol * (1 + fabs(ref));
+            const int sep = (k == 0 || rl[i * Kr + k - 1] - ref > gap) &&
+                            (k + 1 >= Kr || ref - rl[i * Kr + k + 1] > gap);
+            if (sep && gi[i * K + k] != ri[i * Kr + k]) bad++;
+        }
+    *err_lp = md / (mr > 0 ? mr : 1.0);
+    *err_ids = bad;
+}
+
 int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *r) {
     run_device ref;
     double t0 = sph_cli_now_s(), a_, b_;
-    sph_status s = run_device_setup(&ref, p, o, 0, "ref", 1);
+    run_opts ro = *o; /* top-k: one more entry, the neighbour of the K-th */
+    if (o->topk && o->topk < p->V_total && o->topk < 256) ro.topk = o->topk + 1;
+    sph_status s = run_device_setup(&ref, p, &ro, 0, "ref", 1);
     if (!s) s = run_device_pass(&ref, &a_, &b_);
     if (s) {
         int rc = sph_cli_fail(RUN_CMD, 1, "reference: %s: %s", sph_status_str(s), sph_last_error());
@@ -49,11 +76,20 @@ int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *
     r->checked = 1;
     r->passed = 1;
     for (int k = 0; k < RUN_N_OUT; k++) {
-        if (!r->have[k]) continue;
+        if (!r->have[k] || RUN_OUT_TOPK(k)) continue;
         float *x = run_device_get(&ref, run_out_buf[k]);
         r->err[k] = x ? rel_err(r->out[k], x, r->count[k]) : INFINITY;
         r->passed &= r->err[k] <= r->tol;
         free(x);
+    }
+    if (o->topk) {
+        float *rl = run_device_get(&ref, T_TKL), *ri = run_device_get(&ref, T_TKI);
+        r->err[7] = r->err[RUN_OUT_IDS] = INFINITY;
+        if (rl && ri)
+            check_topk(r, rl, (const int64_t *)ri, p->N, o->topk, ro.topk, &r->err[7],
+                       &r->err[RUN_OUT_IDS]);
+        r->passed &= r->err[7] <= r->tol && r->err[RUN_OUT_IDS] == 0;
+        free(rl), free(ri);
     }
     r->check_s = sph_cli_now_s() - t0;
     run_device_free(&ref);
@@ -65,9 +101,11 @@ int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sp
     memset(os, 0, sizeof *os);
     for (int k = 0; k < RUN_N_OUT; k++) {
         if (!r->have[k]) continue;
-        int64_t sh[2] = {RUN_OUT_PER_ROW(k) || k == 4 ? p->N : p->V, p->H};
-        if (sph_cli_outset_npy(&s, run_out_names[k], 'f', 4, RUN_OUT_PER_ROW(k) ? 1 : 2, sh,
-                               r->out[k]))
+        int64_t sh[2] = {RUN_OUT_PER_ROW(k) || k == 4 || RUN_OUT_TOPK(k) ? p->N : p->V,
+                         RUN_OUT_TOPK(k) ? o->topk : p->H};
+        const int ids = k == RUN_OUT_IDS;
+        if (sph_cli_outset_npy(&s, run_out_names[k], ids ? 'i' : 'f', ids ? 8 : 4,
+                               RUN_OUT_PER_ROW(k) ? 1 : 2, sh, r->out[k]))
             return sph_cli_fail(RUN_CMD, 1, "%s (nothing was written to %s)", s.err, o->outputs);
     }
     if (sph_cli_outset_commit(&s)) return sph_cli_fail(RUN_CMD, 1, "%s", s.err);
@@ -125,8 +163,14 @@ void run_report_text(const run_problem *p, const run_opts *o, const run_result *
            "max|ref|, tolerance %.0e:\n",
            r->check_s, r->tol);
     for (int k = 0; k < RUN_N_OUT; k++)
-        if (r->have[k])
-            printf("    %-11s %10.2e  %s\n", run_out_names[k], r->err[k],
+        if (r->have[k] && k == RUN_OUT_IDS)
+            printf("    %-13s %8.0f  %s\n", run_out_names[k], r->err[k],
+                   r->err[k] == 0 ? "ids differ where the reference's gaps exceed the "
+                                    "tolerance: ok"
+                                  : "ids differ where the reference's gaps exceed the "
+                                    "tolerance: FAILED");
+        else if (r->have[k])
+            printf("    %-13s %8.2e  %s\n", run_out_names[k], r->err[k],
                    r->err[k] <= r->tol ? "ok" : "OUT OF TOLERANCE");
     char miss[128];
     list_missing(miss, sizeof miss, r);

@@ -154,6 +154,36 @@ sys.exit(0 if err <= 2e-5 else 1)
 PY
 [[ ! -e $tmp/out/sum_p2.npy ]] && ok "no sum_p2.npy without --sum-p2" || bad "sum_p2.npy written without --sum-p2"
 
+# ---- --topk K (issue 25): topk_ids.npy / topk_logprobs.npy against a NumPy float64 sort -------
+expect_rc 0 "topk_ids" -- "$cli" run --inputs "$tmp/in" --outputs "$tmp/outtk" --check --topk 9 --temperature 0.7 --softcap 4
+python3 - "$tmp" <<'PY' && ok "topk_*.npy match a NumPy float64 sort" || bad "topk_*.npy differ from NumPy"
+import numpy as np, sys
+d = sys.argv[1]
+h, w = np.load(f"{d}/in/hidden.npy").astype(np.float64), np.load(f"{d}/in/weight.npy").astype(np.float64)
+m = np.load(f"{d}/in/mask.npy").astype(bool)
+z = 4 * np.tanh(h @ w.T / 4) / 0.7
+lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+order = np.lexsort((np.broadcast_to(np.arange(z.shape[1]), z.shape), -z), axis=1)[:, :10]
+ref_lp = np.take_along_axis(z, order, 1) - lse[:, None]
+ids, lp = np.load(f"{d}/outtk/topk_ids.npy"), np.load(f"{d}/outtk/topk_logprobs.npy")
+assert ids.dtype == np.int64 and lp.dtype == np.float32 and ids.shape == lp.shape == (len(m), 9)
+assert np.all(ids[~m] == -1) and np.all(lp[~m] == 0), "inactive rows"
+err = np.abs(lp[m] - ref_lp[m, :9]).max()
+gap = 1e-4
+sep = np.ones((m.sum(), 9), bool)
+r = ref_lp[m]
+sep[:, 1:] &= (r[:, :8] - r[:, 1:9]) > gap
+sep &= (r[:, :9] - r[:, 1:10]) > gap
+wrong = ((ids[m] != order[m, :9]) & sep).sum()
+print(f"  topk_logprobs: max error {err:.2e}; ids differing at separated ranks: {wrong}")
+sys.exit(0 if err <= 1e-4 and wrong == 0 else 1)
+PY
+[[ ! -e $tmp/out/topk_ids.npy ]] && ok "no topk_ids.npy without --topk" || bad "topk_ids.npy written without --topk"
+expect_rc 2 "--topk '0': expected an integer in [1, 256]" -- "$cli" run --N 4 --H 4 --V 300 --topk 0
+expect_rc 2 "--topk '257': expected an integer in [1, 256]" -- "$cli" run --N 4 --H 4 --V 300 --topk 257
+expect_rc 1 "topk_ids: shape[1] (K) is 31, expected <= vocab_total = 30" -- "$cli" run --N 4 --H 4 --V 30 --topk 31
+expect_rc 1 "topk_ids: not defined in sample-support mode" -- "$cli" run --N 4 --H 4 --V 30 --topk 3 --support 4
+
 # ---- --check without upstream gradients: forward only, and the check says so -----------------
 mkdir -p "$tmp/fwd" && cp "$tmp/in/hidden.npy" "$tmp/in/weight.npy" "$tmp/in/targets.npy" "$tmp/fwd/"
 expect_rc 0 "not computed, not checked: entropy, dhidden, dweight" -- "$cli" run --inputs "$tmp/fwd" --check \
