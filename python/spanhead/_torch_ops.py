@@ -6,7 +6,7 @@ implementation (``register_fake``: output shapes and dtypes only, so ``torch.com
 them without data and without a graph break) and an autograd formula (``register_autograd``).
 
     spanhead::head_fwd     forward: logprob, entropy, lse, logit_mean (each (N,) or empty), stats,
-                           sum_p2 (opt-in, no gradient)
+                           sum_p2, topk_ids, topk_logprobs (opt-in, no gradient)
     spanhead::head_bwd     backward: dhidden, dweight from stats and the upstream gradients
     spanhead::weighted_loss one-pass: the loss  sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i)
                             + c_ent sum_i H_i  with dhidden, dweight from the same sweep
@@ -139,7 +139,7 @@ def context_for(device: torch.device, comm: Optional[Comm] = None, **options: An
 _to_dlpack = getattr(torch.utils.dlpack, "to_dlpack", None)
 _ORDER = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
           "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-          "dhidden", "dweight", "sum_p2")
+          "dhidden", "dweight", "sum_p2", "topk_ids", "topk_logprobs")
 
 
 def _cap(t: Optional[torch.Tensor]) -> Any:
@@ -246,31 +246,47 @@ def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
              spans: Optional[torch.Tensor], want: List[bool], fl: List[float], it: List[int],
              kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
-    """(logprob, entropy, lse, logit_mean, stats, sum_p2): each per-row output (N,) float32
-    when wanted (want[0..4); want[4], when given, asks for sum_p2, which has no gradient),
-    else empty; stats (N, 3). fl, it, kernel, tune_cache: pack_tail's."""
+    """(logprob, entropy, lse, logit_mean, stats, sum_p2, topk_ids, topk_logprobs): each
+    per-row output (N,) float32 when wanted (want[0..4); want[4], when given, asks for sum_p2,
+    which has no gradient), else empty; stats (N, 3); topk (no gradient) when it carries an
+    eleventh entry K > 0 (after pack_tail's ten): topk_ids (N, K) int64 and topk_logprobs
+    (N, K) float32, else empty. fl, it, kernel, tune_cache: pack_tail's."""
     a = _unpack(fl, it, kernel, tune_cache)
     N = hidden.shape[0]
+    K = _topk_of(it)
     f32 = dict(dtype=torch.float32, device=hidden.device)
     outs = [torch.empty(N, **f32) if w else None for w in want[:4]]
     sp2 = torch.empty(N, **f32) if len(want) > 4 and want[4] else None
+    tki = torch.empty((N, K), dtype=torch.int64, device=hidden.device) if K else None
+    tkl = torch.empty((N, K), **f32) if K else None
     stats = torch.empty((N, 3), **f32)
     m, sp = resolve_mask(hidden, mask, spans, a.gap)
     run(FORWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
                       active_mask=m, logprob=outs[0], entropy=outs[1], lse=outs[2],
-                      logit_mean=outs[3], stats=stats, sum_p2=sp2),
+                      logit_mean=outs[3], stats=stats, sum_p2=sp2, topk_ids=tki,
+                      topk_logprobs=tkl),
         sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap, False, a.comm, a.opts)
-    return ([o if o is not None else torch.empty(0, **f32) for o in outs] + [stats] +
-            [sp2 if sp2 is not None else torch.empty(0, **f32)])
+    def e32(o):  # a distinct empty tensor for each absent output (outputs must not alias)
+        return o if o is not None else torch.empty(0, **f32)
+    return ([e32(o) for o in outs] + [stats, e32(sp2),
+            tki if tki is not None else torch.empty(0, dtype=torch.int64, device=hidden.device),
+            e32(tkl)])
+
+
+def _topk_of(it: Sequence[int]) -> int:
+    """K of head_fwd's topk: the entry after pack_tail's ten, 0 when absent."""
+    return int(it[_N_IT]) if len(it) > _N_IT else 0
 
 
 @head_fwd.register_fake
-def _head_fwd_fake(hidden, weight, targets, candidates, mask, spans, want, *args):
-    N = hidden.shape[0]
+def _head_fwd_fake(hidden, weight, targets, candidates, mask, spans, want, fl, it, *args):
+    N, K = hidden.shape[0], _topk_of(it)
     outs = [hidden.new_empty((N,) if w else (0,), dtype=torch.float32) for w in want[:4]]
     sp2 = len(want) > 4 and want[4]
     return outs + [hidden.new_empty((N, 3), dtype=torch.float32),
-                   hidden.new_empty((N,) if sp2 else (0,), dtype=torch.float32)]
+                   hidden.new_empty((N,) if sp2 else (0,), dtype=torch.float32),
+                   hidden.new_empty((N, K) if K else (0,), dtype=torch.int64),
+                   hidden.new_empty((N, K) if K else (0,), dtype=torch.float32)]
 
 
 @torch.library.custom_op(f"{_LIB}::head_bwd", mutates_args=())
@@ -314,7 +330,8 @@ def _head_bwd_fake(hidden, weight, targets, candidates, mask, spans, stats, dlog
 def _head_setup(ctx, inputs, output):
     hidden, weight, targets, candidates, mask, spans, want = inputs[:7]
     ctx.save_for_backward(hidden, weight, targets, candidates, mask, spans, output[4])
-    ctx.mark_non_differentiable(output[4], output[5])  # stats, sum_p2 (no gradient)
+    # stats, sum_p2, topk_ids, topk_logprobs (no gradient)
+    ctx.mark_non_differentiable(output[4], output[5], output[6], output[7])
     ctx.set_materialize_grads(False)
     ctx.want = want
     ctx.tail = inputs[7:11]  # fl, it, kernel, tune_cache: passed on to head_bwd

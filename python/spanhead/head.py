@@ -27,7 +27,7 @@ DeviceLike = Union[str, int, Tuple[str, int], None]
 FORWARD, BACKWARD = 0, 1
 _SLOTS = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
           "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-          "dhidden", "dweight", "sum_p2")
+          "dhidden", "dweight", "sum_p2", "topk_ids", "topk_logprobs")
 
 
 def _parse_device(device: Any) -> Tuple[int, int]:
@@ -228,15 +228,16 @@ def default_context(device: Tuple[int, int], stream: int = 0) -> Context:
 
 
 class HeadResult(dict):
-    """Outputs of a head call by name (logprob, entropy, lse, logit_mean, sum_p2, stats,
-    dhidden, dweight); also readable as attributes. Absent outputs are None."""
+    """Outputs of a head call by name (logprob, entropy, lse, logit_mean, sum_p2, topk_ids,
+    topk_logprobs, stats, dhidden, dweight); also readable as attributes. Absent outputs are
+    None."""
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self[name]
         except KeyError:
-            if name in ("logprob", "entropy", "lse", "logit_mean", "sum_p2", "stats", "dhidden",
-                        "dweight", "workspace_bytes"):
+            if name in ("logprob", "entropy", "lse", "logit_mean", "sum_p2", "topk_ids",
+                        "topk_logprobs", "stats", "dhidden", "dweight", "workspace_bytes"):
                 return None
             raise AttributeError(name) from None
 
@@ -304,6 +305,27 @@ def _out(spec: Any, ref: Any, shape: Tuple[int, ...], dt: Tuple[int, int], name:
     return spec
 
 
+def _topk_outputs(kw: dict, hidden: Any, n: int) -> dict:
+    """topk_ids / topk_logprobs of a forward: the given tensors, or (N, K) allocated for
+    topk=K; the library judges K (1..256, <= vocab_total), the dtypes and the pair."""
+    k, ids, lps = kw["topk"], kw["topk_ids"], kw["topk_logprobs"]
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise InvalidArgumentError(f"topk: {k!r}, expected an int K (0 = none)")
+    if k == 0 and ids is None and lps is None:
+        return {"topk_ids": None, "topk_logprobs": None}
+    if k != 0 and ids is None and lps is None:
+        if k < 0:  # (the library judges every other K, once the tensors exist)
+            raise InvalidArgumentError(f"topk: {k}, expected 1 <= K <= 256 (0 = none)")
+        return {"topk_ids": T.empty(hidden, (n, k), T.I64, "topk_ids"),
+                "topk_logprobs": T.empty(hidden, (n, k), T.F32, "topk_logprobs")}
+    if k != 0:
+        for name, x in (("topk_ids", ids), ("topk_logprobs", lps)):
+            sh = tuple(_rows_shape(x, name)) if x is not None else None
+            if sh is not None and (len(sh) != 2 or sh[1] != k):
+                raise ShapeError(f"{name}: shape is {sh}, expected ({n}, {k}) for topk={k}")
+    return {"topk_ids": ids, "topk_logprobs": lps}
+
+
 def _dtype_pair(dtype: Any) -> Tuple[int, int]:
     names = {"float32": T.F32, "f32": T.F32, "float16": T.F16, "f16": T.F16,
              "bfloat16": T.BF16, "bf16": T.BF16}
@@ -335,7 +357,8 @@ def head_forward(hidden: Any, weight: Any, targets: Any = None, *, candidates: A
                  dlogit_mean: Any = None, dhidden: Any = False, dweight: Any = False,
                  grad_dtype: Any = None, accumulate_dhidden: bool = False,
                  accumulate_dweight: bool = False, allreduce_dhidden: bool = False,
-                 context: Optional[Context] = None, sum_p2: Any = False) -> HeadResult:
+                 context: Optional[Context] = None, sum_p2: Any = False, topk: int = 0,
+                 topk_ids: Any = None, topk_logprobs: Any = None) -> HeadResult:
     """Forward of the LM head: per-row log-prob of the targets and, on request, entropy,
     log-sum-exp and mean logit, without materializing the logits.
 
@@ -360,8 +383,13 @@ def head_forward(hidden: Any, weight: Any, targets: Any = None, *, candidates: A
         context: a :class:`Context`; default: this thread's context for the inputs' device
             (and, for torch/cupy CUDA tensors, the current stream).
         sum_p2: True (or a float32 (N,) tensor): sum_j p_ij^2 of each active row (0 on
-            inactive rows), no gradient. CPU contexts only for now (CUDA raises
-            UnsupportedError).
+            inactive rows), no gradient (CUDA: not with candidates).
+        topk: K in [1, 256], K <= vocab_total: the K most probable ids of each active row's
+            distribution (descending, ties the lower id first) as ``topk_ids`` (int64 (N, K),
+            global ids, -1 on inactive rows) and their log-probs ``topk_logprobs`` (float32
+            (N, K), 0 on inactive rows); no gradient; not with candidates.
+        topk_ids, topk_logprobs: the two output tensors to write instead of allocating them
+            (both or neither; their shape gives K when topk is 0).
 
     Returns:
         :class:`HeadResult` with the requested outputs (None for the others).
@@ -386,7 +414,8 @@ def head_backward(hidden: Any, weight: Any, targets: Any = None, *, stats: Any,
     allreduce_dhidden sums dhidden over the context's tensor-parallel group.
     """
     kw = locals()
-    kw.update(logprob=False, entropy=False, lse=False, logit_mean=False, sum_p2=False)
+    kw.update(logprob=False, entropy=False, lse=False, logit_mean=False, sum_p2=False,
+              topk=0, topk_ids=None, topk_logprobs=None)
     return _head(BACKWARD, kw)
 
 
@@ -415,6 +444,8 @@ def _head(pass_: int, kw: dict) -> HeadResult:
         for name, spec in (("logprob", lp), ("entropy", kw["entropy"]), ("lse", kw["lse"]),
                            ("logit_mean", kw["logit_mean"]), ("sum_p2", kw["sum_p2"])):
             t[name] = res[name] = _out(spec, hidden, (n,), T.F32, name)
+        t.update(_topk_outputs(kw, hidden, n))
+        res.update((k, t[k]) for k in ("topk_ids", "topk_logprobs"))
         if kw["stats"] is None or kw["stats"] is False:
             raise InvalidArgumentError("stats: the forward always writes stats (N, 3); pass True "
                                        "or a float32 tensor")

@@ -49,7 +49,8 @@ from ._tensors import int64_pairs
 from ._torch_ops import context_for
 from .comm import Comm
 
-__all__ = ["logprobs", "HeadOutputs", "HeadOutputsSumP2", "context_for", "weighted_logprob_loss",
+__all__ = ["logprobs", "HeadOutputs", "HeadOutputsSumP2", "HeadOutputsTopK", "context_for",
+           "weighted_logprob_loss",
            "LossOutputs", "linear_cross_entropy", "LinearCrossEntropyLoss", "policy_loss",
            "PolicyOutputs"]
 
@@ -71,6 +72,16 @@ class HeadOutputs(NamedTuple):
         """Not requested (see :class:`HeadOutputsSumP2`)."""
         return None
 
+    @property
+    def topk_ids(self) -> Optional[torch.Tensor]:
+        """Not requested (see :class:`HeadOutputsTopK`)."""
+        return None
+
+    @property
+    def topk_logprobs(self) -> Optional[torch.Tensor]:
+        """Not requested (see :class:`HeadOutputsTopK`)."""
+        return None
+
 
 class HeadOutputsSumP2(NamedTuple):
     """:class:`HeadOutputs` plus sum_p2 (float32, no gradient), what :func:`logprobs` returns
@@ -81,6 +92,32 @@ class HeadOutputsSumP2(NamedTuple):
     lse: Optional[torch.Tensor]
     logit_mean: Optional[torch.Tensor]
     sum_p2: torch.Tensor
+
+    @property
+    def topk_ids(self) -> Optional[torch.Tensor]:
+        """Not requested (see :class:`HeadOutputsTopK`)."""
+        return None
+
+    @property
+    def topk_logprobs(self) -> Optional[torch.Tensor]:
+        """Not requested (see :class:`HeadOutputsTopK`)."""
+        return None
+
+
+class HeadOutputsTopK(NamedTuple):
+    """What :func:`logprobs` returns with ``topk=K``: the four outputs of
+    :class:`HeadOutputs`, sum_p2 (None unless ``sum_p2=True``), and the top-k of each row's
+    distribution: ``topk_ids`` int64 (..., K) global ids (descending probability, ties the
+    lower id first; -1 on inactive rows) and ``topk_logprobs`` float32 (..., K) (0 on
+    inactive rows), both detached (no gradient)."""
+
+    logprob: Optional[torch.Tensor]
+    entropy: Optional[torch.Tensor]
+    lse: Optional[torch.Tensor]
+    logit_mean: Optional[torch.Tensor]
+    sum_p2: Optional[torch.Tensor]
+    topk_ids: torch.Tensor
+    topk_logprobs: torch.Tensor
 
 
 class LossOutputs(NamedTuple):
@@ -297,7 +334,7 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              entropy: bool = False, tp_group: Any = None, vocab_start: int = 0, *,
              vocab_total: int = 0, lse: bool = False, logit_mean: bool = False,
              softcap: Optional[float] = 0.0, candidates: Optional[torch.Tensor] = None, gap: int = 0,
-             reduce_dhidden: Optional[bool] = None, sum_p2: bool = False,
+             reduce_dhidden: Optional[bool] = None, sum_p2: bool = False, topk: int = 0,
              **context_options: Any) -> Any:
     """Per-token log-probs of ``targets`` under ``softmax((hidden @ weight.T) / temperature)``,
     differentiable w.r.t. hidden and weight, without materializing the logits.
@@ -326,23 +363,36 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         reduce_dhidden: sum dhidden over tp_group in the backward (default True with tp_group:
             the gradient of the replicated hidden is the sum of the shards' partials; pass
             False when a surrounding layer already all-reduces it, as Megatron's does).
-        sum_p2: also return sum_j p_ij^2 per row (float32, no gradient; 0 on inactive rows).
-            CPU tensors only for now (CUDA raises UnsupportedError).
+        sum_p2: also return sum_j p_ij^2 per row (float32, no gradient; 0 on inactive rows;
+            on CUDA not with candidates).
+        topk: K in [1, 256] (K <= vocab_total): also return the K most probable ids of each
+            row's distribution and their log-probs (no gradient; not with candidates).
         context_options: passed to spanhead.Context (threads, kernel, batch_invariant, ...).
 
     Returns:
         logprob (float32, targets' shape) when only logprobs are requested, else a
         :class:`HeadOutputs` (logprob, entropy, lse, logit_mean) with None for the others
-        (with ``sum_p2=True``: a :class:`HeadOutputsSumP2`, the same plus sum_p2).
+        (with ``sum_p2=True``: a :class:`HeadOutputsSumP2`, the same plus sum_p2; with
+        ``topk=K``: a :class:`HeadOutputsTopK`, the same plus sum_p2 or None, topk_ids and
+        topk_logprobs).
     """
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+        raise InvalidArgumentError(f"topk: {topk!r}, expected an int K >= 1 (0 = none)")
     p = _prepare(hidden, weight, targets, candidates, loss_mask, spans, gap, tp_group,
                  vocab_start, vocab_total, temperature, softcap, reduce_dhidden,
                  context_options)
     want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean), bool(sum_p2)]
+    fl, it, kernel, tune_cache = _ops.pack_tail(p.tail)
+    if topk:
+        it = it + [topk]  # head_fwd's eleventh integer (see _torch_ops.head_fwd)
     outs = _ops.head_fwd(p.hidden, p.weight, p.targets, p.candidates, p.mask, p.spans, want,
-                         *_ops.pack_tail(p.tail))
+                         fl, it, kernel, tune_cache)
     res = [o.reshape(p.lead) if w else None for o, w in zip(outs[:4], want)]
     sp2 = outs[5].detach().reshape(p.lead) if sum_p2 else None
+    if topk:
+        return HeadOutputsTopK(*res, sum_p2=sp2,
+                               topk_ids=outs[6].detach().reshape(p.lead + (topk,)),
+                               topk_logprobs=outs[7].detach().reshape(p.lead + (topk,)))
     if sum_p2:
         return HeadOutputsSumP2(*res, sum_p2=sp2)
     if not (want[1] or want[2] or want[3]):

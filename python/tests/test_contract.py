@@ -2,7 +2,8 @@
 NumPy and torch front ends, against float64 dense computations written here (logits
 materialized, softmax, squares summed), on the float64 reference and the default CPU kernels:
 masks (inactive rows exactly 0), sample support, temperature and softcap, awkward shapes,
-poisoned output buffers, no gradient, the bad inputs (dtype, shape, a CUDA context)."""
+poisoned output buffers, no gradient, the bad inputs (dtype, shape); on CUDA the values and
+the refusal with candidates (skipped without a device)."""
 
 import numpy as np
 import pytest
@@ -118,13 +119,21 @@ def test_torch_sum_p2(kernel, rng):
     assert float((only.sum_p2.double() - ref_all).abs().max() / ref_all.abs().max()) <= TOL
 
 
-def test_sum_p2_cuda_refused():
+def test_sum_p2_cuda():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the refusal is covered by tests/gpu/test_head_cuda_contract.c")
+        pytest.skip("no CUDA device: the CUDA path is covered by tests/gpu/test_head_cuda_contract.c")
     import spanhead.torch as sht
-    h = torch.randn(8, 16, device="cuda")
-    w = torch.randn(32, 16, device="cuda")
-    t = torch.randint(0, 32, (8,), device="cuda")
+    g = torch.Generator().manual_seed(25)
+    h = torch.randn(70, 64, generator=g).cuda()
+    w = (torch.randn(613, 64, generator=g) * 0.3).cuda()
+    t = torch.randint(0, 613, (70,), generator=g).cuda()
+    out = sht.logprobs(h, w, t, temperature=0.7, sum_p2=True)
+    z = (h.double() @ w.double().T) / 0.7
+    ref = (torch.softmax(z, 1) ** 2).sum(1)
+    assert float((out.sum_p2.double() - ref).abs().max() / ref.abs().max()) <= 5e-5
+    # with candidates a CUDA context refuses it
+    cand = torch.stack([torch.randperm(613, generator=g)[:5] for _ in range(70)]).cuda()
+    cand[:, 0] = t
     with pytest.raises(spanhead.UnsupportedError, match="sum_p2"):
-        sht.logprobs(h, w, t, sum_p2=True)
+        sht.logprobs(h, w, t, candidates=cand, sum_p2=True)
