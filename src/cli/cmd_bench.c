@@ -93,12 +93,13 @@ static int gemm_rates(sph_ctx_t ctx, const bopts *o, int64_t M, int64_t N, int64
 
 typedef struct dev_bufs {
     void *h, *w, *tgt, *mask, *lp, *ent, *st, *g, *e, *dh, *dw, *ws;
+    void *tki, *tkl, *sp2; /* --topk / --sum-p2 outputs */
     size_t ws_bytes;
 } dev_bufs;
 
 static void bufs_free(sph_ctx_t ctx, dev_bufs *b) {
     void *ps[] = {b->h, b->w, b->tgt, b->mask, b->lp, b->ent, b->st, b->g, b->e, b->dh, b->dw,
-                  b->ws};
+                  b->ws, b->tki, b->tkl, b->sp2};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
     memset(b, 0, sizeof *b);
 }
@@ -121,6 +122,8 @@ typedef struct point {
     size_t peak;
     double first_ms; /* cold first call: fresh context + workspace + one step, synchronized */
     int64_t n_active;
+    int extras;       /* timed with --topk / --sum-p2's outputs */
+    double extra_pct; /* extras: ms over the same point's plain run, in % */
     char path[56]; /* sph_head_describe's path (forward, then backward for the general path),
                       with "+recompute" when a one-pass forward recomputes its logits */
 } point;
@@ -166,6 +169,7 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int6
                       const int64_t *spans, int64_t n_spans, int masked, int one_pass,
                       const rates *rt, point *pt) {
     int64_t sh_h[2] = {N, sh->H}, sh_w[2] = {sh->V, sh->H}, sh_n[1] = {N}, sh_s[2] = {N, 3};
+    int64_t sh_k[2] = {N, o->topk};
     sph_device d = {o->dev, 0};
     sph_tensor th = {b->h, d, 2, o->dt, sh_h, NULL, 0};
     sph_tensor tw = {b->w, d, 2, o->dt, sh_w, NULL, 0};
@@ -186,6 +190,12 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int6
     bw.logprob = bw.entropy = NULL;
     bw.dlogprob = &tg, bw.dentropy = &te, bw.dhidden = &tdh, bw.dweight = &tdw;
     if (one_pass) f = bw, f.logprob = &tlp, f.entropy = &tent;
+    /* issue 25's extras in the forward only (the backward never computes them) */
+    sph_tensor tki = {b->tki, d, 2, SPH_I64, sh_k, NULL, 0};
+    sph_tensor tkl = {b->tkl, d, 2, SPH_F32, sh_k, NULL, 0};
+    sph_tensor tsp = {b->sp2, d, 1, SPH_F32, sh_n, NULL, 0};
+    if (pt->extras && o->topk) f.topk_ids = &tki, f.topk_logprobs = &tkl;
+    if (pt->extras && o->sum_p2) f.sum_p2 = &tsp;
     size_t wf = 0, wb = 0;
     if (sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &f, &wf) != SPH_OK ||
         (!one_pass && sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &bw, &wb) != SPH_OK))
@@ -256,7 +266,14 @@ static void table_head(const bopts *o, int timed) {
 
 static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char *date, const work *w,
                  const point *p) {
-    const char *mode = p->one_pass ? "one-pass" : "general";
+    char mode[64];
+    snprintf(mode, sizeof mode, "%s", p->one_pass ? "one-pass" : "general");
+    if (p->extras) {
+        char k[16] = "";
+        if (o->topk) snprintf(k, sizeof k, "+topk%" PRId64, o->topk);
+        snprintf(mode + strlen(mode), sizeof mode - strlen(mode), "%s%s (%+.1f %%)", k,
+                 o->sum_p2 ? "+sum_p2" : "", p->extra_pct);
+    }
     print_where(o, w);
     printf(" %.4f | %s | %s | %.3f | %.4g | %.3f | %.3f | %.4g | %.3f | %.3f | %.1f | %s | %.1f |\n",
            p->act, p->mask, mode, p->ms, p->rate, p->floor_ms, p->ratio, p->rate_sus,
@@ -297,6 +314,11 @@ static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char 
         for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++) {
             fprintf(f, ",\"%s\":", nums[j].name);
             sph_cli_json_num(f, nums[j].fmt, nums[j].v);
+        }
+        if (p->extras) {
+            fprintf(f, ",\"topk\":%" PRId64 ",\"sum_p2\":%s,\"extra_pct\":", o->topk,
+                    o->sum_p2 ? "true" : "false");
+            sph_cli_json_num(f, "%.3f", p->extra_pct);
         }
         fprintf(f, ",\"peak_extra_bytes\":%zu,\"path\":", p->peak);
         sph_cli_json_str(f, p->path);
@@ -571,7 +593,10 @@ int sph_cli_bench(int argc, char **argv) {
                 upload(ctx, &b.e, hg, N, 4) || upload(ctx, &b.mask, NULL, N, 1) ||
                 upload(ctx, &b.lp, NULL, N, 4) || upload(ctx, &b.ent, NULL, N, 4) ||
                 upload(ctx, &b.st, NULL, N, 12) || upload(ctx, &b.dh, NULL, N * sh->H, es) ||
-                upload(ctx, &b.dw, NULL, sh->V * sh->H, es))
+                upload(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
+                (o.topk && (upload(ctx, &b.tki, NULL, N * o.topk, 8) ||
+                            upload(ctx, &b.tkl, NULL, N * o.topk, 4))) ||
+                (o.sum_p2 && upload(ctx, &b.sp2, NULL, N, 4)))
                 rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
         }
         free(hh), free(hw), free(ht), free(hg);
@@ -591,6 +616,13 @@ int sph_cli_bench(int argc, char **argv) {
             rc = time_point(ctx, &o, sh, N, &b, spans, ns, masked, q.one_pass, &rt, &q);
             sph_cli_progress_end(&pr);
             if (!rc) emit(js, &o, gpu, date, w, &q);
+            if (!rc && (o.topk || o.sum_p2)) { /* the same point with the extras, next row */
+                point x = q;
+                x.extras = 1;
+                rc = time_point(ctx, &o, sh, N, &b, spans, ns, masked, q.one_pass, &rt, &x);
+                x.extra_pct = 100.0 * (x.ms / q.ms - 1.0);
+                if (!rc) emit(js, &o, gpu, date, w, &x);
+            }
             sph_cli_progress_step(&pr, (int64_t)wi * n_runs + ri + 1);
         }
         free(hm), free(spans);

@@ -147,6 +147,12 @@ const sph_cli_opt sph_cli_bench_opts[] = {
     {"--chunk-bytes", "N", SPH_OPT_COUNT, O(chunk_bytes), 0, INT64_MAX, 0, 0, NULL, 0,
      "workspace budget (default the context's: on CUDA 1 GiB,\n"
      "4 GiB for the one-pass path)"},
+    {"--topk", "K", SPH_OPT_I64, O(topk), 1, 256, 0, 0, NULL, 0,
+     "time every point twice: as it is, then with the forward also\n"
+     "writing the top-K ids and log-probs (the row's mode reads\n"
+     "'+extras' with the extra time in %: issue 25's cost)"},
+    {"--sum-p2", NULL, SPH_OPT_FLAG, O(sum_p2), 0, 0, 0, 0, NULL, 0,
+     "the same with sum_p2 (with --topk: both in the second run)"},
     {"--gap", "N", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "coalesce active runs across gaps of <= N rows into one\n"
      "span (default 0: exact spans; the CUDA backend gathers\n"

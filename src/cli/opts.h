@@ -96,6 +96,8 @@ typedef struct bopts {
     int device, dtype_opt, matrix, mode, list;
     sph_cli_list shape_list, N_list, act_list, mask_list;
     int64_t H, V, repeats, warmup, chunk_bytes, gap, seed;
+    int64_t topk; /* --topk K: each point also timed with the top-k outputs (issue 25) */
+    int sum_p2;   /* --sum-p2: ... and / or sum_p2 */
     const char *json, *commit, *plot, *peers;
     /* derived */
     sph_device_type dev;
