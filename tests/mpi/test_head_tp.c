@@ -11,9 +11,27 @@
  * or the partials summed over MPI). Budgets: tolerances.h. A library call that fails on one
  * rank aborts the job at once (MPI_Abort), so peers never wait in a collective until the
  * test timeout; check failures are counted and the verdict all-reduced (mpitest.h).
+ * Full-vocabulary forwards also ask for issue 25's extras: the top-64 (topk_check.h's float64
+ * full-sort oracle, ids at separated ranks) and sum_p2 (a float64 dense sum p^2), both merged
+ * over the ranks by their own allgathers (per chunk in one-pass mode).
  */
 #include "../parity/test_head_case.h"
+#include "../parity/topk_check.h"
 #include "mpitest.h"
+
+/* sum_j p_ij^2 of row i over the whole case, float64. */
+static double dense_sum_p2(const hcase *f, int64_t i, double T, double cap) {
+    double *z = hc_alloc((size_t)f->V_loc * 8), m = -INFINITY, S = 0, Q = 0;
+    for (int64_t j = 0; j < f->V_loc; j++) {
+        const double u = hc_u(f, i, j);
+        z[j] = (cap > 0 ? cap * tanh(u / cap) : u) / T;
+        if (z[j] > m) m = z[j];
+    }
+    for (int64_t j = 0; j < f->V_loc; j++) S += exp(z[j] - m);
+    for (int64_t j = 0; j < f->V_loc; j++) Q += exp(2 * (z[j] - m));
+    free(z);
+    return Q / (S * S);
+}
 
 static void die_on(sph_status s, const char *what, const char *cs) {
     if (s == SPH_OK) return;
@@ -73,6 +91,14 @@ static int run_cfg(uint64_t seed, const char *kernel, const tpcfg *t) {
     c.a.temperature = t->T, c.a.softcap = t->cap;
     c.a.allreduce_dhidden = t->one_pass && t->allreduce;
     c.a.accumulate_dweight = t->acc_dw;
+    /* issue 25's extras on full-vocabulary forwards (K = 64 > some ranks' share of the top) */
+    const int64_t TK = t->K ? 0 : 64;
+    int64_t *tki = hc_alloc((size_t)(N * 64) * 8), sh_i[2], sh_l[2], sh_p[1];
+    float *tkl = hc_alloc((size_t)(N * 64) * 4), *sp2 = hc_alloc((size_t)N * 4);
+    poison_f32(tkl, (size_t)(N * 64)), poison_f32(sp2, (size_t)N);
+    sph_tensor ti = tensor2(tki, SPH_I64, sh_i, N, 64), tl = tensor2(tkl, SPH_F32, sh_l, N, 64);
+    sph_tensor tsp = tensor1(sp2, SPH_F32, sh_p, N);
+    if (TK) c.a.topk_ids = &ti, c.a.topk_logprobs = &tl, c.a.sum_p2 = &tsp;
     die_on(hc_run(ctx, SPH_HEAD_FORWARD, &c.a), "forward", cs);
     if (!t->one_pass) {
         hc_wire(&c, HC_UPS | HC_DH | HC_DW | m);
@@ -84,6 +110,23 @@ static int run_cfg(uint64_t seed, const char *kernel, const tpcfg *t) {
     sph_comm_destroy(comm);
 
     int ok = !x.active_mismatch;
+    if (TK) {
+        ok &= check_topk(cs, tki, tkl, TK, &f, x.active, t->T, t->cap, TOL_CPU_F32,
+                         kernel ? 1e-4 : 1e-9);
+        double md = 0, mr = 0;
+        for (int64_t i = 0; i < N; i++) {
+            const double ref = x.active[i] ? dense_sum_p2(&f, i, t->T, t->cap) : 0;
+            const double d = fabs((double)sp2[i] - ref);
+            if (!(d <= md)) md = d;
+            if (ref > mr) mr = ref;
+        }
+        if (!(md <= TOL_CPU_F32 * (mr > 0 ? mr : 1))) {
+            fprintf(stderr, "[rank %d] FAIL %s: sum_p2 normwise error %.3e\n", mt_rank, cs,
+                    md / (mr > 0 ? mr : 1));
+            ok = 0;
+        }
+    }
+    free(tki), free(tkl), free(sp2);
     ok &= hc_close_col("logprob", cs, c.lp, 1, x.rows, 7, 0, N, TOL_CPU_F32);
     ok &= hc_close_col("entropy", cs, c.ent, 1, x.rows, 7, 1, N, TOL_CPU_F32);
     ok &= hc_close_col("entropy -sum p log p", cs, c.ent, 1, ind, HC_IND, 1, N, TOL_CPU_F32);
