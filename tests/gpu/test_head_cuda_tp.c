@@ -8,7 +8,9 @@
  * independent -sum p log p), dW shards its rows, and dH summed by allreduce_dhidden the
  * reference dH (tolerances.h budgets); full vocabulary and sample support, general and
  * one-pass. A rank that fails makes its peers' collectives fail at once (no wait for the
- * test timeout).
+ * test timeout). Full-vocabulary cases also ask for issue 25's extras (top-64 and sum_p2,
+ * merged over the ranks by their own allgathers), checked against topk_check.h's float64
+ * oracle and a dense sum p^2.
  * Tune cache: a hand-written entry for this GPU changes the chunking (visible in the
  * workspace size) and results stay exact; a malformed file is ignored; sph_tune writes an
  * entry that a new context reads.
@@ -26,6 +28,7 @@ int main(void) {
 #include <unistd.h>
 
 #include "../parity/test_head_case.h"
+#include "../parity/topk_check.h"
 #include "head/plan.h"
 #include "head/host.h"
 
@@ -117,6 +120,8 @@ typedef struct rank_job {
     int one_pass;
     /* results, host */
     float *lp, *ent, *lse, *lm, *stats, *dh, *dw;
+    int64_t *tki; /* full vocabulary: top-64 ids, log-probs, sum_p2 (issue 25) */
+    float *tkl, *sp2;
     int ok;
     char err[256];
 } rank_job;
@@ -187,6 +192,17 @@ static void *rank_main(void *arg) {
     sph_tensor tg = {dg, d, 1, SPH_F32, sh[2], NULL, 0}, te = {de, d, 1, SPH_F32, sh[2], NULL, 0};
     sph_tensor tgl = {dgl, d, 1, SPH_F32, sh[2], NULL, 0}, tgm = {dgm, d, 1, SPH_F32, sh[2], NULL, 0};
     sph_tensor tdh = {ddh, d, 2, SPH_F32, sh[0], NULL, 0}, tdw = {ddw, d, 2, SPH_F32, sh[1], NULL, 0};
+    void *dtki = NULL, *dtkl = NULL, *dsp2 = NULL;
+    int64_t sh_k[2] = {N, 64};
+    if (!K) {
+        sph_ctx_malloc(ctx, (size_t)(N * 64) * 8, &dtki);
+        sph_ctx_malloc(ctx, (size_t)(N * 64) * 4, &dtkl);
+        sph_ctx_malloc(ctx, (size_t)N * 4, &dsp2);
+        sph_ctx_memset(ctx, dtkl, 0xff, (size_t)(N * 64) * 4);
+        sph_ctx_memset(ctx, dsp2, 0xff, (size_t)N * 4);
+    }
+    sph_tensor ttki = {dtki, d, 2, SPH_I64, sh_k, NULL, 0}, ttkl = {dtkl, d, 2, SPH_F32, sh_k, NULL, 0};
+    sph_tensor tsp2 = {dsp2, d, 1, SPH_F32, sh[2], NULL, 0};
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = &th, a.weight = &tw, a.targets = &tt, a.candidates = K ? &tc : NULL;
     a.vocab_start = j->v0, a.vocab_total = c->V;
@@ -202,6 +218,7 @@ static void *rank_main(void *arg) {
         f.logprob = a.logprob, f.entropy = a.entropy, f.lse = a.lse, f.logit_mean = a.logit_mean;
         a = f;
     }
+    if (!K) a.topk_ids = &ttki, a.topk_logprobs = &ttkl, a.sum_p2 = &tsp2;
     size_t w1 = 0, w2 = 0;
     sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &w1);
     if (s == SPH_OK && !j->one_pass) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &b, &w2);
@@ -226,7 +243,13 @@ static void *rank_main(void *arg) {
     sph_ctx_memcpy(ctx, j->stats, dst, (size_t)N * 12);
     sph_ctx_memcpy(ctx, j->dh, ddh, (size_t)(N * H) * 4);
     sph_ctx_memcpy(ctx, j->dw, ddw, (size_t)(j->V_loc * H) * 4);
-    void *ps[] = {dh_, dw_, dt_, dc, dlp, dent, dlse, dlm, dst, dg, de, dgl, dgm, ddh, ddw, ws};
+    if (!K) {
+        sph_ctx_memcpy(ctx, j->tki, dtki, (size_t)(N * 64) * 8);
+        sph_ctx_memcpy(ctx, j->tkl, dtkl, (size_t)(N * 64) * 4);
+        sph_ctx_memcpy(ctx, j->sp2, dsp2, (size_t)N * 4);
+    }
+    void *ps[] = {dh_, dw_, dt_, dc, dlp, dent, dlse, dlm, dst, dg, de, dgl, dgm, ddh, ddw, ws,
+                  dtki, dtkl, dsp2};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
     sph_ctx_destroy(ctx);
     cudaStreamDestroy(st);
@@ -268,6 +291,8 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
         j->lse = hc_alloc((size_t)N * 4), j->lm = hc_alloc((size_t)N * 4);
         j->stats = hc_alloc((size_t)N * 12), j->dh = hc_alloc((size_t)(N * H) * 4);
         j->dw = dw_all + j->v0 * H;
+        j->tki = hc_alloc((size_t)(N * 64) * 8), j->tkl = hc_alloc((size_t)(N * 64) * 4);
+        j->sp2 = hc_alloc((size_t)N * 4);
         pthread_create(&th[r], NULL, rank_main, j);
     }
     for (int64_t r = 0; r < ranks; r++) pthread_join(th[r], NULL);
@@ -305,6 +330,28 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
         ok &= hc_close_col("stats.mu", cs, j->stats + 2, 3, rows, 7, 6, N, ft);
         ok &= hc_check_grad("dhidden (allreduced)", cs, j->dh, SPH_F32, rdh, rdh, adh, zdh, N * H,
                             TOL_CUDA_F32, uD, etaD, TOL_ACC_CUDA, TOL_CUDA_MARGIN);
+        if (K) continue;
+        ok &= check_topk(cs, j->tki, j->tkl, 64, &c, act, 0.8, 6.0, ft, 1e-3);
+        double md = 0, mr = 0;
+        for (int64_t i = 0; i < N; i++) {
+            double m = -INFINITY, S = 0, Q = 0;
+            for (int64_t v = 0; v < V; v++) {
+                const double z = 6.0 * tanh(hc_u(&c, i, v) / 6.0) / 0.8;
+                if (z > m) m = z;
+            }
+            for (int64_t v = 0; v < V; v++) {
+                const double e = exp(6.0 * tanh(hc_u(&c, i, v) / 6.0) / 0.8 - m);
+                S += e, Q += e * e;
+            }
+            const double ref = Q / (S * S), dd = fabs((double)j->sp2[i] - ref);
+            if (!(dd <= md)) md = dd;
+            if (ref > mr) mr = ref;
+        }
+        if (!(md <= ft * mr)) {
+            print_error("FAIL %s rank %lld: sum_p2 normwise error %.3e\n", cs, (long long)r,
+                        md / mr);
+            ok = 0;
+        }
     }
     if (ok)
         ok &= hc_check_grad("dweight (shards)", cs, dw_all, SPH_F32, rdw, rdw, adw, zdw, V * H,
@@ -313,6 +360,7 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
     for (int64_t r = 0; r < ranks; r++) {
         rank_job *j = &jobs[r];
         free(j->lp), free(j->ent), free(j->lse), free(j->lm), free(j->stats), free(j->dh);
+        free(j->tki), free(j->tkl), free(j->sp2);
     }
     tp_group_destroy(&g.sync);
     free(rows), free(st), free(rdh), free(rdw), free(dw_all);
