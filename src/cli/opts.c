@@ -264,7 +264,8 @@ const sph_cli_opt sph_cli_dist_opts[] = {
      "uint16 .npy with --dtype bf16)"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "rank 0 writes logprob, entropy, lse, logit_mean, dhidden,\n"
-     "dweight .npy, the files of a single-process run (all or none)"},
+     "dweight (topk_ids, topk_logprobs) .npy, the files of a\n"
+     "single-process run (all or none)"},
     {"--seqs", "N", SPH_OPT_I64, O(seqs), 1, 1 << 24, 0, 0, NULL, 0,
      "synthetic batch: N ragged sequences (default 8)"},
     {"--min-len", "A", SPH_OPT_I64, O(min_len), 1, 1 << 24, 0, 0, NULL, 0,
@@ -277,6 +278,9 @@ const sph_cli_opt sph_cli_dist_opts[] = {
      "rl: prompt rows and holes masked out (default); dense: all"},
     {"--support", "K", SPH_OPT_I64, O(K), 0, 1 << 20, 0, 0, NULL, 0,
      "sample-support run with K candidates per row (0 = full vocab)"},
+    {"--topk", "K", SPH_OPT_I64, O(topk), 1, 256, 0, 0, NULL, 0,
+     "also the K most probable ids of each row and their log-probs,\n"
+     "merged over the TP group (topk_ids.npy, topk_logprobs.npy)"},
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0, "(default 1)"},
     {"--dtype", "f32|bf16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dist_dtypes, 0,
      "input dtype (default f32)"},

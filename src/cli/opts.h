@@ -66,6 +66,7 @@ typedef struct dopts {
     int device, dtype, mask, pack, reference, dhidden; /* choice indices */
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap, chunk_rows, bench, seed;
+    int64_t topk; /* --topk K: the top-K ids and log-probs too (issue 25), 0 = none */
     int no_check, one_pass;
     double temperature, atol, rtol;
     /* derived */

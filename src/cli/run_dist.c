@@ -206,8 +206,9 @@ int sph_cli_run_dist(int argc, char **argv) {
     int ok0 = 1;
     if (dist_rank == 0) ok0 = o.inputs ? dist_batch_read(&o, &b) : dist_batch_synth(&o, &b);
     /* rank 0's output set (the lock, the names, the staging) before any work */
-    static const char *const out_files[] = {"logprob.npy", "entropy.npy", "lse.npy",
-                                            "logit_mean.npy", "dhidden.npy", "dweight.npy", NULL};
+    static const char *const out_files[] = {"logprob.npy",    "entropy.npy",       "lse.npy",
+                                            "logit_mean.npy", "dhidden.npy",       "dweight.npy",
+                                            "topk_ids.npy",   "topk_logprobs.npy", NULL};
     if (dist_rank == 0 && ok0 && o.outputs && sph_cli_outset_begin(&os, o.outputs, out_files))
         ok0 = dist_fail("%s", os.err);
     if (!dist_batch_share(&b, ok0)) goto out;
@@ -215,6 +216,14 @@ int sph_cli_run_dist(int argc, char **argv) {
         if (dist_rank == 0)
             dist_fail("--tp %lld: more than the vocabulary's %lld rows", (long long)o.tp,
                       (long long)b.V);
+        goto out;
+    }
+    b.topk = o.topk; /* every rank: the agreed options */
+    if (o.topk > b.V || (o.topk && b.K)) {
+        if (dist_rank == 0)
+            dist_fail(o.topk > b.V ? "--topk %lld: more than the vocabulary's %lld ids"
+                                   : "--topk %lld: not with --support (%lld candidates)",
+                      (long long)o.topk, (long long)(o.topk > b.V ? b.V : b.K));
         goto out;
     }
 

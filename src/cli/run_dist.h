@@ -74,6 +74,7 @@ typedef struct batch {
     int64_t *cand;     /* (R, K) or NULL */
     uint8_t *mask;     /* (R); all ones when dense */
     float *up[NF];     /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
+    int64_t topk;      /* --topk K (every rank sets it from the agreed options), 0 = none */
 } batch;
 
 void dist_batch_free(batch *b);
@@ -108,6 +109,8 @@ typedef struct result {
     float *row[NF];           /* (n) each: logprob, entropy, lse, logit_mean (0 with support) */
     float *dhidden;           /* (n, H), summed over the TP group */
     float *dweight;           /* (V_loc, H), this rank's bins */
+    int64_t *topk_ids;        /* (n, topk) with --topk: global ids, merged over the TP group */
+    float *topk_lp;           /* (n, topk) their log-probs */
     double bench_ms[4];       /* --bench: medians (slowest rank) of forward and backward with
                                  the TP communicator, then without it; rank 0 only */
 } result;

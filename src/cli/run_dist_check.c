@@ -77,14 +77,40 @@ static errstat compare(const float *got, const float *ref, int64_t n, double ato
     return e;
 }
 
+/* --topk against the reference's Kr (K + 1 when there is one) best of every row: log-probs
+ * within atol + rtol |ref|; ids equal wherever the reference's log-probs leave a gap above
+ * that tolerance to both neighbours (near-ties may come out in either order). */
+static int check_topk(const dopts *o, const int64_t *ids, const float *lp, const result *ref,
+                      size_t R, size_t K, size_t Kr) {
+    double worst = 0;
+    int64_t bad_ids = 0, worst_at = -1;
+    for (size_t i = 0; i < R; i++)
+        for (size_t k = 0; k < K; k++) {
+            const double want = ref->topk_lp[i * Kr + k], got = lp[i * K + k];
+            const double tol = o->atol + o->rtol * fabs(want), ae = fabs(got - want);
+            const double ratio = isnan(ae) ? INFINITY : ae / tol;
+            if (ratio > worst || worst_at < 0) worst = ratio, worst_at = (int64_t)(i * K + k);
+            const int sep = (k == 0 || ref->topk_lp[i * Kr + k - 1] - want > tol) &&
+                            (k + 1 >= Kr || want - ref->topk_lp[i * Kr + k + 1] > tol);
+            if (sep && ids[i * K + k] != ref->topk_ids[i * Kr + k]) bad_ids++;
+        }
+    const int good = worst <= 1.0 && bad_ids == 0;
+    printf("  %-10s worst |got - ref| / (atol + rtol |ref|) %.3f at [%lld]; ids differing where "
+           "the reference's gaps exceed the tolerance: %lld  %s\n",
+           "topk", worst, (long long)worst_at, (long long)bad_ids, good ? "ok" : "FAIL");
+    return good;
+}
 
 int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
     const share *sh = run->sh;
     const result *res = run->res;
     const int64_t tp_rank = run->tp_rank, V_loc = run->V_loc;
     int rc = 1, ok;
-    void *g_rows = NULL, *g_vals = NULL, *g_dh = NULL, *g_dw = NULL;
-    size_t *c_rows = NULL, *c_vals = NULL, *c_dh = NULL, *c_dw = NULL;
+    void *g_rows = NULL, *g_vals = NULL, *g_dh = NULL, *g_dw = NULL, *g_tki = NULL, *g_tkl = NULL;
+    size_t *c_rows = NULL, *c_vals = NULL, *c_dh = NULL, *c_dw = NULL, *c_tki = NULL,
+           *c_tkl = NULL;
+    int64_t *G_tki = NULL; /* --topk: (R, K) assembled on rank 0 */
+    float *G_tkl = NULL;
     double *dw64 = NULL, *dw64_sum = NULL;
     float *G_row[NF] = {NULL}, *G_dh = NULL, *G_dw = NULL;
     int8_t *seen = NULL;
@@ -104,9 +130,12 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
         free(vals);
         goto out;
     }
+    const size_t TK = (size_t)b->topk;
     ok = gatherv(sh->grow, n * sizeof(int64_t), &g_rows, &c_rows) &&
          gatherv(vals, n * NF * sizeof(float), &g_vals, &c_vals) &&
-         gatherv(res->dhidden, n * H * sizeof(float), &g_dh, &c_dh);
+         gatherv(res->dhidden, n * H * sizeof(float), &g_dh, &c_dh) &&
+         (!TK || (gatherv(res->topk_ids, n * TK * sizeof(int64_t), &g_tki, &c_tki) &&
+                  gatherv(res->topk_lp, n * TK * sizeof(float), &g_tkl, &c_tkl)));
     free(vals);
     if (!dist_agree(ok)) goto out;
 
@@ -144,20 +173,27 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
         G_dw = (float *)g_dw; /* shards in TP order are the concatenation */
         seen = xcalloc(R, 1);
         if (o->dh_partial) dh64 = xcalloc(R * H, sizeof(double));
+        if (TK) {
+            G_tki = xcalloc(R * TK, sizeof(int64_t));
+            G_tkl = xcalloc(R * TK, sizeof(float));
+            all_rows &= G_tki && G_tkl;
+        }
         if (!all_rows || !G_dh || !seen || (o->dh_partial && !dh64)) {
             dist_fail("out of host memory assembling the outputs");
             pass = 0;
         }
-        size_t off_r = 0, off_v = 0, off_h = 0;
+        size_t off_r = 0, off_v = 0, off_h = 0, off_k = 0;
         int64_t tp_mismatch = 0, pad_nonzero = 0, dup = 0;
         /* Ranks with tp_rank 0 place values; the others must match them bit for bit. */
         for (int pass_tp = 0; pass && pass_tp < 2; pass_tp++) {
-            off_r = off_v = off_h = 0;
+            off_r = off_v = off_h = off_k = 0;
             for (int r = 0; r < dist_size; r++) {
                 size_t nr = c_rows[r] / sizeof(int64_t);
                 const int64_t *rows = (const int64_t *)((char *)g_rows + off_r);
                 const float *v = (const float *)((char *)g_vals + off_v);
                 const float *dh = (const float *)((char *)g_dh + off_h);
+                const int64_t *ki = TK ? (const int64_t *)g_tki + off_k : NULL;
+                const float *kl = TK ? (const float *)g_tkl + off_k : NULL;
                 int is_t0 = r % o->tp == 0;
                 for (size_t i = 0; i < nr; i++) {
                     int64_t gr = rows[i];
@@ -167,6 +203,8 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                             int nz = 0;
                             for (int f = 0; f < NF; f++) nz |= v[NF * i + (size_t)f] != 0;
                             for (size_t j = 0; j < H; j++) nz |= dh[i * H + j] != 0;
+                            for (size_t j = 0; j < TK; j++)
+                                nz |= ki[i * TK + j] != -1 || kl[i * TK + j] != 0;
                             pad_nonzero += nz;
                         }
                         continue;
@@ -177,16 +215,26 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                         dup += seen[gr]++ > 0;
                         for (int f = 0; f < NF; f++) G_row[f][gr] = v[NF * i + (size_t)f];
                         if (!dh64) memcpy(G_dh + (size_t)gr * H, dh + i * H, H * sizeof(float));
+                        if (TK) {
+                            memcpy(G_tki + (size_t)gr * TK, ki + i * TK, TK * sizeof(int64_t));
+                            memcpy(G_tkl + (size_t)gr * TK, kl + i * TK, TK * sizeof(float));
+                        }
                     } else if (pass_tp == 1 && !is_t0) {
                         int differ = 0;
                         for (int f = 0; f < NF; f++)
                             differ |= memcmp(&G_row[f][gr], &v[NF * i + (size_t)f], 4) != 0;
+                        if (TK) /* every TP rank holds the merged lists: the same bits */
+                            differ |= memcmp(G_tki + (size_t)gr * TK, ki + i * TK,
+                                             TK * sizeof(int64_t)) != 0 ||
+                                      memcmp(G_tkl + (size_t)gr * TK, kl + i * TK,
+                                             TK * sizeof(float)) != 0;
                         tp_mismatch += differ;
                     }
                 }
                 off_r += c_rows[r];
                 off_v += c_vals[r];
                 off_h += c_dh[r];
+                off_k += nr * TK;
             }
         }
         for (size_t k = 0; dh64 && pass && k < R * H; k++) G_dh[k] = (float)dh64[k];
@@ -238,9 +286,12 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
             if (rok && sph_ctx_create(&ref_ctx, &ro))
                 rok = dist_fail("ref context: %s", sph_last_error());
             hd.io = ref_ctx;
+            /* --topk: one more entry from the reference, the K-th's neighbour (run_report.c) */
+            batch rb = *b;
+            if (TK && rb.topk < rb.V && rb.topk < 256) rb.topk++;
             /* One bin of all R rows; spans from the global mask with the same gap. */
-            rok = rok && dist_run_head(ref_ctx, &hd, b, all, bo, 1, 0, b->V, o->gap, 0, 0, NULL, 0,
-                                  &ref);
+            rok = rok && dist_run_head(ref_ctx, &hd, &rb, all, bo, 1, 0, b->V, o->gap, 0, 0, NULL,
+                                       0, &ref);
             free(all);
             if (!rok) {
                 pass = 0;
@@ -266,6 +317,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                            e.worst >= 0 ? cmp[k].want[e.worst] : 0.0, good ? "ok" : "FAIL");
                     pass &= good;
                 }
+                if (TK) pass &= check_topk(o, G_tki, G_tkl, &ref, R, TK, (size_t)rb.topk);
             }
         }
         if (o->outputs && !pass) {
@@ -280,8 +332,12 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                 if (f != F_LOGIT_MEAN || !b->K)
                     wok = !sph_cli_outset_npy(&os, dist_field_names[f], 'f', 4, 1, sr, G_row[f]);
             wok = wok && !sph_cli_outset_npy(&os, "dhidden", 'f', 4, 2, srh, G_dh) &&
-                  !sph_cli_outset_npy(&os, "dweight", 'f', 4, 2, svh, G_dw) &&
-                  !sph_cli_outset_commit(&os);
+                  !sph_cli_outset_npy(&os, "dweight", 'f', 4, 2, svh, G_dw);
+            int64_t srk[2] = {b->R, b->topk};
+            if (wok && TK)
+                wok = !sph_cli_outset_npy(&os, "topk_ids", 'i', 8, 2, srk, G_tki) &&
+                      !sph_cli_outset_npy(&os, "topk_logprobs", 'f', 4, 2, srk, G_tkl);
+            wok = wok && !sph_cli_outset_commit(&os);
             if (wok) {
                 printf("outputs: written to %s\n", o->outputs);
             } else {
@@ -300,6 +356,7 @@ out:
     free(g_vals);
     free(g_dh);
     free(g_dw);
+    free(g_tki), free(g_tkl), free(c_tki), free(c_tkl), free(G_tki), free(G_tkl);
     free(c_rows);
     free(c_vals);
     free(c_dh);

@@ -36,6 +36,8 @@ void dist_result_free(result *r) {
     for (int f = 0; f < NF; f++) free(r->row[f]);
     free(r->dhidden);
     free(r->dweight);
+    free(r->topk_ids);
+    free(r->topk_lp);
     memset(r, 0, sizeof *r);
 }
 
@@ -105,7 +107,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
                     const int64_t *bin_off, int64_t n_bins, int64_t v0, int64_t V_loc,
                     int64_t gap, int allreduce, int one_pass, sph_ctx_t bench_ctx,
                     int bench_reps, result *out) {
-    const int64_t H = b->H, K = b->K;
+    const int64_t H = b->H, K = b->K, TK = b->topk;
     const int cuda = d->cuda, nf = K ? NF - 1 : NF; /* logit_mean is undefined with support */
     const size_t esz = b->bf16 ? 2 : 4;
     const sph_dtype in_dt = b->bf16 ? SPH_BF16 : SPH_F32;
@@ -121,11 +123,17 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
     float *up_h[NF] = {NULL};
     void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *st_d = NULL, *dh_d = NULL;
     void *up_d[NF] = {NULL}, *row_d[NF] = {NULL};
+    void *tki_d = NULL, *tkl_d = NULL; /* --topk */
 
     int all = 1;
     for (int f = 0; f < NF; f++) all &= (out->row[f] = sph_cli_calloc(n_all, sizeof(float))) != 0;
     out->dhidden = sph_cli_calloc(n_all * H, sizeof(float));
     out->dweight = sph_cli_calloc(V_loc * H, sizeof(float));
+    if (TK) {
+        out->topk_ids = sph_cli_calloc(n_all * TK, sizeof(int64_t));
+        out->topk_lp = sph_cli_calloc(n_all * TK, sizeof(float));
+        all &= out->topk_ids && out->topk_lp;
+    }
     void *w_h = sph_cli_calloc(V_loc * H, esz);
     if (!all || !out->dhidden || !out->dweight || !w_h) {
         dist_fail("out of host memory for %lld rows", (long long)n_all);
@@ -178,7 +186,9 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             (K && !dput(d, c_h, (size_t)(n * K) * sizeof(int64_t), &c_d)) ||
             !dput(d, m_h, (size_t)n, &m_d) ||
             !dput(d, NULL, (size_t)n * 3 * sizeof(float), &st_d) ||
-            !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d))
+            !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d) ||
+            (TK && (!dput(d, NULL, (size_t)(n * TK) * sizeof(int64_t), &tki_d) ||
+                    !dput(d, NULL, (size_t)(n * TK) * sizeof(float), &tkl_d))))
             goto done;
         for (int f = 0; f < nf; f++)
             if (!dput(d, up_h[f], (size_t)n * sizeof(float), &up_d[f]) ||
@@ -186,12 +196,13 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
                 goto done;
 
         int64_t s_h[2] = {n, H}, s_w[2] = {V_loc, H}, s_n[1] = {n}, s_c[2] = {n, K},
-                s_st[2] = {n, 3}, s_dw[2] = {V_loc, H};
+                s_st[2] = {n, 3}, s_dw[2] = {V_loc, H}, s_k[2] = {n, TK};
         sph_tensor th = tens(h_d, in_dt, 2, s_h, cuda), tw = tens(w_d, in_dt, 2, s_w, cuda),
                    tt = tens(t_d, SPH_I64, 1, s_n, cuda), tc = tens(c_d, SPH_I64, 2, s_c, cuda),
                    tm = tens(m_d, SPH_U8, 1, s_n, cuda), tst = tens(st_d, SPH_F32, 2, s_st, cuda),
                    tdh = tens(dh_d, SPH_F32, 2, s_h, cuda),
-                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF];
+                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF],
+                   tki = tens(tki_d, SPH_I64, 2, s_k, cuda), tkl = tens(tkl_d, SPH_F32, 2, s_k, cuda);
         for (int f = 0; f < nf; f++) {
             tup[f] = tens(up_d[f], SPH_F32, 1, s_n, cuda);
             trow[f] = tens(row_d[f], SPH_F32, 1, s_n, cuda);
@@ -214,6 +225,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         a.lse = &trow[F_LSE];
         a.logit_mean = K ? NULL : &trow[F_LOGIT_MEAN];
         a.stats = &tst;
+        if (TK) a.topk_ids = &tki, a.topk_logprobs = &tkl; /* forward outputs only */
         /* Forward first, in the general (two-pass) mode: no gradient outputs, no upstream. */
         size_t need = 0, need_b = 0;
         sph_head_args ab = a;
@@ -257,6 +269,9 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             if (!dget(d, out->row[f] + r0, row_d[f], (size_t)n * sizeof(float))) goto done;
         if (!dget(d, out->dhidden + (size_t)r0 * (size_t)H, dh_d, (size_t)(n * H) * sizeof(float)))
             goto done;
+        if (TK && (!dget(d, out->topk_ids + r0 * TK, tki_d, (size_t)(n * TK) * sizeof(int64_t)) ||
+                   !dget(d, out->topk_lp + r0 * TK, tkl_d, (size_t)(n * TK) * sizeof(float))))
+            goto done;
         if (bench_reps > 0 && bi == 0) {
             void *dwt = NULL;
             if (!dist_agree(dput(d, NULL, (size_t)(V_loc * H) * sizeof(float), &dwt))) {
@@ -270,7 +285,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             sph_ctx_free(d->io, dwt);
             if (!bok) goto done;
         }
-        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d};
+        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d, &tki_d, &tkl_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
             sph_ctx_free(d->io, *bufs[k]);
             *bufs[k] = NULL;
@@ -289,7 +304,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
     ok = 1;
 done:
     {
-        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws};
+        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws, tki_d, tkl_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
         for (int f = 0; f < NF; f++) {
             sph_ctx_free(d->io, up_d[f]);
