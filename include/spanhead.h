@@ -181,7 +181,7 @@ SPH_API const char *sph_version(void);
  * the dtype, temperature, softcap, candidates K, the mask or spans, the targets, candidates and
  * upstream gradients, which outputs are requested, accumulate/allreduce, and contexts with the
  * same chunk_rows / chunk_bytes. With a host communicator (MPI) every pass checks this first
- * with one allgather of a 128-byte record (exact scalars, hashes of the arrays; measured at
+ * with one allgather of a 136-byte record (exact scalars, hashes of the arrays; measured at
  * a few microseconds): a difference is SPH_ERR_MISMATCH on every rank, naming the field and
  * the ranks, before any output is written. With a device communicator (NCCL) a check would
  * need a host sync: it is the caller's duty there, checked in debug builds (NDEBUG unset).
