@@ -220,8 +220,10 @@ const sph_cli_opt sph_cli_run_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "read hidden.npy weight.npy targets.npy and optional mask.npy\n"
      "dlogprob.npy dentropy.npy dlse.npy dlogit_mean.npy\n"
-     "candidates.npy (bf16 data: uint16 .npy plus --dtype bf16);\n"
-     "the backward runs when an upstream gradient is given"},
+     "candidates.npy temperature.npy (bf16 data: uint16 .npy plus\n"
+     "--dtype bf16); temperature.npy (<f4 (N)) gives each row its own\n"
+     "temperature and excludes --temperature; the backward runs when\n"
+     "an upstream gradient is given"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write logprob entropy lse logit_mean dhidden dweight sum_p2 .npy (what\n"
      "was computed): all at once after the run (and --check) succeeded,\n"

@@ -90,11 +90,14 @@ static void list_missing(char *buf, size_t n, const run_result *r) {
 
 void run_report_text(const run_problem *p, const run_opts *o, const run_result *r) {
     printf("spanhead run: %s | %s\n", r->describe, p->source);
-    printf("  N=%lld H=%lld V_loc=%lld vocab=[%lld, %lld) of %lld dtype=%s mask=%s T=%g "
+    char tbuf[32];
+    if (p->temp) snprintf(tbuf, sizeof tbuf, "per-row");
+    else snprintf(tbuf, sizeof tbuf, "%g", o->temperature);
+    printf("  N=%lld H=%lld V_loc=%lld vocab=[%lld, %lld) of %lld dtype=%s mask=%s T=%s "
            "softcap=%g%s%s\n",
            (long long)p->N, (long long)p->H, (long long)p->V, (long long)p->v0,
            (long long)(p->v0 + p->V), (long long)p->V_total, dtype_name(p), p->mask_name,
-           o->temperature, o->softcap, p->K ? " support-K" : "",
+           tbuf, o->softcap, p->K ? " support-K" : "",
            o->one_pass && p->grads ? " one-pass" : "");
     if (p->n_seq)
         printf("  packed sequences: %lld, spans: %lld\n", (long long)p->n_seq, (long long)p->n_spans);
@@ -150,7 +153,8 @@ void run_report_json(const run_problem *p, const run_opts *o, const run_result *
     printf(",\"active_rows\":%lld,\"spans\":%lld,\"packed_sequences\":%lld,\"support\":%lld,"
            "\"temperature\":",
            (long long)p->n_act, (long long)p->n_spans, (long long)p->n_seq, (long long)p->K);
-    json_num(o->temperature);
+    if (p->temp) json_str("per-row");
+    else json_num(o->temperature);
     printf(",\"softcap\":");
     json_num(o->softcap);
     printf(",\"one_pass\":%s,\"backward\":%s,\"repeats\":%d,\"forward_ms\":",
