@@ -120,6 +120,11 @@ const sph_cli_opt sph_cli_bench_opts[] = {
      "grid points)"},
     {"--list", NULL, SPH_OPT_FLAG, O(list), 0, 0, 0, 0, NULL, 0,
      "print the runs (point, mask, active, mode), run nothing"},
+    {"--temperature-rows", NULL, SPH_OPT_FLAG, O(temp_rows), 0, 0, 0, 0, NULL, 0,
+     "give every row its own temperature (seeded, uniform in\n"
+     "[0.5, 1.5]) instead of the scalar 1: the cost of per-row\n"
+     "temperature against the same run without it (JSON\n"
+     "\"temperature_rows\": true); general and one-pass modes"},
     {"--active", "1,0.5,0.25", SPH_OPT_F64S, O(act_list), 0, 0, 0, 1, NULL, SPH_OPTF_GT,
      "active fractions in (0, 1] (default 1,0.5,0.25)"},
     {"--mask", "PATTERNS", SPH_OPT_CHOICES, O(mask_list), 0, 0, 0, 0, bench_mask_names, 0,
