@@ -220,8 +220,10 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "force a CPU kernel set: ref, generic, avx2, avx512"},
     {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
      "compare what was computed with the float64 reference; exit 1 if\n"
-     "off. Without an upstream gradient there is no backward: the\n"
-     "check covers the forward outputs and says so"},
+     "off (normwise 1e-4 for f32; the entropy and the gradients also get\n"
+     "the budget of fp32 logits' rounding, which 1/T amplifies). Without\n"
+     "an upstream gradient there is no backward: the check covers the\n"
+     "forward outputs and says so"},
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "read hidden.npy weight.npy targets.npy and optional mask.npy\n"
      "dlogprob.npy dentropy.npy dlse.npy dlogit_mean.npy\n"

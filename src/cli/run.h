@@ -92,6 +92,9 @@ typedef struct run_result {
     /* check */
     int checked, passed;
     double check_s, tol, err[RUN_N_OUT];
+    /* the fp32 logits' budget (run_report.c logit_budget): max zeta_i of the active rows, the
+     * entropy's per-row budget's max relative to max|ref|, each output's tolerance */
+    double zeta, ent_budget, tol_k[RUN_N_OUT];
     const char *outputs_written;
 } run_result;
 
