@@ -32,7 +32,8 @@ static double rel_err(const float *got, const float *ref, int64_t n) {
 }
 
 /* The budget of fp32 logits (issue 26 case 9). The kernels' logits carry the rounding of an
- * fp32 product: |dz_ij| ~ zeta_i = 2^-24 * 2 |h_i| max_j |w_j| / T (the scaling by 1 / T of
+ * fp32 product: |dz_ij| ~ zeta_i = 2^-24 * 2 |h_i| max_j |w_j| / T (T_i with per-row
+ * temperatures; the scaling by 1 / T of
  * |u_ij| <= |h_i| |w_j|, plus the product's accumulation, a random walk of about the same
  * size; softcap's tanh' <= 1 only shrinks it). What moves with the logits:
  *   - the entropy, dH_i = -sum_j p_ij (z_ij - mu_i) dz_ij, so |dH_i| <= 2 (m_i - mu_i) zeta_i
@@ -53,14 +54,16 @@ static void logit_budget(const run_problem *p, const run_opts *o, double *zeta_r
         }
         if (s > wmax) wmax = s;
     }
-    const double c = ldexp(1.0, -23) * sqrt(wmax) / o->temperature;
+    const double c = ldexp(1.0, -23) * sqrt(wmax);
     for (int64_t i = 0; i < p->N; i++) {
         double hn = 0;
         for (int64_t k = 0; k < p->H; k++) {
             double x = sph_cli_load_float(p->h, i * p->H + k, p->bits, p->is_bf16);
             hn += x * x;
         }
-        zeta_row[i] = c * sqrt(hn);
+        /* the row's own temperature with temperature.npy (validated by the run itself) */
+        const double T = p->temp ? (double)p->temp[i] : o->temperature;
+        zeta_row[i] = c * sqrt(hn) / T;
     }
 }
 
