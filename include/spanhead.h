@@ -648,8 +648,8 @@ typedef struct sph_head_args {
                                          (SPH_ERR_INVALID_ARG naming temperature_rows[i],
                                          nothing written); CUDA (device memory): a bad T_i of
                                          an active row makes the row NaN and is counted by
-                                         sph_ctx_nonfinite ("Policies"); inactive rows' are
-                                         never read there */
+                                         sph_ctx_nonfinite ("Policies"); inactive rows'
+                                         values never reach an output there */
     const sph_tensor *topk_ids;       /* forward: i64 (N, K), 1 <= K <= 256: the K most probable
                                          global ids of each active row (-1 on inactive rows),
                                          descending, ties lower id first; no gradient. Needs
