@@ -192,3 +192,17 @@ def test_torch_topk_compile(rng):
     ref = f(h, w, t)
     got = torch.compile(f, fullgraph=True, backend="eager")(h, w, t)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+def test_torch_topk_temperature_rows(rng):
+    """temperature= a per-row tensor (issue 25 item 1) with topk: each row's list is that of
+    its own distribution."""
+    torch = pytest.importorskip("torch")
+    import spanhead.torch as sht
+    hn, wn, tn, _ = case(rng, 19, 8, 150)
+    T = (0.3 * 10 ** rng.random(19)).astype(np.float32)
+    o = sht.logprobs(torch.from_numpy(hn), torch.from_numpy(wn), torch.from_numpy(tn),
+                     temperature=torch.from_numpy(T), topk=7)
+    for i in range(19):
+        ids, lp = o.topk_ids[i:i + 1].numpy(), o.topk_logprobs[i:i + 1].numpy()
+        check(ids, lp, hn[i:i + 1], wn, float(T[i]), 0.0, np.ones(1, bool), 7)

@@ -74,6 +74,7 @@ typedef struct batch {
     int64_t *cand;     /* (R, K) or NULL */
     uint8_t *mask;     /* (R); all ones when dense */
     float *up[NF];     /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
+    float *temp;       /* (R) per-row temperatures (temperature.npy) or NULL: temperature */
     int64_t topk;      /* --topk K (every rank sets it from the agreed options), 0 = none */
 } batch;
 

@@ -73,7 +73,9 @@ __device__ void x_sort(float *sz, int *sid) {
 
 struct x_args {
     const float *L;
-    int64_t ldL, w;
+    int64_t ldL, w, r0;
+    const int64_t *rowmap; /* chunk row r is global row rowmap[r] or r0 + r */
+    const float *trows;    /* per-row temperatures (plan.h temp_rows) or NULL: inv_t */
     int col_g0; /* global id of the split's column 0 */
     float inv_t, cap, inv_cap;
     float2 *mq;   /* (m, q) per chunk row (the chunk's slice), or NULL */
@@ -82,8 +84,9 @@ struct x_args {
 };
 
 __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
     const float *row = a.L + r * a.ldL;
+    const float inv_t = row_inv_t(a.trows, i, a.inv_t); /* the row's 1 / T, as the stats' */
     __shared__ float sz[XS];
     __shared__ int sid[XS];
     __shared__ int ncand;
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
         for (int e = 0; e < 4; e++) {
             const int64_t c = base + e * XT + threadIdx.x; /* coalesced per e */
             if (c >= a.w) break;
-            const float z = transform(row[c], a.inv_t, a.cap, a.inv_cap);
+            const float z = transform(row[c], inv_t, a.cap, a.inv_cap);
             if (a.mq) { /* online (m, q); NaN makes q NaN (the row is non-finite anyway) */
                 if (z > m) {
                     q = q * expf(2.f * (m - z)) + 1.f;
@@ -147,7 +150,8 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
     }
     if (!a.mq) return;
     for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), q2 = __shfl_xor_sync(0xffffffffu, q, o);
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float q2 = __shfl_xor_sync(0xffffffffu, q, o);
         mq_merge(m, q, m2, q2);
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -256,6 +260,9 @@ sph_status sph_cuda_extras_split(pass_ctx *c, const float *L, const chunk *ch, i
     a.L = L;
     a.ldL = c->lay->ldL;
     a.w = w;
+    a.r0 = ch->r0;
+    a.rowmap = ch->rowmap;
+    a.trows = p->temp_rows;
     a.col_g0 = (int)(p->v0 + c0);
     a.inv_t = (float)(1.0 / p->temperature);
     a.cap = (float)p->softcap;

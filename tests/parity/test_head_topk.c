@@ -126,6 +126,65 @@ static void test_topk(void **state) {
     assert_true(ok);
 }
 
+/* Per-row temperatures (issue 25 item 1) with top-k: each row's list is that of its own T_i. */
+static void test_topk_temp_rows(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 25104);
+    const char *kernels[3] = {"ref", NULL, "generic"};
+    int ok = 1, runs = 0;
+    for (int kk = 0; kk < 3; kk++) {
+        sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+        o.force_kernel = kernels[kk];
+        o.num_threads = 2;
+        o.chunk_rows = 7;
+        sph_ctx_t ctx = NULL;
+        if (sph_ctx_create(&ctx, &o) != SPH_OK) continue;
+        for (int v = 0; v < 4; v++) {
+            const int64_t N = 23, H = 19, V = 613, K = v & 1 ? 64 : 5;
+            const int one_pass = v >> 1 & 1;
+            const double cap = v == 1 ? 3.0 : 0.0;
+            hcase c;
+            hc_init(&c, &r, N, H, V, V, 0, 0, SPH_F32);
+            plant_ties(&c);
+            hc_mask_ragged(&c, &r, 0.7);
+            hc_wire(&c, HC_OUTS | HC_MASK | (one_pass ? HC_UPS | HC_DH | HC_DW : 0));
+            c.a.softcap = cap;
+            float *tr = hc_alloc((size_t)N * 4);
+            for (int64_t i = 0; i < N; i++) tr[i] = (float)(0.25 * pow(16.0, rng_uniform(&r)));
+            int64_t sh_t[1];
+            sph_tensor tt = tensor1(tr, SPH_F32, sh_t, N);
+            c.a.temperature_rows = &tt;
+            tkbuf b;
+            tk_alloc(&b, N, K);
+            c.a.topk_ids = &b.ti, c.a.topk_logprobs = &b.tl;
+            hc_poison(&c);
+            tk_poison(&b, N, K);
+            char cs[128];
+            snprintf(cs, sizeof cs, "temp_rows(kernel=%s,K=%lld,one_pass=%d,cap=%g)",
+                     kernels[kk] ? kernels[kk] : "best", (long long)K, one_pass, cap);
+            sph_status s = hc_run(ctx, SPH_HEAD_FORWARD, &c.a);
+            if (s != SPH_OK) {
+                fprintf(stderr, "FAIL topk %s: %s: %s\n", cs, sph_status_str(s), sph_last_error());
+                ok = 0;
+            } else {
+                uint8_t *act = hc_alloc((size_t)N);
+                hc_active(&c, act);
+                ok &= check_topk_rows(cs, b.ids, b.lp, K, &c, act, 1.0, tr, cap, TOL_CPU_F32,
+                                      kk == 0 ? 1e-9 : 1e-4);
+                free(act);
+            }
+            tk_free(&b);
+            free(tr);
+            hc_free(&c);
+            runs++;
+        }
+        sph_ctx_destroy(ctx);
+    }
+    assert_true(runs >= 8);
+    assert_true(ok);
+}
+
 // ---- tensor parallelism in threads ---------------------------------------------------------------
 
 typedef struct tk_job {
@@ -406,6 +465,7 @@ static void test_topk_validation(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk),
+        cmocka_unit_test(test_topk_temp_rows),
         cmocka_unit_test(test_topk_tp),
         cmocka_unit_test(test_topk_validation),
     };

@@ -6,7 +6,8 @@
  * to the order of near-ties) and each returned log-prob against the oracle's log-prob of the
  * returned id, both within lp_tol (1 + |lp|); ids in range and distinct in the row, and equal to
  * the oracle's wherever the oracle's gap to both neighbours exceeds gap_tol (below 1e-6: exact
- * ties too must come out lower id first); inactive rows exactly (-1, 0).
+ * ties too must come out lower id first); inactive rows exactly (-1, 0). check_topk_rows takes
+ * per-row temperatures (trows, or NULL: T).
  */
 #ifndef SPH_TESTS_TOPK_CHECK_H
 #define SPH_TESTS_TOPK_CHECK_H
@@ -16,14 +17,15 @@ typedef struct zid {
     int64_t id;
 } zid;
 
-static int cmp_zid(const void *a, const void *b) {
+static inline int cmp_zid(const void *a, const void *b) {
     const zid *x = a, *y = b;
     if (x->z != y->z) return x->z > y->z ? -1 : 1;
     return (x->id > y->id) - (x->id < y->id);
 }
 
 /* Row i of the full case f: every z sorted (best first) into s[V], lse into *lse. */
-static void oracle_row(const hcase *f, int64_t i, double T, double cap, zid *s, double *lse) {
+static inline void oracle_row(const hcase *f, int64_t i, double T, double cap, zid *s,
+                              double *lse) {
     double m = -INFINITY, S = 0;
     for (int64_t j = 0; j < f->V_loc; j++) {
         const double u = hc_u(f, i, j);
@@ -37,9 +39,10 @@ static void oracle_row(const hcase *f, int64_t i, double T, double cap, zid *s, 
 }
 
 /* ids / lp (N, K, compact) against the oracle on the full case f (V_loc = V). */
-static int check_topk(const char *cs, const int64_t *ids, const float *lp, int64_t K,
-                      const hcase *f, const uint8_t *act, double T, double cap, double lp_tol,
-                      double gap_tol) {
+static inline int check_topk_rows(const char *cs, const int64_t *ids, const float *lp,
+                                  int64_t K, const hcase *f, const uint8_t *act, double T,
+                                  const float *trows, double cap, double lp_tol,
+                                  double gap_tol) {
     const int64_t V = f->V_loc;
     zid *s = hc_alloc((size_t)V * sizeof *s);
     double *lp_of = hc_alloc((size_t)V * sizeof *lp_of); /* by id */
@@ -60,7 +63,7 @@ static int check_topk(const char *cs, const int64_t *ids, const float *lp, int64
             continue;
         }
         double lse;
-        oracle_row(f, i, T, cap, s, &lse);
+        oracle_row(f, i, trows ? (double)trows[i] : T, cap, s, &lse);
         for (int64_t j = 0; j < V; j++) lp_of[s[j].id] = s[j].z - lse;
         for (int64_t k = 0; k < K && ok; k++) {
             const double want = s[k].z - lse, tol = lp_tol * (1 + fabs(want));
@@ -87,6 +90,13 @@ static int check_topk(const char *cs, const int64_t *ids, const float *lp, int64
     }
     free(s), free(lp_of);
     return ok;
+}
+
+/* The same with one temperature T for every row. */
+static inline int check_topk(const char *cs, const int64_t *ids, const float *lp, int64_t K,
+                             const hcase *f, const uint8_t *act, double T, double cap,
+                             double lp_tol, double gap_tol) {
+    return check_topk_rows(cs, ids, lp, K, f, act, T, NULL, cap, lp_tol, gap_tol);
 }
 
 #endif /* SPH_TESTS_TOPK_CHECK_H */
