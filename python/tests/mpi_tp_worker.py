@@ -42,6 +42,40 @@ def torch_check(sc, h, w, t, mask, g, e, v0, v1, V, rank):
           tol * max(1, wd.grad.abs().max().item()))
 
 
+def topk_check(ctx, sc, h, w, wl, t, mask, v0, V, rank):
+    """Issue 25's top-k and sum_p2 over the TP group (NumPy and torch): every rank holds the
+    merged lists, equal to a float64 sort over the whole vocabulary (ids where the gaps to
+    both neighbours exceed the tolerance), and sum p^2 of the whole distribution."""
+    K = 40  # above some ranks' share of the top
+    r = spanhead.head_forward(h, wl, t, vocab_start=v0, vocab_total=V, temperature=0.8,
+                              active_mask=mask, topk=K, sum_p2=True, context=ctx)
+    z = h.astype(np.float64) @ w.astype(np.float64).T / 0.8
+    lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+    order = np.lexsort((np.broadcast_to(np.arange(V), z.shape), -z), axis=1)
+    ref = np.take_along_axis(z, order, 1) - lse[:, None]
+    a = mask.astype(bool)
+    close(f"rank {rank} topk_logprobs", r.topk_logprobs[a], ref[a, :K], 2e-5 * 30)
+    gap = 1e-4
+    sep = np.ones((a.sum(), K), bool)
+    sep[:, 1:] &= (ref[a, :K - 1] - ref[a, 1:K]) > gap
+    sep &= (ref[a, :K] - ref[a, 1:K + 1]) > gap
+    bad = ((r.topk_ids[a] != order[a, :K]) & sep).sum()
+    assert bad == 0, f"rank {rank}: {bad} top-k ids differ at separated ranks"
+    assert np.all(r.topk_ids[~a] == -1) and np.all(r.topk_logprobs[~a] == 0)
+    p = np.exp(z - lse[:, None])
+    close(f"rank {rank} sum_p2", r.sum_p2, np.where(a, (p * p).sum(1), 0), 2e-5)
+    try:
+        import torch
+    except ImportError:
+        return
+    import spanhead.torch as sht
+    o = sht.logprobs(torch.from_numpy(h), torch.from_numpy(wl), torch.from_numpy(t),
+                     loss_mask=torch.from_numpy(a), temperature=0.8, topk=K,
+                     tp_group=sc, vocab_start=v0, vocab_total=V, threads=1)
+    assert np.array_equal(o.topk_ids.numpy(), r.topk_ids), f"rank {rank}: torch top-k ids"
+    assert np.array_equal(o.topk_logprobs.numpy(), r.topk_logprobs), f"rank {rank}: torch lp"
+
+
 def main():
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -68,6 +102,7 @@ def main():
     tol = 2e-5
     for k in ("logprob", "entropy", "lse"):
         close(f"rank {rank} {k}", r[k], ref[k], tol * max(1, np.abs(ref[k]).max()))
+    topk_check(ctx, sc, h, w, wl, t, mask, v0, V, rank)
     b = spanhead.head_backward(h, wl, t, stats=r.stats, dlogprob=g, dentropy=e,
                                vocab_start=v0, vocab_total=V, temperature=0.8,
                                active_mask=mask, grad_dtype="float32", allreduce_dhidden=True,
