@@ -290,6 +290,9 @@ const sph_cli_opt sph_cli_dist_opts[] = {
     {"--topk", "K", SPH_OPT_I64, O(topk), 1, 256, 0, 0, NULL, 0,
      "also the K most probable ids of each row and their log-probs,\n"
      "merged over the TP group (topk_ids.npy, topk_logprobs.npy)"},
+    {"--sum-p2", NULL, SPH_OPT_FLAG, O(sum_p2), 0, 0, 0, 0, NULL, 0,
+     "also sum_j p_ij^2 of each row, combined over the TP group\n"
+     "(sum_p2.npy)"},
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0, "(default 1)"},
     {"--dtype", "f32|bf16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dist_dtypes, 0,
      "input dtype (default f32)"},

@@ -67,6 +67,7 @@ typedef struct dopts {
     const char *inputs, *outputs, *kernel;
     int64_t seqs, min_len, max_len, H, V, K, capacity, gap, chunk_rows, bench, seed;
     int64_t topk; /* --topk K: the top-K ids and log-probs too (issue 25), 0 = none */
+    int sum_p2;   /* --sum-p2: sum_j p_ij^2 too (issue 25) */
     int no_check, one_pass;
     double temperature, atol, rtol;
     /* derived */

@@ -208,7 +208,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     /* rank 0's output set (the lock, the names, the staging) before any work */
     static const char *const out_files[] = {"logprob.npy",    "entropy.npy",       "lse.npy",
                                             "logit_mean.npy", "dhidden.npy",       "dweight.npy",
-                                            "topk_ids.npy",   "topk_logprobs.npy", NULL};
+                                            "topk_ids.npy",   "topk_logprobs.npy", "sum_p2.npy",
+                                            NULL};
     if (dist_rank == 0 && ok0 && o.outputs && sph_cli_outset_begin(&os, o.outputs, out_files))
         ok0 = dist_fail("%s", os.err);
     if (!dist_batch_share(&b, ok0)) goto out;
@@ -218,7 +219,7 @@ int sph_cli_run_dist(int argc, char **argv) {
                       (long long)b.V);
         goto out;
     }
-    b.topk = o.topk; /* every rank: the agreed options */
+    b.topk = o.topk, b.sum_p2 = o.sum_p2; /* every rank: the agreed options */
     if (o.topk > b.V || (o.topk && b.K)) {
         if (dist_rank == 0)
             dist_fail(o.topk > b.V ? "--topk %lld: more than the vocabulary's %lld ids"

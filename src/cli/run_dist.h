@@ -76,6 +76,7 @@ typedef struct batch {
     float *up[NF];     /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
     float *temp;       /* (R) per-row temperatures (temperature.npy) or NULL: temperature */
     int64_t topk;      /* --topk K (every rank sets it from the agreed options), 0 = none */
+    int sum_p2;        /* --sum-p2 (likewise) */
 } batch;
 
 void dist_batch_free(batch *b);
@@ -112,6 +113,7 @@ typedef struct result {
     float *dweight;           /* (V_loc, H), this rank's bins */
     int64_t *topk_ids;        /* (n, topk) with --topk: global ids, merged over the TP group */
     float *topk_lp;           /* (n, topk) their log-probs */
+    float *sum_p2;            /* (n) with --sum-p2 */
     double bench_ms[4];       /* --bench: medians (slowest rank) of forward and backward with
                                  the TP communicator, then without it; rank 0 only */
 } result;

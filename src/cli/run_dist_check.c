@@ -110,7 +110,9 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
     size_t *c_rows = NULL, *c_vals = NULL, *c_dh = NULL, *c_dw = NULL, *c_tki = NULL,
            *c_tkl = NULL;
     int64_t *G_tki = NULL; /* --topk: (R, K) assembled on rank 0 */
-    float *G_tkl = NULL;
+    float *G_tkl = NULL, *G_sp = NULL; /* --sum-p2: (R) */
+    void *g_sp = NULL;
+    size_t *c_sp = NULL;
     double *dw64 = NULL, *dw64_sum = NULL;
     float *G_row[NF] = {NULL}, *G_dh = NULL, *G_dw = NULL;
     int8_t *seen = NULL;
@@ -135,7 +137,8 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
          gatherv(vals, n * NF * sizeof(float), &g_vals, &c_vals) &&
          gatherv(res->dhidden, n * H * sizeof(float), &g_dh, &c_dh) &&
          (!TK || (gatherv(res->topk_ids, n * TK * sizeof(int64_t), &g_tki, &c_tki) &&
-                  gatherv(res->topk_lp, n * TK * sizeof(float), &g_tkl, &c_tkl)));
+                  gatherv(res->topk_lp, n * TK * sizeof(float), &g_tkl, &c_tkl))) &&
+         (!b->sum_p2 || gatherv(res->sum_p2, n * sizeof(float), &g_sp, &c_sp));
     free(vals);
     if (!dist_agree(ok)) goto out;
 
@@ -178,6 +181,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
             G_tkl = xcalloc(R * TK, sizeof(float));
             all_rows &= G_tki && G_tkl;
         }
+        if (b->sum_p2) all_rows &= (G_sp = xcalloc(R, sizeof(float))) != NULL;
         if (!all_rows || !G_dh || !seen || (o->dh_partial && !dh64)) {
             dist_fail("out of host memory assembling the outputs");
             pass = 0;
@@ -194,6 +198,8 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                 const float *dh = (const float *)((char *)g_dh + off_h);
                 const int64_t *ki = TK ? (const int64_t *)g_tki + off_k : NULL;
                 const float *kl = TK ? (const float *)g_tkl + off_k : NULL;
+                const float *sp =
+                    b->sum_p2 ? (const float *)g_sp + off_r / sizeof(int64_t) : NULL;
                 int is_t0 = r % o->tp == 0;
                 for (size_t i = 0; i < nr; i++) {
                     int64_t gr = rows[i];
@@ -205,6 +211,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                             for (size_t j = 0; j < H; j++) nz |= dh[i * H + j] != 0;
                             for (size_t j = 0; j < TK; j++)
                                 nz |= ki[i * TK + j] != -1 || kl[i * TK + j] != 0;
+                            if (sp) nz |= sp[i] != 0;
                             pad_nonzero += nz;
                         }
                         continue;
@@ -219,6 +226,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                             memcpy(G_tki + (size_t)gr * TK, ki + i * TK, TK * sizeof(int64_t));
                             memcpy(G_tkl + (size_t)gr * TK, kl + i * TK, TK * sizeof(float));
                         }
+                        if (sp) G_sp[gr] = sp[i];
                     } else if (pass_tp == 1 && !is_t0) {
                         int differ = 0;
                         for (int f = 0; f < NF; f++)
@@ -228,6 +236,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                                              TK * sizeof(int64_t)) != 0 ||
                                       memcmp(G_tkl + (size_t)gr * TK, kl + i * TK,
                                              TK * sizeof(float)) != 0;
+                        if (sp) differ |= memcmp(&G_sp[gr], &sp[i], 4) != 0;
                         tp_mismatch += differ;
                     }
                 }
@@ -297,13 +306,14 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
                 pass = 0;
             } else {
                 typedef struct { const char *name; const float *got, *want; size_t n; } cmp_t;
-                cmp_t cmp[NF + 2];
+                cmp_t cmp[NF + 3];
                 size_t nc = 0;
                 for (int f = 0; f < NF; f++)
                     if (f != F_LOGIT_MEAN || !b->K)
                         cmp[nc++] = (cmp_t){dist_field_names[f], G_row[f], ref.row[f], R};
                 cmp[nc++] = (cmp_t){"dhidden", G_dh, ref.dhidden, R * H};
                 cmp[nc++] = (cmp_t){"dweight", G_dw, ref.dweight, V * H};
+                if (b->sum_p2) cmp[nc++] = (cmp_t){"sum_p2", G_sp, ref.sum_p2, R};
                 printf("check against the single-process %s (atol %g, rtol %g):\n",
                        o->ref_device ? "run on the same device and kernels" : "reference",
                        o->atol, o->rtol);
@@ -337,6 +347,7 @@ int dist_gather_check(const dopts *o, const batch *b, const dist_run *run) {
             if (wok && TK)
                 wok = !sph_cli_outset_npy(&os, "topk_ids", 'i', 8, 2, srk, G_tki) &&
                       !sph_cli_outset_npy(&os, "topk_logprobs", 'f', 4, 2, srk, G_tkl);
+            if (wok && b->sum_p2) wok = !sph_cli_outset_npy(&os, "sum_p2", 'f', 4, 1, sr, G_sp);
             wok = wok && !sph_cli_outset_commit(&os);
             if (wok) {
                 printf("outputs: written to %s\n", o->outputs);
@@ -357,6 +368,7 @@ out:
     free(g_dh);
     free(g_dw);
     free(g_tki), free(g_tkl), free(c_tki), free(c_tkl), free(G_tki), free(G_tkl);
+    free(g_sp), free(c_sp), free(G_sp);
     free(c_rows);
     free(c_vals);
     free(c_dh);

@@ -38,6 +38,7 @@ void dist_result_free(result *r) {
     free(r->dweight);
     free(r->topk_ids);
     free(r->topk_lp);
+    free(r->sum_p2);
     memset(r, 0, sizeof *r);
 }
 
@@ -124,7 +125,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
     void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *st_d = NULL, *dh_d = NULL;
     void *tp_d = NULL;
     void *up_d[NF] = {NULL}, *row_d[NF] = {NULL};
-    void *tki_d = NULL, *tkl_d = NULL; /* --topk */
+    void *tki_d = NULL, *tkl_d = NULL, *sp_d = NULL; /* --topk, --sum-p2 */
 
     int all = 1;
     for (int f = 0; f < NF; f++) all &= (out->row[f] = sph_cli_calloc(n_all, sizeof(float))) != 0;
@@ -135,6 +136,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         out->topk_lp = sph_cli_calloc(n_all * TK, sizeof(float));
         all &= out->topk_ids && out->topk_lp;
     }
+    if (b->sum_p2) all &= (out->sum_p2 = sph_cli_calloc(n_all, sizeof(float))) != NULL;
     void *w_h = sph_cli_calloc(V_loc * H, esz);
     if (!all || !out->dhidden || !out->dweight || !w_h) {
         dist_fail("out of host memory for %lld rows", (long long)n_all);
@@ -192,6 +194,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d) ||
             (TK && (!dput(d, NULL, (size_t)(n * TK) * sizeof(int64_t), &tki_d) ||
                     !dput(d, NULL, (size_t)(n * TK) * sizeof(float), &tkl_d))) ||
+            (b->sum_p2 && !dput(d, NULL, (size_t)n * sizeof(float), &sp_d)) ||
             (tp_h && !dput(d, tp_h, (size_t)n * sizeof(float), &tp_d)))
             goto done;
         for (int f = 0; f < nf; f++)
@@ -207,7 +210,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
                    tdh = tens(dh_d, SPH_F32, 2, s_h, cuda),
                    tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF],
                    tki = tens(tki_d, SPH_I64, 2, s_k, cuda), tkl = tens(tkl_d, SPH_F32, 2, s_k, cuda),
-                   ttp = tens(tp_d, SPH_F32, 1, s_n, cuda);
+                   ttp = tens(tp_d, SPH_F32, 1, s_n, cuda), tsp = tens(sp_d, SPH_F32, 1, s_n, cuda);
         for (int f = 0; f < nf; f++) {
             tup[f] = tens(up_d[f], SPH_F32, 1, s_n, cuda);
             trow[f] = tens(row_d[f], SPH_F32, 1, s_n, cuda);
@@ -232,6 +235,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         a.logit_mean = K ? NULL : &trow[F_LOGIT_MEAN];
         a.stats = &tst;
         if (TK) a.topk_ids = &tki, a.topk_logprobs = &tkl; /* forward outputs only */
+        if (b->sum_p2) a.sum_p2 = &tsp;
         /* Forward first, in the general (two-pass) mode: no gradient outputs, no upstream. */
         size_t need = 0, need_b = 0;
         sph_head_args ab = a;
@@ -278,6 +282,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         if (TK && (!dget(d, out->topk_ids + r0 * TK, tki_d, (size_t)(n * TK) * sizeof(int64_t)) ||
                    !dget(d, out->topk_lp + r0 * TK, tkl_d, (size_t)(n * TK) * sizeof(float))))
             goto done;
+        if (b->sum_p2 && !dget(d, out->sum_p2 + r0, sp_d, (size_t)n * sizeof(float))) goto done;
         if (bench_reps > 0 && bi == 0) {
             void *dwt = NULL;
             if (!dist_agree(dput(d, NULL, (size_t)(V_loc * H) * sizeof(float), &dwt))) {
@@ -291,7 +296,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             sph_ctx_free(d->io, dwt);
             if (!bok) goto done;
         }
-        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d, &tki_d, &tkl_d, &tp_d};
+        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d, &tki_d, &tkl_d, &tp_d, &sp_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
             sph_ctx_free(d->io, *bufs[k]);
             *bufs[k] = NULL;
@@ -310,7 +315,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
     ok = 1;
 done:
     {
-        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws, tki_d, tkl_d, tp_d};
+        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws, tki_d, tkl_d, tp_d, sp_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
         for (int f = 0; f < NF; f++) {
             sph_ctx_free(d->io, up_d[f]);
