@@ -885,6 +885,26 @@ SPH_API sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
                                    size_t workspace_bytes);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Scaling gradients by a device scalar (the backward of a one-pass loss)                     */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * A one-pass loss computes its gradients in the forward; its backward multiplies them by the
+ * upstream gradient of the loss, a scalar that lives on the device and is almost always
+ * exactly 1. sph_scale_inplace multiplies each of the n tensors (1 <= n <= SPH_SCALE_MAX) in
+ * place by the float32 in `scale` (one element), in one pass on the context's stream and
+ * without a host synchronization: the device reads the scalar, and where it is exactly 1 no
+ * tensor element is read or written. Each product is computed in float32 and rounded once to
+ * the tensor's dtype. Tensors: f32, bf16 or f16, 1-D or 2-D rows (spanhead.h's view rules), on
+ * the context's device; no tensor may overlap another or the scalar. Empty tensors are
+ * accepted. Errors (nothing is written): SPH_ERR_INVALID_ARG (n, NULL tensors, overlaps, a
+ * context in use), SPH_ERR_SHAPE (scale not one element), SPH_ERR_DTYPE, SPH_ERR_DEVICE,
+ * SPH_ERR_OVERFLOW, SPH_ERR_CUDA. Host contexts: NaN or inf in `scale` is applied as given
+ * (the non-finite policy is the caller's, as in the torch backward it serves). */
+#define SPH_SCALE_MAX 8
+SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
+                                     const sph_tensor *const *tensors, int n);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */
 /* ---------------------------------------------------------------------------------------- */
 

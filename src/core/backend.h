@@ -85,6 +85,16 @@ sph_status sph_backend_missing(sph_ctx_t ctx, const char *what);
 
 // ---- the device table -------------------------------------------------------------------
 
+/* One tensor of sph_scale_inplace: rows x cols elements, row stride ld (elements). */
+typedef struct sph_scale_job {
+    void *data;
+    int64_t rows, cols, ld;
+    sph_dtype dtype;
+} sph_scale_job;
+
+/* The host device's scale op (src/core/scale.c): host memory, the scalar read in place. */
+sph_status sph_host_scale(sph_ctx_t ctx, const float *scale, const sph_scale_job *jobs, int n);
+
 typedef struct sph_device_ops {
     const char *name;      /* "cpu", "cuda" */
     int host_memory;       /* tensors on this device are host memory (the reference reads them
@@ -112,6 +122,10 @@ typedef struct sph_device_ops {
     /* sph_ctx_nonfinite on this device: rows found non-finite since the last call (reset),
      * the first of them (-1: none). NULL: the host counters of the context. */
     sph_status (*nonfinite)(sph_ctx_t ctx, int64_t *count, int64_t *first_row);
+    /* sph_scale_inplace: each job's elements times *scale (device memory of this device;
+     * nothing touched where it is exactly 1), validated by the entry point (src/core/scale.c). */
+    sph_status (*scale)(sph_ctx_t ctx, const float *scale, const struct sph_scale_job *jobs,
+                        int n);
     /* The CUDA-only public calls (spanhead.h); NULL on other devices. */
     sph_status (*tune)(sph_ctx_t ctx, const sph_tune_opts *opts, const char **result);
     sph_status (*gemm_rate)(sph_ctx_t ctx, sph_dtype dtype, int64_t M, int64_t N, int64_t K,

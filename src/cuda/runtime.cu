@@ -14,6 +14,9 @@
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
 
+extern "C" sph_status sph_cuda_scale(sph_ctx_t ctx, const float *scale,
+                                     const sph_scale_job *jobs, int n); /* scale.cu */
+
 static int sph_cuda_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -186,6 +189,7 @@ static sph_device_ops make_ops(void) {
     o.memcpy = sph_cuda_memcpy;
     o.memset = sph_cuda_memset;
     o.synchronize = sph_cuda_synchronize;
+    o.scale = sph_cuda_scale; /* src/cuda/scale.cu */
     o.nonfinite = sph_cuda_nonfinite;
     o.count = sph_cuda_count;
     o.pointer_is_device = sph_cuda_pointer_is_device;

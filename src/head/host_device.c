@@ -55,6 +55,7 @@ static const sph_device_ops g_host_ops = {
     .memcpy = host_memcpy,
     .memset = host_memset,
     .synchronize = host_synchronize,
+    .scale = sph_host_scale, /* src/core/scale.c */
 };
 
 const sph_device_ops *sph_host_device_ops(void) { return &g_host_ops; }
