@@ -56,6 +56,8 @@
       (sph_ctx_t, const sph_head_args *, const sph_policy_args *, size_t *))                  \
     X(sph_policy_loss, sph_status,                                                            \
       (sph_ctx_t, const sph_head_args *, const sph_policy_args *, void *, size_t))            \
+    X(sph_scale_inplace, sph_status,                                                          \
+      (sph_ctx_t, const sph_tensor *, const sph_tensor *const *, int))                        \
     X(sph_comm_create_none, sph_status, (sph_comm_t *))                                       \
     X(sph_comm_create_mpi, sph_status, (sph_comm_t *, const void *, const sph_comm_config *)) \
     X(sph_comm_create_mpi_world, sph_status,                                                  \
@@ -175,6 +177,7 @@ SPH_PY_METHOD(py_tune);
 SPH_PY_METHOD(py_gemm_rate);
 SPH_PY_METHOD(py_gemm_rate_sustained);
 SPH_PY_METHOD(py_head);
+SPH_PY_METHOD(py_scale);
 SPH_PY_METHOD(py_policy_loss);
 SPH_PY_METHOD(py_tensor_info);
 #undef SPH_PY_METHOD

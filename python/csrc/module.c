@@ -259,6 +259,8 @@ static PyMethodDef methods[] = {
     {"gemm_rate_sustained", py_gemm_rate_sustained, METH_VARARGS,
      "Sustained dense GEMM rate of the context's GPU (a chain of products)."},
     {"head", py_head, METH_VARARGS, "Runs the LM head forward (0) or backward (1)."},
+    {"scale", py_scale, METH_VARARGS,
+     "Scales tensors in place by a device scalar (sph_scale_inplace)."},
     {"policy_loss", py_policy_loss, METH_VARARGS, "Runs the fused RL policy loss."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},
     {NULL, NULL, 0, NULL}};

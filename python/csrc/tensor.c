@@ -281,6 +281,55 @@ done:
     return res;
 }
 
+/* scale(ctx, scale_capsule, (capsule, ...)): sph_scale_inplace, the tensors times the device
+ * scalar (the backward of the one-pass operators: nothing touched when it is exactly 1). */
+PyObject *py_scale(PyObject *self, PyObject *args) {
+    PyObject *ctx_obj, *scale_obj, *tensors;
+    if (!PyArg_ParseTuple(args, "OOO!", &ctx_obj, &scale_obj, &PyTuple_Type, &tensors))
+        return NULL;
+    NEED(sph_scale_inplace);
+    sph_ctx_t ctx = ctx_of(ctx_obj);
+    if (!ctx) return NULL;
+    const Py_ssize_t n = PyTuple_Size(tensors);
+    if (n < 1 || n > SPH_SCALE_MAX) {
+        raise_fmt(SPH_ERR_INVALID_ARG, "scale: %d tensors, expected 1 .. %d", (int)n,
+                  SPH_SCALE_MAX);
+        return NULL;
+    }
+    consumed sc, ts[SPH_SCALE_MAX];
+    memset(&sc, 0, sizeof sc);
+    memset(ts, 0, sizeof ts);
+    const sph_tensor *tl[SPH_SCALE_MAX] = {NULL};
+    PyObject *res = NULL;
+    int hs = consume(scale_obj, "scale", &sc);
+    if (hs < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int h = consume(PyTuple_GetItem(tensors, i), "tensors", &ts[i]);
+        if (h < 0) goto done;
+        if (h && ts[i].read_only) {
+            raise_fmt(SPH_ERR_INVALID_ARG, "tensors[%d]: output tensor is read-only", (int)i);
+            goto done;
+        }
+        tl[i] = h ? &ts[i].t : NULL;
+    }
+    sph_status s = lib.sph_scale_inplace(ctx, hs ? &sc.t : NULL, tl, (int)n);
+    if (s) {
+        raise_lib(s);
+        goto done;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        release(&sc);
+        for (int i = 0; i < SPH_SCALE_MAX; i++) release(&ts[i]);
+        PyErr_Restore(et, ev, tb);
+    }
+    return res;
+}
+
 /* tensor_info(capsule) -> (device_type, device_id, ndim, (code, bits, lanes), shape, strides,
  * byte_offset, read_only); consumes the capsule. A debugging and test aid. */
 PyObject *py_tensor_info(PyObject *self, PyObject *args) {

@@ -196,6 +196,24 @@ def run(pass_: int, tensors: dict, spans: Optional[np.ndarray], vocab_start: int
               vocab_start, vocab_total, temperature, softcap, 0, 0, int(allreduce))
 
 
+def scale_stored(g: torch.Tensor, dh: Optional[torch.Tensor],
+                 dw: Optional[torch.Tensor]) -> None:
+    """The eager backward of a one-pass operator: the gradients its forward stored, times the
+    upstream gradient g of the loss, in place, in one library call on the current stream
+    (sph_scale_inplace): no host synchronization, and where g is exactly 1 (a plain
+    loss.backward()) no element is read or written. One launch instead of torch's two casts
+    and two multiplications over dhidden and dweight (issue 23, the small-batch rows)."""
+    ts = tuple(t for t in (dh, dw) if t is not None and t.numel())
+    if not ts:
+        return
+    dev = ts[0].device
+    gs = g.detach().reshape(1)
+    if gs.dtype != torch.float32 or gs.device != dev:
+        gs = gs.to(device=dev, dtype=torch.float32)
+    ctx = context_for(dev)
+    _ext.scale(ctx._live(), _cap(gs), tuple(_cap(t) for t in ts))
+
+
 def _empty(ref: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=ref.device)
 
@@ -475,10 +493,14 @@ def _loss_backward(ctx, grads):
     gh = gw = gwt = None
     # the stored gradients are this operator's own outputs, held only here: eager mode scales
     # them in place (no second dweight-sized allocation); g stays on the device (no sync)
-    if ctx.need[0] and ctx.needs_input_grad[0]:
-        gh = dh * g.to(dh.dtype) if compiling else dh.mul_(g.to(dh.dtype))
-    if ctx.need[1] and ctx.needs_input_grad[1]:
-        gw = dw * g.to(dw.dtype) if compiling else dw.mul_(g.to(dw.dtype))
+    want_h = ctx.need[0] and ctx.needs_input_grad[0]
+    want_w = ctx.need[1] and ctx.needs_input_grad[1]
+    if compiling:
+        gh = dh * g.to(dh.dtype) if want_h else None
+        gw = dw * g.to(dw.dtype) if want_w else None
+    elif want_h or want_w:
+        gh, gw = (dh if want_h else None), (dw if want_w else None)
+        scale_stored(g, gh, gw)
     if ctx.needs_input_grad[5]:
         c_lp, c_lse, c_mean = ctx.coefs
         d = lp * c_lp

@@ -123,10 +123,14 @@ def _backward(ctx, grads):
     gh = gw = None
     # the stored gradients are this operator's own outputs, held only here: eager mode scales
     # them in place; g stays on the device (no host sync)
-    if ctx.need[0] and ctx.needs_input_grad[0]:
-        gh = dh * g.to(dh.dtype) if compiling else dh.mul_(g.to(dh.dtype))
-    if ctx.need[1] and ctx.needs_input_grad[1]:
-        gw = dw * g.to(dw.dtype) if compiling else dw.mul_(g.to(dw.dtype))
+    want_h = ctx.need[0] and ctx.needs_input_grad[0]
+    want_w = ctx.need[1] and ctx.needs_input_grad[1]
+    if compiling:
+        gh = dh * g.to(dh.dtype) if want_h else None
+        gw = dw * g.to(dw.dtype) if want_w else None
+    elif want_h or want_w:
+        gh, gw = (dh if want_h else None), (dw if want_w else None)
+        _ops.scale_stored(g, gh, gw)
     return (gh, gw) + none[2:]
 
 

@@ -376,3 +376,25 @@ def test_tp_over_mpi(rng, tmp_path, np_):
         pytest.skip("the loaded libspanhead was built without MPI")
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"onepass tp ok: {np_} ranks" in p.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("g_out", [1.0, 0.0, -3.25])
+def test_backward_scales_stored_gradients(rng, dtype, g_out):
+    """The eager backward hands over the forward's gradients times the upstream gradient in
+    one library call (sph_scale_inplace): exactly the stored ones when it is 1 (a plain
+    loss.backward(): nothing read or written), zeros for 0, and the product rounded once
+    otherwise, against the same gradients taken with grad_output 1 and scaled here."""
+    shape, H, V = (2, 9), 24, 131
+    h, w, t, weights = make(int(rng.integers(1 << 30)), shape, H, V, dtype)
+    grads = []
+    for g in (1.0, g_out):
+        hg, wg = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        loss = sht.weighted_logprob_loss(hg, wg, t, weights)
+        loss.backward(torch.tensor(g)) if g != 1.0 else loss.backward()
+        grads.append((hg.grad, wg.grad))
+    (h1, w1), (hs, ws) = grads
+    for one, got in ((h1, hs), (w1, ws)):
+        want = (one.float() * g_out).to(dtype)
+        assert got.dtype == dtype
+        assert torch.equal(got, want), (g_out, (got.float() - want.float()).abs().max())
