@@ -246,17 +246,16 @@ static sph_status ref_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, s
     return sph_distill_ref_run(ctx, dp);
 }
 
-/* CUDA: distill_cuda.cu is the next commit; until then a CUDA context answers this */
-#if 1
+#ifndef SPH_HAVE_CUDA
 sph_status sph_distill_cuda_workspace(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes) {
     (void)dp, (void)bytes;
-    return sph_err(SPH_ERR_UNSUPPORTED, "distill: no CUDA backend yet (device %d)",
+    return sph_err(SPH_ERR_UNSUPPORTED, "distill: this build has no CUDA backend (device %d)",
                    (int)ctx->device.type);
 }
 sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
                                 size_t bytes) {
     (void)dp, (void)ws, (void)bytes;
-    return sph_err(SPH_ERR_UNSUPPORTED, "distill: no CUDA backend yet (device %d)",
+    return sph_err(SPH_ERR_UNSUPPORTED, "distill: this build has no CUDA backend (device %d)",
                    (int)ctx->device.type);
 }
 #endif
