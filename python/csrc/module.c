@@ -260,6 +260,7 @@ static PyMethodDef methods[] = {
      "Sustained dense GEMM rate of the context's GPU (a chain of products)."},
     {"head", py_head, METH_VARARGS, "Runs the LM head forward (0) or backward (1)."},
     {"policy_loss", py_policy_loss, METH_VARARGS, "Runs the fused RL policy loss."},
+    {"distill_loss", py_distill_loss, METH_VARARGS, "Runs the fused distillation loss."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},
     {NULL, NULL, 0, NULL}};
 
