@@ -137,3 +137,21 @@ def test_errors(rng):
     with pytest.raises(spanhead.ShapeError):
         st.distill_loss(H, W, teacher_topk_ids=tt["teacher_topk_ids"][:5],
                         teacher_topk_logprobs=tt["teacher_topk_logprobs"][:5])
+
+
+def test_torch_compile_fullgraph(rng):
+    h, w, mask, teacher = case(rng, dense=False)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+
+    def step(H, W):
+        return st.distill_loss(H, W, kind="jsd", beta=0.4, **tt)
+
+    out = {}
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        H = torch.tensor(h, requires_grad=True)
+        W = torch.tensor(w, requires_grad=True)
+        loss = fn(H, W)
+        loss.backward()
+        out[name] = (loss.detach(), H.grad, W.grad)
+    for a, b in zip(out["eager"], out["compiled"]):
+        assert torch.equal(a, b)
