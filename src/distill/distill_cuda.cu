@@ -114,6 +114,27 @@ __device__ __forceinline__ void d_term(int kind, double beta, double lq, double 
     }
 }
 
+/* The per-column form in float (the row sums accumulate in double): lq, lp of one column;
+ * fp32 transcendentals keep the elementwise pass off the double-precision units, and their
+ * ~1e-7 relative error is far below the 1e-4 budget of an fp32 result. */
+__device__ __forceinline__ void d_termf(int kind, float beta, float lbeta, float l1beta,
+                                        float lq, float lp, float *l, float *a) {
+    const float q = expf(lq), p = expf(lp);
+    if (kind == SPH_DK_FWD) {
+        *l = p > 0 ? p * (lp - lq) : 0.0f;
+        *a = -p;
+    } else if (kind == SPH_DK_REV) {
+        *l = q > 0 ? q * (lq - lp) : 0.0f;
+        *a = q > 0 ? q * (lq - lp + 1) : 0.0f;
+    } else {
+        const float x = lbeta + lp, y = l1beta + lq, m = fmaxf(x, y);
+        const float lm = m + log1pf(expf(-fabsf(x - y)));
+        const float tq = q > 0 ? (1 - beta) * q * (lq - lm) : 0.0f;
+        *l = (p > 0 ? beta * p * (lp - lm) : 0.0f) + tq;
+        *a = tq;
+    }
+}
+
 /* The call's device view. */
 typedef struct ddev {
     int64_t N, H, V, Vtot, v0, K, rw, ld_ids, ld_tlp, ld_dh, ld_dw;
@@ -323,14 +344,16 @@ __global__ void __launch_bounds__(DTHREADS) k_dense_part(ddev d, int64_t c0) {
         return;
     }
     const double *o = d.rec + q * 4;
-    const double ls = o[0] + log(o[1]), lt = o[2] + log(o[3]);
+    const float ls = (float)(o[0] + log(o[1])), lt = (float)(o[2] + log(o[3]));
+    const float beta = (float)d.beta, lb = (float)log(d.beta), l1b = (float)log1p(-d.beta);
     const float *x = d.zs + q * V;
     float *y = d.zt + q * V;
-    double L = 0, S = 0, l, a;
+    double L = 0, S = 0;
+    float l, a;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS) {
-        d_term(d.kind, d.beta, (double)x[j] - ls, (double)y[j] - lt, &l, &a);
+        d_termf(d.kind, beta, lb, l1b, x[j] - ls, y[j] - lt, &l, &a);
         L += l, S += a;
-        y[j] = (float)a;
+        y[j] = a;
     }
     L = d_block_sum(L, sh);
     S = d_block_sum(S, sh);
@@ -362,13 +385,12 @@ __global__ void __launch_bounds__(DTHREADS) k_dense_du(ddev d, int64_t c0, int g
         for (int64_t j = threadIdx.x; j < V; j += DTHREADS) d_put_du(d, q, j, 0.0f);
         return;
     }
-    const double ls = d.rec[q * 4] + log(d.rec[q * 4 + 1]), S = d.part[q * 2 + 1];
-    const double c = d_scale(d, i) * d.inv_t;
+    const float ls = (float)(d.rec[q * 4] + log(d.rec[q * 4 + 1])), S = (float)d.part[q * 2 + 1];
+    const float c = (float)(d_scale(d, i) * d.inv_t);
     const float *a = d.zt + q * V;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS) {
         const float z = d.zs[q * V + j];
-        const double qj = exp((double)z - ls);
-        d_put_du(d, q, j, (float)((a[j] - qj * S) * c) * d_capf(d, z));
+        d_put_du(d, q, j, (a[j] - expf(z - ls) * S) * c * d_capf(d, z));
     }
 }
 
@@ -415,13 +437,15 @@ __global__ void __launch_bounds__(DTHREADS) k_sparse(ddev d, int64_t c0, int gra
     }
     __syncthreads();
     if (!grads) return;
-    const double lse = r[0], lqr = r[1], S = r[2], ar = r[3], c = d_scale(d, i) * d.inv_t;
+    const double lse = r[0], S = r[2], c = d_scale(d, i) * d.inv_t;
+    const float lsef = (float)lse, lqr = (float)r[1], ar = (float)r[3], Sf = (float)S,
+                cf = (float)c;
     const int tail = r[4] != 0;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS) {
         const float z = d.zs[q * V + j];
-        const double lq = (double)z - lse;
-        const double t = tail ? exp(lq - lqr) * ar : 0.0;
-        d_put_du(d, q, j, (float)((t - exp(lq) * S) * c) * d_capf(d, z));
+        const float lq = z - lsef;
+        const float t = tail ? expf(lq - lqr) * ar : 0.0f;
+        d_put_du(d, q, j, (t - expf(lq) * Sf) * cf * d_capf(d, z));
     }
     __syncthreads();
     for (int64_t k = threadIdx.x; k < K; k += DTHREADS) {
@@ -577,8 +601,8 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
             SPH_CHECK(h != NULL, SPH_ERR_ALLOC, "distill: out of host memory (N = %lld)",
                       (long long)hp->N);
             sph_head_active_rows(hp, h);
+            /* from pageable memory: staged before the call returns, so h may go (no sync) */
             cudaError_t e = cudaMemcpyAsync(act, h, (size_t)hp->N, cudaMemcpyHostToDevice, r->st);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(r->st); /* h is freed next */
             sph_free(h);
             SPH_CUDA_RET(e);
         } else {
