@@ -7,9 +7,11 @@
  * (loss, S)), and the gradient products dW += D^T H, dH = D W per chunk (D in the input
  * dtype for bf16 / f16 products, fp32 otherwise; dW accumulated in fp32).
  *
- * Rows: every chunk covers R consecutive rows, the inactive ones computed and discarded
- * (the active flags are a device array: from the mask, the spans or all ones); a compaction
- * of the active rows is not done yet, so a masked batch costs its N rows, not N_active.
+ * Rows: with spans (host metadata) the chunks cover the spans' rows only, listed on the host
+ * and copied up (so a masked batch given its spans costs its active rows); with a device
+ * mask alone, R consecutive rows per chunk, the inactive ones gathered as zeros and discarded
+ * (their count is not known on the host without a sync). The active flags are a device array
+ * (the mask, the spans or all ones).
  * Non-finite statistics of an active row: counted on the device (sph_ctx_nonfinite), the
  * pass returns SPH_OK with NaN in the outputs (spanhead.h, "Policies").
  * Workspace (exact): cuBLAS's 32 MiB, act (N), the chunk's hidden rows Hc (R H, the
@@ -34,7 +36,7 @@
 typedef struct dlay {
     int64_t R, rw, P;
     int half;
-    size_t o_cub, o_act, o_hc, o_htc, o_zs, o_zt, o_db, o_rec, o_gath, o_part, o_gath2, o_sav, o_dhc, o_dw,
+    size_t o_cub, o_act, o_rows, o_hc, o_htc, o_zs, o_zt, o_db, o_rec, o_gath, o_part, o_gath2, o_sav, o_dhc, o_dw,
         o_lrows, o_cnt, total;
 } dlay;
 
@@ -62,6 +64,7 @@ static void make_layout(sph_ctx_t ctx, const sph_distill_plan *dp, dlay *L) {
     size_t off = 256;
     L->o_cub = take(&off, CUBLAS_WS);
     L->o_act = take(&off, N);
+    L->o_rows = take(&off, hp->spans ? N * 8 : 0);
     const size_t es = hp->dtype.bits / 8, tes = dp->dense ? dp->tdtype.bits / 8 : 0;
     L->o_hc = take(&off, Rz * H * es);
     L->o_htc = take(&off, Rz * (size_t)dp->HT * tes);
@@ -142,6 +145,7 @@ typedef struct ddev {
     double beta;
     float inv_t, inv_tt, cap;
     const uint8_t *act;
+    const int64_t *rows; /* the listed rows (from the host spans), or NULL: row = c0 + q */
     const void *ids;
     const float *tlp, *dloss;
     float *zs, *zt, *sav, *dhc, *dw32, *loss;
@@ -150,6 +154,10 @@ typedef struct ddev {
     unsigned long long *nf;
     long long *cnt;
 } ddev;
+
+__device__ __forceinline__ int64_t d_row(const ddev &d, int64_t c0, int64_t q) {
+    return d.rows ? d.rows[c0 + q] : c0 + q;
+}
 
 __device__ __forceinline__ int64_t d_id(const ddev &d, int64_t i, int64_t k) {
     return d.ids64 ? ((const int64_t *)d.ids)[i * d.ld_ids + k]
@@ -239,22 +247,29 @@ __global__ void k_count(ddev d) {
 
 /* The chunk's rows [c0, c0 + nr) of src (row stride ld, cols elements of es bytes) into dst
  * (compact), inactive rows as zeros. */
-__global__ void k_gather(char *dst, const char *src, int64_t ld, int64_t cols, int es,
-                         const uint8_t *act, int64_t c0, int64_t nr) {
+__global__ void k_gather(char *dst, const char *src, int64_t ld, int64_t cols, int es, ddev d,
+                         int64_t c0, int64_t nr) {
     const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (e >= nr * cols) return;
-    const int64_t q = e / cols, k = e % cols;
-    const bool a = act[c0 + q] != 0;
+    const int64_t q = e / cols, k = e % cols, i = d_row(d, c0, q);
+    const bool a = d.act[i] != 0;
     if (es == 4)
-        ((float *)dst)[e] = a ? ((const float *)src)[(c0 + q) * ld + k] : 0.0f;
+        ((float *)dst)[e] = a ? ((const float *)src)[i * ld + k] : 0.0f;
     else
-        ((uint16_t *)dst)[e] = a ? ((const uint16_t *)src)[(c0 + q) * ld + k] : (uint16_t)0;
+        ((uint16_t *)dst)[e] = a ? ((const uint16_t *)src)[i * ld + k] : (uint16_t)0;
+}
+
+/* dhidden's rows outside the listed ones: exact zeros (not accumulating). */
+__global__ void k_dh_zero(ddev d) {
+    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (e >= d.N * d.H) return;
+    d_store(d.dhidden, d.dh_kind, (e / d.H) * d.ld_dh + e % d.H, 0.0f, 0);
 }
 
 /* Step 1-2: softcap and 1 / T in place, the row's local record. */
 __global__ void __launch_bounds__(DTHREADS) k_stats(ddev d, int64_t c0) {
     __shared__ double sh[DTHREADS];
-    const int64_t q = blockIdx.x, i = c0 + q, V = d.V;
+    const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
     float *x = d.zs + q * V;
     double *rec = d.rec + q * d.rw;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS)
@@ -324,21 +339,21 @@ __global__ void k_merge(double *out, const double *g, int64_t nr, int64_t width,
 /* Non-finite statistics of an active row: counted (the outputs come out NaN). */
 __global__ void k_check(ddev d, int64_t c0, int64_t nr) {
     const int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (q >= nr || !d.act[c0 + q]) return;
+    if (q >= nr || !d.act[d_row(d, c0, q)]) return;
     const double *o = d.rec + q * d.rw;
     bool bad = !isfinite(o[1]) || o[0] != o[0] || o[0] == INFINITY;
     if (d.dense) bad |= !isfinite(o[0]) || !isfinite(o[2]) || !isfinite(o[3]);
     for (int64_t f = 2; !d.dense && f < d.rw; f++) bad |= !isfinite(o[f]);
     if (bad && d.nf) {
         atomicAdd(&d.nf[0], 1ull);
-        atomicMin(&d.nf[1], (unsigned long long)(c0 + q));
+        atomicMin(&d.nf[1], (unsigned long long)d_row(d, c0, q));
     }
 }
 
 /* Dense step 3: (loss, S) of the shard, a_j into Zt. */
 __global__ void __launch_bounds__(DTHREADS) k_dense_part(ddev d, int64_t c0) {
     __shared__ double sh[DTHREADS];
-    const int64_t q = blockIdx.x, i = c0 + q, V = d.V;
+    const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
     if (!d.act[i]) {
         if (threadIdx.x == 0) d.part[q * 2] = d.part[q * 2 + 1] = 0;
         return;
@@ -378,7 +393,7 @@ __device__ __forceinline__ void d_put_du(const ddev &d, int64_t q, int64_t j, fl
 
 /* Dense step 4: du, and the row's loss. */
 __global__ void __launch_bounds__(DTHREADS) k_dense_du(ddev d, int64_t c0, int grads) {
-    const int64_t q = blockIdx.x, i = c0 + q, V = d.V;
+    const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
     if (threadIdx.x == 0) d.lrows[i] = d.act[i] ? d.part[q * 2] : 0.0;
     if (!grads) return;
     if (!d.act[i]) {
@@ -397,7 +412,7 @@ __global__ void __launch_bounds__(DTHREADS) k_dense_du(ddev d, int64_t c0, int g
 /* Sparse steps 3-4: the bins from the combined record (thread 0), the loss, du. */
 __global__ void __launch_bounds__(DTHREADS) k_sparse(ddev d, int64_t c0, int grads) {
     __shared__ double r[5]; /* lse, lqr, S, ar, tail */
-    const int64_t q = blockIdx.x, i = c0 + q, V = d.V, K = d.K;
+    const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V, K = d.K;
     const double *o = d.rec + q * d.rw;
     float *sav = d.sav + q * K;
     if (!d.act[i]) {
@@ -461,7 +476,7 @@ __global__ void k_dh_store(ddev d, int64_t c0, int64_t nr) {
     const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (e >= nr * d.H) return;
     const int64_t q = e / d.H, k = e % d.H;
-    d_store(d.dhidden, d.dh_kind, (c0 + q) * d.ld_dh + k, d.dhc[e], d.acc_dh);
+    d_store(d.dhidden, d.dh_kind, d_row(d, c0, q) * d.ld_dh + k, d.dhc[e], d.acc_dh);
 }
 
 __global__ void k_dw_store(ddev d) {
@@ -503,6 +518,7 @@ typedef struct drun {
     cudaStream_t st;
     cublasComputeType_t ct, ctt;
     char *hc, *htc; /* the chunk's rows, compact */
+    int64_t n_list;  /* rows the chunks cover: the spans' rows, or N */
 } drun;
 
 /* C (nr, V) row-major f32 = X (nr, k; row stride ldx) . W (V, k; row stride ldw)^T. */
@@ -593,6 +609,23 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     d.lrows = (double *)(b + r->L.o_lrows);
     d.nf = cs->nf;
     d.cnt = (long long *)(b + r->L.o_cnt);
+    /* the rows the chunks cover: with spans (host) only theirs, listed on the host and copied
+     * up (pageable: staged before the call returns); else every row */
+    r->n_list = hp->N;
+    if (hp->spans && hp->N > 0) {
+        int64_t *h = (int64_t *)sph_malloc((size_t)hp->N * 8), n = 0;
+        SPH_CHECK(h != NULL, SPH_ERR_ALLOC, "distill: out of host memory (N = %lld)",
+                  (long long)hp->N);
+        for (int64_t s = 0; s < hp->n_spans; s++)
+            for (int64_t i = hp->spans[2 * s]; i < hp->spans[2 * s + 1]; i++) h[n++] = i;
+        cudaError_t e = cudaSuccess;
+        if (n > 0)
+            e = cudaMemcpyAsync(b + r->L.o_rows, h, (size_t)n * 8, cudaMemcpyHostToDevice, r->st);
+        sph_free(h);
+        SPH_CUDA_RET(e);
+        r->n_list = n;
+        d.rows = (const int64_t *)(b + r->L.o_rows);
+    }
     /* the active flags: the mask, the spans (host, copied), or all rows */
     uint8_t *act = (uint8_t *)(b + r->L.o_act);
     if (hp->N > 0) {
@@ -615,6 +648,10 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     SPH_LAUNCH_CHECK("k_count", r->st);
     if (hp->dweight)
         SPH_CUDA_RET(cudaMemsetAsync(d.dw32, 0, (size_t)(hp->V_loc * hp->H) * 4, r->st));
+    if (d.rows && hp->dhidden && !hp->acc_dh && hp->N * hp->H > 0) { /* rows outside the list */
+        k_dh_zero<<<(unsigned)((hp->N * hp->H + 255) / 256), 256, 0, r->st>>>(d);
+        SPH_LAUNCH_CHECK("k_dh_zero", r->st);
+    }
     return SPH_OK;
 }
 
@@ -627,18 +664,18 @@ extern "C" sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan
     char *b = (char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255) - 256;
     double *gath = (double *)(b + r.L.o_gath), *gath2 = (double *)(b + r.L.o_gath2);
     const size_t es = hp->dtype.bits / 8, tes = dp->dense ? dp->tdtype.bits / 8 : 0;
-    for (int64_t c0 = 0; c0 < hp->N; c0 += r.L.R) {
-        const int64_t nr = hp->N - c0 < r.L.R ? hp->N - c0 : r.L.R;
+    for (int64_t c0 = 0; c0 < r.n_list; c0 += r.L.R) {
+        const int64_t nr = r.n_list - c0 < r.L.R ? r.n_list - c0 : r.L.R;
         int64_t n = nr * hp->H;
         k_gather<<<(unsigned)((n + 255) / 256), 256, 0, r.st>>>(
-            r.hc, (const char *)hp->hidden, hp->ld_h, hp->H, (int)es, r.d.act, c0, nr);
+            r.hc, (const char *)hp->hidden, hp->ld_h, hp->H, (int)es, r.d, c0, nr);
         SPH_LAUNCH_CHECK("k_gather", r.st);
         SPH_TRY(gemm_logits(&r, r.hc, hp->H, hp->weight, hp->ld_w, hp->H, hp->dtype, nr, r.d.zs,
                             r.ct));
         if (dp->dense) {
             n = nr * dp->HT;
             k_gather<<<(unsigned)((n + 255) / 256), 256, 0, r.st>>>(
-                r.htc, (const char *)dp->th, dp->ld_th, dp->HT, (int)tes, r.d.act, c0, nr);
+                r.htc, (const char *)dp->th, dp->ld_th, dp->HT, (int)tes, r.d, c0, nr);
             SPH_LAUNCH_CHECK("k_gather", r.st);
             SPH_TRY(gemm_logits(&r, r.htc, dp->HT, dp->tw, dp->ld_tw, dp->HT, dp->tdtype, nr,
                                 r.d.zt, r.ctt));
