@@ -9,8 +9,8 @@
  * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
  * mask.npy (N) u1/b1 (optional: all rows), and the teacher: teacher_hidden.npy (N, H_T) +
  * teacher_weight.npy (V, H_T) (the student's dtype rules), or teacher_topk_ids.npy (N, K) int +
- * teacher_topk_logprobs.npy (N, K) f4 (f8 converted). One process: a TP group under mpirun is
- * not served by this runner (refused with a message).
+ * teacher_topk_logprobs.npy (N, K) f4 (f8 converted). Under mpirun (or with --tp),
+ * run_distill_dist.c takes over: the world is one TP group of vocabulary shards.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,20 +29,13 @@
 
 #define CMD "run"
 
-typedef struct dst_opts {
-    int device, dtype, kind, red, check, json, dtype_given;
-    const char *inputs, *outputs, *kernel;
-    int64_t threads, repeats, tp;
-    double beta, tt, temperature, softcap;
-} dst_opts;
-
 static const char *const k_devices[] = {"cpu", "cuda", NULL};
 static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_kinds[] = {"forward-kl", "reverse-kl", "jsd", NULL};
 static const char *const k_reds[] = {"mean", "sum", "none", NULL};
 
 #define O(f) offsetof(dst_opts, f)
-static const sph_cli_opt k_opts[] = {
+const sph_cli_opt sph_cli_distill_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "hidden weight .npy, mask.npy where present, and teacher_hidden +\n"
      "teacher_weight .npy or teacher_topk_ids + teacher_topk_logprobs .npy"},
@@ -76,7 +69,7 @@ static const sph_cli_opt k_opts[] = {
     {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
      "print the result and the check as one JSON object"},
     {"--tp", "T", SPH_OPT_I64, O(tp), 1, 4096, 0, 0, NULL, 0,
-     "not available with --distill yet (one process)"},
+     "under mpirun: vocabulary shards (the world is one TP group)"},
     {NULL}};
 #undef O
 
@@ -88,6 +81,10 @@ static const char k_about[] =
     "distribution against a dense teacher head or the teacher's sparse top-k log-probs, and\n"
     "dhidden, dweight, in one call of the LM head (docs/distill.md).";
 
+void dst_usage(FILE *f) {
+    sph_cli_usage(f, k_synopsis, k_about, sph_cli_distill_opts, SPH_CLI_EXIT_STATUS);
+}
+
 int sph_cli_run_wants_distill(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strncmp(argv[i], "--distill", 9) && (argv[i][9] == 0 || argv[i][9] == '='))
@@ -97,16 +94,7 @@ int sph_cli_run_wants_distill(int argc, char **argv) {
 
 // ---- inputs ---------------------------------------------------------------------------------
 
-typedef struct dst_problem {
-    int64_t N, H, V, HT, K;
-    int bits, is_bf16, tbits, dense;
-    void *h, *w, *th, *tw; /* input dtype */
-    uint8_t *mask;
-    int64_t *ids;
-    float *lp;
-} dst_problem;
-
-static void problem_free(dst_problem *p) {
+void dst_problem_free(dst_problem *p) {
     free(p->h), free(p->w), free(p->th), free(p->tw), free(p->mask), free(p->ids), free(p->lp);
     memset(p, 0, sizeof *p);
 }
@@ -155,7 +143,7 @@ static int float_matrix(const dst_opts *o, const char *name, npy_array *a, int64
     return 0;
 }
 
-static int problem_read(const dst_opts *o, dst_problem *p) {
+int dst_problem_read(const dst_opts *o, dst_problem *p) {
     memset(p, 0, sizeof *p);
     npy_array a[6];
     memset(a, 0, sizeof a);
@@ -237,33 +225,28 @@ static int problem_read(const dst_opts *o, dst_problem *p) {
     rc = 0;
 done:
     for (int k = 0; k < 6; k++) npy_free(&a[k]);
-    if (rc) problem_free(p);
+    if (rc) dst_problem_free(p);
     return rc;
 }
 
 // ---- one run --------------------------------------------------------------------------------
 
-typedef struct dst_result {
-    float *loss, *dh, *dw; /* (1 or N), (N, H), (V, H) */
-    double ms;
-    size_t ws_bytes;
-    char describe[256];
-} dst_result;
-
-static void result_free(dst_result *r) {
+void dst_result_free(dst_result *r) {
     free(r->loss), free(r->dh), free(r->dw);
     memset(r, 0, sizeof *r);
 }
 
 enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_LOSS, B_DH, B_DW, B_COUNT };
 
-static int run_once(const dst_opts *o, const dst_problem *p, int on_cuda, const char *kernel,
-                    int64_t threads, int reps, dst_result *r) {
+int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_result *r) {
     memset(r, 0, sizeof *r);
+    const int on_cuda = wh->on_cuda, reps = wh->reps;
+    const char *kernel = wh->kernel;
     sph_ctx_opts co = SPH_CTX_OPTS_INIT;
     co.device.type = on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
-    co.num_threads = (int)threads;
+    co.num_threads = (int)wh->threads;
     co.force_kernel = kernel;
+    co.tp_comm = wh->tp;
     sph_ctx_t ctx = NULL;
     void *buf[B_COUNT] = {0}, *ws = NULL;
     int64_t sh[B_COUNT][2];
@@ -272,7 +255,9 @@ static int run_once(const dst_opts *o, const dst_problem *p, int on_cuda, const 
     int rc = 1;
     sph_status s = sph_ctx_create(&ctx, &co);
     if (s) goto fail;
-    const int64_t N = p->N, H = p->H, V = p->V, HT = p->HT, K = p->K;
+    /* the rank's vocabulary rows [v0, v0 + V) of the problem's (all of them unsharded) */
+    const int64_t N = p->N, H = p->H, HT = p->HT, K = p->K, v0 = wh->v0;
+    const int64_t V = wh->V_loc ? wh->V_loc : p->V;
     const int64_t NL = o->red == 2 ? N : 1;
     const size_t es = (size_t)p->bits / 8;
     const sph_dtype in = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
@@ -283,9 +268,11 @@ static int run_once(const dst_opts *o, const dst_problem *p, int on_cuda, const 
         int64_t n0, n1;
         sph_dtype dt;
     } spec[B_COUNT] = {
-        {p->h, (size_t)(N * H) * es, 2, N, H, in},     {p->w, (size_t)(V * H) * es, 2, V, H, in},
+        {p->h, (size_t)(N * H) * es, 2, N, H, in},
+        {(const char *)p->w + (size_t)(v0 * H) * es, (size_t)(V * H) * es, 2, V, H, in},
         {p->mask, (size_t)N, 1, N, 0, SPH_U8},         {p->th, (size_t)(N * HT) * es, 2, N, HT, in},
-        {p->tw, (size_t)(V * HT) * es, 2, V, HT, in},  {p->ids, (size_t)(N * K) * 8, 2, N, K, SPH_I64},
+        {p->tw ? (const char *)p->tw + (size_t)(v0 * HT) * es : NULL, (size_t)(V * HT) * es, 2, V,
+         HT, in},  {p->ids, (size_t)(N * K) * 8, 2, N, K, SPH_I64},
         {p->lp, (size_t)(N * K) * 4, 2, N, K, SPH_F32}, {NULL, (size_t)NL * 4, 1, NL, 0, SPH_F32},
         {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32}, {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32}};
     const int is_out[B_COUNT] = {[B_LOSS] = 1, [B_DH] = 1, [B_DW] = 1};
@@ -302,6 +289,8 @@ static int run_once(const dst_opts *o, const dst_problem *p, int on_cuda, const 
     a.hidden = T(B_H), a.weight = T(B_W), a.active_mask = T(B_MASK);
     a.temperature = o->temperature, a.softcap = o->softcap;
     a.dhidden = T(B_DH), a.dweight = T(B_DW);
+    a.vocab_start = v0, a.vocab_total = wh->tp ? p->V : 0;
+    a.allreduce_dhidden = wh->tp != NULL; /* dhidden of the replicated rows: every shard's */
     sph_distill_args d = SPH_DISTILL_ARGS_INIT;
     d.kind = (sph_distill_kind)o->kind, d.beta = o->beta, d.teacher_temperature = o->tt;
     d.reduction = (sph_reduction)o->red;
@@ -346,13 +335,13 @@ done:
     for (int k = 0; k < B_COUNT; k++) sph_ctx_free(ctx, buf[k]);
     sph_ctx_free(ctx, ws);
     sph_ctx_destroy(ctx);
-    if (rc) result_free(r);
+    if (rc) dst_result_free(r);
     return rc;
 }
 
 // ---- check, outputs, report -----------------------------------------------------------------
 
-static double rel(const float *got, const float *ref, int64_t n, double floor) {
+double dst_rel(const float *got, const float *ref, int64_t n, double floor) {
     double md = 0, mr = floor;
     for (int64_t k = 0; k < n; k++) {
         const double d = fabs((double)got[k] - (double)ref[k]);
@@ -389,9 +378,9 @@ static char *loss_json(const dst_opts *o, const dst_problem *p, const float *los
     return s;
 }
 
-static const char *const k_out_files[] = {"loss.json", "dhidden.npy", "dweight.npy", NULL};
+const char *const dst_out_files[] = {"loss.json", "dhidden.npy", "dweight.npy", NULL};
 
-static int write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *p,
+int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *p,
                          const dst_result *r) {
     sph_cli_outset s = *os;
     memset(os, 0, sizeof *os);
@@ -412,7 +401,7 @@ static int write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_proble
     return 0;
 }
 
-static void report(const dst_opts *o, const dst_problem *p, const dst_result *r, int checked,
+void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, int checked,
                    int passed, const double err[3], double tol) {
     int64_t act = 0;
     for (int64_t i = 0; i < p->N; i++) act += !p->mask || p->mask[i];
@@ -457,44 +446,55 @@ int sph_cli_run_distill(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.beta = 0.5, o.temperature = 1.0, o.repeats = 1, o.tp = 1;
     sph_cli_parsed pp = {0};
+    int rc;
+    /* under mpirun (or with --tp) every verdict, a usage error or --help included, goes to
+     * the ranks' agreement instead of ending this rank alone */
+    if (sph_cli_run_wants_dist(argc, argv)) {
+        char msg[480] = "";
+        rc = sph_cli_parse(sph_cli_distill_opts, argc, argv, &o, &pp, msg, sizeof msg);
+        if (rc == 0) {
+            o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
+            if (!o.inputs) rc = 2 * sph_cli_err(msg, sizeof msg, "--distill needs --inputs DIR");
+        }
+        return sph_cli_run_distill_dist(&o, rc, msg, argc, argv);
+    }
     int done;
-    int rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, k_opts, argc, argv, &o, &pp, &done);
+    rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_distill_opts, argc, argv, &o,
+                               &pp, &done);
     if (done) return rc;
-    o.dtype_given = sph_cli_given(k_opts, &pp, "--dtype");
+    o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
     if (!o.inputs) return sph_cli_fail(CMD, 2, "--distill needs --inputs DIR (see --help)");
-    if (o.tp > 1 || sph_cli_run_wants_dist(argc, argv))
-        return sph_cli_fail(CMD, 2, "--distill: tensor parallelism (--tp, mpirun) is not served "
-                                    "by the CLI yet; the library's sph_distill_loss takes a "
-                                    "tp_comm (docs/distill.md)");
     dst_problem p;
     dst_result r, ref;
     sph_cli_outset os;
     memset(&r, 0, sizeof r), memset(&ref, 0, sizeof ref), memset(&os, 0, sizeof os);
-    if ((rc = problem_read(&o, &p))) goto out;
-    if (o.outputs && sph_cli_outset_begin(&os, o.outputs, k_out_files)) {
+    if ((rc = dst_problem_read(&o, &p))) goto out;
+    if (o.outputs && sph_cli_outset_begin(&os, o.outputs, dst_out_files)) {
         rc = sph_cli_fail(CMD, 1, "%s", os.err);
         goto out;
     }
     const int on_cuda = o.device == 1;
-    if ((rc = run_once(&o, &p, on_cuda, o.kernel, o.threads, (int)o.repeats, &r))) goto out;
+    dst_where w = {on_cuda, o.kernel, o.threads, (int)o.repeats, NULL, 0, 0};
+    if ((rc = dst_run(&o, &p, &w, &r))) goto out;
     double err[3] = {0}, tol = 0;
     int passed = 1;
     if (o.check) {
-        if ((rc = run_once(&o, &p, 0, "ref", 1, 0, &ref))) goto out;
+        dst_where wr = {0, "ref", 1, 0, NULL, 0, 0};
+        if ((rc = dst_run(&o, &p, &wr, &ref))) goto out;
         /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
         tol = p.bits == 32 ? 1e-4 : (on_cuda ? 2e-2 : 1e-4);
-        err[0] = rel(r.loss, ref.loss, o.red == 2 ? p.N : 1, 1e-6);
-        err[1] = rel(r.dh, ref.dh, p.N * p.H, 1e-30);
-        err[2] = rel(r.dw, ref.dw, p.V * p.H, 1e-30);
+        err[0] = dst_rel(r.loss, ref.loss, o.red == 2 ? p.N : 1, 1e-6);
+        err[1] = dst_rel(r.dh, ref.dh, p.N * p.H, 1e-30);
+        err[2] = dst_rel(r.dw, ref.dw, p.V * p.H, 1e-30);
         passed = err[0] <= tol && err[1] <= tol && err[2] <= tol;
     }
-    report(&o, &p, &r, o.check, passed, err, tol);
+    dst_report(&o, &p, &r, o.check, passed, err, tol);
     rc = passed ? 0 : 1;
-    if (!rc && o.outputs) rc = write_outputs(&os, &o, &p, &r);
+    if (!rc && o.outputs) rc = dst_write_outputs(&os, &o, &p, &r);
     if (!rc && !o.json && o.outputs) printf("  outputs written to %s\n", o.outputs);
 out:
     sph_cli_outset_abort(&os);
-    problem_free(&p);
-    result_free(&r), result_free(&ref);
+    dst_problem_free(&p);
+    dst_result_free(&r), dst_result_free(&ref);
     return sph_cli_close_stdout(CMD, rc);
 }

@@ -73,7 +73,7 @@ expect_rc 1 "distill.beta: 1.5" -- "$cli" run --distill jsd --beta 1.5 --inputs 
 expect_rc 1 "teacher_temperature" -- "$cli" run --distill forward-kl --teacher-temperature -1 --inputs "$tmp/dense" --outputs "$tmp/keep"
 expect_rc 2 "needs --inputs" -- "$cli" run --distill jsd
 expect_rc 2 "" -- "$cli" run --distill kl --inputs "$tmp/dense"
-expect_rc 2 "tensor parallelism" -- "$cli" run --distill jsd --tp 2 --inputs "$tmp/dense"
+expect_rc 2 "needs 2 ranks" -- "$cli" run --distill jsd --tp 2 --inputs "$tmp/dense"
 cp -r "$tmp/sparse" "$tmp/badids"
 python3 -c "import numpy as np; a=np.load('$tmp/badids/teacher_topk_ids.npy'); a[0,1]=a[0,0]; np.save('$tmp/badids/teacher_topk_ids.npy', a)"
 python3 -c "import numpy as np; m=np.load('$tmp/badids/mask.npy'); m[0]=1; np.save('$tmp/badids/mask.npy', m)"
