@@ -146,10 +146,11 @@ SPH_API const char *sph_version(void);
  *   last call (and resets). Inactive rows are never read for this.
  *
  * Aliasing. An output (per-row outputs and stats in the forward, dhidden, dweight, the policy
- * loss's metrics, and the bytes of the caller's workspace the call uses) may overlap no input
- * and no other output, byte range against byte range (from shapes and strides; the policy
- * loss's per-row inputs and spans are inputs too): SPH_ERR_INVALID_ARG naming both, before
- * any byte is written. Inputs may share memory.
+ * loss's metrics, the distillation loss's loss, and the bytes of the caller's workspace the
+ * call uses) may overlap no input and no other output, byte range against byte range (from
+ * shapes and strides; the policy loss's per-row inputs, the distillation loss's teacher
+ * tensors and dloss, and spans are inputs too): SPH_ERR_INVALID_ARG naming both, before any
+ * byte is written. Inputs may share memory.
  *
  * Strides. Every tensor, input or output, is validated alike: inner stride 1, outer strides
  * covering a whole row (rows never overlap), the offset of the last element and its byte
