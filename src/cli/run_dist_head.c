@@ -118,8 +118,9 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
     void *h_h = NULL;
     int64_t *t_h = NULL, *c_h = NULL, *spans = NULL;
     uint8_t *m_h = NULL;
-    float *up_h[NF] = {NULL};
+    float *up_h[NF] = {NULL}, *tp_h = NULL;
     void *h_d = NULL, *t_d = NULL, *c_d = NULL, *m_d = NULL, *st_d = NULL, *dh_d = NULL;
+    void *tp_d = NULL;
     void *up_d[NF] = {NULL}, *row_d[NF] = {NULL};
 
     int all = 1;
@@ -150,6 +151,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         spans = sph_cli_calloc((2 * ((n + 1) / 2) + 2), sizeof(int64_t));
         all = 1;
         for (int f = 0; f < nf; f++) all &= (up_h[f] = sph_cli_calloc(n, sizeof(float))) != 0;
+        if (b->temp) all &= (tp_h = sph_cli_calloc(n, sizeof(float))) != 0;
         if (!h_h || !t_h || (K && !c_h) || !m_h || !all || !spans) {
             dist_fail("out of host memory for a bin of %lld rows", (long long)n);
             goto done;
@@ -167,6 +169,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             for (int64_t j = 0; j < K; j++) c_h[i * K + j] = g >= 0 ? b->cand[g * K + j] : -1;
             m_h[i] = g >= 0 ? b->mask[g] : 0;
             for (int f = 0; f < nf; f++) up_h[f][i] = g >= 0 ? b->up[f][g] : 0.0f;
+            if (tp_h) tp_h[i] = g >= 0 ? b->temp[g] : 1.0f; /* padding: a valid 1 */
         }
         int64_t n_spans = 0;
         if (b->masked && sph_spans_from_mask(m_h, n, gap, spans, &n_spans)) {
@@ -178,7 +181,8 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             (K && !dput(d, c_h, (size_t)(n * K) * sizeof(int64_t), &c_d)) ||
             !dput(d, m_h, (size_t)n, &m_d) ||
             !dput(d, NULL, (size_t)n * 3 * sizeof(float), &st_d) ||
-            !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d))
+            !dput(d, NULL, (size_t)(n * H) * sizeof(float), &dh_d) ||
+            (tp_h && !dput(d, tp_h, (size_t)n * sizeof(float), &tp_d)))
             goto done;
         for (int f = 0; f < nf; f++)
             if (!dput(d, up_h[f], (size_t)n * sizeof(float), &up_d[f]) ||
@@ -191,7 +195,8 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
                    tt = tens(t_d, SPH_I64, 1, s_n, cuda), tc = tens(c_d, SPH_I64, 2, s_c, cuda),
                    tm = tens(m_d, SPH_U8, 1, s_n, cuda), tst = tens(st_d, SPH_F32, 2, s_st, cuda),
                    tdh = tens(dh_d, SPH_F32, 2, s_h, cuda),
-                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF];
+                   tdw = tens(dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF],
+                   ttp = tens(tp_d, SPH_F32, 1, s_n, cuda);
         for (int f = 0; f < nf; f++) {
             tup[f] = tens(up_d[f], SPH_F32, 1, s_n, cuda);
             trow[f] = tens(row_d[f], SPH_F32, 1, s_n, cuda);
@@ -204,6 +209,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
         a.vocab_start = v0;
         a.vocab_total = b->V;
         a.temperature = b->temperature;
+        a.temperature_rows = tp_h ? &ttp : NULL;
         if (b->masked) {
             a.active_mask = &tm;
             a.spans = spans;
@@ -270,7 +276,7 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             sph_ctx_free(d->io, dwt);
             if (!bok) goto done;
         }
-        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d};
+        void **bufs[] = {&h_d, &t_d, &c_d, &m_d, &st_d, &dh_d, &tp_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) {
             sph_ctx_free(d->io, *bufs[k]);
             *bufs[k] = NULL;
@@ -282,14 +288,14 @@ int dist_run_head(sph_ctx_t ctx, const dev *d, const batch *b, const int64_t *gr
             up_d[f] = row_d[f] = NULL;
             up_h[f] = NULL;
         }
-        free(h_h), free(t_h), free(c_h), free(m_h), free(spans);
-        h_h = NULL, t_h = NULL, c_h = NULL, m_h = NULL, spans = NULL;
+        free(h_h), free(t_h), free(c_h), free(m_h), free(spans), free(tp_h);
+        h_h = NULL, t_h = NULL, c_h = NULL, m_h = NULL, spans = NULL, tp_h = NULL;
     }
     if (!dget(d, out->dweight, dw_d, (size_t)(V_loc * H) * sizeof(float))) goto done;
     ok = 1;
 done:
     {
-        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws};
+        void *bufs[] = {h_d, t_d, c_d, m_d, st_d, dh_d, w_d, dw_d, ws, tp_d};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
         for (int f = 0; f < NF; f++) {
             sph_ctx_free(d->io, up_d[f]);
@@ -298,7 +304,7 @@ done:
         }
     }
     free(w_h);
-    free(h_h), free(t_h), free(c_h), free(m_h), free(spans);
+    free(h_h), free(t_h), free(c_h), free(m_h), free(spans), free(tp_h);
     if (!ok) dist_result_free(out);
     return ok;
 }

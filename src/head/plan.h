@@ -38,6 +38,11 @@ struct sph_head_plan {
     const void *targets; int tgt_i64;    /* (N) or NULL */
     const void *cand;    int cand_i64; int64_t ld_c; /* (N, K) or NULL */
     double temperature, softcap;
+    const float *temp_rows;              /* (N) or NULL: row i's temperature T_i instead of
+                                            temperature (each T_i passes the scalar's rule,
+                                            sph_check_float_scalar: checked for every row on
+                                            host plans; device kernels turn a bad one into a
+                                            non-finite row, docs/head.md); temperature is 1 */
     const uint8_t *mask;                 /* (N) or NULL = every row active */
     const int64_t *spans; int64_t n_spans; /* host, validated: ordered, in range, cover mask;
                                               NULL = derive from mask or dense */
@@ -86,6 +91,16 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
  * duplicates and holding the row's target. sph_head_plan_make runs it on host plans; the
  * staged reference (head_ref_stage.c) on its host copies of device data. */
 sph_status sph_head_plan_check_data(const sph_head_plan *p);
+
+/* Row i's temperature and the float 1/T the kernels multiply by (z = u * float(1 / T_i)):
+ * the per-row value when temp_rows is given, else the scalar. Host code on plans whose
+ * temp_rows is host memory (the reference, the CPU backend, the distillation loss). */
+static inline double sph_plan_row_temperature(const sph_head_plan *p, int64_t i) {
+    return p->temp_rows ? (double)p->temp_rows[i] : p->temperature;
+}
+static inline float sph_plan_row_inv_t(const sph_head_plan *p, int64_t i) {
+    return (float)(1.0 / sph_plan_row_temperature(p, i));
+}
 
 /* Host helpers on a plan whose mask is host memory (plan.c): active[i] = 1 if row i is
  * active (mask, else spans, else all); the count of active rows. */
