@@ -879,7 +879,7 @@ SPH_API sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
  *       head");
  *   dense teacher (teacher_hidden (N, H_T), teacher_weight (V_loc, H_T), the student's
  *       vocabulary shard): P = softmax(teacher_hidden . teacher_weight^T / T_T), T_T =
- *       teacher_temperature or temperature; no softcap on the teacher;
+ *       teacher_temperature or the row's student temperature; no softcap on the teacher;
  *   sparse teacher (teacher_topk_ids (N, K) global ids, -1 = padding; teacher_topk_logprobs
  *       (N, K) = log P on those ids): the bins are the K ids and one tail bin of the rest of
  *       the vocabulary, P_r = max(0, 1 - sum_k P_k), Q_r = sum of q over the tail columns.
@@ -943,10 +943,10 @@ SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head
                                                    size_t *bytes);
 
 /* The distillation loss above in one call. head: hidden, weight, active_mask / spans, vocab
- * shard, temperature, softcap, dhidden / dweight with accumulate / allreduce as in
- * sph_head_forward (neither: the loss only); targets, candidates, the per-row outputs, stats,
- * sum_p2, top-k, upstream gradients are refused (SPH_ERR_INVALID_ARG), temperature_rows too
- * (SPH_ERR_UNSUPPORTED, for now). TP: every rank of tp_comm passes its vocabulary shard of
+ * shard, temperature or temperature_rows (row i's student temperature; the dense teacher's
+ * too unless teacher_temperature is given), softcap, dhidden / dweight with accumulate /
+ * allreduce as in sph_head_forward (neither: the loss only); targets, candidates, the per-row
+ * outputs, stats, sum_p2, top-k, upstream gradients are refused (SPH_ERR_INVALID_ARG). TP: every rank of tp_comm passes its vocabulary shard of
  * weight and teacher_weight (the same shard) and the same rows; every rank gets the same
  * loss; dweight is the rank's shard, dhidden its partial unless allreduce_dhidden. Errors
  * (nothing is written): SPH_ERR_INVALID_ARG for a kind, reduction or beta out of its domain,

@@ -9,14 +9,14 @@
 
 enum {
     D_HIDDEN, D_WEIGHT, D_MASK, D_DHIDDEN, D_DWEIGHT, D_TH, D_TW, D_IDS, D_LP, D_DLOSS, D_LOSS,
-    D_COUNT
+    D_TROWS, D_COUNT
 };
 static const char *const names[D_COUNT] = {
     "hidden", "weight", "loss_mask", "dhidden", "dweight", "teacher_hidden", "teacher_weight",
-    "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss"};
+    "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss", "temperature_rows"};
 static int is_output(int i) { return i == D_DHIDDEN || i == D_DWEIGHT || i == D_LOSS; }
 
-/* distill_loss(ctx, tensors: tuple of 11, spans, workspace_alloc, vocab_start, vocab_total,
+/* distill_loss(ctx, tensors: tuple of 12, spans, workspace_alloc, vocab_start, vocab_total,
  *              temperature, softcap, acc_dh, acc_dw, allreduce_dh,
  *              (kind, beta, teacher_temperature, reduction)) -> workspace bytes used */
 PyObject *py_distill_loss(PyObject *self, PyObject *args) {
@@ -83,6 +83,7 @@ PyObject *py_distill_loss(PyObject *self, PyObject *args) {
     d.teacher_topk_logprobs = T(D_LP);
     d.dloss = T(D_DLOSS);
     d.loss = T(D_LOSS);
+    a.temperature_rows = T(D_TROWS);
 #undef T
     a.vocab_start = v0;
     a.vocab_total = vt;

@@ -31,7 +31,10 @@ def _terms(kind: str, beta: float, lq: torch.Tensor, lp: torch.Tensor) -> torch.
 def distill_rows(hidden, weight, *, teacher_hidden=None, teacher_weight=None,
                  teacher_topk_ids=None, teacher_topk_logprobs=None, kind="forward_kl",
                  beta=0.5, temperature=1.0, teacher_temperature=None, softcap=0.0):
-    """Per-row losses (N,) of 2-d inputs (every row), differentiable to hidden / weight."""
+    """Per-row losses (N,) of 2-d inputs (every row), differentiable to hidden / weight.
+    temperature: a number or an (N,) tensor of per-row temperatures."""
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(hidden.dtype).reshape(-1, 1)
     u = hidden @ weight.T
     if softcap:
         u = softcap * torch.tanh(u / softcap)
@@ -72,8 +75,9 @@ def distill_eager(hidden, weight, *, loss_mask=None, reduction="mean", chunk_row
     parts = []
     for c0 in range(0, N, R):
         sl = slice(c0, c0 + R)
-        t = {k: (v[sl] if k in ("teacher_hidden", "teacher_topk_ids", "teacher_topk_logprobs")
-                 and v is not None else v) for k, v in kw.items()}
+        rowwise = ("teacher_hidden", "teacher_topk_ids", "teacher_topk_logprobs", "temperature")
+        t = {k: (v[sl] if k in rowwise and isinstance(v, torch.Tensor) else v)
+             for k, v in kw.items()}
         parts.append(distill_rows(hidden[sl], weight, **t))
     rows = torch.cat(parts) if len(parts) > 1 else parts[0]
     rows = torch.where(act, rows, torch.zeros_like(rows))

@@ -35,10 +35,10 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
                     spans: Optional[torch.Tensor], th: Optional[torch.Tensor],
                     tw: Optional[torch.Tensor], ids: Optional[torch.Tensor],
                     lp: Optional[torch.Tensor], dloss: Optional[torch.Tensor], fl: List[float],
-                    it: List[int], kernel: Optional[str],
-                    tune_cache: Optional[str]) -> List[torch.Tensor]:
+                    it: List[int], kernel: Optional[str], tune_cache: Optional[str],
+                    trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """(loss (0-d, or (N,) for reduction none), dhidden, dweight); the gradients are empty
-    when not needed."""
+    when not needed. trows: per-row temperatures (N,) float32 or None."""
     beta, tt, temperature, softcap = fl
     (kind, red, need_h, need_w, gap, vocab_start, vocab_total, reduce_dh, comm, threads,
      allow_tf32, batch_invariant, chunk_rows, chunk_bytes) = it
@@ -55,7 +55,8 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
     opts = _ops.Opts(threads, kernel, bool(allow_tf32), bool(batch_invariant), chunk_rows,
                      chunk_bytes, tune_cache)
     ctx = _ops.context_for(dev, _ops.comm_of(comm), **opts._asdict())
-    caps = tuple(_ops._cap(t) for t in (hidden, weight, m, dh, dw, th, tw, ids, lp, dloss, loss))
+    caps = tuple(_ops._cap(t) for t in (hidden, weight, m, dh, dw, th, tw, ids, lp, dloss, loss,
+                                        trows))
 
     def alloc(nbytes: int):
         return _ops._cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
@@ -80,7 +81,7 @@ def _distill_loss_fake(hidden, weight, mask, spans, th, tw, ids, lp, dloss, fl, 
             weight.new_empty(weight.shape if need_w else (0,))]
 
 
-_N_INPUTS = 13
+_N_INPUTS = 14
 
 
 def _setup(ctx, inputs, output):
@@ -93,6 +94,7 @@ def _setup(ctx, inputs, output):
     ctx.used = False
     if ctx.red == 2:  # the backward runs the call again with dloss = the incoming gradient
         ctx.args = inputs
+        ctx.trows = inputs[13] if len(inputs) > 13 else None
         ctx.save_for_backward(*[x for x in inputs[:9] if isinstance(x, torch.Tensor)])
         ctx.slots = [isinstance(x, torch.Tensor) for x in inputs[:9]]
     else:
@@ -119,7 +121,7 @@ def _backward(ctx, grads):
             return none
         out = distill_loss_op(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                               g_loss.detach().to(torch.float32).contiguous(), fl, it,
-                              ctx.args[11], ctx.args[12])
+                              ctx.args[11], ctx.args[12], ctx.trows)
         return (out[1] if want_h else None, out[2] if want_w else None) + none[2:]
     dh, dw = ctx.saved_tensors
     g = g_loss.reshape(())
@@ -172,8 +174,8 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
             a dense teacher (no gradient flows to it); or teacher_topk_ids (..., K) global ids
             (-1 padding) + teacher_topk_logprobs (..., K): a sparse teacher with a tail bin.
         loss_mask, spans: the active rows (as :func:`logprobs`).
-        temperature: the student's; teacher_temperature: the dense teacher's (None: the
-            student's).
+        temperature: the student's, a number or a tensor of hidden's leading shape (one per
+            row); teacher_temperature: the dense teacher's (None: the student's, row by row).
         reduction: "mean" over the active rows, "sum", or "none" (hidden's leading shape,
             0 on inactive rows; its backward is a second sweep).
         tp_group, vocab_start, vocab_total, context_options: as in :func:`logprobs`.
@@ -213,7 +215,7 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
           vocab_total, int(reduce_dh), comm, threads, int(allow_tf32), int(batch_invariant),
           chunk_rows, chunk_bytes]
     out = distill_loss_op(h2, p.weight, p.mask, p.spans, th, tw, ids, lp, None, fl, it, kernel,
-                          tune_cache)
+                          tune_cache, p.trows)
     loss = out[0]
     return loss.reshape(p.lead) if red == 2 else loss
 

@@ -27,7 +27,7 @@ from . import _spanhead as _ext
 from . import _tensors as T
 from ._errors import InvalidArgumentError
 from .head import Context, HeadResult, _check_devices, _current_stream, _grad_dtype, _out
-from .head import _rows_shape, _spans_array, default_context
+from .head import _rows_shape, _spans_array, _temperature, default_context
 from .policy import _name, _real
 
 KINDS = {"forward_kl": 0, "reverse_kl": 1, "jsd": 2}
@@ -66,6 +66,8 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
         teacher_hidden + teacher_weight (dense) or teacher_topk_ids + teacher_topk_logprobs
             (sparse; ids int64 or int32, log-probs float32): exactly one teacher.
         loss_mask: (N,) uint8/bool active rows; spans: host (n, 2) runs of active rows.
+        temperature: a number or an (N,) float32 array of per-row temperatures (the dense
+            teacher then takes row i's unless teacher_temperature is given).
         dloss: reduction "none" only: (N,) float32 upstream gradient of each row's loss (the
             gradients are then of sum_i dloss_i loss_i; None = 1).
         dhidden, dweight: True (allocate), False (skip) or a tensor.
@@ -82,7 +84,9 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
         teacher_topk_logprobs = np.ascontiguousarray(teacher_topk_logprobs, dtype=np.float32)
     if isinstance(dloss, np.ndarray) and dloss.dtype != np.float32:
         dloss = np.ascontiguousarray(dloss, dtype=np.float32)
-    _check_devices({"hidden": hidden, "weight": weight, "active_mask": loss_mask}, context)
+    temperature, trows = _temperature(temperature)
+    _check_devices({"hidden": hidden, "weight": weight, "active_mask": loss_mask,
+                    "temperature_rows": trows}, context)
     for k in ("dhidden", "dweight"):
         spec = locals()[k]
         if locals()[f"accumulate_{k}"] and (spec is True or spec is None or spec is False):
@@ -103,7 +107,8 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
              ("dhidden", res["dhidden"]), ("dweight", res["dweight"]),
              ("teacher_hidden", teacher_hidden), ("teacher_weight", teacher_weight),
              ("teacher_topk_ids", teacher_topk_ids),
-             ("teacher_topk_logprobs", teacher_topk_logprobs), ("dloss", dloss), ("loss", loss))
+             ("teacher_topk_logprobs", teacher_topk_logprobs), ("dloss", dloss), ("loss", loss),
+             ("temperature_rows", trows))
     caps = tuple(T.export(x, name, s) for name, x in order)
     sp = _spans_array(spans)
     res["workspace_bytes"] = _ext.distill_loss(

@@ -155,3 +155,37 @@ def test_torch_compile_fullgraph(rng):
         out[name] = (loss.detach(), H.grad, W.grad)
     for a, b in zip(out["eager"], out["compiled"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_per_row_temperature(rng, dense):
+    h, w, mask, teacher = case(rng, dense=dense)
+    T = torch.tensor(rng.uniform(0.5, 2.0, h.shape[0]), dtype=torch.float32)
+    H = torch.tensor(h, requires_grad=True)
+    W = torch.tensor(w, requires_grad=True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                          temperature=T, **tt)
+    got.backward()
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    want = distill_eager(H64, W64, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                         temperature=T.double(), **{k: t64(v) for k, v in teacher.items()})
+    want.backward()
+    assert abs(got.item() - want.item()) <= 2e-5 * abs(want.item()) + 1e-7
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4,
+                                   atol=2e-5 * b.abs().max().item())
+    # the scalar path of the same temperature everywhere is the per-row path's
+    one = st.distill_loss(H.detach(), W.detach(), kind="jsd", beta=0.3,
+                          temperature=torch.full((h.shape[0],), 1.3), **tt)
+    sc = st.distill_loss(H.detach(), W.detach(), kind="jsd", beta=0.3, temperature=1.3, **tt)
+    assert abs(one.item() - sc.item()) <= 1e-6 * abs(sc.item())
+    # NumPy entry point with a per-row array
+    res = spanhead.distill_loss(h, w, loss_mask=mask, kind="jsd", beta=0.3,
+                                temperature=T.numpy(), **teacher)
+    assert abs(res.loss - want.item()) <= 2e-5 * abs(want.item()) + 1e-7
+    with pytest.raises(spanhead.InvalidArgumentError, match="temperature_rows"):
+        bad = T.clone()
+        bad[0] = -1.0
+        st.distill_loss(H.detach(), W.detach(), kind="jsd", temperature=bad, **tt)

@@ -7,7 +7,8 @@
  * (after the check passed), through the staged output set (outset.c).
  *
  * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
- * mask.npy (N) u1/b1 (optional: all rows), and the teacher: teacher_hidden.npy (N, H_T) +
+ * mask.npy (N) u1/b1 (optional: all rows), temperature.npy (N) f4 (optional: one temperature
+ * per row instead of --temperature), and the teacher: teacher_hidden.npy (N, H_T) +
  * teacher_weight.npy (V, H_T) (the student's dtype rules), or teacher_topk_ids.npy (N, K) int +
  * teacher_topk_logprobs.npy (N, K) f4 (f8 converted). Under mpirun (or with --tp),
  * run_distill_dist.c takes over: the world is one TP group of vocabulary shards.
@@ -37,7 +38,7 @@ static const char *const k_reds[] = {"mean", "sum", "none", NULL};
 #define O(f) offsetof(dst_opts, f)
 const sph_cli_opt sph_cli_distill_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
-     "hidden weight .npy, mask.npy where present, and teacher_hidden +\n"
+     "hidden weight .npy, mask temperature .npy where present, and teacher_hidden +\n"
      "teacher_weight .npy or teacher_topk_ids + teacher_topk_logprobs .npy"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write loss.json, dhidden.npy, dweight.npy: all of them after the run\n"
@@ -96,6 +97,7 @@ int sph_cli_run_wants_distill(int argc, char **argv) {
 
 void dst_problem_free(dst_problem *p) {
     free(p->h), free(p->w), free(p->th), free(p->tw), free(p->mask), free(p->ids), free(p->lp);
+    free(p->trows);
     memset(p, 0, sizeof *p);
 }
 
@@ -222,6 +224,31 @@ int dst_problem_read(const dst_opts *o, dst_problem *p) {
         p->mask = m.data;
         m.data = NULL;
     }
+    /* temperature.npy: one temperature per row instead of --temperature */
+    npy_array t = {0};
+    if ((r = read_npy(o->inputs, "temperature", &t)) < 0) goto done;
+    if (r > 0) {
+        const int bad = t.kind != 'f' || (t.bytes != 4 && t.bytes != 8) || t.ndim != 1 ||
+                        t.shape[0] != p->N;
+        if (bad || o->temperature_given) {
+            if (bad)
+                sph_cli_fail(CMD, 1, "temperature.npy: %s of %d dims, expected <f4 (or <f8) (N = "
+                                     "%lld)", npy_descr(&t), t.ndim, (long long)p->N);
+            else
+                sph_cli_fail(CMD, 1, "temperature.npy and --temperature: give one (the file "
+                                     "holds one temperature per row)");
+            npy_free(&t);
+            goto done;
+        }
+        if (!(p->trows = sph_cli_alloc(p->N, 4))) {
+            npy_free(&t);
+            sph_cli_fail(CMD, 1, "out of memory");
+            goto done;
+        }
+        for (int64_t i = 0; i < p->N; i++)
+            p->trows[i] = t.bytes == 4 ? ((float *)t.data)[i] : (float)((double *)t.data)[i];
+        npy_free(&t);
+    }
     rc = 0;
 done:
     for (int k = 0; k < 6; k++) npy_free(&a[k]);
@@ -236,7 +263,7 @@ void dst_result_free(dst_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_LOSS, B_DH, B_DW, B_COUNT };
+enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_TR, B_LOSS, B_DH, B_DW, B_COUNT };
 
 int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_result *r) {
     memset(r, 0, sizeof *r);
@@ -273,7 +300,8 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
         {p->mask, (size_t)N, 1, N, 0, SPH_U8},         {p->th, (size_t)(N * HT) * es, 2, N, HT, in},
         {p->tw ? (const char *)p->tw + (size_t)(v0 * HT) * es : NULL, (size_t)(V * HT) * es, 2, V,
          HT, in},  {p->ids, (size_t)(N * K) * 8, 2, N, K, SPH_I64},
-        {p->lp, (size_t)(N * K) * 4, 2, N, K, SPH_F32}, {NULL, (size_t)NL * 4, 1, NL, 0, SPH_F32},
+        {p->lp, (size_t)(N * K) * 4, 2, N, K, SPH_F32}, {p->trows, (size_t)N * 4, 1, N, 0, SPH_F32},
+        {NULL, (size_t)NL * 4, 1, NL, 0, SPH_F32},
         {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32}, {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32}};
     const int is_out[B_COUNT] = {[B_LOSS] = 1, [B_DH] = 1, [B_DW] = 1};
     for (int k = 0; k < B_COUNT; k++) {
@@ -287,7 +315,8 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
 #define T(k) (buf[k] ? &t[k] : NULL)
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = T(B_H), a.weight = T(B_W), a.active_mask = T(B_MASK);
-    a.temperature = o->temperature, a.softcap = o->softcap;
+    a.temperature = p->trows ? 1.0 : o->temperature, a.softcap = o->softcap;
+    a.temperature_rows = T(B_TR);
     a.dhidden = T(B_DH), a.dweight = T(B_DW);
     a.vocab_start = v0, a.vocab_total = wh->tp ? p->V : 0;
     a.allreduce_dhidden = wh->tp != NULL; /* dhidden of the replicated rows: every shard's */
@@ -454,6 +483,7 @@ int sph_cli_run_distill(int argc, char **argv) {
         rc = sph_cli_parse(sph_cli_distill_opts, argc, argv, &o, &pp, msg, sizeof msg);
         if (rc == 0) {
             o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
+            o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
             if (!o.inputs) rc = 2 * sph_cli_err(msg, sizeof msg, "--distill needs --inputs DIR");
         }
         return sph_cli_run_distill_dist(&o, rc, msg, argc, argv);
@@ -463,6 +493,7 @@ int sph_cli_run_distill(int argc, char **argv) {
                                &pp, &done);
     if (done) return rc;
     o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
+    o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
     if (!o.inputs) return sph_cli_fail(CMD, 2, "--distill needs --inputs DIR (see --help)");
     dst_problem p;
     dst_result r, ref;

@@ -29,7 +29,7 @@ int sph_cli_run_distill(int argc, char **argv);
 /* ---- shared by run_distill.c and run_distill_dist.c ----------------------------------------- */
 
 typedef struct dst_opts {
-    int device, dtype, kind, red, check, json, dtype_given;
+    int device, dtype, kind, red, check, json, dtype_given, temperature_given;
     const char *inputs, *outputs, *kernel;
     int64_t threads, repeats, tp;
     double beta, tt, temperature, softcap;
@@ -43,6 +43,7 @@ typedef struct dst_problem {
     uint8_t *mask;
     int64_t *ids;
     float *lp;
+    float *trows; /* (N) temperature.npy, or NULL (--temperature) */
 } dst_problem;
 
 void dst_problem_free(dst_problem *p);

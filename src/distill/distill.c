@@ -23,9 +23,6 @@
 /* The head's fields the loss does not take: each refused by name. */
 static sph_status refuse_head_fields(const sph_head_args *a) {
 #define HAS(f) (a->struct_size >= offsetof(sph_head_args, f) + sizeof a->f && a->f)
-    SPH_CHECK(!HAS(temperature_rows), SPH_ERR_UNSUPPORTED,
-              "head.temperature_rows: per-row temperature is not available with the "
-              "distillation loss yet");
     const char *n = a->targets        ? "targets"
                     : a->candidates   ? "candidates"
                     : a->logprob      ? "logprob"
@@ -49,7 +46,7 @@ static sph_status refuse_head_fields(const sph_head_args *a) {
     return SPH_OK;
 }
 
-static sph_status scalars(const sph_distill_args *d, sph_distill_plan *dp, double T) {
+static sph_status scalars(const sph_distill_args *d, sph_distill_plan *dp) {
     SPH_CHECK(d->kind == SPH_DISTILL_FORWARD_KL || d->kind == SPH_DISTILL_REVERSE_KL ||
                   d->kind == SPH_DISTILL_JSD, SPH_ERR_INVALID_ARG,
               "distill.kind: %d, expected SPH_DISTILL_FORWARD_KL (0), _REVERSE_KL (1) or "
@@ -70,7 +67,7 @@ static sph_status scalars(const sph_distill_args *d, sph_distill_plan *dp, doubl
     if (d->teacher_temperature != 0)
         SPH_TRY(sph_check_float_scalar("distill.teacher_temperature", d->teacher_temperature, 0,
                                        1));
-    dp->t_teacher = d->teacher_temperature != 0 ? d->teacher_temperature : T;
+    dp->t_teacher = d->teacher_temperature; /* 0: the student's, row by row */
     return SPH_OK;
 }
 
@@ -149,7 +146,7 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
               "vocab_total: %lld with a shard of %lld rows but no tensor-parallel group "
               "(tp_comm of size > 1): a shard alone is not the distribution to distill",
               (long long)hp->V, (long long)hp->V_loc);
-    SPH_TRY(scalars(d, dp, hp->temperature));
+    SPH_TRY(scalars(d, dp));
     SPH_TRY(teacher(val, d, dp));
     if (d->dloss) {
         SPH_CHECK(d->reduction == SPH_REDUCTION_NONE, SPH_ERR_INVALID_ARG,
@@ -297,7 +294,7 @@ sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *h
 
 enum { DR_TAG, DR_KIND, DR_BETA, DR_TT, DR_RED, DR_DENSE, DR_HT, DR_K, DR_ROWS, DR_WORDS };
 static const char *const g_dr_field[DR_WORDS] = {
-    "validation", "kind", "beta", "teacher_temperature", "reduction",
+    "validation", "kind", "beta", "teacher_temperature (0: the student's)", "reduction",
     "teacher (dense or sparse, dloss given)", "H_T", "K",
     "per-row inputs (teacher_topk_ids, teacher_topk_logprobs, dloss)"};
 #define DR_VALID INT64_C(0x3130545349445053) /* "SPDIST01" */

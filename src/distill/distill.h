@@ -23,7 +23,8 @@ typedef struct sph_distill_plan {
     sph_head_plan head;
     int kind;          /* SPH_DK_*, after the beta special cases */
     double beta;       /* jsd: in (0, 1) */
-    double t_teacher;  /* dense: the teacher's temperature (resolved) */
+    double t_teacher;  /* dense: the teacher's temperature, or 0 = the student's (row by row
+                        * with the head's temperature_rows) */
     int reduction;     /* sph_reduction */
     int dense;         /* 1: teacher_hidden / teacher_weight, 0: top-k */
     /* dense teacher */
@@ -56,13 +57,14 @@ sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void 
 /* The float64 oracle (distill_ref.c) on float64 inputs, for the tests' finite differences
  * and the reference backend: every row of h (N, H) against w (V, H) (the whole vocabulary,
  * v0 = 0) with temperature T, softcap cap (0 = off); the teacher dense (th (N, HT), tw
- * (V, HT), T_T) or sparse (ids (N, K) int64, -1 padding; lp (N, K)). act (N) or NULL = all.
+ * (V, HT), T_T or the row's T when 0) or sparse (ids (N, K) int64, -1 padding; lp (N, K)). act (N) or NULL = all.
  * Writes loss_rows (N, 0 on inactive rows) and, each optional, the gradients of
  * sum_i scale_i loss_i: dh (N, H), dw (V, H) (scale NULL = 1). */
 typedef struct sph_distill_f64 {
     int64_t N, H, V, HT, K;
     int kind;  /* SPH_DK_* */
-    double beta, T, cap, T_T;
+    double beta, T, cap, T_T; /* T_T 0: the row's student temperature */
+    const double *T_rows;     /* (N) or NULL: row i's student temperature instead of T */
     const double *h, *w, *th, *tw, *lp;
     const int64_t *ids;
     const uint8_t *act;

@@ -39,7 +39,7 @@
 typedef struct layout {
     int64_t n_act, R, rw, P, T;
     int half_s, half_t;
-    size_t o_rows, o_hc, o_htc, o_zs, o_zt, o_dhc, o_sav, o_rec, o_gath, o_row, o_lrows, o_ws,
+    size_t o_rows, o_hc, o_htc, o_zs, o_zt, o_dhc, o_sav, o_rec, o_gath, o_row, o_it, o_lrows, o_ws,
         o_wt, o_dw, total;
 } layout;
 
@@ -80,6 +80,7 @@ static void make_layout(sph_ctx_t ctx, const sph_distill_plan *dp, layout *L) {
     L->o_rec = take(&off, Rz * (size_t)L->rw * d);
     L->o_gath = take(&off, L->P > 1 ? (size_t)L->P * Rz * (size_t)L->rw * d : 0);
     L->o_row = take(&off, Rz * 4 * d);
+    L->o_it = take(&off, Rz * f);
     L->o_lrows = take(&off, N * d);
     L->o_ws = take(&off, L->half_s ? V * H * f : 0);
     L->o_wt = take(&off, L->half_t ? V * HT * f : 0);
@@ -103,7 +104,7 @@ typedef struct run {
     const int64_t *rows;
     const float *w, *tw; /* f32 weights (the caller's or converted) */
     int64_t ld_w, ld_tw;
-    float inv_t, inv_tt, cap;
+    float inv_tt, cap; /* inv_tt 0: the teacher takes the row's student temperature */
 } run;
 
 static void *at(const run *r, size_t off) { return r->ws + off; }
@@ -193,13 +194,16 @@ static void chunk_logits(const run *r, int64_t c0, int64_t nr) {
             const int64_t i = r->rows[c0 + q];
             float *x = zs + q * V;
             double *rec = (double *)at(r, L->o_rec) + q * L->rw;
+            const float it = sph_plan_row_inv_t(hp, i); /* the row's 1 / T */
+            ((float *)at(r, L->o_it))[q] = it;
             if (r->cap > 0)
-                for (int64_t j = 0; j < V; j++) x[j] = r->cap * tanhf(x[j] / r->cap) * r->inv_t;
+                for (int64_t j = 0; j < V; j++) x[j] = r->cap * tanhf(x[j] / r->cap) * it;
             else
-                for (int64_t j = 0; j < V; j++) x[j] *= r->inv_t;
+                for (int64_t j = 0; j < V; j++) x[j] *= it;
             if (dp->dense) {
                 float *y = zt + q * V;
-                for (int64_t j = 0; j < V; j++) y[j] *= r->inv_tt;
+                const float itt = r->inv_tt > 0 ? r->inv_tt : it;
+                for (int64_t j = 0; j < V; j++) y[j] *= itt;
                 row_ms(x, V, &rec[0], &rec[1]);
                 row_ms(y, V, &rec[2], &rec[3]);
                 continue;
@@ -243,9 +247,9 @@ static sph_status combine(const run *r, int64_t nr, int pairs, int64_t width, do
     return SPH_OK;
 }
 
-static float cap_factor(const run *r, float z) {
+static float cap_factor(const run *r, float z, float inv_t) {
     if (r->cap <= 0) return 1.0f;
-    const float t = z / (r->inv_t * r->cap); /* z = cap tanh(u / cap) / T */
+    const float t = z / (inv_t * r->cap); /* z = cap tanh(u / cap) / T */
     return 1.0f - t * t;
 }
 
@@ -277,12 +281,13 @@ static void dense_du(const run *r, int64_t c0, int64_t nr, const double *rec, co
 #pragma omp parallel for num_threads(r->L.T) schedule(static)
     for (int64_t q = 0; q < nr; q++) {
         const double ls = rec[q * 4] + log(rec[q * 4 + 1]), S = sums[q * 2 + 1];
-        const double c = sph_distill_row_scale(r->dp, r->rows[c0 + q], r->L.n_act) * r->inv_t;
+        const float it = ((const float *)at(r, r->L.o_it))[q];
+        const double c = sph_distill_row_scale(r->dp, r->rows[c0 + q], r->L.n_act) * it;
         float *x = zs + q * V;
         const float *a = zt + q * V;
         for (int64_t j = 0; j < V; j++) {
             const double qj = exp((double)x[j] - ls);
-            x[j] = (float)((a[j] - qj * S) * c) * cap_factor(r, x[j]);
+            x[j] = (float)((a[j] - qj * S) * c) * cap_factor(r, x[j], it);
         }
     }
 }
@@ -327,18 +332,19 @@ static void sparse_rows(const run *r, int64_t c0, int64_t nr, const double *rec,
         }
         lrows[i] = loss;
         if (!grads) continue;
-        const double c = sph_distill_row_scale(dp, i, r->L.n_act) * r->inv_t;
+        const float it = ((const float *)at(r, r->L.o_it))[q];
+        const double c = sph_distill_row_scale(dp, i, r->L.n_act) * it;
         float *x = zs + q * V;
         for (int64_t j = 0; j < V; j++) {
             const double lq = (double)x[j] - lse;
             const double t = tail ? exp(lq - lqr) * ar : 0.0;
-            x[j] = (float)((t - exp(lq) * S) * c) * cap_factor(r, x[j]);
+            x[j] = (float)((t - exp(lq) * S) * c) * cap_factor(r, x[j], it);
         }
         for (int64_t k = 0; k < K; k++) {
             const int64_t col = id_of(dp, i, k) - hp->v0;
             if (id_of(dp, i, k) < 0 || col < 0 || col >= V) continue;
             const float z = (float)o[2 + k];
-            x[col] = (float)((sav[k] - exp(o[2 + k] - lse) * S) * c) * cap_factor(r, z);
+            x[col] = (float)((sav[k] - exp(o[2 + k] - lse) * S) * c) * cap_factor(r, z, it);
         }
     }
 }
@@ -409,8 +415,7 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     r->ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63) - 64;
     r->k = *ctx->head.cpu_kern;
     const sph_head_plan *hp = r->hp;
-    r->inv_t = (float)(1.0 / hp->temperature);
-    r->inv_tt = (float)(1.0 / dp->t_teacher);
+    r->inv_tt = dp->t_teacher > 0 ? (float)(1.0 / dp->t_teacher) : 0.0f;
     r->cap = (float)hp->softcap;
     int64_t *rows = at(r, r->L.o_rows), n = 0;
     uint8_t *act = (uint8_t *)at(r, r->L.o_lrows); /* scratch before the loss rows are used */

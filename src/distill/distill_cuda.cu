@@ -143,7 +143,8 @@ typedef struct ddev {
     int64_t N, H, V, Vtot, v0, K, rw, ld_ids, ld_tlp, ld_dh, ld_dw;
     int kind, red, dense, ids64, half, dh_kind, dw_kind, acc_dh, acc_dw;
     double beta;
-    float inv_t, inv_tt, cap;
+    float inv_t, inv_tt, cap; /* inv_tt 0: the teacher takes the row's student temperature */
+    const float *trows;       /* (N) per-row temperatures or NULL (inv_t then) */
     const uint8_t *act;
     const int64_t *rows; /* the listed rows (from the host spans), or NULL: row = c0 + q */
     const void *ids;
@@ -154,6 +155,16 @@ typedef struct ddev {
     unsigned long long *nf;
     long long *cnt;
 } ddev;
+
+/* Row i's 1 / T: the scalar's, or 1 / T_i (a T_i outside the scalar's rule makes the row NaN,
+ * counted as non-finite: spanhead.h, temperature_rows). */
+__device__ __forceinline__ float d_inv_t(const ddev &d, int64_t i) {
+    if (!d.trows) return d.inv_t;
+    const float t = d.trows[i];
+    return t > 0 && t <= 3.4e38f && 1.0f / t >= 1.17549435e-38f && 1.0f / t <= 3.4e38f
+               ? 1.0f / t
+               : NAN;
+}
 
 __device__ __forceinline__ int64_t d_row(const ddev &d, int64_t c0, int64_t q) {
     return d.rows ? d.rows[c0 + q] : c0 + q;
@@ -272,10 +283,11 @@ __global__ void __launch_bounds__(DTHREADS) k_stats(ddev d, int64_t c0) {
     const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
     float *x = d.zs + q * V;
     double *rec = d.rec + q * d.rw;
+    const float it = d_inv_t(d, i), itt = d.inv_tt > 0 ? d.inv_tt : it;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS)
-        x[j] = d.cap > 0 ? d.cap * tanhf(x[j] / d.cap) * d.inv_t : x[j] * d.inv_t;
+        x[j] = d.cap > 0 ? d.cap * tanhf(x[j] / d.cap) * it : x[j] * it;
     if (d.dense)
-        for (int64_t j = threadIdx.x; j < V; j += DTHREADS) d.zt[q * V + j] *= d.inv_tt;
+        for (int64_t j = threadIdx.x; j < V; j += DTHREADS) d.zt[q * V + j] *= itt;
     __syncthreads();
     if (!d.act[i]) {
         for (int64_t f = threadIdx.x; f < d.rw; f += DTHREADS)
@@ -375,9 +387,9 @@ __global__ void __launch_bounds__(DTHREADS) k_dense_part(ddev d, int64_t c0) {
     if (threadIdx.x == 0) d.part[q * 2] = L, d.part[q * 2 + 1] = S;
 }
 
-__device__ __forceinline__ float d_capf(const ddev &d, float z) {
+__device__ __forceinline__ float d_capf(const ddev &d, float z, float inv_t) {
     if (d.cap <= 0) return 1.0f;
-    const float t = z / (d.inv_t * d.cap);
+    const float t = z / (inv_t * d.cap);
     return 1.0f - t * t;
 }
 
@@ -401,11 +413,11 @@ __global__ void __launch_bounds__(DTHREADS) k_dense_du(ddev d, int64_t c0, int g
         return;
     }
     const float ls = (float)(d.rec[q * 4] + log(d.rec[q * 4 + 1])), S = (float)d.part[q * 2 + 1];
-    const float c = (float)(d_scale(d, i) * d.inv_t);
+    const float it = d_inv_t(d, i), c = (float)(d_scale(d, i) * it);
     const float *a = d.zt + q * V;
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS) {
         const float z = d.zs[q * V + j];
-        d_put_du(d, q, j, (a[j] - expf(z - ls) * S) * c * d_capf(d, z));
+        d_put_du(d, q, j, (a[j] - expf(z - ls) * S) * c * d_capf(d, z, it));
     }
 }
 
@@ -452,7 +464,8 @@ __global__ void __launch_bounds__(DTHREADS) k_sparse(ddev d, int64_t c0, int gra
     }
     __syncthreads();
     if (!grads) return;
-    const double lse = r[0], S = r[2], c = d_scale(d, i) * d.inv_t;
+    const float it = d_inv_t(d, i);
+    const double lse = r[0], S = r[2], c = d_scale(d, i) * it;
     const float lsef = (float)lse, lqr = (float)r[1], ar = (float)r[3], Sf = (float)S,
                 cf = (float)c;
     const int tail = r[4] != 0;
@@ -460,14 +473,14 @@ __global__ void __launch_bounds__(DTHREADS) k_sparse(ddev d, int64_t c0, int gra
         const float z = d.zs[q * V + j];
         const float lq = z - lsef;
         const float t = tail ? expf(lq - lqr) * ar : 0.0f;
-        d_put_du(d, q, j, (t - expf(lq) * Sf) * cf * d_capf(d, z));
+        d_put_du(d, q, j, (t - expf(lq) * Sf) * cf * d_capf(d, z, it));
     }
     __syncthreads();
     for (int64_t k = threadIdx.x; k < K; k += DTHREADS) {
         const int64_t id = d_id(d, i, k), col = id - d.v0;
         if (id < 0 || col < 0 || col >= V) continue;
         const float z = (float)o[2 + k];
-        d_put_du(d, q, col, (float)((sav[k] - exp(o[2 + k] - lse) * S) * c) * d_capf(d, z));
+        d_put_du(d, q, col, (float)((sav[k] - exp(o[2 + k] - lse) * S) * c) * d_capf(d, z, it));
     }
 }
 
@@ -595,7 +608,8 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     d.dh_kind = hp->dhidden ? kind_of(hp->dh_dtype) : 0;
     d.dw_kind = hp->dweight ? kind_of(hp->dw_dtype) : 0;
     d.acc_dh = hp->acc_dh, d.acc_dw = hp->acc_dw, d.beta = dp->beta;
-    d.inv_t = (float)(1.0 / hp->temperature), d.inv_tt = (float)(1.0 / dp->t_teacher);
+    d.inv_t = (float)(1.0 / hp->temperature), d.trows = hp->temp_rows;
+    d.inv_tt = dp->t_teacher > 0 ? (float)(1.0 / dp->t_teacher) : 0.0f;
     d.cap = (float)hp->softcap;
     d.act = (const uint8_t *)(b + r->L.o_act);
     d.ids = dp->ids, d.tlp = dp->tlp, d.dloss = dp->dloss;

@@ -101,14 +101,15 @@ sph_status sph_distill_ref_f64(const sph_distill_f64 *in, double *loss_rows, dou
     for (int64_t i = 0; i < N; i++) {
         loss_rows[i] = 0;
         if (in->act && !in->act[i]) continue;
+        const double T = in->T_rows ? in->T_rows[i] : in->T, TT = in->T_T > 0 ? in->T_T : T;
         for (int64_t j = 0; j < V; j++) {
             u[j] = dot(in->h + i * H, in->w + j * H, H);
-            z[j] = (in->cap > 0 ? in->cap * tanh(u[j] / in->cap) : u[j]) / in->T;
+            z[j] = (in->cap > 0 ? in->cap * tanh(u[j] / in->cap) : u[j]) / T;
         }
         log_softmax(z, V, lq);
         if (in->th) {
             for (int64_t j = 0; j < V; j++)
-                z[j] = dot(in->th + i * in->HT, in->tw + j * in->HT, in->HT) / in->T_T;
+                z[j] = dot(in->th + i * in->HT, in->tw + j * in->HT, in->HT) / TT;
             log_softmax(z, V, lp);
             loss_rows[i] = row_dense(in, lq, lp, dz);
         } else {
@@ -121,7 +122,7 @@ sph_status sph_distill_ref_f64(const sph_distill_f64 *in, double *loss_rows, dou
                 const double t = tanh(u[j] / in->cap);
                 f = 1 - t * t;
             }
-            const double du = dz[j] / in->T * f * sc;
+            const double du = dz[j] / T * f * sc;
             if (du == 0) continue;
             for (int64_t k = 0; k < H; k++) {
                 if (dh) dh[i * H + k] += du * in->w[j * H + k];
@@ -170,6 +171,9 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
     sph_distill_f64 in = {.N = N, .H = H, .V = V, .HT = dp->HT, .K = K, .kind = dp->kind,
                           .beta = dp->beta, .T = hp->temperature, .cap = hp->softcap,
                           .T_T = dp->t_teacher};
+    double *trows = hp->temp_rows ? sph_malloc((size_t)N * sizeof(double) + 1) : NULL;
+    for (int64_t i = 0; trows && i < N; i++) trows[i] = hp->temp_rows[i];
+    in.T_rows = trows;
     double *h = to_f64(hp->hidden, hp->dtype, N, H, hp->ld_h);
     double *w = to_f64(hp->weight, hp->dtype, V, H, hp->ld_w);
     double *th = dp->dense ? to_f64(dp->th, dp->tdtype, N, dp->HT, dp->ld_th) : NULL;
@@ -182,7 +186,7 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
     double *dh = hp->dhidden ? sph_malloc((size_t)(N * H) * sizeof(double) + 1) : NULL;
     double *dw = hp->dweight ? sph_malloc((size_t)(V * H) * sizeof(double) + 1) : NULL;
     sph_status st = SPH_OK;
-    if (!h || !w || (dp->dense && (!th || !tw)) || (!dp->dense && (!lp || !ids)) || !act ||
+    if ((hp->temp_rows && !trows) || !h || !w || (dp->dense && (!th || !tw)) || (!dp->dense && (!lp || !ids)) || !act ||
         !scale || !rows || (hp->dhidden && !dh) || (hp->dweight && !dw))
         st = sph_err(SPH_ERR_ALLOC, "distill reference: out of host memory");
     if (st == SPH_OK) {
@@ -231,6 +235,6 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
         }
     }
     sph_free(h), sph_free(w), sph_free(th), sph_free(tw), sph_free(lp), sph_free(ids);
-    sph_free(act), sph_free(scale), sph_free(rows), sph_free(dh), sph_free(dw);
+    sph_free(act), sph_free(scale), sph_free(rows), sph_free(dh), sph_free(dw), sph_free(trows);
     return st;
 }

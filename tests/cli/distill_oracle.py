@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """distill_oracle.py - inputs and an independent NumPy float64 oracle for test_distill.sh.
 
-  gen DIR SEED dense|sparse [--bf16]   write hidden, weight, mask, teacher .npy files
+  gen DIR SEED dense|sparse [--bf16] [--trows]   write hidden, weight, mask, teacher .npy
+                                       files (and temperature.npy: one temperature per row)
   check IN OUT KIND BETA RED [TT]      compare OUT's loss.json, dhidden.npy, dweight.npy with
                                        the loss and gradients from the formulas (docs/distill.md)
 """
@@ -20,7 +21,7 @@ def from_bits(b):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def gen(d, seed, teacher, bf16):
+def gen(d, seed, teacher, bf16, trows=False):
     r = np.random.default_rng(seed)
     N, H, V, HT, K = 23, 12, 67, 9, 6
     arrs = {"hidden": r.standard_normal((N, H)), "weight": r.standard_normal((V, H)) / 3}
@@ -30,6 +31,8 @@ def gen(d, seed, teacher, bf16):
     for k, v in arrs.items():
         np.save(f"{d}/{k}.npy", bf16_bits(v) if bf16 else v.astype(np.float32))
     np.save(f"{d}/mask.npy", (r.random(N) < 0.7).astype(np.uint8))
+    if trows:
+        np.save(f"{d}/temperature.npy", r.uniform(0.5, 2.0, N).astype(np.float32))
     if teacher == "sparse":
         z = r.standard_normal((N, V)) * 2
         lp = z - np.log(np.exp(z).sum(1, keepdims=True))
@@ -67,11 +70,14 @@ def check(ind, outd, kind, beta, red, tt):
     h, w = load(ind, "hidden"), load(ind, "weight")
     mask = np.load(f"{ind}/mask.npy").astype(bool)
     N, V = h.shape[0], w.shape[0]
-    lq = lsm(h @ w.T)
+    import os
+    T = (np.load(f"{ind}/temperature.npy").astype(np.float64)[:, None]
+         if os.path.exists(f"{ind}/temperature.npy") else 1.0)
+    lq = lsm(h @ w.T / T)
     rows, dz = np.zeros(N), np.zeros((N, V))
     dense = __import__("os").path.exists(f"{ind}/teacher_hidden.npy")
     if dense:
-        lp = lsm(load(ind, "teacher_hidden") @ load(ind, "teacher_weight").T / (tt or 1.0))
+        lp = lsm(load(ind, "teacher_hidden") @ load(ind, "teacher_weight").T / (tt or T))
     else:
         ids = np.load(f"{ind}/teacher_topk_ids.npy")
         tl = np.load(f"{ind}/teacher_topk_logprobs.npy").astype(np.float64)
@@ -102,7 +108,7 @@ def check(ind, outd, kind, beta, red, tt):
         dz[i] = q * (gj - (q * gj).sum())
     n = mask.sum()
     sc = np.full(N, 1.0 / n if red == "mean" else 1.0)
-    dz *= sc[:, None]
+    dz *= sc[:, None] / T
     want = {"mean": rows.sum() / n, "sum": rows.sum(), "none": rows}[red]
     dh, dw = dz @ w, dz.T @ h
     got = json.load(open(f"{outd}/loss.json"))
@@ -117,7 +123,7 @@ def check(ind, outd, kind, beta, red, tt):
 
 if __name__ == "__main__":
     if sys.argv[1] == "gen":
-        gen(sys.argv[2], int(sys.argv[3]), sys.argv[4], "--bf16" in sys.argv)
+        gen(sys.argv[2], int(sys.argv[3]), sys.argv[4], "--bf16" in sys.argv, "--trows" in sys.argv)
         sys.exit(0)
     tt = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
     sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6], tt))

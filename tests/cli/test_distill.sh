@@ -20,9 +20,19 @@ oracle() { python3 "$here/distill_oracle.py" "$@"; }
 seed=${SPH_TEST_SEED:-$RANDOM}
 echo "test_distill: seed $seed"
 for t in dense sparse; do
-    mkdir -p "$tmp/$t" "$tmp/${t}16"
+    mkdir -p "$tmp/$t" "$tmp/${t}16" "$tmp/${t}T"
     oracle gen "$tmp/$t" "$seed" $t || exit 1
     oracle gen "$tmp/${t}16" "$seed" $t --bf16 || exit 1
+    oracle gen "$tmp/${t}T" "$seed" $t --trows || exit 1
+done
+# temperature.npy: one temperature per row
+for t in denseT sparseT; do
+    if "$cli" run --distill jsd --beta 0.3 --inputs "$tmp/$t" --outputs "$tmp/o$t" --check \
+        > "$tmp/log" 2>&1 && oracle check "$tmp/$t" "$tmp/o$t" jsd 0.3 mean; then
+        ok "$t: temperature.npy"
+    else
+        bad "$t: temperature.npy"; tail -3 "$tmp/log"
+    fi
 done
 
 n=0
@@ -73,6 +83,7 @@ expect_rc 1 "distill.beta: 1.5" -- "$cli" run --distill jsd --beta 1.5 --inputs 
 expect_rc 1 "teacher_temperature" -- "$cli" run --distill forward-kl --teacher-temperature -1 --inputs "$tmp/dense" --outputs "$tmp/keep"
 expect_rc 2 "needs --inputs" -- "$cli" run --distill jsd
 expect_rc 2 "" -- "$cli" run --distill kl --inputs "$tmp/dense"
+expect_rc 1 "give one" -- "$cli" run --distill jsd --temperature 2 --inputs "$tmp/denseT"
 expect_rc 2 "needs 2 ranks" -- "$cli" run --distill jsd --tp 2 --inputs "$tmp/dense"
 cp -r "$tmp/sparse" "$tmp/badids"
 python3 -c "import numpy as np; a=np.load('$tmp/badids/teacher_topk_ids.npy'); a[0,1]=a[0,0]; np.save('$tmp/badids/teacher_topk_ids.npy', a)"

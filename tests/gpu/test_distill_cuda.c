@@ -2,7 +2,8 @@
  * test_distill_cuda.c - the CUDA distillation losses against the float64 reference on exactly
  * the rounded inputs the GPU sees, through the public API, outputs poisoned before each run:
  * every kind (jsd 0.4 and its special cases), dense and sparse teachers (padding, tail mass
- * 0, K = V), f32 and bf16, masks and spans, every reduction (none with dloss), temperature,
+ * 0, K = V), f32 and bf16, masks and spans, every reduction (none with dloss), temperature
+ * (scalar and per row),
  * softcap, a teacher temperature, several chunks (chunk_rows), accumulate_dweight, a shard
  * wider than a few tiles; inactive rows of dhidden exact zeros; determinism (bitwise); NaN
  * in hidden counted by sph_ctx_nonfinite; TP: 2 and 3 ranks in threads on one GPU, each with
@@ -25,7 +26,7 @@ int main(void) {
 #include "../parity/test_distill_case.h"
 
 
-#define NT 11
+#define NT 12
 typedef struct dmirror {
     sph_tensor t[NT];
     int64_t shp[NT][2];
@@ -46,10 +47,10 @@ static const sph_tensor **slot(dcase *c, int k) {
     const sph_tensor **s[NT] = {&c->a.hidden, &c->a.weight, &c->a.active_mask, &c->a.dhidden,
                                 &c->a.dweight, &c->d.teacher_hidden, &c->d.teacher_weight,
                                 &c->d.teacher_topk_ids, &c->d.teacher_topk_logprobs,
-                                &c->d.dloss, &c->d.loss};
+                                &c->d.dloss, &c->d.loss, &c->a.temperature_rows};
     return s[k];
 }
-static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1};
+static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0};
 
 static void dm_make(sph_ctx_t g, dcase *c, dmirror *m) {
     memset(m, 0, sizeof *m);
@@ -183,6 +184,7 @@ static void test_cases(void **state) {
                 if (v == 1) c.T = 0.6;
                 if (v == 2) c.cap = 2.0, c.T = 1.2;
                 if (dense && v == 0) c.TT = 1.7;
+                if (n % 5 == 2) dc_trows(&c, &r, 0.5, 2.0); /* per-row temperatures */
                 ok &= gpu_case(&c, n % 3 ? 7 : 0, v == 2, n % 4 == 1, &r);
                 dc_free(&c);
             }
@@ -393,6 +395,7 @@ static void test_tp(void **state) {
             c.kind = g_kinds[k], c.beta = g_betas[k];
             c.red = n % 3;
             if (n % 2) dc_mask(&c, &r, 0.7);
+            if (k == 3) dc_trows(&c, &r, 0.5, 2.0);
             ok &= gpu_tp_case(&c, 2 + n % 2);
             dc_free(&c);
         }

@@ -3,7 +3,7 @@
 # inputs and holds its vocabulary shard of weight / teacher_weight, rank 0 gathers, checks
 # against one process (--check: the float64 reference) and writes what one process writes;
 # the independent NumPy float64 oracle (tests/cli/distill_oracle.py) checks those files.
-# T = 2 and 3, dense and sparse teachers, every kind, every reduction. The runner itself
+# T = 2 and 3, dense and sparse teachers, every kind, every reduction, temperature.npy. The runner itself
 # checks that every rank holds bitwise the same loss. Then the disagreeing cases: --tp not
 # matching the world, and ranks given different --beta (every rank fails with the option's
 # name, exit 2).
@@ -40,6 +40,16 @@ for t in dense sparse; do
         fi
     done
 done
+# temperature.npy (one temperature per row) over 2 ranks
+mkdir -p "$tmp/trows"
+"$py" "$here/../cli/distill_oracle.py" gen "$tmp/trows" "$seed" dense --trows || exit 1
+if "$mpirun" --oversubscribe --allow-run-as-root -np 2 "$cli" run --tp 2 --distill jsd --beta 0.4 \
+    --inputs "$tmp/trows" --outputs "$tmp/otrows" --check > "$tmp/logT" 2>&1 &&
+    "$py" "$here/../cli/distill_oracle.py" check "$tmp/trows" "$tmp/otrows" jsd 0.4 mean; then
+    echo "ok   np=2 temperature.npy"
+else
+    echo "FAIL np=2 temperature.npy"; tail -5 "$tmp/logT"; fails=$((fails + 1))
+fi
 # --tp that is not the world
 out=$("$mpirun" --oversubscribe --allow-run-as-root -np 2 "$cli" run --tp 3 --distill jsd \
       --inputs "$tmp/dense" 2>&1)

@@ -23,9 +23,10 @@ typedef struct dcase {
     float *lp;             /* (N, K) */
     uint8_t *mask;         /* (N) or NULL */
     float *dloss, *loss;   /* (N), (N) */
+    float *trows;          /* (N) per-row temperatures or NULL (T) */
     float *dh, *dw;        /* (N, H), (V_loc, H) f32 */
     int64_t sh_h[2], sh_w[2], sh_th[2], sh_tw[2], sh_k[2], sh_n[1], sh_l[1], sh_dh[2], sh_dw[2];
-    sph_tensor t_h, t_w, t_th, t_tw, t_ids, t_lp, t_mask, t_dloss, t_loss, t_dh, t_dw;
+    sph_tensor t_h, t_w, t_th, t_tw, t_ids, t_lp, t_mask, t_dloss, t_loss, t_dh, t_dw, t_tr;
     sph_head_args a;
     sph_distill_args d;
 } dcase;
@@ -98,8 +99,16 @@ static inline void dc_mask(dcase *c, sph_rng *r, double frac) {
     if (c->N > 0) c->mask[0] = 1;
 }
 
+/* Per-row temperatures in [lo, hi] (the scalar T then unused: the head wants 1). */
+static inline void dc_trows(dcase *c, sph_rng *r, double lo, double hi) {
+    c->trows = hc_alloc((size_t)c->N * 4);
+    for (int64_t i = 0; i < c->N; i++) c->trows[i] = (float)(lo + (hi - lo) * rng_uniform(r));
+}
+
+static inline double dc_T(const dcase *c, int64_t i) { return c->trows ? (double)c->trows[i] : c->T; }
+
 static inline void dc_free(dcase *c) {
-    free(c->h), free(c->w), free(c->th), free(c->tw), free(c->ids), free(c->lp), free(c->mask);
+    free(c->trows), free(c->h), free(c->w), free(c->th), free(c->tw), free(c->ids), free(c->lp), free(c->mask);
     free(c->dloss), free(c->loss), free(c->dh), free(c->dw);
 }
 
@@ -119,7 +128,13 @@ static inline void dc_wire(dcase *c, unsigned what) {
     c->a = (sph_head_args)SPH_HEAD_ARGS_INIT;
     c->a.hidden = &c->t_h, c->a.weight = &c->t_w;
     c->a.vocab_start = c->v0, c->a.vocab_total = c->V;
-    c->a.temperature = c->T, c->a.softcap = c->cap;
+    c->a.temperature = c->trows ? 1.0 : c->T, c->a.softcap = c->cap;
+    if (c->trows) {
+        c->sh_n[0] = c->N;
+        c->t_tr = (sph_tensor){.data = c->trows, .device = cpu, .ndim = 1, .dtype = SPH_F32,
+                               .shape = c->sh_n};
+        c->a.temperature_rows = &c->t_tr;
+    }
     if (c->mask) {
         c->sh_n[0] = c->N;
         c->t_mask = (sph_tensor){.data = c->mask, .device = cpu, .ndim = 1, .dtype = SPH_U8,
@@ -189,7 +204,13 @@ static inline double *dc_f64(const dcase *c, const void *b, int64_t n) {
 static inline void dc_expect(const dcase *c, dexp *x) {
     sph_distill_f64 in = {.N = c->N, .H = c->H, .V = c->V, .HT = c->HT, .K = c->K,
                           .kind = sph_distill_kind_of(c->kind, c->beta), .beta = c->beta,
-                          .T = c->T, .cap = c->cap, .T_T = c->TT > 0 ? c->TT : c->T};
+                          .T = c->T, .cap = c->cap, .T_T = c->TT};
+    double *trows = NULL;
+    if (c->trows) {
+        trows = hc_alloc((size_t)c->N * 8);
+        for (int64_t i = 0; i < c->N; i++) trows[i] = c->trows[i];
+    }
+    in.T_rows = trows;
     if (c->kind != SPH_DISTILL_JSD) in.beta = 0;
     double *h = dc_f64(c, c->h, c->N * c->H), *w = dc_f64(c, c->w, c->V * c->H);
     double *th = c->dense ? dc_f64(c, c->th, c->N * c->HT) : NULL;
@@ -214,7 +235,7 @@ static inline void dc_expect(const dcase *c, dexp *x) {
     x->red = 0;
     for (int64_t i = 0; i < c->N; i++) x->red += x->rows[i];
     if (c->red == SPH_REDUCTION_MEAN) x->red = x->n_act ? x->red / (double)x->n_act : 0;
-    free(h), free(w), free(th), free(tw), free(lp), free(scale);
+    free(h), free(w), free(th), free(tw), free(lp), free(scale), free(trows);
 }
 
 static inline void dc_expect_free(dexp *x) { free(x->rows), free(x->dh), free(x->dw); }
@@ -228,12 +249,12 @@ static inline double dc_indep_row(const dcase *c, int64_t i) {
         double u = 0;
         for (int64_t k = 0; k < c->H; k++) u += dc_getw(c, c->h, i * c->H + k) * dc_getw(c, c->w, j * c->H + k);
         if (c->cap > 0) u = c->cap * tanh(u / c->cap);
-        q[j] = exp(u / c->T), s += q[j];
+        q[j] = exp(u / dc_T(c, i)), s += q[j];
         if (c->dense) {
             double y = 0;
             for (int64_t k = 0; k < c->HT; k++)
                 y += dc_getw(c, c->th, i * c->HT + k) * dc_getw(c, c->tw, j * c->HT + k);
-            p[j] = exp(y / (c->TT > 0 ? c->TT : c->T)), t += p[j];
+            p[j] = exp(y / (c->TT > 0 ? c->TT : dc_T(c, i))), t += p[j];
         }
     }
     for (int64_t j = 0; j < V; j++) q[j] /= s, p[j] = c->dense ? p[j] / t : 0;
@@ -278,9 +299,10 @@ static inline const char *dc_kind_name(int k) {
 
 static inline void dc_case_str(const dcase *c, const char *extra, char *cs, size_t n) {
     snprintf(cs, n, "distill(N=%lld,H=%lld,V=%lld,HT=%lld,K=%lld,%s,%s,beta=%g,red=%d,T=%g,"
-             "cap=%g,TT=%g,mask=%d,%s)", (long long)c->N, (long long)c->H, (long long)c->V,
+             "cap=%g,TT=%g,mask=%d,trows=%d,%s)", (long long)c->N, (long long)c->H, (long long)c->V,
              (long long)c->HT, (long long)c->K, sph_dtype_name(c->dt), dc_kind_name(c->kind),
-             c->beta, c->red, c->T, c->cap, c->TT, c->mask != NULL, extra ? extra : "");
+             c->beta, c->red, c->T, c->cap, c->TT, c->mask != NULL, c->trows != NULL,
+             extra ? extra : "");
 }
 
 #endif

@@ -4,7 +4,7 @@
  *   - every kind (jsd at 0.4 and its special cases), dense and sparse teachers (padding, tail
  *     mass 0, K = V), f32 and bf16, awkward sizes (a shard past one 256-wide vocabulary
  *     tile), masks, every reduction (none with dloss), temperature, softcap, a teacher
- *     temperature, 1 and 2 threads, several chunks (chunk_rows 3), accumulate_dweight;
+ *     temperature, per-row temperatures, 1 and 2 threads, several chunks (chunk_rows 3), accumulate_dweight;
  *   - TP shards in threads (2 and 3 ranks, uneven shards, several chunks: one combine per
  *     chunk), allreduce_dhidden or the partials summed here;
  *   - determinism (bitwise, same inputs) and outputs poisoned before every run.
@@ -118,6 +118,7 @@ static void test_cases(void **state) {
                 if (v == 1) c.T = 0.6;
                 if (v == 2) c.cap = 2.0, c.T = 1.2;
                 if (dense && v == 0) c.TT = 1.7;
+                if (n % 4 == 3) dc_trows(&c, &r, 0.5, 2.0); /* per-row temperatures */
                 const int threads = 1 + n % 2;
                 ok &= one(&c, NULL, threads, n % 2 ? 3 : 0, v == 2, &r);
                 if (k == 0 || v == 0) ok &= one(&c, "ref", 1, 0, 0, &r);
@@ -236,6 +237,7 @@ static void test_tp(void **state) {
             c.red = n % 3;
             if (n % 2) dc_mask(&c, &r, 0.7);
             if (k == 2) c.cap = 3.0;
+            if (k == 1) dc_trows(&c, &r, 0.5, 2.0);
             ok &= tp_case(&c, 2 + n % 2, n % 2 ? 3 : 4, n % 4 == 0);
             dc_free(&c);
         }

@@ -4,7 +4,7 @@
  * formulas (tests/parity/test_distill_case.h): every kind (forward KL, reverse KL, jsd at
  * beta 0.3 / 0.8 and its special cases 0 and 1), dense and sparse teachers, masks, tied
  * logits, a tail of mass 0, K covering the vocabulary, -1 padding, temperature, softcap,
- * a teacher temperature, and per-row scales. Central differences of the scaled loss sum with
+ * a teacher temperature, per-row temperatures (0.4 .. 2.5 in one call), and per-row scales. Central differences of the scaled loss sum with
  * step 1e-5 in float64 (truncation ~1e-10 relative, cancellation ~1e-11 / 1e-5 = 1e-6 of the
  * loss scale): budget 1e-6 absolute + 1e-5 relative per gradient element.
  */
@@ -12,7 +12,7 @@
 
 typedef struct fdin {
     sph_distill_f64 in;
-    double *h, *w, *th, *tw, *lp, *scale;
+    double *h, *w, *th, *tw, *lp, *scale, *trows;
 } fdin;
 
 static double scaled_sum(const fdin *f, double *rows) {
@@ -75,12 +75,16 @@ static int run_case(dcase *c) {
         f.lp = hc_alloc((size_t)(c->N * c->K) * 8);
         for (int64_t k = 0; k < c->N * c->K; k++) f.lp[k] = c->lp[k];
     }
+    if (c->trows) {
+        f.trows = hc_alloc((size_t)c->N * 8);
+        for (int64_t i = 0; i < c->N; i++) f.trows[i] = c->trows[i];
+    }
     f.scale = hc_alloc((size_t)c->N * 8);
     for (int64_t i = 0; i < c->N; i++) f.scale[i] = c->dloss[i];
     f.in = (sph_distill_f64){.N = c->N, .H = c->H, .V = c->V, .HT = c->HT, .K = c->K,
                              .kind = sph_distill_kind_of(c->kind, c->beta),
                              .beta = c->kind == SPH_DISTILL_JSD ? c->beta : 0, .T = c->T,
-                             .cap = c->cap, .T_T = c->TT > 0 ? c->TT : c->T, .h = f.h, .w = f.w,
+                             .cap = c->cap, .T_T = c->TT, .T_rows = f.trows, .h = f.h, .w = f.w,
                              .th = f.th, .tw = f.tw, .lp = f.lp, .ids = c->ids, .act = c->mask,
                              .scale = f.scale};
     double *rows = hc_alloc((size_t)c->N * 8), *ind = hc_alloc((size_t)c->N * 8);
@@ -95,7 +99,8 @@ static int run_case(dcase *c) {
         ok = 0;
     }
     ok &= fd_check(&f, cs);
-    free(f.h), free(f.w), free(f.th), free(f.tw), free(f.lp), free(f.scale), free(rows), free(ind);
+    free(f.h), free(f.w), free(f.th), free(f.tw), free(f.lp), free(f.scale), free(f.trows);
+    free(rows), free(ind);
     return ok;
 }
 
@@ -119,6 +124,7 @@ static void test_kinds(void **state) {
                 if (k % 3 == 1) c.T = 0.7;
                 if (k % 3 == 2) c.cap = 1.5, c.T = 1.3;
                 if (dense && fl) c.TT = 2.0;
+                if ((k + fl) % 3 == 0) dc_trows(&c, &r, 0.4, 2.5); /* per-row temperatures */
                 ok &= run_case(&c);
                 dc_free(&c);
             }

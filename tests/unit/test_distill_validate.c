@@ -113,7 +113,10 @@ static void bad_inputs(const char *kernel) {
     CASE(0, c.a.targets = &c.t_loss, SPH_ERR_INVALID_ARG, "head.targets");
     CASE(0, c.a.logprob = &c.t_loss, SPH_ERR_INVALID_ARG, "head.logprob");
     CASE(0, c.a.stats = &c.t_loss, SPH_ERR_INVALID_ARG, "head.stats");
-    CASE(0, c.a.temperature_rows = &c.t_loss, SPH_ERR_UNSUPPORTED, "temperature_rows");
+    CASE(0, dc_trows(&c, &r, 0.5, 1.5); c.trows[0] = -1.0f; dc_wire(&c, DC_DH | DC_DW);
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "temperature_rows[0]");
+    CASE(0, dc_trows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); c.a.temperature = 2.0;
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "temperature");
     CASE(0, c.a.vocab_total = 2 * V_, SPH_ERR_INVALID_ARG, "no tensor-parallel group");
     /* aliasing: outputs against inputs and outputs */
     CASE(0, c.t_loss.data = c.h, SPH_ERR_INVALID_ARG, "loss");
