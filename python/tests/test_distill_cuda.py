@@ -43,3 +43,24 @@ def test_cuda_vs_eager(rng, dense, kind, beta, dtype):
     for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
         scale = b.abs().max().item()
         np.testing.assert_allclose(a.float().cpu().numpy(), b.numpy(), rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_cuda_per_row_temperature(rng, dense):
+    h, w, mask, teacher = case(rng, N=97, H=32, V=517, HT=24, K=9, dense=dense)
+    dev = torch.device("cuda")
+    T = torch.tensor(rng.uniform(0.5, 2.0, h.shape[0]), dtype=torch.float32)
+    H = torch.tensor(h, device=dev, requires_grad=True)
+    W = torch.tensor(w, device=dev, requires_grad=True)
+    tt = {k: torch.tensor(v, device=dev) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, kind="jsd", beta=0.4, temperature=T.to(dev), **tt)
+    got.backward()
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    want = distill_eager(H64, W64, kind="jsd", beta=0.4, temperature=T.double(),
+                         **{k: t64(v) for k, v in teacher.items()})
+    want.backward()
+    assert abs(got.item() - want.item()) <= 1e-4 * abs(want.item()) + 1e-6
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.cpu().numpy(), b.numpy(), rtol=1e-4,
+                                   atol=1e-4 * b.abs().max().item())
