@@ -146,10 +146,11 @@ SPH_API const char *sph_version(void);
  *   last call (and resets). Inactive rows are never read for this.
  *
  * Aliasing. An output (per-row outputs and stats in the forward, dhidden, dweight, the policy
- * loss's metrics, and the bytes of the caller's workspace the call uses) may overlap no input
- * and no other output, byte range against byte range (from shapes and strides; the policy
- * loss's per-row inputs and spans are inputs too): SPH_ERR_INVALID_ARG naming both, before
- * any byte is written. Inputs may share memory.
+ * loss's metrics, the distillation loss's loss, and the bytes of the caller's workspace the
+ * call uses) may overlap no input and no other output, byte range against byte range (from
+ * shapes and strides; the policy loss's per-row inputs, the distillation loss's teacher
+ * tensors and dloss, and spans are inputs too): SPH_ERR_INVALID_ARG naming both, before any
+ * byte is written. Inputs may share memory.
  *
  * Strides. Every tensor, input or output, is validated alike: inner stride 1, outer strides
  * covering a whole row (rows never overlap), the offset of the last element and its byte
@@ -903,6 +904,104 @@ SPH_API sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
 #define SPH_SCALE_MAX 8
 SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
                                      const sph_tensor *const *tensors, int n);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Distillation losses fused into the head (docs/distill.md)                                 */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * One call computes a distillation loss of the student's distribution Q against a teacher's P
+ * and (with dhidden / dweight) its gradients to the student's hidden and weight, without
+ * materializing logits (chunks of R active rows, whole V_loc staged in fp32). Per active row i
+ * (the head's mask / spans):
+ *   Q = softmax(z), z = the head's logits (softcap, then / temperature; spanhead.h "The LM
+ *       head");
+ *   dense teacher (teacher_hidden (N, H_T), teacher_weight (V_loc, H_T), the student's
+ *       vocabulary shard): P = softmax(teacher_hidden . teacher_weight^T / T_T), T_T =
+ *       teacher_temperature or the row's student temperature; no softcap on the teacher;
+ *   sparse teacher (teacher_topk_ids (N, K) global ids, -1 = padding; teacher_topk_logprobs
+ *       (N, K) = log P on those ids): the bins are the K ids and one tail bin of the rest of
+ *       the vocabulary, P_r = max(0, 1 - sum_k P_k), Q_r = sum of q over the tail columns.
+ *       The tail bin is dropped (contributes 0, passes no gradient) when it holds no column
+ *       (the valid ids cover the vocabulary) or, for the reverse KL, when P_r = 0 (its term
+ *       would be +inf). 0 log 0 = 0 everywhere.
+ *   kind forward_kl: KL(P||Q) = sum P (log P - log Q); reverse_kl: KL(Q||P);
+ *   jsd: beta KL(P||M) + (1 - beta) KL(Q||M), M = beta P + (1 - beta) Q, beta in [0, 1]; as in
+ *       Liger's generalized JSD, beta = 0 is the forward KL and beta = 1 the reverse KL
+ *       (special cases: the formula itself is 0 there).
+ *   loss: reduction mean (over the active rows; 0 with none), sum, or none ((N), 0 on inactive
+ *       rows). No T^2 factor (multiply by T^2 yourself if your recipe wants one).
+ * Gradients flow to hidden and weight only (the teacher's tensors get none): the gradient of
+ * the reduced loss, or with reduction none of sum_i dloss_i loss_i (dloss NULL = 1).
+ * Cost: one sweep, 6 N_active H V flops (sparse teacher); the dense teacher adds its logits
+ * product, 2 N_active H_T V, never a teacher gradient product.
+ */
+
+typedef enum sph_distill_kind {
+    SPH_DISTILL_FORWARD_KL = 0,
+    SPH_DISTILL_REVERSE_KL = 1,
+    SPH_DISTILL_JSD = 2
+} sph_distill_kind;
+
+typedef enum sph_reduction {
+    SPH_REDUCTION_MEAN = 0, /* over the active rows */
+    SPH_REDUCTION_SUM = 1,
+    SPH_REDUCTION_NONE = 2  /* per row, (N) */
+} sph_reduction;
+
+/* The teacher's listed probabilities may exceed 1 by rounding up to this much: a log-prob
+ * above it, or sum_k exp(log-prob) above 1 + it, is an error. */
+#define SPH_DISTILL_MASS_TOL 1e-4
+
+typedef struct sph_distill_args {
+    size_t struct_size;           /* sizeof(sph_distill_args); set by SPH_DISTILL_ARGS_INIT */
+    sph_distill_kind kind;        /* default SPH_DISTILL_FORWARD_KL */
+    double beta;                  /* jsd: in [0, 1] (0.5); ignored by the KLs */
+    double teacher_temperature;   /* dense teacher: T_T > 0; 0 = the student's temperature */
+    sph_reduction reduction;      /* default SPH_REDUCTION_MEAN */
+    /* the teacher: dense (both) or sparse (both), on the head's device */
+    const sph_tensor *teacher_hidden;        /* (N, H_T) f32|bf16|f16 */
+    const sph_tensor *teacher_weight;        /* (V_loc, H_T), teacher_hidden's dtype */
+    const sph_tensor *teacher_topk_ids;      /* (N, K) i32|i64, global ids or -1 */
+    const sph_tensor *teacher_topk_logprobs; /* (N, K) f32, finite, <= 0 */
+    const sph_tensor *dloss;      /* reduction none only: f32 (N) upstream gradient of each
+                                     row's loss; NULL = 1 */
+    /* output: f32 (1) for mean / sum, (N) for none, on the head's device */
+    const sph_tensor *loss;
+} sph_distill_args;
+
+#define SPH_DISTILL_ARGS_INIT                                                                 \
+    {                                                                                         \
+        .struct_size = sizeof(sph_distill_args), .kind = SPH_DISTILL_FORWARD_KL, .beta = 0.5, \
+        .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN                           \
+    }
+
+/* Workspace bytes of sph_distill_loss for these arguments (the same ones later passed). */
+SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *head,
+                                                   const sph_distill_args *distill,
+                                                   size_t *bytes);
+
+/* The distillation loss above in one call. head: hidden, weight, active_mask / spans, vocab
+ * shard, temperature or temperature_rows (row i's student temperature; the dense teacher's
+ * too unless teacher_temperature is given), softcap, dhidden / dweight with accumulate /
+ * allreduce as in sph_head_forward (neither: the loss only); targets, candidates, the per-row
+ * outputs, stats, sum_p2, top-k, upstream gradients are refused (SPH_ERR_INVALID_ARG). TP: every rank of tp_comm passes its vocabulary shard of
+ * weight and teacher_weight (the same shard) and the same rows; every rank gets the same
+ * loss; dweight is the rank's shard, dhidden its partial unless allreduce_dhidden. Errors
+ * (nothing is written): SPH_ERR_INVALID_ARG for a kind, reduction or beta out of its domain,
+ * no teacher or both kinds of teacher, a bad teacher_temperature ("Policies", float
+ * conversions), dloss without reduction none, ids outside [0, vocab_total) other than -1,
+ * an id twice in a row, log-probs non-finite, above SPH_DISTILL_MASS_TOL or summing (as
+ * probabilities) above 1 + SPH_DISTILL_MASS_TOL on an active row (host memory: checked here;
+ * device memory: the caller's duty), non-finite dloss on an active row, any output
+ * overlapping an input or another output; SPH_ERR_SHAPE for teacher rows != N, teacher_weight
+ * rows != V_loc (the student's sharding), K = 0, loss not (1) / (N); SPH_ERR_DTYPE;
+ * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls;
+ * SPH_ERR_NONFINITE (host contexts) when an active row's statistics are not finite
+ * (gradient rows of earlier chunks may already be written; the message says so); plus every
+ * error of sph_head_forward. CUDA: enqueued on the context's stream, no host sync. */
+SPH_API sph_status sph_distill_loss(sph_ctx_t ctx, const sph_head_args *head,
+                                    const sph_distill_args *distill, void *workspace,
+                                    size_t workspace_bytes);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Communicator (tensor parallel statistics combine)                                          */

@@ -9,6 +9,7 @@
  *   handles.c  contexts, communicators, tuning and GEMM rates
  *   tensor.c   DLPack consumption and the head call
  *   policy.c   the fused policy loss call
+ *   distill.c  the fused distillation loss call
  */
 #ifndef SPH_PY_EXT_H
 #define SPH_PY_EXT_H
@@ -58,6 +59,10 @@
       (sph_ctx_t, const sph_head_args *, const sph_policy_args *, void *, size_t))            \
     X(sph_scale_inplace, sph_status,                                                          \
       (sph_ctx_t, const sph_tensor *, const sph_tensor *const *, int))                        \
+    X(sph_distill_loss_workspace_size, sph_status,                                            \
+      (sph_ctx_t, const sph_head_args *, const sph_distill_args *, size_t *))                 \
+    X(sph_distill_loss, sph_status,                                                           \
+      (sph_ctx_t, const sph_head_args *, const sph_distill_args *, void *, size_t))           \
     X(sph_comm_create_none, sph_status, (sph_comm_t *))                                       \
     X(sph_comm_create_mpi, sph_status, (sph_comm_t *, const void *, const sph_comm_config *)) \
     X(sph_comm_create_mpi_world, sph_status,                                                  \
@@ -179,6 +184,7 @@ SPH_PY_METHOD(py_gemm_rate_sustained);
 SPH_PY_METHOD(py_head);
 SPH_PY_METHOD(py_scale);
 SPH_PY_METHOD(py_policy_loss);
+SPH_PY_METHOD(py_distill_loss);
 SPH_PY_METHOD(py_tensor_info);
 #undef SPH_PY_METHOD
 

@@ -262,6 +262,7 @@ static PyMethodDef methods[] = {
     {"scale", py_scale, METH_VARARGS,
      "Scales tensors in place by a device scalar (sph_scale_inplace)."},
     {"policy_loss", py_policy_loss, METH_VARARGS, "Runs the fused RL policy loss."},
+    {"distill_loss", py_distill_loss, METH_VARARGS, "Runs the fused distillation loss."},
     {"tensor_info", py_tensor_info, METH_VARARGS, "Consumes a DLPack capsule, describes it."},
     {NULL, NULL, 0, NULL}};
 

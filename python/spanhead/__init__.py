@@ -23,6 +23,7 @@ from .head import (Context, HeadResult, default_context, describe_tensor, head_b
 from .meta import (alignment, cp_local_rows, layout, pack, spans, spans_from_mask,
                    validate_spans)
 from .policy import PolicyResult, policy_loss, sequence_group
+from .distill import DistillResult, distill_loss
 
 #: Path of the loaded C library.
 LIBRARY_PATH = _lib.LIBRARY_PATH
@@ -50,4 +51,4 @@ __all__ = ([c.__name__ for c in _BY_STATUS] +
             "default_context", "describe_tensor", "head_forward", "head_backward", "alignment",
             "cp_local_rows", "layout", "pack", "spans", "spans_from_mask", "validate_spans",
             "library_version", "cuda_device_count", "missing_functions", "LIBRARY_PATH",
-            "policy_loss", "PolicyResult", "sequence_group"])
+            "policy_loss", "PolicyResult", "sequence_group", "distill_loss", "DistillResult"])

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "run_dist.h"
+#include "run_distill.h"
 #include "run_policy.h"
 
 #ifdef SPH_HAVE_MPI
@@ -39,9 +40,10 @@ typedef struct verdict {
 
 /* The union of the paths' option names, in one order on every rank (the same binary). */
 static int slot_names(const char **names) {
-    const sph_cli_opt *tables[2] = {sph_cli_dist_opts, sph_cli_policy_opts};
+    const sph_cli_opt *tables[3] = {sph_cli_dist_opts, sph_cli_policy_opts,
+                                    sph_cli_distill_opts};
     int n = 0;
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 3; t++)
         for (const sph_cli_opt *o = tables[t]; o->name; o++) {
             int k = 0;
             while (k < n && strcmp(names[k], o->name)) k++;
@@ -87,7 +89,9 @@ static uint64_t value_hash(const sph_cli_opt *o, const void *opts) {
 }
 
 static const char *path_name(int path) {
-    return path == SPH_CLI_PATH_POLICY ? "the policy loss (--policy-loss)" : "the head run";
+    return path == SPH_CLI_PATH_POLICY    ? "the policy loss (--policy-loss)"
+           : path == SPH_CLI_PATH_DISTILL ? "the distillation loss (--distill)"
+                                          : "the head run";
 }
 
 int sph_cli_dist_agree(int path, const sph_cli_opt *table, const void *opts, int rc,

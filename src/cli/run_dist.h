@@ -34,7 +34,7 @@ int sph_cli_run_dist(int argc, char **argv);
 
 /* ---- step 0: the ranks agree (dist_agree.c) ---------------------------------------------- */
 
-enum { SPH_CLI_PATH_HEAD = 1, SPH_CLI_PATH_POLICY = 2 };
+enum { SPH_CLI_PATH_HEAD = 1, SPH_CLI_PATH_POLICY = 2, SPH_CLI_PATH_DISTILL = 3 };
 
 /* Collective over MPI_COMM_WORLD, the first of every distributed path: this rank's path, its
  * parse result (rc 0, 1 or 2 with msg, or SPH_CLI_HELP) and its parsed options (table, opts)

@@ -1,0 +1,123 @@
+/*
+ * distill.c - the fused distillation loss call (sph_distill_loss): the head's tensors and the
+ * teacher's consumed from DLPack, the scalar configuration converted with spanhead's
+ * exceptions, the workspace from the Python allocator, the call without the GIL.
+ */
+#include "_spanhead.h"
+
+#include <string.h>
+
+enum {
+    D_HIDDEN, D_WEIGHT, D_MASK, D_DHIDDEN, D_DWEIGHT, D_TH, D_TW, D_IDS, D_LP, D_DLOSS, D_LOSS,
+    D_TROWS, D_COUNT
+};
+static const char *const names[D_COUNT] = {
+    "hidden", "weight", "loss_mask", "dhidden", "dweight", "teacher_hidden", "teacher_weight",
+    "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss", "temperature_rows"};
+static int is_output(int i) { return i == D_DHIDDEN || i == D_DWEIGHT || i == D_LOSS; }
+
+/* distill_loss(ctx, tensors: tuple of 12, spans, workspace_alloc, vocab_start, vocab_total,
+ *              temperature, softcap, acc_dh, acc_dw, allreduce_dh,
+ *              (kind, beta, teacher_temperature, reduction)) -> workspace bytes used */
+PyObject *py_distill_loss(PyObject *self, PyObject *args) {
+    PyObject *ctx_obj, *tensors, *spans_obj, *alloc, *v0_obj, *vt_obj, *temp_obj, *cap_obj, *cfg;
+    int acc_dh, acc_dw, allred;
+    if (!PyArg_ParseTuple(args, "OO!OOOOOOiiiO!", &ctx_obj, &PyTuple_Type, &tensors, &spans_obj,
+                          &alloc, &v0_obj, &vt_obj, &temp_obj, &cap_obj, &acc_dh, &acc_dw,
+                          &allred, &PyTuple_Type, &cfg))
+        return NULL;
+    sph_distill_args d = SPH_DISTILL_ARGS_INIT;
+    int64_t v0, vt;
+    double temp, softcap;
+    int kind, red;
+    if (arg_i64(v0_obj, "vocab_start", &v0) < 0 || arg_i64(vt_obj, "vocab_total", &vt) < 0 ||
+        arg_double(temp_obj, "temperature", &temp) < 0 ||
+        arg_double(cap_obj, "softcap", &softcap) < 0)
+        return NULL;
+    if (PyTuple_Size(cfg) != 4) {
+        PyErr_SetString(PyExc_TypeError, "distill_loss: expected a 4-tuple configuration");
+        return NULL;
+    }
+    if (arg_int(PyTuple_GetItem(cfg, 0), "kind", &kind) < 0 ||
+        arg_double(PyTuple_GetItem(cfg, 1), "beta", &d.beta) < 0 ||
+        arg_double(PyTuple_GetItem(cfg, 2), "teacher_temperature", &d.teacher_temperature) < 0 ||
+        arg_int(PyTuple_GetItem(cfg, 3), "reduction", &red) < 0)
+        return NULL;
+    d.kind = (sph_distill_kind)kind;
+    d.reduction = (sph_reduction)red;
+    NEED(sph_distill_loss_workspace_size);
+    NEED(sph_distill_loss);
+    sph_ctx_t ctx = ctx_of(ctx_obj);
+    if (!ctx) return NULL;
+    if (PyTuple_Size(tensors) != D_COUNT) {
+        PyErr_Format(PyExc_TypeError, "distill_loss: expected %d tensor slots", (int)D_COUNT);
+        return NULL;
+    }
+    consumed slots[D_COUNT], sp, ws;
+    memset(slots, 0, sizeof slots);
+    memset(&sp, 0, sizeof sp);
+    memset(&ws, 0, sizeof ws);
+    PyObject *res = NULL, *ws_cap = NULL;
+    int have[D_COUNT];
+    for (int i = 0; i < D_COUNT; i++) {
+        have[i] = consume(PyTuple_GetItem(tensors, i), names[i], &slots[i]);
+        if (have[i] < 0) goto done;
+        if (have[i] && is_output(i) && slots[i].read_only) {
+            raise_fmt(SPH_ERR_INVALID_ARG, "%s: output tensor is read-only", names[i]);
+            goto done;
+        }
+    }
+    const int64_t *spans;
+    int64_t n_spans;
+    if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
+    sph_head_args a = SPH_HEAD_ARGS_INIT;
+#define T(i) (have[i] ? &slots[i].t : NULL)
+    a.hidden = T(D_HIDDEN);
+    a.weight = T(D_WEIGHT);
+    a.active_mask = T(D_MASK);
+    a.dhidden = T(D_DHIDDEN);
+    a.dweight = T(D_DWEIGHT);
+    d.teacher_hidden = T(D_TH);
+    d.teacher_weight = T(D_TW);
+    d.teacher_topk_ids = T(D_IDS);
+    d.teacher_topk_logprobs = T(D_LP);
+    d.dloss = T(D_DLOSS);
+    d.loss = T(D_LOSS);
+    a.temperature_rows = T(D_TROWS);
+#undef T
+    a.vocab_start = v0;
+    a.vocab_total = vt;
+    a.temperature = temp;
+    a.softcap = softcap;
+    a.spans = spans;
+    a.n_spans = n_spans;
+    a.accumulate_dhidden = acc_dh;
+    a.accumulate_dweight = acc_dw;
+    a.allreduce_dhidden = allred;
+    size_t bytes = 0;
+    sph_status s = lib.sph_distill_loss_workspace_size(ctx, &a, &d, &bytes);
+    if (s) {
+        raise_lib(s);
+        goto done;
+    }
+    void *wptr;
+    size_t wbytes;
+    if (consume_workspace(alloc, bytes, "distill_loss", &ws_cap, &ws, &wptr, &wbytes) < 0)
+        goto done;
+    SPH_NOGIL(s = lib.sph_distill_loss(ctx, &a, &d, wptr, wbytes));
+    if (s) {
+        raise_lib(s);
+        goto done;
+    }
+    res = PyLong_FromUnsignedLongLong((unsigned long long)bytes);
+done : {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    for (int i = 0; i < D_COUNT; i++) release(&slots[i]);
+    release(&sp);
+    release(&ws);
+    PyErr_Restore(et, ev, tb);
+}
+    Py_XDECREF(ws_cap);
+    return res;
+}

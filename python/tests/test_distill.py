@@ -1,0 +1,191 @@
+"""spanhead.torch.distill_loss and spanhead.distill_loss (CPU) against the same losses written
+in plain torch (spanhead/_distill_eager.py: logits materialized, autograd) in float64: values
+and gradients for every kind (jsd 0.3 and its special cases), dense and sparse teachers
+(padding, a tail of mass 0), reductions (none with a non-uniform incoming gradient), masks,
+temperatures, softcap, bf16 inputs; the NumPy entry point against the reference kernels;
+errors. The CUDA half is test_distill_cuda.py."""
+
+import numpy as np
+import pytest
+
+import spanhead
+
+torch = pytest.importorskip("torch")
+import spanhead.torch as st  # noqa: E402
+from spanhead._distill_eager import distill_eager  # noqa: E402
+
+KINDS = (("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.3), ("jsd", 0.0), ("jsd", 1.0))
+
+
+def case(rng, N=23, H=12, V=41, HT=9, K=6, dense=True, tail0=False):
+    h = rng.standard_normal((N, H)).astype(np.float32)
+    w = (rng.standard_normal((V, H)) * 1.5 / H ** 0.5).astype(np.float32)
+    mask = (rng.random(N) < 0.7).astype(np.uint8)
+    mask[0] = 1
+    if dense:
+        th = rng.standard_normal((N, HT)).astype(np.float32)
+        tw = (rng.standard_normal((V, HT)) * 2 / HT ** 0.5).astype(np.float32)
+        return h, w, mask, dict(teacher_hidden=th, teacher_weight=tw)
+    z = rng.standard_normal((N, V)) * 2
+    lp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    ids = np.argsort(-lp, 1)[:, :K].copy()
+    tl = np.take_along_axis(lp, ids, 1)
+    if tail0:
+        tl = tl - np.log(np.exp(tl).sum(1, keepdims=True)) + 2e-6
+    ids[:, 2] = -1
+    return h, w, mask, dict(teacher_topk_ids=ids.astype(np.int64),
+                            teacher_topk_logprobs=tl.astype(np.float32))
+
+
+def t64(x):
+    return torch.tensor(x).double() if np.asarray(x).dtype.kind == "f" else torch.tensor(x)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("kind,beta", KINDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_torch_vs_eager(rng, dense, kind, beta, reduction):
+    h, w, mask, teacher = case(rng, dense=dense, tail0=(not dense and beta == 1.0))
+    T, TT = (0.8, 1.6) if dense else (1.3, None)
+    H = torch.tensor(h, requires_grad=True)
+    W = torch.tensor(w, requires_grad=True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, loss_mask=torch.tensor(mask), kind=kind, beta=beta,
+                          temperature=T, teacher_temperature=TT, reduction=reduction, **tt)
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    want = distill_eager(H64, W64, loss_mask=torch.tensor(mask), kind=kind, beta=beta,
+                         temperature=T, teacher_temperature=TT, reduction=reduction,
+                         **{k: t64(v) for k, v in teacher.items()})
+    g = torch.linspace(0.5, 1.5, h.shape[0]) if reduction == "none" else torch.tensor(0.7)
+    (got * g).sum().backward()
+    (want * g.double()).sum().backward()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=2e-5, atol=1e-6)
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        scale = b.abs().max().item()
+        assert scale > 1e-6
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=2e-5 * scale)
+
+
+def test_softcap_and_bf16(rng):
+    h, w, mask, teacher = case(rng, dense=False)
+    H = torch.tensor(h).bfloat16().requires_grad_(True)
+    W = torch.tensor(w).bfloat16().requires_grad_(True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, kind="jsd", beta=0.4, softcap=3.0, **tt)
+    got.backward()
+    H64 = H.detach().double().requires_grad_(True)
+    W64 = W.detach().double().requires_grad_(True)
+    want = distill_eager(H64, W64, kind="jsd", beta=0.4, softcap=3.0,
+                         **{k: t64(v) for k, v in teacher.items()})
+    want.backward()
+    assert abs(got.item() - want.item()) <= 1e-4 * abs(want.item()) + 1e-6
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.double().numpy(), b.numpy(), rtol=2e-2,
+                                   atol=2e-2 * b.abs().max().item())
+
+
+def test_leading_dims_and_no_grad(rng):
+    h, w, mask, teacher = case(rng, N=12, dense=True)
+    H = torch.tensor(h).reshape(3, 4, -1)
+    tt = {k: (torch.tensor(v).reshape(3, 4, -1) if k == "teacher_hidden" else torch.tensor(v))
+          for k, v in teacher.items()}
+    with torch.no_grad():
+        rows = st.distill_loss(H, torch.tensor(w), reduction="none", **tt)
+    assert rows.shape == (3, 4)
+    want = distill_eager(torch.tensor(h).double(), torch.tensor(w).double(), reduction="none",
+                         **{k: t64(v) for k, v in teacher.items()})
+    np.testing.assert_allclose(rows.reshape(-1).numpy(), want.numpy(), rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_numpy_ref_vs_default(rng, dense):
+    h, w, mask, teacher = case(rng, dense=dense)
+    out = {}
+    for kernel in ("ref", None):
+        ctx = spanhead.Context("cpu", kernel=kernel)
+        out[kernel] = spanhead.distill_loss(h, w, loss_mask=mask, kind="jsd", beta=0.6,
+                                            reduction="sum", context=ctx, **teacher)
+    a, b = out[None], out["ref"]
+    assert abs(a.loss - b.loss) <= 2e-5 * abs(b.loss)
+    for k in ("dhidden", "dweight"):
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=2e-5 * np.abs(b[k]).max())
+    assert np.all(a.dhidden[mask == 0] == 0)
+
+
+def test_errors(rng):
+    h, w, mask, teacher = case(rng, dense=False)
+    H, W = torch.tensor(h), torch.tensor(w)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    with pytest.raises(spanhead.InvalidArgumentError, match="beta"):
+        st.distill_loss(H, W, kind="jsd", beta=1.5, **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match="kind"):
+        st.distill_loss(H, W, kind="kl", **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match="reduction"):
+        st.distill_loss(H, W, reduction="avg", **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match="teacher"):
+        st.distill_loss(H, W)
+    bad = tt["teacher_topk_ids"].clone()
+    bad[0, 1] = bad[0, 0]
+    with pytest.raises(spanhead.InvalidArgumentError, match="appears twice"):
+        st.distill_loss(H, W, teacher_topk_ids=bad,
+                        teacher_topk_logprobs=tt["teacher_topk_logprobs"])
+    with pytest.raises(spanhead.InvalidArgumentError, match="sum to"):
+        st.distill_loss(H, W, teacher_topk_ids=tt["teacher_topk_ids"],
+                        teacher_topk_logprobs=torch.full_like(tt["teacher_topk_logprobs"], -0.1))
+    with pytest.raises(spanhead.ShapeError):
+        st.distill_loss(H, W, teacher_topk_ids=tt["teacher_topk_ids"][:5],
+                        teacher_topk_logprobs=tt["teacher_topk_logprobs"][:5])
+
+
+def test_torch_compile_fullgraph(rng):
+    h, w, mask, teacher = case(rng, dense=False)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+
+    def step(H, W):
+        return st.distill_loss(H, W, kind="jsd", beta=0.4, **tt)
+
+    out = {}
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        H = torch.tensor(h, requires_grad=True)
+        W = torch.tensor(w, requires_grad=True)
+        loss = fn(H, W)
+        loss.backward()
+        out[name] = (loss.detach(), H.grad, W.grad)
+    for a, b in zip(out["eager"], out["compiled"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_per_row_temperature(rng, dense):
+    h, w, mask, teacher = case(rng, dense=dense)
+    T = torch.tensor(rng.uniform(0.5, 2.0, h.shape[0]), dtype=torch.float32)
+    H = torch.tensor(h, requires_grad=True)
+    W = torch.tensor(w, requires_grad=True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                          temperature=T, **tt)
+    got.backward()
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    want = distill_eager(H64, W64, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                         temperature=T.double(), **{k: t64(v) for k, v in teacher.items()})
+    want.backward()
+    assert abs(got.item() - want.item()) <= 2e-5 * abs(want.item()) + 1e-7
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4,
+                                   atol=2e-5 * b.abs().max().item())
+    # the scalar path of the same temperature everywhere is the per-row path's
+    one = st.distill_loss(H.detach(), W.detach(), kind="jsd", beta=0.3,
+                          temperature=torch.full((h.shape[0],), 1.3), **tt)
+    sc = st.distill_loss(H.detach(), W.detach(), kind="jsd", beta=0.3, temperature=1.3, **tt)
+    assert abs(one.item() - sc.item()) <= 1e-6 * abs(sc.item())
+    # NumPy entry point with a per-row array
+    res = spanhead.distill_loss(h, w, loss_mask=mask, kind="jsd", beta=0.3,
+                                temperature=T.numpy(), **teacher)
+    assert abs(res.loss - want.item()) <= 2e-5 * abs(want.item()) + 1e-7
+    with pytest.raises(spanhead.InvalidArgumentError, match="temperature_rows"):
+        bad = T.clone()
+        bad[0] = -1.0
+        st.distill_loss(H.detach(), W.detach(), kind="jsd", temperature=bad, **tt)

@@ -1,0 +1,89 @@
+/*
+ * run_distill.h - `spanhead run --distill ...`: the fused distillation loss (sph_distill_loss,
+ * docs/distill.md) of the CLI. cmd_run.c dispatches here with one line:
+ *
+ *     if (sph_cli_run_wants_distill(argc, argv)) return sph_cli_run_distill(argc, argv);
+ *
+ *   run_distill.c       options, the .npy inputs, one process on the CPU or a GPU, --check
+ *                       against the float64 reference, loss.json and the .npy outputs
+ *   run_distill_dist.c  the same under mpirun: --tp (the world is one TP group of vocabulary
+ *                       shards), checked against one process
+ */
+#ifndef SPH_CLI_RUN_DISTILL_H
+#define SPH_CLI_RUN_DISTILL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+#include "util.h"
+
+/* The options of `run --distill` (run_distill.c). */
+extern const sph_cli_opt sph_cli_distill_opts[];
+
+/* 1 when argv (argv[0] = "run") has --distill. */
+int sph_cli_run_wants_distill(int argc, char **argv);
+/* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
+int sph_cli_run_distill(int argc, char **argv);
+
+/* ---- shared by run_distill.c and run_distill_dist.c ----------------------------------------- */
+
+typedef struct dst_opts {
+    int device, dtype, kind, red, check, json, dtype_given, temperature_given;
+    const char *inputs, *outputs, *kernel;
+    int64_t threads, repeats, tp;
+    double beta, tt, temperature, softcap;
+} dst_opts;
+
+/* The host problem, the whole vocabulary. */
+typedef struct dst_problem {
+    int64_t N, H, V, HT, K;
+    int bits, is_bf16, tbits, dense;
+    void *h, *w, *th, *tw; /* input dtype */
+    uint8_t *mask;
+    int64_t *ids;
+    float *lp;
+    float *trows; /* (N) temperature.npy, or NULL (--temperature) */
+} dst_problem;
+
+void dst_problem_free(dst_problem *p);
+/* Reads o->inputs; 0 or an exit code (message printed). */
+int dst_problem_read(const dst_opts *o, dst_problem *p);
+
+/* Outputs of one run, host copies: loss (1 or N), dhidden (N, H), dweight (the rank's rows). */
+typedef struct dst_result {
+    float *loss, *dh, *dw;
+    double ms;
+    size_t ws_bytes;
+    char describe[256];
+} dst_result;
+
+void dst_result_free(dst_result *r);
+
+/* Where and how one call runs: tp NULL = one process (the whole vocabulary); else the rank's
+ * vocabulary rows [v0, v0 + V_loc) and dhidden all-reduced over tp. */
+typedef struct dst_where {
+    int on_cuda;
+    const char *kernel;
+    int64_t threads;
+    int reps; /* timed calls after the warm-up */
+    sph_comm_t tp;
+    int64_t v0, V_loc;
+} dst_where;
+
+/* One call; 0 or an exit code (message printed). */
+int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *w, dst_result *r);
+/* max |got - ref| / max(|ref|, floor) (normwise), NaN -> inf */
+double dst_rel(const float *got, const float *ref, int64_t n, double floor);
+extern const char *const dst_out_files[];
+/* Writes loss.json, dhidden.npy, dweight.npy into the begun set and publishes it. */
+int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *p,
+                      const dst_result *r);
+void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, int checked,
+                int passed, const double err[3], double tol);
+void dst_usage(FILE *f);
+/* The distributed form (run_distill_dist.c), under an MPI launcher or with --tp: o as far as
+ * this rank parsed it, rc its verdict (0, or 2 with msg, or SPH_CLI_HELP). */
+int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
+
+#endif

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# test_distill.sh - `spanhead run --distill forward-kl|reverse-kl|jsd --inputs DIR --outputs DIR`
+# (issue 25 item 4): every kind (jsd at 0.3 and its special cases), dense and sparse teachers,
+# every reduction, a teacher temperature, against an independent NumPy float64 oracle
+# (distill_oracle.py: loss.json, dhidden.npy, dweight.npy); --check and --json on f32 and bf16;
+# bad input fails with its message and exit code and leaves the outputs directory as it was.
+set -uo pipefail
+cli=${1:?usage: test_distill.sh path/to/spanhead}
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+if ! python3 -c 'import numpy' 2>/dev/null; then
+    echo "skipped: numpy is not installed"
+    exit 77
+fi
+oracle() { python3 "$here/distill_oracle.py" "$@"; }
+seed=${SPH_TEST_SEED:-$RANDOM}
+echo "test_distill: seed $seed"
+for t in dense sparse; do
+    mkdir -p "$tmp/$t" "$tmp/${t}16" "$tmp/${t}T"
+    oracle gen "$tmp/$t" "$seed" $t || exit 1
+    oracle gen "$tmp/${t}16" "$seed" $t --bf16 || exit 1
+    oracle gen "$tmp/${t}T" "$seed" $t --trows || exit 1
+done
+# temperature.npy: one temperature per row
+for t in denseT sparseT; do
+    if "$cli" run --distill jsd --beta 0.3 --inputs "$tmp/$t" --outputs "$tmp/o$t" --check \
+        > "$tmp/log" 2>&1 && oracle check "$tmp/$t" "$tmp/o$t" jsd 0.3 mean; then
+        ok "$t: temperature.npy"
+    else
+        bad "$t: temperature.npy"; tail -3 "$tmp/log"
+    fi
+done
+
+n=0
+for t in dense sparse; do
+    for kb in "forward-kl 0.5" "reverse-kl 0.5" "jsd 0.3" "jsd 0" "jsd 1"; do
+        set -- $kb
+        red=$([[ $((n % 3)) == 0 ]] && echo mean || ([[ $((n % 3)) == 1 ]] && echo sum || echo none))
+        tt=$([[ $t == dense && $n == 1 ]] && echo 1.7 || echo 0)
+        ttflag=$([[ $tt != 0 ]] && echo "--teacher-temperature $tt" || true)
+        out="$tmp/out$n"
+        if "$cli" run --distill "$1" --beta "$2" --reduction $red $ttflag --inputs "$tmp/$t" \
+            --outputs "$out" > "$tmp/log" 2>&1 && oracle check "$tmp/$t" "$out" "$1" "$2" $red $tt; then
+            ok "$t $1 beta=$2 $red tt=$tt"
+        else
+            bad "$t $1 beta=$2 $red tt=$tt"; tail -3 "$tmp/log"
+        fi
+        n=$((n + 1))
+    done
+done
+
+# --check --json, f32 and bf16, the reference kernels
+for d in dense sparse dense16 sparse16; do
+    j=$("$cli" run --distill jsd --beta 0.4 --dtype bf16 --inputs "$tmp/$d" --check --json 2>&1)
+    if [[ $? == 0 ]] && python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["check"]["passed"]' "$j"; then
+        ok "--check --json $d"
+    else
+        bad "--check --json $d: $j"
+    fi
+done
+
+# expect_rc CODE NEEDLE -- command...
+expect_rc() {
+    local want=$1 needle=$2
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc -ne $want ]]; then
+        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
+    fi
+    if [[ -n $needle && $out != *"$needle"* ]]; then
+        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
+    fi
+    ok "$* (exit $rc)"
+}
+mkdir -p "$tmp/keep" && echo old > "$tmp/keep/loss.json"
+expect_rc 1 "distill.beta: 1.5" -- "$cli" run --distill jsd --beta 1.5 --inputs "$tmp/sparse" --outputs "$tmp/keep"
+expect_rc 1 "teacher_temperature" -- "$cli" run --distill forward-kl --teacher-temperature -1 --inputs "$tmp/dense" --outputs "$tmp/keep"
+expect_rc 2 "needs --inputs" -- "$cli" run --distill jsd
+expect_rc 2 "" -- "$cli" run --distill kl --inputs "$tmp/dense"
+expect_rc 1 "give one" -- "$cli" run --distill jsd --temperature 2 --inputs "$tmp/denseT"
+expect_rc 2 "needs 2 ranks" -- "$cli" run --distill jsd --tp 2 --inputs "$tmp/dense"
+cp -r "$tmp/sparse" "$tmp/badids"
+python3 -c "import numpy as np; a=np.load('$tmp/badids/teacher_topk_ids.npy'); a[0,1]=a[0,0]; np.save('$tmp/badids/teacher_topk_ids.npy', a)"
+python3 -c "import numpy as np; m=np.load('$tmp/badids/mask.npy'); m[0]=1; np.save('$tmp/badids/mask.npy', m)"
+expect_rc 1 "appears twice" -- "$cli" run --distill jsd --inputs "$tmp/badids" --outputs "$tmp/keep"
+cp -r "$tmp/dense" "$tmp/both" && cp "$tmp/sparse/teacher_topk_ids.npy" "$tmp/sparse/teacher_topk_logprobs.npy" "$tmp/both/"
+expect_rc 1 "exactly one pair" -- "$cli" run --distill jsd --inputs "$tmp/both" --outputs "$tmp/keep"
+if [[ $(cat "$tmp/keep/loss.json") == old && $(ls "$tmp/keep") == loss.json ]]; then
+    ok "outputs untouched by the failed runs"
+else
+    bad "a failed run changed $tmp/keep"
+fi
+[[ $fails == 0 ]] || { echo "$fails failed"; exit 1; }
+echo "all passed"
