@@ -23,7 +23,12 @@
  *          CUDA:      sph_head_cuda_forward (src/cuda/head.cu) -> cuBLAS / sm_90a kernels
  * The backward goes the same way through .backward / .support_backward.
  *
- * SPH_HAVE_CUDA appears in registry.c only: the rest of the library asks the registry.
+ * The losses above the head (src/policy, ...) keep tables of their own, chosen from the
+ * context (device, forced reference), and reach the head through this table and the plan's
+ * row hook (src/head/plan.h): neither table names a loss.
+ *
+ * SPH_HAVE_CUDA appears in the registries only: registry.c (the devices) and each loss's
+ * choice of its backends (policy.c); the rest of the library asks them.
  */
 #ifndef SPH_CORE_BACKEND_H
 #define SPH_CORE_BACKEND_H
@@ -39,7 +44,6 @@ extern "C" {
 /* The head's validated call (src/head/plan.h): core passes it by pointer and never reads it. */
 typedef struct sph_head_plan sph_head_plan;
 struct sph_head_kern;   /* CPU tile micro-kernels of one ISA (src/head/cpu_kernels.h) */
-struct sph_policy_plan; /* the policy loss's validated arguments (issue 14; its owner's) */
 
 /* A pass of the head on a validated plan. ws is the caller's workspace (at least the bytes
  * the workspace slot asked for, already checked). */
@@ -65,12 +69,6 @@ typedef struct sph_head_backend {
                            sph_head_pass_info *info);
     sph_head_pass_fn forward, backward;                 /* full vocabulary (K = 0) */
     sph_head_pass_fn support_forward, support_backward; /* sample support (K > 0) */
-    /* The fused policy loss (issue 14). NULL until a backend implements it: the entry point
-     * then answers SPH_ERR_UNSUPPORTED (sph_backend_missing). */
-    sph_status (*policy_workspace)(sph_ctx_t ctx, const struct sph_policy_plan *pp,
-                                   size_t *bytes);
-    sph_status (*policy)(sph_ctx_t ctx, const struct sph_policy_plan *pp, void *ws,
-                         size_t ws_bytes);
     /* CPU backends: the tile micro-kernels of the context's ISA (picked once at creation). */
     const struct sph_head_kern *cpu_kern;
     /* 1 when the forward/backward slots honour batch_invariant (a row's outputs bitwise

@@ -41,7 +41,6 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
 #include "cuda/head_onepass.cuh"
-#include "policy/policy.h"
 #include "cuda/tune.cuh"
 
 // ---- host: pieces of a pass ------------------------------------------------------------------
@@ -834,6 +833,4 @@ extern "C" void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->support_forward = cuda_support_forward;
     be->support_backward = cuda_support_backward;
     be->batch_invariant = 1; /* fixed tiling and split width (head_layout.cu) */
-    be->policy_workspace = sph_policy_cuda_workspace; /* src/cuda/policy.cu */
-    be->policy = sph_policy_cuda_run;
 }

@@ -40,7 +40,6 @@
 #include "comm/comm.h"
 #include "head/cpu_kernels.h"
 #include "head/host.h"
-#include "policy/policy.h"
 
 #define VT_DEFAULT 256
 #define R_DEFAULT 512
@@ -668,9 +667,9 @@ static sph_status full_forward(const run *r) {
         for (int64_t q = 0; q < nr; q++)
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
         write_sum_p2(r, r->rows + c0, nr, crec, at(r, L->o_q), 0);
-        /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
-         * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
-        if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
+        /* the plan's row hook (a loss) turns the rows' final logprob / entropy into
+         * dlogprob / dentropy before the chunk's dlogits read them (plan.h) */
+        if (p->row_hook.host) p->row_hook.host(p->row_hook.arg, r->rows + c0, nr);
         chunk_coefs(r, c0, nr, crec);
         chunk_backward(r, c0, nr, 1, dw, ld_dw);
     }
@@ -921,8 +920,6 @@ void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be) {
      * edge kernels) and its dH on the chunk's split; refused at creation rather than not
      * honoured (issue 18 item 14). */
     be->batch_invariant = 0;
-    be->policy_workspace = sph_policy_cpu_workspace; /* src/policy/policy_cpu.c */
-    be->policy = sph_policy_cpu_run;
     switch (ctx->isa) {
     case SPH_ISA_AVX512:
     case SPH_ISA_AVX512BF16: be->cpu_kern = &g_kern_avx512; break;

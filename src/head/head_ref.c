@@ -36,7 +36,6 @@
 #include "comm/comm.h"
 #include "core/backend.h"
 #include "head/host.h"
-#include "policy/policy.h"
 
 // ---- element access --------------------------------------------------------------------
 
@@ -422,7 +421,4 @@ void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged) {
     be->forward = be->support_forward = staged ? staged_forward : ref_forward;
     be->backward = be->support_backward = staged ? staged_backward : ref_backward;
     be->batch_invariant = 1; /* every row is its own float64 loop */
-    /* the fused policy loss's reference reads host memory only (src/policy/policy_ref.c) */
-    be->policy_workspace = staged ? NULL : sph_policy_ref_workspace;
-    be->policy = staged ? NULL : sph_policy_ref_run;
 }

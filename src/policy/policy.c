@@ -2,8 +2,9 @@
  * policy.c - the public entry points of the fused RL policy loss (sph_policy_loss_workspace_size,
  * sph_policy_loss): validation of the head's and the policy's argument blocks into a head plan
  * (a one-pass forward whose upstream gradients the loss defines) and a policy plan, then
- * one indirect call through the context's head table (core/backend.h: the policy slots, filled
- * by the reference, the CPU backend and CUDA).
+ * one indirect call through the loss's own table (policy.h: the reference, the CPU backend,
+ * CUDA), chosen here from the context; the backends reach the head through the context's head
+ * table and the plan's row hook (src/head/plan.h).
  *
  * Every check runs before any output is written: the head's (sph_head_plan_make), the scalar
  * domains of the loss, the per-row tensors' shapes, dtypes and devices, the arguments each
@@ -236,11 +237,21 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
 
 // ---- dispatch through the context's table ---------------------------------------------------
 
+/* policy.h */
+const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx) {
+    if (ctx->use_ref) return ctx->dev->host_memory ? &sph_policy_ref_backend : NULL;
+    if (ctx->dev->host_memory) return &sph_policy_cpu_backend;
+#ifdef SPH_HAVE_CUDA
+    if (ctx->device.type == SPH_DEVICE_CUDA) return &sph_policy_cuda_backend;
+#endif
+    return NULL;
+}
+
 static sph_status workspace_of(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     *bytes = 0;
-    if (!ctx->head.policy_workspace || !ctx->head.policy)
-        return sph_backend_missing(ctx, "policy loss");
-    return ctx->head.policy_workspace(ctx, pp, bytes);
+    const sph_policy_backend *be = sph_policy_backend_of(ctx);
+    if (!be) return sph_backend_missing(ctx, "policy loss");
+    return be->workspace(ctx, pp, bytes);
 }
 
 sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *head,
@@ -368,7 +379,7 @@ static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
         s = policy_tp_agree(ctx, &pp, s);
     }
     SPH_TRY(s);
-    return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
+    return sph_policy_backend_of(ctx)->run(ctx, &pp, workspace, workspace_bytes);
 }
 
 sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
@@ -383,12 +394,12 @@ void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head
     *fwd = *hp;
     fwd->dhidden = fwd->dweight = NULL;
     fwd->one_pass = 0;
-    fwd->policy = NULL;
+    memset(&fwd->row_hook, 0, sizeof fwd->row_hook);
     fwd->dlogprob = fwd->dentropy = NULL;
     fwd->allreduce_dh = 0;
     *bwd = *hp;
     bwd->one_pass = 0;
-    bwd->policy = NULL;
+    memset(&bwd->row_hook, 0, sizeof bwd->row_hook);
 }
 
 /* policy.h: the head's share of the workspace (gspo: its forward's or backward's, the larger). */
