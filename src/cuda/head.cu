@@ -161,7 +161,7 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
 static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
                               int64_t c0, int64_t w, int merge) {
     const sph_head_plan *p = c->p;
-    const int with_e = c->lay->onepass_e;
+    const int with_e = c->lay->path == SPH_CUDA_PATH_STAGED_E;
     sph_sm90_epi e =
         fused_args(c, ch, c0, with_e ? SPH_SM90_EPI_STATS | SPH_SM90_EPI_E : SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
@@ -647,7 +647,8 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     /* One-pass with staged chunks takes each chunk's gradients from its staged logits right
      * after the chunk's statistics. Otherwise every chunk's statistics, one combine and the
      * finalize; one-pass then runs the backward's gradient sweep (logits recomputed). */
-    const int per_chunk = p->one_pass && lay.onepass_chunks;
+    const int per_chunk =
+        lay.path == SPH_CUDA_PATH_STAGED_E || lay.path == SPH_CUDA_PATH_STAGED_F32;
     chunk ch;
     int64_t ci = 0;
     chunks_reset(&c);
@@ -672,7 +673,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
                                            ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
-            if (lay.onepass_e) {
+            if (lay.path == SPH_CUDA_PATH_STAGED_E) {
                 int done = 0;
                 SPH_TRY(e2d_overlapped(&c, &ch, ci, &done));
                 if (!done) {
@@ -811,13 +812,8 @@ static sph_status cuda_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
                   (lay.col_outer ? SPH_PASS_VOCAB_OUTER : 0u) |
                   (lay.bi ? SPH_PASS_BATCH_INVARIANT : 0u) |
                   ((int64_t)lay.total > lay.budget ? SPH_PASS_OVER_BUDGET : 0u);
-    const char *path = lay.fused ? "fused" : "cublas";
-    if (p->one_pass) {
-        if (lay.onepass_e) path = "staged-e";
-        else if (lay.onepass_chunks) path = "staged-f32";
-        else path = "recompute", info->flags |= SPH_PASS_RECOMPUTES;
-    }
-    snprintf(info->path, sizeof info->path, "%s", path);
+    if (lay.path == SPH_CUDA_PATH_RECOMPUTE) info->flags |= SPH_PASS_RECOMPUTES;
+    snprintf(info->path, sizeof info->path, "%s", sph_cuda_path_name(lay.path));
     return SPH_OK;
 }
 

@@ -4,7 +4,7 @@
  * rows, fp32 accumulation.
  *
  * Why: cuBLAS picks its algorithm from (R, H, Vs), so the same row's dhidden rounded
- * differently when the batch around it changed (max |diff| 9.8e-4 in bf16 on the H200). Here
+ * differently when the batch around it changed (notes/cuda-notes.md has the size). Here
  * every output element is acc = 0, then acc += one 16-wide mma.sync step for k = 0, 16, 32, ...
  * ascending, whatever the tile, the row's position, R or the chunk: a row's dhidden depends on
  * its own dlogits row, W and Vs only (the splits are added in a fixed order by the caller).

@@ -70,10 +70,10 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->schedule = (fl & SPH_CUDA_FLAG_PINGPONG)      ? SPH_SM90_SCHED_PINGPONG
                    : (fl & SPH_CUDA_FLAG_COOPERATIVE) ? SPH_SM90_SCHED_COOPERATIVE
                                                       : SPH_SM90_SCHED_AUTO;
-    st->onepass_mode = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? 1
-                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? 2
-                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
-                                                                : 0;
+    st->onepass_path = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? SPH_CUDA_PATH_STAGED_E
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? SPH_CUDA_PATH_STAGED_F32
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? SPH_CUDA_PATH_RECOMPUTE
+                                                                : SPH_CUDA_PATH_AUTO;
     st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
     st->e_two_chunks = (fl & SPH_CUDA_FLAG_E_TWO_CHUNKS) != 0;
     st->dh_splitk = (fl & SPH_CUDA_FLAG_DH_SPLITK) != 0;
