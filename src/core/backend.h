@@ -23,12 +23,12 @@
  *          CUDA:      sph_head_cuda_forward (src/cuda/head.cu) -> cuBLAS / sm_90a kernels
  * The backward goes the same way through .backward / .support_backward.
  *
- * The losses above the head (src/policy, ...) keep tables of their own, chosen from the
- * context (device, forced reference), and reach the head through this table and the plan's
- * row hook (src/head/plan.h): neither table names a loss.
+ * The losses above the head (src/policy, ...) keep tables of their own: the host ones chosen
+ * by the loss from the context (forced reference or not), a device's handed out by the
+ * device table's loss_backend slot (opaque here); they reach the head through this table and
+ * the plan's row hook (src/head/plan.h). Neither table's type names a loss.
  *
- * SPH_HAVE_CUDA appears in the registries only: registry.c (the devices) and each loss's
- * choice of its backends (policy.c); the rest of the library asks them.
+ * SPH_HAVE_CUDA appears in registry.c only: the rest of the library asks the registry.
  */
 #ifndef SPH_CORE_BACKEND_H
 #define SPH_CORE_BACKEND_H
@@ -97,6 +97,10 @@ typedef struct sph_device_ops {
      * kernels over it, slot by slot (skipped when the reference is forced). */
     void (*ref_fill)(sph_ctx_t ctx, sph_head_backend *be, int staged);
     void (*head_fill)(sph_ctx_t ctx, sph_head_backend *be);
+    /* This device's backend of a loss above the head, by the loss's name ("policy"): the
+     * loss's own table (its type is the loss's), NULL when the device has none. NULL slot:
+     * none for any loss (the host device: each loss holds its CPU backends itself). */
+    const void *(*loss_backend)(const char *loss);
     /* Memory helpers behind sph_ctx_malloc and friends (memcpy is synchronous). */
     sph_status (*malloc)(sph_ctx_t ctx, size_t bytes, void **ptr);
     void (*free)(sph_ctx_t ctx, void *ptr);

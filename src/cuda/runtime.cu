@@ -13,6 +13,7 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
+#include "policy/policy.h"
 
 static int sph_cuda_count(void) {
     int n = 0;
@@ -172,6 +173,12 @@ static sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
 
 // ---- the device table -----------------------------------------------------------------------
 
+/* The CUDA backends of the losses above the head (core/backend.h, loss_backend). */
+static const void *sph_cuda_loss_backend(const char *loss) {
+    if (loss && !strcmp(loss, "policy")) return &sph_policy_cuda_backend; /* policy.cu */
+    return NULL;
+}
+
 static sph_device_ops make_ops(void) {
     sph_device_ops o;
     memset(&o, 0, sizeof o);
@@ -181,6 +188,7 @@ static sph_device_ops make_ops(void) {
     o.ctx_fini = sph_cuda_ctx_fini;
     o.ref_fill = sph_head_ref_fill; /* staged: the reference through host copies */
     o.head_fill = sph_head_cuda_fill;
+    o.loss_backend = sph_cuda_loss_backend;
     o.malloc = sph_cuda_malloc;
     o.free = sph_cuda_free;
     o.memcpy = sph_cuda_memcpy;

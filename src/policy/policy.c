@@ -241,10 +241,9 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
 const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx) {
     if (ctx->use_ref) return ctx->dev->host_memory ? &sph_policy_ref_backend : NULL;
     if (ctx->dev->host_memory) return &sph_policy_cpu_backend;
-#ifdef SPH_HAVE_CUDA
-    if (ctx->device.type == SPH_DEVICE_CUDA) return &sph_policy_cuda_backend;
-#endif
-    return NULL;
+    /* a device's: handed out by its table (src/cuda/runtime.cu) */
+    return ctx->dev->loss_backend ? (const sph_policy_backend *)ctx->dev->loss_backend("policy")
+                                  : NULL;
 }
 
 static sph_status workspace_of(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {

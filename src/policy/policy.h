@@ -80,10 +80,12 @@ typedef struct sph_policy_backend {
 
 extern const sph_policy_backend sph_policy_ref_backend;  /* policy_ref.c: host memory */
 extern const sph_policy_backend sph_policy_cpu_backend;  /* policy_cpu.c: head_cpu.c's sweep */
-extern const sph_policy_backend sph_policy_cuda_backend; /* src/cuda/policy.cu (CUDA builds) */
+/* src/cuda/policy.cu (CUDA builds), handed out by the CUDA device table's loss_backend */
+extern const sph_policy_backend sph_policy_cuda_backend;
 /* The loss's backend on ctx, as its head table was filled (core/ctx.c): the forced reference
- * (host memory only: none on a device context, whose head reference is staged), else the
- * device's. NULL: none in this build (the entry points answer SPH_ERR_UNSUPPORTED). */
+ * (host memory only: none on a device context, whose head reference is staged), the CPU
+ * backend on host memory, else the device's (its table's loss_backend("policy")). NULL: none
+ * (the entry points answer SPH_ERR_UNSUPPORTED). */
 const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx);
 
 /* The float64 oracle for tests (policy_ref.c): metrics[SPH_POLICY_N_METRICS], logp / ent (N)

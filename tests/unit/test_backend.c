@@ -221,6 +221,34 @@ static void test_staged_refuses_tp(void **state) {
     hc_free(&c);
 }
 
+/* A device context's loss backend comes from its device table (loss_backend), by name; the
+ * forced reference of a device (staged) has none. */
+static const sph_policy_backend g_dev_policy = {"pretend", NULL, NULL};
+static const void *fake_loss_backend(const char *loss) {
+    return !strcmp(loss, "policy") ? &g_dev_policy : NULL;
+}
+
+static void test_loss_backend_of_device(void **state) {
+    (void)state;
+    sph_ctx_t c = hc_ctx(NULL, 1, NULL);
+    const sph_device_ops *host = c->dev;
+    static sph_device_ops ops;
+    ops = *host;
+    ops.host_memory = 0;
+    ops.loss_backend = fake_loss_backend;
+    c->dev = &ops;
+    assert_true(sph_policy_backend_of(c) == &g_dev_policy);
+    ops.loss_backend = NULL;
+    assert_null(sph_policy_backend_of(c));
+    c->use_ref = 1; /* the staged reference: no policy backend even where the device has one */
+    ops.loss_backend = fake_loss_backend;
+    assert_null(sph_policy_backend_of(c));
+    c->use_ref = 0;
+    c->dev = host;
+    assert_true(sph_policy_backend_of(c) == &sph_policy_cpu_backend);
+    sph_ctx_destroy(c);
+}
+
 // ---- a loss of the test's own through the row hook ---------------------------------------
 
 /* The example loss: L = sum_i w_i (logp_i + logp_i^2 / 2) + u_i H_i over the active rows, so
@@ -314,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_staged_padded_accumulate),
         cmocka_unit_test(test_staged_refuses_tp),
         cmocka_unit_test(test_row_hook_example_loss),
+        cmocka_unit_test(test_loss_backend_of_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
