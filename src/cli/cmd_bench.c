@@ -472,6 +472,41 @@ static int settle(bopts *o, const sph_cli_parsed *pp) {
     return 0;
 }
 
+/* Work point wi's inputs, random from its index, on the device (b); *hm and *spans: host
+ * scratch for its masks (the caller frees them, and b). Returns 0 or the exit code. */
+static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_bufs *b,
+                      uint8_t **hm, int64_t **spans) {
+    const bench_shape *sh = &w->sh;
+    const int64_t N = w->N;
+    int rc = 0;
+    const int bits = o->dt.bits, bf16 = o->dt.code == SPH_DTYPE_BFLOAT;
+    const size_t es = (size_t)bits / 8;
+    void *hh = sph_cli_alloc(N * sh->H, es), *hw = sph_cli_alloc(sh->V * sh->H, es);
+    int32_t *ht = sph_cli_alloc(N, 4);
+    float *hg = sph_cli_alloc(N, 4);
+    *hm = sph_cli_alloc(N, 1);
+    *spans = sph_cli_alloc(2 * ((N + 1) / 2) + 2, sizeof(int64_t));
+    if (!hh || !hw || !ht || !hg || !*hm || !*spans) {
+        rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
+    } else {
+        sph_cli_rng r;
+        sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
+        synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
+        synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+        for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
+        synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
+        if (upload(ctx, &b->h, hh, N * sh->H, es) || upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
+            upload(ctx, &b->tgt, ht, N, 4) || upload(ctx, &b->g, hg, N, 4) ||
+            upload(ctx, &b->e, hg, N, 4) || upload(ctx, &b->mask, NULL, N, 1) ||
+            upload(ctx, &b->lp, NULL, N, 4) || upload(ctx, &b->ent, NULL, N, 4) ||
+            upload(ctx, &b->st, NULL, N, 12) || upload(ctx, &b->dh, NULL, N * sh->H, es) ||
+            upload(ctx, &b->dw, NULL, sh->V * sh->H, es))
+            rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
+    }
+    free(hh), free(hw), free(ht), free(hg);
+    return rc;
+}
+
 int sph_cli_bench(int argc, char **argv) {
     bopts o;
     memset(&o, 0, sizeof o);
@@ -550,31 +585,9 @@ int sph_cli_bench(int argc, char **argv) {
         if ((rc = gemm_rates(ctx, &o, N, sh->V, sh->H, &rt))) break;
         dev_bufs b;
         memset(&b, 0, sizeof b);
-        const int bits = o.dt.bits, bf16 = o.dt.code == SPH_DTYPE_BFLOAT;
-        const size_t es = (size_t)bits / 8;
-        void *hh = sph_cli_alloc(N * sh->H, es), *hw = sph_cli_alloc(sh->V * sh->H, es);
-        int32_t *ht = sph_cli_alloc(N, 4);
-        float *hg = sph_cli_alloc(N, 4);
-        uint8_t *hm = sph_cli_alloc(N, 1);
-        int64_t *spans = sph_cli_alloc(2 * ((N + 1) / 2) + 2, sizeof(int64_t));
-        if (!hh || !hw || !ht || !hg || !hm || !spans) {
-            rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
-        } else {
-            sph_cli_rng r;
-            sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-            synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-            synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
-            for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
-            synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
-            if (upload(ctx, &b.h, hh, N * sh->H, es) || upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
-                upload(ctx, &b.tgt, ht, N, 4) || upload(ctx, &b.g, hg, N, 4) ||
-                upload(ctx, &b.e, hg, N, 4) || upload(ctx, &b.mask, NULL, N, 1) ||
-                upload(ctx, &b.lp, NULL, N, 4) || upload(ctx, &b.ent, NULL, N, 4) ||
-                upload(ctx, &b.st, NULL, N, 12) || upload(ctx, &b.dh, NULL, N * sh->H, es) ||
-                upload(ctx, &b.dw, NULL, sh->V * sh->H, es))
-                rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
-        }
-        free(hh), free(hw), free(ht), free(hg);
+        uint8_t *hm = NULL;
+        int64_t *spans = NULL;
+        rc = stage_work(ctx, &o, w, wi, &b, &hm, &spans);
         for (int ri = 0; ri < n_runs && !rc; ri++) {
             point q = {.mask = runs[ri].mask, .act = runs[ri].act, .one_pass = runs[ri].one_pass,
                        .n_active = N};

@@ -173,7 +173,10 @@ static sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
 
 // ---- the device table -----------------------------------------------------------------------
 
-/* The CUDA backends of the losses above the head (core/backend.h, loss_backend). */
+/* The CUDA backends of the losses above the head (core/backend.h, loss_backend): each loss's
+ * table, defined beside its kernels. */
+extern "C" const sph_policy_backend sph_policy_cuda_backend; /* policy.cu */
+
 static const void *sph_cuda_loss_backend(const char *loss) {
     if (loss && !strcmp(loss, "policy")) return &sph_policy_cuda_backend; /* policy.cu */
     return NULL;

@@ -80,8 +80,7 @@ typedef struct sph_policy_backend {
 
 extern const sph_policy_backend sph_policy_ref_backend;  /* policy_ref.c: host memory */
 extern const sph_policy_backend sph_policy_cpu_backend;  /* policy_cpu.c: head_cpu.c's sweep */
-/* src/cuda/policy.cu (CUDA builds), handed out by the CUDA device table's loss_backend */
-extern const sph_policy_backend sph_policy_cuda_backend;
+/* (CUDA's, src/cuda/policy.cu, is handed out by the CUDA device table's loss_backend.) */
 /* The loss's backend on ctx, as its head table was filled (core/ctx.c): the forced reference
  * (host memory only: none on a device context, whose head reference is staged), the CPU
  * backend on host memory, else the device's (its table's loss_backend("policy")). NULL: none
