@@ -41,10 +41,6 @@ static sph_status row_vector(sph_validator *val, int access, const sph_tensor *t
     return SPH_OK;
 }
 
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -327,7 +323,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
         SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
     if (p->targets)
         for (int64_t i = 0; i < p->N; i++) {
-            int64_t t = id_at(p->targets, p->tgt_i64, i);
+            int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);
             SPH_CHECK(t < p->V, SPH_ERR_INVALID_ARG,
                       "targets[%lld]: %lld, expected < vocab_total = %lld (negative = ignored)",
                       (long long)i, (long long)t, (long long)p->V);
@@ -340,7 +336,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
         for (int64_t i = 0; i < p->N && st == SPH_OK; i++) {
             int64_t n = 0;
             for (int64_t k = 0; k < p->K && st == SPH_OK; k++) {
-                int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+                int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
                 if (c >= p->V)
                     st = sph_err(SPH_ERR_INVALID_ARG,
                                  "candidates[%lld, %lld]: %lld, expected < vocab_total = "
@@ -356,7 +352,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
                                  "candidates[%lld, :]: id %lld appears twice", (long long)i,
                                  (long long)row[k]);
             if (st == SPH_OK && p->targets) {
-                int64_t t = id_at(p->targets, p->tgt_i64, i);
+                int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);
                 if (t >= 0 && !bsearch(&t, row, (size_t)n, sizeof *row, cmp_i64))
                     st = sph_err(SPH_ERR_INVALID_ARG,
                                  "targets[%lld]: %lld is not among candidates[%lld, :] (the "

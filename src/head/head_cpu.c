@@ -179,12 +179,8 @@ static float *thread_wt(const run *r, int tid) {
     return thread_tile(r, tid) + ((r->L.tile_floats + 15) & ~(size_t)15); /* 64-byte step */
 }
 
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
-}
-
 static int64_t target_of(const sph_head_plan *p, int64_t i) {
-    return p->targets ? id_at(p->targets, p->tgt_i64, i) : -1;
+    return p->targets ? sph_head_id_at(p->targets, p->tgt_i64, i) : -1;
 }
 
 static void load_row(const run *r, const void *base, int64_t off, int64_t n, float *dst) {
@@ -713,7 +709,7 @@ static void support_logits(const run *r, int64_t i, const float *h, float *wbuf,
                            int64_t *cols) {
     const sph_head_plan *p = r->p;
     for (int64_t k = 0; k < p->K; k++) {
-        int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+        int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
         cols[k] = c >= p->v0 && c < p->v0 + p->V_loc ? c - p->v0 : -1;
         if (cols[k] < 0) continue;
         const float *w;
@@ -836,7 +832,7 @@ static sph_status support_backward(const run *r, int from_rec) {
                 int64_t i = r->rows[q];
                 int loaded = 0;
                 for (int64_t k = 0; k < p->K; k++) {
-                    int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k) - p->v0;
+                    int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k) - p->v0;
                     float dk = du[q * p->K + k];
                     if (c < j0 || c >= j1 || dk == 0.0f) continue;
                     if (!loaded) load_row(r, p->hidden, i * p->ld_h, p->H, h), loaded = 1;

@@ -101,6 +101,12 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
  * staged reference (head_ref_stage.c) on its host copies of device data. */
 sph_status sph_head_plan_check_data(const sph_head_plan *p);
 
+/* The id at k of a plan's targets or candidates (host memory), int64 or int32 (tgt_i64,
+ * cand_i64). */
+static inline int64_t sph_head_id_at(const void *base, int is64, int64_t k) {
+    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
+}
+
 /* Host helpers on a plan whose mask is host memory (plan.c): active[i] = 1 if row i is
  * active (mask, else spans, else all); the count of active rows. */
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
@@ -123,6 +129,13 @@ sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t c
  * group, or with a device communicator in a release build, returns local at once. */
 sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                              sph_status local);
+/* Its two halves, for a loss that gathers the head's record beside its own in one exchange
+ * (comm/check.h, sph_comm_agree): the head's record of the call into w[SPH_HEAD_TP_WORDS] (p
+ * NULL: this rank's validation failed), and the head's verdict over gathered records whose
+ * first SPH_HEAD_TP_WORDS words are the head's (records of `words` words). */
+#define SPH_HEAD_TP_WORDS 16
+void sph_head_tp_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, int64_t *w);
+sph_status sph_head_tp_verdict(const int64_t *all, int64_t n, size_t words);
 
 #ifdef __cplusplus
 }
