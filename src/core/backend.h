@@ -14,12 +14,13 @@
  *                    the slots it implements.
  *
  * A call from the public API to a kernel:
- *   sph_head_forward (head.c)
- *     -> sph_head_plan_validate (core/validate.h), then ctx->head.check (backend conditions)
+ *   sph_head_forward (src/head/head.c)
+ *     -> sph_head_plan_validate (head.c, feeding the validator of core/validate.h), then
+ *        ctx->head.check (backend conditions)
  *     -> ctx->head.workspace, then ctx->head.check_workspace (where the workspace lives)
  *     -> ctx->head.forward | support_forward (sample support: candidates given)
  *          reference: sph_head_ref_forward (head_ref.c), staged: head_ref_stage.c
- *          CPU:       sph_head_cpu_forward (head_cpu.c) -> ctx->head.cpu_kern (ISA loops)
+ *          CPU:       head_cpu.c's forward -> ctx->head.cpu_kern (ISA loops)
  *          CUDA:      sph_head_cuda_forward (src/cuda/head.cu) -> cuBLAS / sm_90a kernels
  * The backward goes the same way through .backward / .support_backward.
  *
