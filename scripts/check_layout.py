@@ -9,8 +9,8 @@
      circle. Exceptions are listed in ALLOWED with their reason.
   3. No file in src/core names a symbol of src/head or src/policy (a function, type, macro or
      enum constant declared or defined there and not declared by core itself).
-  4. No circle inside src/cli: modules (a .c and its .h) that include each other's headers,
-     directly or around a loop.
+  4. No circle inside src/cli: modules (a .c and its .h) that include each other's headers or
+     name each other's functions and objects, directly or around a loop.
 
 Prints the longest functions and the folder graph; exits 1 listing every broken rule. Reads the
 files only (comments, strings and preprocessor lines are stripped before the braces are
@@ -248,6 +248,7 @@ def check(root, max_lines, list_all, show):
     errors = []
     funcs = []
     defs = {}      # symbol -> folder (non-static functions and objects)
+    defs_file = {}  # symbol -> the file that defines it
     declared = {}  # folder -> names declared or defined at top level
     for rel, (folder, code, _) in t.files.items():
         header = rel.endswith((".h", ".cuh"))
@@ -257,6 +258,7 @@ def check(root, max_lines, list_all, show):
                 funcs.append((last - first + 1, rel, name, first))
                 if not is_static(text):
                     defs.setdefault(name, folder)
+                    defs_file.setdefault(name, rel)
                     names.add(name)
                 elif header:
                     names.add(name)  # a header's inline function
@@ -267,6 +269,7 @@ def check(root, max_lines, list_all, show):
                 if obj:
                     names.add(obj)
                     defs.setdefault(obj, folder)
+                    defs_file.setdefault(obj, rel)
         if header:
             with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
                 for m in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", f.read(), re.M):
@@ -329,12 +332,18 @@ def check(root, max_lines, list_all, show):
                 errors.append("%s:%d names %s, a symbol of src/head or src/policy" % (rel, ln,
                                                                                     sym))
 
-    # 4. no circle inside src/cli (modules: a file's stem)
+    # 4. no circle inside src/cli (modules: a file's stem), by includes and by named symbols
     cli = {}
+    stem = lambda path: os.path.splitext(os.path.basename(path))[0]
     for rel, (folder, code, incs) in t.files.items():
         if folder != "cli":
             continue
-        mod = os.path.splitext(os.path.basename(rel))[0]
+        mod = stem(rel)
+        # a source file's uses (a header's prototypes are its interface: the includes cover it)
+        for sym in set(IDENT.findall(code)) if rel.endswith(".c") else ():
+            where = defs_file.get(sym)
+            if where and t.files[where][0] == "cli" and stem(where) != mod:
+                cli.setdefault(mod, set()).add(stem(where))
         for _, inc, angle in incs:
             if angle:
                 continue
@@ -344,7 +353,7 @@ def check(root, max_lines, list_all, show):
                 if tmod != mod and os.path.exists(os.path.join(root, "src", "cli", target)):
                     cli.setdefault(mod, set()).add(tmod)
     for cycle in cycles(cli):
-        errors.append("src/cli: modules include each other around a circle: %s" %
+        errors.append("src/cli: modules use each other around a circle: %s" %
                       " -> ".join(cycle + [cycle[0]]))
     return errors
 

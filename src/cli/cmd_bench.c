@@ -48,8 +48,6 @@
 #include "json_util.h"
 #include "synth.h"
 
-int bench_js_errno;
-
 
 /* options: sph_cli_bench_opts (opts.c) */
 
@@ -125,10 +123,6 @@ typedef struct point {
                       with "+recompute" when a one-pass forward recomputes its logits */
 } point;
 
-/* The options of the benchmark's context: time_point's cold first call makes its own context
- * with them. */
-static sph_ctx_opts g_co;
-const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }
 
 /* The cold first call of one configuration, as a user's first step pays it: a fresh context
  * (cuBLAS handle, tune-cache load), the workspace query, its allocation, the first forward
@@ -536,7 +530,7 @@ int sph_cli_bench(int argc, char **argv) {
     /* the SPH_CUDA_* A/B switches the scripts under scripts/device set */
     if (sph_ctx_opts_apply_env(&co) != SPH_OK)
         return sph_cli_fail("bench", 2, "%s", sph_last_error());
-    g_co = co;
+    bench_set_ctx_opts(&co);
     sph_ctx_t ctx;
     const double tc0 = sph_cli_now_s();
     if (sph_ctx_create(&ctx, &co) != SPH_OK)

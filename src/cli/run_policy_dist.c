@@ -36,6 +36,17 @@
 
 #define CMD "run"
 
+/* run_policy.h */
+int sph_cli_run_policy_main_dist(int argc, char **argv) {
+    pol_opts o;
+    pol_opts_defaults(&o);
+    sph_cli_parsed pp = {0};
+    char msg[480] = "";
+    int rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
+    if (rc == 0) rc = pol_validate(&o, &pp, msg, sizeof msg);
+    return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
+}
+
 #ifndef SPH_HAVE_MPI
 
 int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv) {

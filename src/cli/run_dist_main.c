@@ -1,5 +1,5 @@
 /*
- * run_dist.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
+ * run_dist_main.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
  * split the way a trainer splits it, checked against one process.
  *
  * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank (sph_comm_create_mpi_world's layout).
@@ -50,22 +50,6 @@
 #include "run.h"
 #include "run_dist.h"
 
-int sph_cli_run_wants_dist(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--")) break;
-        if (!strncmp(a, "--tp", 4) || !strncmp(a, "--cp", 4) || !strncmp(a, "--dp", 4))
-            if (a[4] == '\0' || a[4] == '=') return 1;
-    }
-    /* started by mpirun / mpiexec with several ranks */
-    static const char *const env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", NULL};
-    for (int k = 0; env[k]; k++) {
-        const char *v = getenv(env[k]);
-        if (v && atoi(v) > 1) return 1;
-    }
-    return 0;
-}
-
 #ifndef SPH_HAVE_MPI
 
 int sph_cli_run_dist(int argc, char **argv) {
@@ -90,29 +74,6 @@ static const char k_about[] =
     "gathered results with the single-process float64 reference on rank 0. Every rank must\n"
     "be given the same arguments: a usage error or a difference on any rank ends every rank\n"
     "with the same message before any work.";
-
-/* ---- ranks -------------------------------------------------------------------------------- */
-
-int dist_rank, dist_size;
-
-int dist_fail(const char *fmt, ...) {
-    va_list ap;
-    fflush(stdout);
-    fprintf(stderr, "spanhead run [rank %d]: ", dist_rank);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 0;
-}
-
-int dist_agree(int ok) {
-    int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return all;
-}
-
-const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};
 
 /* ---- step 0: every rank parses, all ranks agree ------------------------------------------ */
 
