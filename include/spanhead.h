@@ -181,7 +181,7 @@ SPH_API const char *sph_version(void);
  * the dtype, temperature, softcap, candidates K, the mask or spans, the targets, candidates and
  * upstream gradients, which outputs are requested, accumulate/allreduce, and contexts with the
  * same chunk_rows / chunk_bytes. With a host communicator (MPI) every pass checks this first
- * with one allgather of a 128-byte record (exact scalars, hashes of the arrays; measured at
+ * with one allgather of a 136-byte record (exact scalars, hashes of the arrays; measured at
  * a few microseconds): a difference is SPH_ERR_MISMATCH on every rank, naming the field and
  * the ranks, before any output is written. With a device communicator (NCCL) a check would
  * need a host sync: it is the caller's duty there, checked in debug builds (NDEBUG unset).
@@ -638,9 +638,18 @@ typedef struct sph_head_args {
                                          on inactive rows; over the support with candidates);
                                          no gradient. Host contexts (CPU, reference) only for
                                          now: a CUDA context refuses it (SPH_ERR_UNSUPPORTED) */
-    const sph_tensor *temperature_rows; /* f32 (N): one temperature per row (each > 0 and
-                                         finite), used instead of `temperature`; NULL = the
-                                         scalar. Not implemented yet: refused */
+    const sph_tensor *temperature_rows; /* f32 (N) on the data's device: row i's temperature
+                                         T_i, used for row i exactly as `temperature` is
+                                         (z = u * float(1 / T_i) after softcap; both passes,
+                                         one-pass, support, policy loss, TP); NULL = the
+                                         scalar. `temperature` must then be 1. Each T_i
+                                         follows the scalar's rule ("Float conversions"):
+                                         host memory is checked at validation, every row
+                                         (SPH_ERR_INVALID_ARG naming temperature_rows[i],
+                                         nothing written); CUDA (device memory): a bad T_i of
+                                         an active row makes the row NaN and is counted by
+                                         sph_ctx_nonfinite ("Policies"); inactive rows'
+                                         values never reach an output there */
     const sph_tensor *topk_ids;       /* forward: i64 (N, K), 1 <= K <= 256: the K most probable
                                          global ids of each active row (-1 on inactive rows),
                                          descending, ties lower id first; no gradient. Needs

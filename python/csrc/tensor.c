@@ -155,17 +155,17 @@ int consume_workspace(PyObject *alloc, size_t bytes, const char *what, PyObject 
 /* Tensor slots of the head call, in the order the Python layer passes them. */
 enum {
     S_HIDDEN, S_WEIGHT, S_TARGETS, S_CAND, S_MASK, S_LOGPROB, S_ENTROPY, S_LSE, S_MEAN, S_STATS,
-    S_DLOGPROB, S_DENTROPY, S_DLSE, S_DMEAN, S_DHIDDEN, S_DWEIGHT, S_SUMP2, S_COUNT
+    S_DLOGPROB, S_DENTROPY, S_DLSE, S_DMEAN, S_DHIDDEN, S_DWEIGHT, S_SUMP2, S_TROWS, S_COUNT
 };
 static const char *const slot_names[S_COUNT] = {
     "hidden",   "weight",   "targets", "candidates", "active_mask", "logprob",
     "entropy",  "lse",      "logit_mean", "stats",   "dlogprob",    "dentropy",
-    "dlse",     "dlogit_mean", "dhidden", "dweight", "sum_p2"};
+    "dlse",     "dlogit_mean", "dhidden", "dweight", "sum_p2", "temperature_rows"};
 static int slot_is_output(int i) {
     return (i >= S_LOGPROB && i <= S_STATS) || i == S_DHIDDEN || i == S_DWEIGHT || i == S_SUMP2;
 }
 
-/* head(ctx, pass, tensors: tuple of 17 (the slots above), spans, workspace_alloc, vocab_start, vocab_total,
+/* head(ctx, pass, tensors: tuple of 18 (the slots above), spans, workspace_alloc, vocab_start, vocab_total,
  *      temperature, softcap, acc_dh, acc_dw, allreduce_dh) -> workspace bytes used
  * The stats slot is an output of the forward and an input of the backward. workspace_alloc is
  * called with the byte count when it is > 0 and returns a capsule of at least that many bytes
@@ -231,6 +231,7 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     a.dhidden = T(S_DHIDDEN);
     a.dweight = T(S_DWEIGHT);
     a.sum_p2 = T(S_SUMP2);
+    a.temperature_rows = T(S_TROWS); /* with it, temperature is 1 (the library checks) */
 #undef T
     a.vocab_start = v0;
     a.vocab_total = vt;

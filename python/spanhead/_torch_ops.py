@@ -139,7 +139,7 @@ def context_for(device: torch.device, comm: Optional[Comm] = None, **options: An
 _to_dlpack = getattr(torch.utils.dlpack, "to_dlpack", None)
 _ORDER = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
           "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-          "dhidden", "dweight", "sum_p2")
+          "dhidden", "dweight", "sum_p2", "temperature_rows")
 
 
 def _cap(t: Optional[torch.Tensor]) -> Any:
@@ -245,10 +245,12 @@ def _unpack(fl: Sequence[float], it: Sequence[int], kernel: Optional[str],
 def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch.Tensor],
              candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
              spans: Optional[torch.Tensor], want: List[bool], fl: List[float], it: List[int],
-             kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
+             kernel: Optional[str], tune_cache: Optional[str],
+             trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """(logprob, entropy, lse, logit_mean, stats, sum_p2): each per-row output (N,) float32
     when wanted (want[0..4); want[4], when given, asks for sum_p2, which has no gradient),
-    else empty; stats (N, 3). fl, it, kernel, tune_cache: pack_tail's."""
+    else empty; stats (N, 3). fl, it, kernel, tune_cache: pack_tail's. trows: per-row
+    temperatures (N,) float32 on hidden's device (then fl's temperature is 1), or None."""
     a = _unpack(fl, it, kernel, tune_cache)
     N = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
@@ -258,7 +260,7 @@ def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
     m, sp = resolve_mask(hidden, mask, spans, a.gap)
     run(FORWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
                       active_mask=m, logprob=outs[0], entropy=outs[1], lse=outs[2],
-                      logit_mean=outs[3], stats=stats, sum_p2=sp2),
+                      logit_mean=outs[3], stats=stats, sum_p2=sp2, temperature_rows=trows),
         sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap, False, a.comm, a.opts)
     return ([o if o is not None else torch.empty(0, **f32) for o in outs] + [stats] +
             [sp2 if sp2 is not None else torch.empty(0, **f32)])
@@ -280,8 +282,10 @@ def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              dlogprob: Optional[torch.Tensor], dentropy: Optional[torch.Tensor],
              dlse: Optional[torch.Tensor], dlogit_mean: Optional[torch.Tensor],
              need_dhidden: bool, need_dweight: bool, fl: List[float], it: List[int],
-             kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
-    """(dhidden, dweight) in hidden's and weight's dtypes; empty when not needed."""
+             kernel: Optional[str], tune_cache: Optional[str],
+             trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """(dhidden, dweight) in hidden's and weight's dtypes; empty when not needed. trows: the
+    forward's per-row temperatures (the same tensor), or None."""
     a = _unpack(fl, it, kernel, tune_cache)
     reduce_dhidden = a.reduce_dhidden
     dh = dw = None
@@ -295,7 +299,8 @@ def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         m, sp = resolve_mask(hidden, mask, spans, a.gap)
         run(BACKWARD, dict(hidden=hidden, weight=weight, targets=targets, candidates=candidates,
                            active_mask=m, stats=stats, dlogprob=dlogprob, dentropy=dentropy,
-                           dlse=dlse, dlogit_mean=dlogit_mean, dhidden=dh, dweight=dw),
+                           dlse=dlse, dlogit_mean=dlogit_mean, dhidden=dh, dweight=dw,
+                           temperature_rows=trows),
             sp, a.vocab_start, a.vocab_total, a.temperature, a.softcap,
             reduce_dhidden and dh is not None, a.comm, a.opts)
     if dh is not None and dh.dtype != hidden.dtype:
@@ -313,7 +318,8 @@ def _head_bwd_fake(hidden, weight, targets, candidates, mask, spans, stats, dlog
 
 def _head_setup(ctx, inputs, output):
     hidden, weight, targets, candidates, mask, spans, want = inputs[:7]
-    ctx.save_for_backward(hidden, weight, targets, candidates, mask, spans, output[4])
+    trows = inputs[11] if len(inputs) > 11 else None  # per-row temperatures: the backward's too
+    ctx.save_for_backward(hidden, weight, targets, candidates, mask, spans, output[4], trows)
     ctx.mark_non_differentiable(output[4], output[5])  # stats, sum_p2 (no gradient)
     ctx.set_materialize_grads(False)
     ctx.want = want
@@ -321,15 +327,15 @@ def _head_setup(ctx, inputs, output):
 
 
 def _head_backward(ctx, grads):
-    hidden, weight, targets, candidates, mask, spans, stats = ctx.saved_tensors
+    hidden, weight, targets, candidates, mask, spans, stats, trows = ctx.saved_tensors
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ups = [g.to(torch.float32).contiguous() if (g is not None and w) else None
            for g, w in zip(grads[:4], ctx.want)]
-    none = (None,) * 11
+    none = (None,) * 12
     if not (need_h or need_w) or all(u is None for u in ups):
         return none
     dh, dw = head_bwd(hidden, weight, targets, candidates, mask, spans, stats, *ups,
-                      need_h, need_w, *ctx.tail)
+                      need_h, need_w, *ctx.tail, trows)
     return (dh if need_h else None, dw if need_w else None) + none[2:]
 
 
@@ -342,14 +348,16 @@ head_fwd.register_autograd(_head_backward, setup_context=_head_setup)
 def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                   mask: Optional[torch.Tensor], spans: Optional[torch.Tensor],
                   weights: torch.Tensor, fl: List[float], it: List[int],
-                  kernel: Optional[str], tune_cache: Optional[str]) -> List[torch.Tensor]:
+                  kernel: Optional[str], tune_cache: Optional[str],
+                  trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """(loss, logprob, entropy, lse, logit_mean, dhidden, dweight) of
     L = sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i) + c_ent sum_i H_i over the active
     rows, in ONE spanhead call: the upstream gradients (c_lp w, c_ent, c_lse w, c_mean w) are
     known before the sweep, so dhidden and dweight come out of the forward (empty when not
     needed; so are entropy, lse, logit_mean when their coefficient is 0 and they are not
     asked for). fl = pack_tail's + [c_lp, c_lse, c_mean, c_ent], it = pack_tail's +
-    [want_entropy, need_dhidden, need_dweight] (pack_loss)."""
+    [want_entropy, need_dhidden, need_dweight] (pack_loss). trows: per-row temperatures or
+    None."""
     a = _unpack(fl, it, kernel, tune_cache)
     c_lp, c_lse, c_mean, c_ent = (float(x) for x in fl[_N_FL:_N_FL + 4])
     want_entropy, need_dhidden, need_dweight = (bool(x) for x in it[_N_IT:_N_IT + 3])
@@ -363,7 +371,7 @@ def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     mu = torch.empty(N, **f32) if c_mean != 0.0 else None
     stats = torch.empty((N, 3), **f32)
     t = dict(hidden=hidden, weight=weight, targets=targets, logprob=lp, entropy=ent, lse=lse,
-             logit_mean=mu, stats=stats)
+             logit_mean=mu, stats=stats, temperature_rows=trows)
     dh = dw = None
     if need_dhidden or need_dweight:
         t["dlogprob"] = weights * c_lp
@@ -436,7 +444,7 @@ def _loss_setup(ctx, inputs, output):
 
 def _loss_backward(ctx, grads):
     g_loss = grads[0]
-    none = (None,) * 10
+    none = (None,) * 11
     if getattr(ctx, "used", False):
         raise RuntimeError("weighted_logprob_loss: backward called a second time; the "
                            "one-pass gradients were computed in the forward and are handed "

@@ -37,10 +37,10 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                    mask: Optional[torch.Tensor], spans: Optional[torch.Tensor],
                    advantages: torch.Tensor, old: torch.Tensor, ref: Optional[torch.Tensor],
                    isw: Optional[torch.Tensor], seq: Optional[torch.Tensor], fl: List[float],
-                   it: List[int], kernel: Optional[str],
-                   tune_cache: Optional[str]) -> List[torch.Tensor]:
+                   it: List[int], kernel: Optional[str], tune_cache: Optional[str],
+                   trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """(loss (0-d), metrics (9,), logprob (N,), entropy (N,), dhidden, dweight); the gradients
-    are empty when not needed."""
+    are empty when not needed. trows: per-row temperatures (N,) float32 or None."""
     clip_low, clip_high, clip_ratio_c, kl_coef, entropy_coef, norm_length, temperature, \
         softcap = fl
     (loss_type, kl_type, agg, num_tokens, num_seqs, need_dhidden, need_dweight, seq_comm, gap,
@@ -63,7 +63,7 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     ctx = _ops.context_for(dev, _ops.comm_of(comm), **opts._asdict())
     group = _ops.comm_of(seq_comm)
     caps = tuple(_ops._cap(t) for t in (hidden, weight, targets, m, lp, ent, None, dh, dw,
-                                        advantages, old, ref, isw, seq, met))
+                                        advantages, old, ref, isw, seq, met, trows))
 
     def alloc(nbytes: int):
         return _ops._cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
@@ -95,7 +95,7 @@ def _policy_loss_fake(hidden, weight, targets, mask, spans, advantages, old, ref
             weight.new_empty(weight.shape if need_w else (0,))]
 
 
-_N_INPUTS = 14
+_N_INPUTS = 15
 
 
 def _setup(ctx, inputs, output):
@@ -241,7 +241,7 @@ def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
           _seq_key(seq_group), gap, vocab_start, vocab_total, int(reduce_dh), comm,
           threads, int(allow_tf32), int(batch_invariant), chunk_rows, chunk_bytes]
     out = policy_loss_op(h2, p.weight, p.targets, p.mask, p.spans, *rows, fl, it, kernel,
-                         tune_cache)
+                         tune_cache, p.trows)
     loss, met, lp, ent = out[0], out[1], out[2], out[3]
     metrics = {k: met[i] for i, k in enumerate(METRICS)}
     return PolicyOutputs(loss, lp.reshape(p.lead), ent.reshape(p.lead), metrics)

@@ -27,7 +27,18 @@ DeviceLike = Union[str, int, Tuple[str, int], None]
 FORWARD, BACKWARD = 0, 1
 _SLOTS = ("hidden", "weight", "targets", "candidates", "active_mask", "logprob", "entropy",
           "lse", "logit_mean", "stats", "dlogprob", "dentropy", "dlse", "dlogit_mean",
-          "dhidden", "dweight", "sum_p2")
+          "dhidden", "dweight", "sum_p2", "temperature_rows")
+
+
+def _temperature(temperature: Any) -> Tuple[float, Any]:
+    """(scalar, per-row tensor or None) of a ``temperature=`` argument: a real number, or a
+    (N,) float32 tensor of per-row temperatures (any DLPack framework; its dtype, shape and
+    device are the library's to check), whose scalar is then 1."""
+    if getattr(temperature, "shape", None) is not None and len(temperature.shape) > 0:
+        return 1.0, temperature
+    if T.is_capsule(temperature):
+        return 1.0, temperature
+    return temperature, None
 
 
 def _parse_device(device: Any) -> Tuple[int, int]:
@@ -347,7 +358,9 @@ def head_forward(hidden: Any, weight: Any, targets: Any = None, *, candidates: A
         candidates: (N, K) int ids padded with -1: sample-support mode (softmax over them).
         vocab_start, vocab_total: this shard's first global id and the full vocabulary size
             (0 = unsharded).
-        temperature: T > 0; softcap: tanh cap c >= 0 (0 = off), applied before T.
+        temperature: T > 0, or a float32 (N,) tensor of per-row temperatures T_i (each > 0
+            and finite; on the data's device; other dtypes are refused, convert first);
+            softcap: tanh cap c >= 0 (0 = off), applied before T.
         active_mask: (N,) uint8/bool on the data's device; spans: host (n, 2) int64 runs of
             active rows (see :func:`spanhead.spans`). Rows outside them get 0 and no gradient.
         logprob, entropy, lse, logit_mean, stats: True to compute (allocated float32 in the
@@ -408,6 +421,7 @@ def _head(pass_: int, kw: dict) -> HeadResult:
          "candidates": kw["candidates"], "active_mask": kw["active_mask"]}
     for name in ("dlogprob", "dentropy", "dlse", "dlogit_mean"):
         t[name] = kw[name]
+    temperature, t["temperature_rows"] = _temperature(kw["temperature"])
     if pass_ == FORWARD:
         lp = kw["logprob"]
         if lp is None:
@@ -434,7 +448,7 @@ def _head(pass_: int, kw: dict) -> HeadResult:
     t["dweight"] = res["dweight"] = _out(kw["dweight"], weight, ws, gdt, "dweight")
     res["workspace_bytes"] = _run(
         pass_, t, spans=kw["spans"], context=kw["context"], vocab_start=kw["vocab_start"],
-        vocab_total=kw["vocab_total"], temperature=kw["temperature"], softcap=kw["softcap"],
+        vocab_total=kw["vocab_total"], temperature=temperature, softcap=kw["softcap"],
         acc_dh=kw["accumulate_dhidden"], acc_dw=kw["accumulate_dweight"],
         allreduce_dh=kw["allreduce_dhidden"])
     return res

@@ -33,7 +33,7 @@ from . import _spanhead as _ext
 from . import _tensors as T
 from ._errors import DTypeError, InvalidArgumentError
 from .head import Context, HeadResult, _check_devices, _current_stream, _grad_dtype, _out
-from .head import _rows_shape, _spans_array, default_context
+from .head import _rows_shape, _spans_array, _temperature, default_context
 
 #: loss_type, kl_type and agg names (kl_type also takes verl's names: kl, mse, low_var_kl)
 LOSS_TYPES = {"ppo": 0, "cispo": 1, "gspo": 2}
@@ -147,6 +147,8 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
             (N,) optional constant multipliers; seq_ids (N,) int64, required by the seq-*
             aggregations and gspo. NumPy arrays of other float / int dtypes are converted.
         loss_mask: (N,) uint8/bool active rows; spans: host (n, 2) runs of active rows.
+        temperature: a number, or a float32 (N,) tensor of per-row temperatures (as in
+            :func:`spanhead.head_forward`).
         loss_type "ppo" | "cispo" | "gspo"; clip_low, clip_high (eps_low, eps_high);
         clip_ratio_c: dual clip (> 1, None = none; ppo and gspo); kl_type "none" | "k1" |
             "k2" | "k3"; kl_coef, entropy_coef >= 0; agg, num_tokens, num_seqs, norm_length:
@@ -174,7 +176,9 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
                "ref_logprobs": _as_f32(ref_logprobs, "ref_logprobs"),
                "is_weights": _as_f32(is_weights, "is_weights"),
                "seq_ids": _as_i64(seq_ids, "seq_ids")}
-    head_t = {"hidden": hidden, "weight": weight, "targets": targets, "active_mask": loss_mask}
+    temperature, trows = _temperature(temperature)
+    head_t = {"hidden": hidden, "weight": weight, "targets": targets, "active_mask": loss_mask,
+              "temperature_rows": trows}
     _check_devices(head_t, context)
     dev = T.device_of(hidden, "hidden")
     for k, v in per_row.items():
@@ -206,7 +210,7 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
              ("stats", res["stats"]), ("dhidden", res["dhidden"]), ("dweight", res["dweight"]),
              ("advantages", per_row["advantages"]), ("old_logprobs", per_row["old_logprobs"]),
              ("ref_logprobs", per_row["ref_logprobs"]), ("is_weights", per_row["is_weights"]),
-             ("seq_ids", per_row["seq_ids"]), ("metrics", met))
+             ("seq_ids", per_row["seq_ids"]), ("metrics", met), ("temperature_rows", trows))
     caps = tuple(T.export(x, name, s) for name, x in order)
     sp = _spans_array(spans)
     group = None

@@ -232,6 +232,24 @@ class _Prepared(NamedTuple):
     mask: Optional[torch.Tensor]  # (N,): on the host (-> spans in the operator) or hidden's device
     spans: Optional[torch.Tensor]  # host (n, 2) int64
     tail: tuple                   # the operators' trailing arguments (_ops._FWD_TAIL)
+    trows: Optional[torch.Tensor] = None  # (N,) float32 per-row temperatures (tail's is 1)
+
+
+def _temperature_rows(temperature: torch.Tensor, N: int, lead: tuple,
+                      device: torch.device) -> torch.Tensor:
+    """A per-row ``temperature=`` tensor as the operators take it: targets' shape (hidden's
+    leading dimensions), on hidden's device, a floating dtype (converted to float32: the
+    kernels multiply by float(1 / T_i) anyway); no gradient flows to it."""
+    if tuple(temperature.shape) != lead:
+        raise ShapeError(f"temperature: shape is {tuple(temperature.shape)}, expected {lead} "
+                         f"(targets' shape: one temperature per row) or a number")
+    if temperature.device != device:
+        raise InvalidArgumentError(f"temperature is on {temperature.device} but hidden is on "
+                                   f"{device}")
+    if not temperature.is_floating_point():
+        raise DTypeError(f"temperature: dtype is {temperature.dtype}, expected a floating "
+                         f"dtype (float32; others are converted)")
+    return temperature.detach().reshape(N).to(torch.float32).contiguous()
 
 
 def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
@@ -273,6 +291,10 @@ def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
     mask = _mask_tensor(loss_mask, N, lead, h2.device)
     sp = _spans_tensor(spans)
     vocab_start = _i64(vocab_start, "vocab_start")
+    trows = None
+    if isinstance(temperature, torch.Tensor):
+        trows = _temperature_rows(temperature, N, lead, h2.device)
+        temperature = 1.0  # the library takes one or the other
     temperature = _real(temperature, "temperature")
     softcap = 0.0 if softcap is None else _real(softcap, "softcap")
     vocab_total = _i64(vocab_total, "vocab_total")
@@ -287,7 +309,7 @@ def _prepare(hidden: Any, weight: Any, targets: Optional[torch.Tensor],
     opts = _ops.opts_from(options)
     tail = (_i64(gap, "gap"), vocab_start, vocab_total, temperature, softcap,
             bool(reduce_dhidden), key) + tuple(opts)
-    return _Prepared(lead, h2, w2, t1, c2, mask, sp, tail)
+    return _Prepared(lead, h2, w2, t1, c2, mask, sp, tail, trows)
 
 
 # ---- logprobs --------------------------------------------------------------------------------
@@ -312,6 +334,9 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
             exactly 0 outputs and no gradient, and cost nothing.
         spans: host (n, 2) int64 [start, end) runs of active rows (e.g. spanhead.spans()).
         temperature, softcap: z = (softcap * tanh(u / softcap) if softcap else u) / temperature.
+            temperature is a number or a tensor of targets' shape on hidden's device (one
+            temperature per row, e.g. verl's per-sample dynamic temperature expanded to its
+            tokens; floating dtypes are converted to float32; no gradient flows to it).
         entropy, lse, logit_mean: also return these per-row quantities (all differentiable).
         tp_group: a torch.distributed NCCL process group over the vocabulary shards (see
             spanhead.Comm.from_torch), or a spanhead.Comm (e.g. Comm.from_mpi4py for CPU
@@ -340,7 +365,7 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
                  context_options)
     want = [p.targets is not None, bool(entropy), bool(lse), bool(logit_mean), bool(sum_p2)]
     outs = _ops.head_fwd(p.hidden, p.weight, p.targets, p.candidates, p.mask, p.spans, want,
-                         *_ops.pack_tail(p.tail))
+                         *_ops.pack_tail(p.tail), p.trows)
     res = [o.reshape(p.lead) if w else None for o, w in zip(outs[:4], want)]
     sp2 = outs[5].detach().reshape(p.lead) if sum_p2 else None
     if sum_p2:
@@ -440,7 +465,7 @@ def _one_pass(hidden, weight, targets, weights, loss_mask, spans, temperature, s
     need_w = grad and p.weight.requires_grad
     out = _ops.weighted_loss(h2, p.weight, p.targets, p.mask, p.spans, w1,
                              *_ops.pack_loss(p.tail, c_lp, c_lse, c_mean, c_ent, want_entropy,
-                                             need_h, need_w))
+                                             need_h, need_w), p.trows)
     loss, lp, ent = out[0], out[1], out[2]
     return (loss, lp.detach().reshape(p.lead),
             ent.detach().reshape(p.lead) if ent.numel() or N == 0 else None)

@@ -340,3 +340,46 @@ def test_ppo_loss_fallback_same_loss_one_warning(rng, what, monkeypatch):
     loss.backward()
     close(h.grad, rgh, what="d_hidden")
     close(w.grad, rgw, what="d_weight")
+
+
+# ---- per-row temperature (issue 25: verl's dynamic temperature, PR 6110) -------------------
+
+def test_lce_per_row_temperature(rng):
+    h, w, t = make(rng, N=2 * 17)
+    temp = torch.tensor(np.exp(rng.uniform(-1.0, 1.0, t.shape[0])), dtype=torch.float32)
+    lp, ent = shv.linear_cross_entropy(h, w, t, temp, "none")
+    hd, wd, rlp, rent = verl_reference(h, w, t, temp.double()[:, None])
+    close(lp, rlp, what="log_probs")
+    close(ent, rent, what="entropy")
+    (lp.sum() + 0.5 * ent.sum()).backward()
+    (rlp.sum() + 0.5 * rent.sum()).backward()
+    close(h.grad, hd.grad, what="d_hidden")
+    close(w.grad, wd.grad, what="d_weight")
+    # one temperature per sample of a (B, T, H) batch: expanded to its tokens
+    per_sample = torch.tensor([0.5, 1.7])
+    h3 = h.detach().reshape(2, 17, -1)
+    lp3, _ = shv.linear_cross_entropy(h3, w, t.reshape(2, 17), per_sample, "none")
+    lpt, _ = shv.linear_cross_entropy(h3, w, t.reshape(2, 17),
+                                      per_sample[:, None].expand(2, 17), "none")
+    assert torch.equal(lp3, lpt)
+    _, _, rlp3, _ = verl_reference(h, w, t, per_sample.double().repeat_interleave(17)[:, None])
+    close(lp3, rlp3, what="per-sample log_probs")
+    with pytest.raises(spanhead.ShapeError, match="temperature"):
+        shv.linear_cross_entropy(h3, w, t.reshape(2, 17), torch.ones(3), "none")
+
+
+def test_ppo_loss_per_sample_temperature(rng):
+    h, w, t, mask, adv, old, ref, isw = ppo_case(rng)
+    B = t.shape[0]
+    temp = torch.tensor(np.exp(rng.uniform(-0.7, 0.7, B)), dtype=torch.float32)
+    cfg = Cfg(policy_loss={"loss_mode": "vanilla"}, loss_agg_mode="token-mean", clip_ratio=0.2,
+              clip_ratio_high=0.28, entropy_coeff=0.013, use_kl_loss=True,
+              kl_loss_type="low_var_kl", kl_loss_coef=0.07)
+    rloss, rpg, rent, rkl, rmet, rgh, rgw = verl_ppo_reference(
+        cfg, h, w, t, mask, adv, old, ref, None, temp.double()[:, None, None])
+    loss, met = shv.ppo_loss(cfg, h, w, t, mask, old, adv, ref_log_prob=ref, temperature=temp)
+    close(loss, rloss, what="loss")
+    close(met["actor/entropy_loss"], rent, what="entropy_loss")
+    loss.backward()
+    close(h.grad, rgh, what="d_hidden")
+    close(w.grad, rgw, what="d_weight")

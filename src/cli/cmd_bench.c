@@ -91,12 +91,13 @@ static int gemm_rates(sph_ctx_t ctx, const bopts *o, int64_t M, int64_t N, int64
 
 typedef struct dev_bufs {
     void *h, *w, *tgt, *mask, *lp, *ent, *st, *g, *e, *dh, *dw, *ws;
+    void *temp; /* --temperature-rows: (N) f32, else NULL */
     size_t ws_bytes;
 } dev_bufs;
 
 static void bufs_free(sph_ctx_t ctx, dev_bufs *b) {
     void *ps[] = {b->h, b->w, b->tgt, b->mask, b->lp, b->ent, b->st, b->g, b->e, b->dh, b->dw,
-                  b->ws};
+                  b->ws, b->temp};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
     memset(b, 0, sizeof *b);
 }
@@ -172,8 +173,10 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int6
     sph_tensor te = {b->e, d, 1, SPH_F32, sh_n, NULL, 0};
     sph_tensor tdh = {b->dh, d, 2, o->dt, sh_h, NULL, 0};
     sph_tensor tdw = {b->dw, d, 2, o->dt, sh_w, NULL, 0};
+    sph_tensor ttr = {b->temp, d, 1, SPH_F32, sh_n, NULL, 0};
     sph_head_args f = SPH_HEAD_ARGS_INIT;
     f.hidden = &th, f.weight = &tw, f.targets = &tt, f.stats = &tst;
+    if (b->temp) f.temperature_rows = &ttr; /* --temperature-rows */
     f.logprob = &tlp, f.entropy = &tent;
     if (masked) f.active_mask = &tm, f.spans = spans, f.n_spans = n_spans;
     sph_head_args bw = f;
@@ -277,7 +280,8 @@ static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char 
         fputs(",\"mask\":", f), sph_cli_json_str(f, p->mask);
         fputs(",\"mode\":", f), sph_cli_json_str(f, mode);
         fputs(",\"impl\":\"spanhead\",\"dtype\":", f), sph_cli_json_str(f, o->dt_name);
-        fprintf(f, ",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64, o->gap, p->n_active);
+        fprintf(f, ",\"span_gap\":%" PRId64 ",\"n_active\":%" PRId64 ",\"temperature_rows\":%s",
+                o->gap, p->n_active, o->temp_rows ? "true" : "false");
         const struct {
             const char *name, *fmt;
             double v;
@@ -441,6 +445,9 @@ static int settle(bopts *o, const sph_cli_parsed *pp) {
         return sph_cli_fail("bench", 2, "--matrix seed sets the shapes' V and N itself: it takes "
                                         "--shape, not --H, --V or --N");
     if (o->peers && !o->plot) return sph_cli_fail("bench", 2, "--peers %s: goes with --plot", o->peers);
+    if (o->temp_rows && o->mode == 3)
+        return sph_cli_fail("bench", 2, "--temperature-rows: the general and one-pass modes "
+                                        "only (not --mode policy)");
     if (o->H || o->V) {
         if (!o->H || !o->V) return sph_cli_fail("bench", 2, "--H and --V go together");
         if (shape_given) return sph_cli_fail("bench", 2, "--shape: not with --H/--V");
@@ -477,10 +484,10 @@ static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_
     const size_t es = (size_t)bits / 8;
     void *hh = sph_cli_alloc(N * sh->H, es), *hw = sph_cli_alloc(sh->V * sh->H, es);
     int32_t *ht = sph_cli_alloc(N, 4);
-    float *hg = sph_cli_alloc(N, 4);
+    float *hg = sph_cli_alloc(N, 4), *htr = o->temp_rows ? sph_cli_alloc(N, 4) : NULL;
     *hm = sph_cli_alloc(N, 1);
     *spans = sph_cli_alloc(2 * ((N + 1) / 2) + 2, sizeof(int64_t));
-    if (!hh || !hw || !ht || !hg || !*hm || !*spans) {
+    if (!hh || !hw || !ht || !hg || !*hm || !*spans || (o->temp_rows && !htr)) {
         rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
     } else {
         sph_cli_rng r;
@@ -489,7 +496,9 @@ static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_
         synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
         for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
         synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
-        if (upload(ctx, &b->h, hh, N * sh->H, es) || upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
+        for (int64_t i = 0; htr && i < N; i++) htr[i] = (float)(0.5 + sph_cli_rng_uniform(&r));
+        if ((htr && upload(ctx, &b->temp, htr, N, 4)) ||
+            upload(ctx, &b->h, hh, N * sh->H, es) || upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
             upload(ctx, &b->tgt, ht, N, 4) || upload(ctx, &b->g, hg, N, 4) ||
             upload(ctx, &b->e, hg, N, 4) || upload(ctx, &b->mask, NULL, N, 1) ||
             upload(ctx, &b->lp, NULL, N, 4) || upload(ctx, &b->ent, NULL, N, 4) ||
@@ -497,7 +506,7 @@ static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_
             upload(ctx, &b->dw, NULL, sh->V * sh->H, es))
             rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
     }
-    free(hh), free(hw), free(ht), free(hg);
+    free(hh), free(hw), free(ht), free(hg), free(htr);
     return rc;
 }
 
@@ -560,6 +569,7 @@ int sph_cli_bench(int argc, char **argv) {
            "each row's first call ms: a fresh context + workspace + the first step, cold\n",
            first_ctx_ms);
     if (o.matrix) printf("# matrix seed: %d unique points\n", n_work);
+    if (o.temp_rows) printf("# per-row temperatures: uniform in [0.5, 1.5] (--temperature-rows)\n");
     if (o.mode == 3) { /* --mode policy: its own table (bench_policy.c) */
         rc = bench_policy(ctx, &o, ws, n_work, gpu, date, js[0]);
         goto finish;

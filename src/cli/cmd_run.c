@@ -44,6 +44,21 @@ static const char k_about[] =
  * it (and from OpenBLAS); on this project's 2-vCPU machines that cost 2-4x on small shapes.
  * Unless the user chose a policy, re-run ourselves once with OMP_WAIT_POLICY=passive (libgomp
  * reads it at load time, so setting it now would be too late). */
+/* SPH_CLI_TEST_CORRUPT=NAME (tests only, tests/cli/test_errors.sh): adds 1 % of max|x| to
+ * the first element of output NAME after the run, so that a test can show `--check` failing a
+ * wrong result however generous the budget of the inputs' conditioning is. */
+static void test_corrupt(run_result *r) {
+    const char *v = getenv("SPH_CLI_TEST_CORRUPT");
+    for (int k = 0; v && k < RUN_N_OUT; k++) {
+        if (!r->have[k] || !r->out[k] || strcmp(v, run_out_names[k]) != 0 || r->count[k] < 1)
+            continue;
+        float mx = 0;
+        for (int64_t i = 0; i < r->count[k]; i++)
+            if (fabsf(r->out[k][i]) > mx) mx = fabsf(r->out[k][i]);
+        r->out[k][0] += 0.01f * (mx > 0 ? mx : 1.0f);
+    }
+}
+
 static void prefer_passive_wait(int argc, char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("SPH_NO_REEXEC")) return;
     if (setenv("OMP_WAIT_POLICY", "passive", 0) || setenv("SPH_NO_REEXEC", "1", 1)) return;
@@ -171,6 +186,7 @@ int sph_cli_run(int argc, char **argv) {
             goto out;
         }
     }
+    test_corrupt(&r);
     if (o.check && (rc = run_check(&p, &o, on_cuda, &r))) {
         sph_cli_progress_end(&pr);
         goto out;

@@ -121,6 +121,11 @@ const sph_cli_opt sph_cli_bench_opts[] = {
      "grid points)"},
     {"--list", NULL, SPH_OPT_FLAG, O(list), 0, 0, 0, 0, NULL, 0,
      "print the runs (point, mask, active, mode), run nothing"},
+    {"--temperature-rows", NULL, SPH_OPT_FLAG, O(temp_rows), 0, 0, 0, 0, NULL, 0,
+     "give every row its own temperature (seeded, uniform in\n"
+     "[0.5, 1.5]) instead of the scalar 1: the cost of per-row\n"
+     "temperature against the same run without it (JSON\n"
+     "\"temperature_rows\": true); general and one-pass modes"},
     {"--active", "1,0.5,0.25", SPH_OPT_F64S, O(act_list), 0, 0, 0, 1, NULL, SPH_OPTF_GT,
      "active fractions in (0, 1] (default 1,0.5,0.25)"},
     {"--mask", "PATTERNS", SPH_OPT_CHOICES, O(mask_list), 0, 0, 0, 0, bench_mask_names, 0,
@@ -216,13 +221,17 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "force a CPU kernel set: ref, generic, avx2, avx512"},
     {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
      "compare what was computed with the float64 reference; exit 1 if\n"
-     "off. Without an upstream gradient there is no backward: the\n"
-     "check covers the forward outputs and says so"},
+     "off (normwise 1e-4 for f32; the entropy and the gradients also get\n"
+     "the budget of fp32 logits' rounding, which 1/T amplifies). Without\n"
+     "an upstream gradient there is no backward: the check covers the\n"
+     "forward outputs and says so"},
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "read hidden.npy weight.npy targets.npy and optional mask.npy\n"
      "dlogprob.npy dentropy.npy dlse.npy dlogit_mean.npy\n"
-     "candidates.npy (bf16 data: uint16 .npy plus --dtype bf16);\n"
-     "the backward runs when an upstream gradient is given"},
+     "candidates.npy temperature.npy (bf16 data: uint16 .npy plus\n"
+     "--dtype bf16); temperature.npy (<f4 (N)) gives each row its own\n"
+     "temperature and excludes --temperature; the backward runs when\n"
+     "an upstream gradient is given"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write logprob entropy lse logit_mean dhidden dweight sum_p2 .npy (what\n"
      "was computed): all at once after the run (and --check) succeeded,\n"

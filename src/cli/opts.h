@@ -92,7 +92,7 @@ extern const char *const bench_dtype_names[]; /* bf16, f16, f32: the --dtype cho
 
 typedef struct bopts {
     /* options as parsed */
-    int device, dtype_opt, matrix, mode, list;
+    int device, dtype_opt, matrix, mode, list, temp_rows;
     sph_cli_list shape_list, N_list, act_list, mask_list;
     int64_t H, V, repeats, warmup, chunk_bytes, gap, seed;
     const char *json, *commit, *plot, *peers;

@@ -33,6 +33,7 @@ typedef struct run_problem {
     uint8_t *mask;      /* NULL = all active */
     int64_t *spans, n_spans;
     float *g, *e, *gl, *gm; /* upstream gradients, each optional */
+    float *temp;            /* per-row temperatures (temperature.npy) or NULL: --temperature */
     int64_t n_seq;          /* packed sequences of the synthetic RL batch */
     int grads;              /* some upstream gradient is given: the backward runs */
     const char *source;     /* "default packed RL batch", "synthetic" or the inputs dir */
@@ -46,7 +47,7 @@ int run_problem_make(const run_opts *o, run_problem *p);
 /* ---- the device run ----------------------------------------------------------------------- */
 
 enum { T_H, T_W, T_TGT, T_CAND, T_MASK, T_LP, T_ENT, T_LSE, T_LM, T_ST, T_G, T_E, T_GL, T_GM,
-       T_DH, T_DW, T_SP2, T_COUNT };
+       T_DH, T_DW, T_SP2, T_TEMP, T_COUNT };
 
 typedef struct run_device {
     sph_ctx_t ctx;
@@ -92,6 +93,9 @@ typedef struct run_result {
     /* check */
     int checked, passed;
     double check_s, tol, err[RUN_N_OUT];
+    /* the fp32 logits' budget (run_report.c logit_budget): max zeta_i of the active rows, the
+     * entropy's per-row budget's max relative to max|ref|, each output's tolerance */
+    double zeta, ent_budget, tol_k[RUN_N_OUT];
     const char *outputs_written;
 } run_result;
 

@@ -62,6 +62,7 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     if (p->e) PUT(T_E, p->e, (size_t)N * 4, 1, N, 0, SPH_F32);
     if (p->gl) PUT(T_GL, p->gl, (size_t)N * 4, 1, N, 0, SPH_F32);
     if (p->gm) PUT(T_GM, p->gm, (size_t)N * 4, 1, N, 0, SPH_F32);
+    if (p->temp) PUT(T_TEMP, p->temp, (size_t)N * 4, 1, N, 0, SPH_F32);
     if (d->backward) {
         PUT(T_DH, NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32);
         PUT(T_DW, NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32);
@@ -72,6 +73,7 @@ sph_status run_device_setup(run_device *d, const run_problem *p, const run_opts 
     a.candidates = p->cand ? &d->t[T_CAND] : NULL;
     a.vocab_start = p->v0, a.vocab_total = p->V_total;
     a.temperature = o->temperature, a.softcap = o->softcap;
+    a.temperature_rows = p->temp ? &d->t[T_TEMP] : NULL;
     a.active_mask = p->mask ? &d->t[T_MASK] : NULL;
     a.spans = p->spans, a.n_spans = p->n_spans;
     a.logprob = &d->t[T_LP];

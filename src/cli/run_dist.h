@@ -77,6 +77,7 @@ typedef struct batch {
     int64_t *cand;     /* (R, K) or NULL */
     uint8_t *mask;     /* (R); all ones when dense */
     float *up[NF];     /* (R) each: dlogprob, dentropy, dlse, dlogit_mean (0 when absent) */
+    float *temp;       /* (R) per-row temperatures (temperature.npy) or NULL: temperature */
 } batch;
 
 void dist_batch_free(batch *b);

@@ -22,6 +22,7 @@ void dist_batch_free(batch *b) {
     free(b->cand);
     free(b->mask);
     for (int f = 0; f < NF; f++) free(b->up[f]);
+    free(b->temp);
     memset(b, 0, sizeof *b);
 }
 
@@ -158,12 +159,13 @@ static int load(const char *dir, const char *name, int required, npy_array *a) {
  * (R, H) and weight (V, H) as <f4 (rounded to --dtype) or <u2 holding bf16 bits (--dtype
  * bf16), targets (R); optional mask (R), lengths (n) of the sequences (default: one sequence
  * of R rows), dlogprob, dentropy, dlse, dlogit_mean (R; absent = 0, as in one process),
- * candidates (R, K). Non-finite hidden or weight values are refused. */
+ * candidates (R, K), temperature (R: per-row temperatures, excluding --temperature).
+ * Non-finite hidden or weight values are refused. */
 int dist_batch_read(const dopts *o, batch *b) {
-    enum { I_H, I_W, I_T, I_M, I_L, I_C, I_G0, I_COUNT = I_G0 + NF };
+    enum { I_H, I_W, I_T, I_M, I_L, I_C, I_G0, I_TMP = I_G0 + NF, I_COUNT };
     static const char *names[I_COUNT] = {"hidden", "weight", "targets", "mask", "lengths",
                                          "candidates", "dlogprob", "dentropy", "dlse",
-                                         "dlogit_mean"};
+                                         "dlogit_mean", "temperature"};
     npy_array in[I_COUNT];
     int have[I_COUNT], ok = 0;
     memset(in, 0, sizeof in);
@@ -214,6 +216,15 @@ int dist_batch_read(const dopts *o, batch *b) {
                       (long long)in[k].count, (long long)b->R);
             goto done;
         }
+    if (have[I_TMP] && (in[I_TMP].kind != 'f' || in[I_TMP].bytes != 4)) {
+        dist_fail("temperature.npy: dtype %s, expected <f4", npy_descr(&in[I_TMP]));
+        goto done;
+    }
+    if (have[I_TMP] && o->temperature != 1.0) {
+        dist_fail("--temperature %g: --inputs %s has temperature.npy (one temperature per row, "
+                  "replacing the scalar); drop --temperature", o->temperature, o->inputs);
+        goto done;
+    }
     if (have[I_G0 + F_LOGIT_MEAN] && b->K) {
         dist_fail("dlogit_mean.npy: logit_mean is not defined with candidates");
         goto done;
@@ -225,6 +236,13 @@ int dist_batch_read(const dopts *o, batch *b) {
         goto done;
     }
     if (!check_sizes(b) || !batch_alloc(b)) goto done;
+    if (have[I_TMP]) {
+        if (!(b->temp = sph_cli_calloc(b->R, sizeof(float)))) {
+            dist_fail("out of host memory for temperature.npy");
+            goto done;
+        }
+        memcpy(b->temp, in[I_TMP].data, (size_t)b->R * sizeof(float));
+    }
     int64_t sum = 0;
     for (int64_t k = 0; k < b->n_seqs; k++) {
         double l = have[I_L] ? npy_at(&in[I_L], k) : (double)b->R;
@@ -271,7 +289,7 @@ static int bcast(void *p, size_t bytes) {
 }
 
 int dist_batch_share(batch *b, int ok0) {
-    int64_t hdr[8] = {ok0, b->n_seqs, b->R, b->H, b->V, b->K, b->masked, b->bf16};
+    int64_t hdr[9] = {ok0, b->n_seqs, b->R, b->H, b->V, b->K, b->masked, b->bf16, !!b->temp};
     double temp = b->temperature;
     if (!bcast(hdr, sizeof hdr) || !bcast(&temp, sizeof temp)) return 0;
     if (!hdr[0]) return 0; /* rank 0 reported why */
@@ -286,6 +304,9 @@ int dist_batch_share(batch *b, int ok0) {
         b->temperature = temp;
     }
     int mine = dist_rank == 0 || batch_alloc(b);
+    if (mine && dist_rank != 0 && hdr[8])
+        mine = (b->temp = sph_cli_calloc(b->R, sizeof(float))) != NULL ||
+               dist_fail("out of host memory for the per-row temperatures");
     if (!dist_agree(mine)) return 0;
     size_t R = (size_t)b->R, H = (size_t)b->H;
     int ok = bcast(b->lengths, (size_t)b->n_seqs * sizeof(int64_t)) &&
@@ -294,6 +315,7 @@ int dist_batch_share(batch *b, int ok0) {
              bcast(b->targets, R * sizeof(int64_t)) &&
              (!b->K || bcast(b->cand, R * (size_t)b->K * sizeof(int64_t))) && bcast(b->mask, R);
     for (int f = 0; ok && f < NF; f++) ok = bcast(b->up[f], R * sizeof(float));
+    if (ok && b->temp) ok = bcast(b->temp, R * sizeof(float)); /* every rank the same rows */
     return ok;
 }
 

@@ -106,20 +106,20 @@ typedef struct bin_buf {
     void *h_h;
     int64_t *t_h, *c_h, *spans, n_spans;
     uint8_t *m_h;
-    float *up_h[NF];
-    void *h_d, *t_d, *c_d, *m_d, *st_d, *dh_d;
+    float *up_h[NF], *tp_h; /* tp_h: the rows' temperatures (temperature.npy) or NULL */
+    void *h_d, *t_d, *c_d, *m_d, *st_d, *dh_d, *tp_d;
     void *up_d[NF], *row_d[NF];
 } bin_buf;
 
 static void bin_free(const dev *d, bin_buf *x) {
-    void *bufs[] = {x->h_d, x->t_d, x->c_d, x->m_d, x->st_d, x->dh_d};
+    void *bufs[] = {x->h_d, x->t_d, x->c_d, x->m_d, x->st_d, x->dh_d, x->tp_d};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) sph_ctx_free(d->io, bufs[k]);
     for (int f = 0; f < NF; f++) {
         sph_ctx_free(d->io, x->up_d[f]);
         sph_ctx_free(d->io, x->row_d[f]);
         free(x->up_h[f]);
     }
-    free(x->h_h), free(x->t_h), free(x->c_h), free(x->m_h), free(x->spans);
+    free(x->h_h), free(x->t_h), free(x->c_h), free(x->m_h), free(x->spans), free(x->tp_h);
     memset(x, 0, sizeof *x);
 }
 
@@ -137,6 +137,7 @@ static int stage_bin(const dev *d, const batch *b, const int64_t *gr, int64_t n,
     x->spans = sph_cli_calloc((2 * ((n + 1) / 2) + 2), sizeof(int64_t));
     int all = 1;
     for (int f = 0; f < nf; f++) all &= (x->up_h[f] = sph_cli_calloc(n, sizeof(float))) != 0;
+    if (b->temp) all &= (x->tp_h = sph_cli_calloc(n, sizeof(float))) != 0;
     if (!x->h_h || !x->t_h || (K && !x->c_h) || !x->m_h || !all || !x->spans)
         return dist_fail("out of host memory for a bin of %lld rows", (long long)n);
     for (int64_t i = 0; i < n; i++) {
@@ -150,6 +151,7 @@ static int stage_bin(const dev *d, const batch *b, const int64_t *gr, int64_t n,
         for (int64_t j = 0; j < K; j++) x->c_h[i * K + j] = g >= 0 ? b->cand[g * K + j] : -1;
         x->m_h[i] = g >= 0 ? b->mask[g] : 0;
         for (int f = 0; f < nf; f++) x->up_h[f][i] = g >= 0 ? b->up[f][g] : 0.0f;
+        if (x->tp_h) x->tp_h[i] = g >= 0 ? b->temp[g] : 1.0f; /* padding: a valid 1 */
     }
     x->n_spans = 0;
     if (b->masked && sph_spans_from_mask(x->m_h, n, gap, x->spans, &x->n_spans))
@@ -159,7 +161,8 @@ static int stage_bin(const dev *d, const batch *b, const int64_t *gr, int64_t n,
         (K && !dput(d, x->c_h, (size_t)(n * K) * sizeof(int64_t), &x->c_d)) ||
         !dput(d, x->m_h, (size_t)n, &x->m_d) ||
         !dput(d, NULL, (size_t)n * 3 * sizeof(float), &x->st_d) ||
-        !dput(d, NULL, (size_t)(n * H) * sizeof(float), &x->dh_d))
+        !dput(d, NULL, (size_t)(n * H) * sizeof(float), &x->dh_d) ||
+        (x->tp_h && !dput(d, x->tp_h, (size_t)n * sizeof(float), &x->tp_d)))
         return 0;
     for (int f = 0; f < nf; f++)
         if (!dput(d, x->up_h[f], (size_t)n * sizeof(float), &x->up_d[f]) ||
@@ -195,7 +198,8 @@ static int run_bin(head_job *j, bin_buf *x, int64_t bi, int64_t r0, int64_t n, r
                tm = tens(x->m_d, SPH_U8, 1, s_n, cuda),
                tst = tens(x->st_d, SPH_F32, 2, s_st, cuda),
                tdh = tens(x->dh_d, SPH_F32, 2, s_h, cuda),
-               tdw = tens(j->dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF];
+               tdw = tens(j->dw_d, SPH_F32, 2, s_dw, cuda), tup[NF], trow[NF],
+               ttp = tens(x->tp_d, SPH_F32, 1, s_n, cuda);
     for (int f = 0; f < nf; f++) {
         tup[f] = tens(x->up_d[f], SPH_F32, 1, s_n, cuda);
         trow[f] = tens(x->row_d[f], SPH_F32, 1, s_n, cuda);
@@ -208,6 +212,7 @@ static int run_bin(head_job *j, bin_buf *x, int64_t bi, int64_t r0, int64_t n, r
     a.vocab_start = j->v0;
     a.vocab_total = b->V;
     a.temperature = b->temperature;
+    a.temperature_rows = x->tp_h ? &ttp : NULL;
     if (b->masked) {
         a.active_mask = &tm;
         a.spans = x->spans;

@@ -46,7 +46,8 @@ const char *const pol_metric_names[SPH_POLICY_N_METRICS] = {
 const sph_cli_opt sph_cli_policy_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "hidden weight targets advantages old_logprob .npy, and mask seq_id\n"
-     "ref_logprob is_weight .npy where present (required)"},
+     "ref_logprob is_weight temperature .npy where present (required;\n"
+     "temperature.npy: <f4 (N) per-row temperatures, excludes --temperature)"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write loss.json, logprob entropy dhidden dweight .npy: all of them\n"
      "after the run (and --check) succeeded, or none"},
@@ -125,7 +126,7 @@ int sph_cli_run_wants_policy(int argc, char **argv) {
 
 void pol_problem_free(pol_problem *p) {
     free(p->h), free(p->w), free(p->tgt), free(p->seq), free(p->mask), free(p->spans);
-    free(p->adv), free(p->old), free(p->ref), free(p->isw);
+    free(p->adv), free(p->old), free(p->ref), free(p->isw), free(p->temp);
     memset(p, 0, sizeof *p);
 }
 
@@ -218,8 +219,13 @@ int pol_problem_read(const pol_opts *o, pol_problem *p) {
     p->N = rp.N, p->H = rp.H, p->V = rp.V, p->bits = rp.bits, p->is_bf16 = rp.is_bf16;
     p->h = rp.h, p->w = rp.w, p->tgt = rp.tgt, p->mask = rp.mask;
     p->spans = rp.spans, p->n_spans = rp.n_spans;
-    rp.h = rp.w = NULL, rp.tgt = NULL, rp.mask = NULL, rp.spans = NULL;
+    p->temp = rp.temp; /* temperature.npy: one temperature per row */
+    rp.h = rp.w = NULL, rp.tgt = NULL, rp.mask = NULL, rp.spans = NULL, rp.temp = NULL;
     run_problem_free(&rp);
+    if (p->temp && o->temperature != 1.0)
+        return sph_cli_fail(CMD, 2, "--temperature %g: --inputs %s has temperature.npy (one "
+                                    "temperature per row, replacing the scalar); drop "
+                                    "--temperature", o->temperature, o->inputs);
     const int need_ref = o->kl != 0;
     if (row_f32(o->inputs, "advantages", p->N, 1, &p->adv) ||
         row_f32(o->inputs, "old_logprob", p->N, 1, &p->old) ||
@@ -252,7 +258,7 @@ sph_policy_args pol_args(const pol_opts *o) {
 }
 
 enum { B_H, B_W, B_TGT, B_MASK, B_ADV, B_OLD, B_REF, B_ISW, B_SEQ, B_LP, B_ENT, B_DH, B_DW, B_MET,
-       B_COUNT };
+       B_TEMP, B_COUNT };
 
 int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_result *r) {
     memset(r, 0, sizeof *r);
@@ -289,7 +295,8 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
         {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64},   {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},
         {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},     {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32},
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32},
-        {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32}};
+        {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32},
+        {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32}};
     const int is_out[B_COUNT] = {[B_LP] = 1, [B_ENT] = 1, [B_DH] = 1, [B_DW] = 1, [B_MET] = 1};
     for (int k = 0; k < B_COUNT; k++) {
         if (!spec[k].host && !is_out[k]) continue; /* an absent optional input */
@@ -303,6 +310,7 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = T(B_H), a.weight = T(B_W), a.targets = T(B_TGT), a.active_mask = T(B_MASK);
     a.temperature = o->temperature, a.softcap = o->softcap;
+    a.temperature_rows = T(B_TEMP);
     a.spans = p->spans, a.n_spans = p->n_spans; /* only the active rows are computed */
     a.vocab_start = w->v0, a.vocab_total = w->V_total;
     a.allreduce_dhidden = w->tp != NULL; /* dhidden of the replicated rows: every shard's */

@@ -51,6 +51,7 @@ typedef struct pol_problem {
     uint8_t *mask;           /* (N) or NULL */
     int64_t *spans, n_spans; /* host spans of the mask (--gap), NULL without a mask */
     float *adv, *old, *ref, *isw; /* (N); ref / isw NULL when absent */
+    float *temp;                  /* (N) per-row temperatures (temperature.npy) or NULL */
 } pol_problem;
 
 void pol_problem_free(pol_problem *p);

@@ -95,7 +95,7 @@ static void bcast(void *p, size_t n) {
 /* Rank 0's problem to every rank (the others allocate it). 1 ok. */
 static int share_problem(pol_problem *p, int ok0) {
     int64_t hdr[12] = {p->N, p->H, p->V, p->bits, p->is_bf16, !!p->mask, !!p->seq, !!p->ref,
-                       !!p->isw, p->n_spans, ok0, 0};
+                       !!p->isw, p->n_spans, ok0, !!p->temp};
     MPI_Bcast(hdr, 12, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (!hdr[10]) return 0;
     if (g_rank) {
@@ -110,9 +110,11 @@ static int share_problem(pol_problem *p, int ok0) {
         if (hdr[6]) p->seq = sph_cli_alloc(p->N, 8);
         if (hdr[7]) p->ref = sph_cli_alloc(p->N, 4);
         if (hdr[8]) p->isw = sph_cli_alloc(p->N, 4);
+        if (hdr[11]) p->temp = sph_cli_alloc(p->N, 4);
     }
     int ok = p->h && p->w && p->tgt && p->adv && p->old && (!hdr[5] || (p->mask && p->spans)) &&
-             (!hdr[6] || p->seq) && (!hdr[7] || p->ref) && (!hdr[8] || p->isw);
+             (!hdr[6] || p->seq) && (!hdr[7] || p->ref) && (!hdr[8] || p->isw) &&
+             (!hdr[11] || p->temp);
     if (!agree(ok || fail("out of memory for the problem"))) return 0;
     const size_t es = (size_t)p->bits / 8;
     bcast(p->h, (size_t)(p->N * p->H) * es), bcast(p->w, (size_t)(p->V * p->H) * es);
@@ -122,6 +124,7 @@ static int share_problem(pol_problem *p, int ok0) {
     if (p->seq) bcast(p->seq, (size_t)p->N * 8);
     if (p->ref) bcast(p->ref, (size_t)p->N * 4);
     if (p->isw) bcast(p->isw, (size_t)p->N * 4);
+    if (p->temp) bcast(p->temp, (size_t)p->N * 4);
     return 1;
 }
 
@@ -139,6 +142,7 @@ static void copy_row(const pol_problem *p, int64_t i, pol_problem *q, int64_t k)
         if (q->seq) q->seq[k] = INT64_MIN;
         if (q->ref) q->ref[k] = 0;
         if (q->isw) q->isw[k] = 1;
+        if (q->temp) q->temp[k] = 1; /* a valid temperature of an inactive row */
         return;
     }
     memcpy((char *)q->h + (size_t)k * rb, (const char *)p->h + (size_t)i * rb, rb);
@@ -147,6 +151,7 @@ static void copy_row(const pol_problem *p, int64_t i, pol_problem *q, int64_t k)
     if (q->seq) q->seq[k] = p->seq[i];
     if (q->ref) q->ref[k] = p->ref[i];
     if (q->isw) q->isw[k] = p->isw[i];
+    if (q->temp) q->temp[k] = p->temp[i];
 }
 
 /* Rows [a, b) of p (padded to n rows) and vocabulary rows [v0, v1): the rank's problem. */
@@ -161,8 +166,10 @@ static int local_problem(const pol_problem *p, int64_t a, int64_t b, int64_t n, 
     if (p->seq) q->seq = sph_cli_alloc(n, 8);
     if (p->ref) q->ref = sph_cli_alloc(n, 4);
     if (p->isw) q->isw = sph_cli_alloc(n, 4);
+    if (p->temp) q->temp = sph_cli_alloc(n, 4);
     if (!q->h || !q->w || !q->tgt || !q->adv || !q->old || (p->mask && !q->mask) ||
-        (p->seq && !q->seq) || (p->ref && !q->ref) || (p->isw && !q->isw))
+        (p->seq && !q->seq) || (p->ref && !q->ref) || (p->isw && !q->isw) ||
+        (p->temp && !q->temp))
         return fail("out of memory for the local problem");
     if (q->V > 0) memcpy(q->w, (const char *)p->w + (size_t)(v0 * p->H) * es,
                          (size_t)(q->V * p->H) * es);

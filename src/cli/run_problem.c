@@ -18,7 +18,7 @@
 
 void run_problem_free(run_problem *p) {
     free(p->h), free(p->w), free(p->tgt), free(p->cand), free(p->mask), free(p->spans);
-    free(p->g), free(p->e), free(p->gl), free(p->gm);
+    free(p->g), free(p->e), free(p->gl), free(p->gm), free(p->temp);
     memset(p, 0, sizeof *p);
 }
 
@@ -293,6 +293,16 @@ static int npy_problem(const run_opts *o, run_problem *p) {
         if (r && take_f32(ups[k], &a, p->N, dstf[k])) goto done;
         npy_free(&a);
     }
+    /* per-row temperatures: they replace --temperature (the library takes one or the other) */
+    if ((r = read_opt(dir, "temperature", &a)) < 0) goto done;
+    if (r && o->temperature != 1.0) {
+        rc = sph_cli_fail(RUN_CMD, 2, "--temperature %g: --inputs %s has temperature.npy (one "
+                                      "temperature per row, replacing the scalar); drop "
+                                      "--temperature", o->temperature, dir);
+        goto done;
+    }
+    if (r && take_f32("temperature", &a, p->N, &p->temp)) goto done;
+    npy_free(&a);
     if ((r = read_opt(dir, "candidates", &a)) < 0) goto done;
     if (r) {
         if (a.ndim != 2 || a.shape[0] != p->N) {

@@ -150,6 +150,7 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
     e.tgt = p->targets;
     e.tgt_i64 = p->tgt_i64;
     e.inv_t = (float)(1.0 / p->temperature);
+    e.trows = p->temp_rows;
     e.cap = (float)p->softcap;
     e.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
     e.inv_V = (float)(1.0 / (double)p->V);
@@ -227,6 +228,8 @@ static sph_status chunk_e2d_rows(pass_ctx *c, const chunk *ch, int64_t b0, int64
     a.tgt_i64 = p->tgt_i64;
     a.inv_t = (float)(1.0 / p->temperature);
     a.t_over_cap = p->softcap > 0 ? (float)(p->temperature / p->softcap) : 0.f;
+    a.trows = p->temp_rows;
+    a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
     a.inv_V = (float)(1.0 / (double)p->V);
     return sph_cuda_e2d(&a, s);
 }
@@ -714,6 +717,12 @@ extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan 
     sph_head_plan tmp;
     const sph_head_plan *p = backward_plan(ctx, p_user, &tmp);
     SPH_TRY(pass_begin(ctx, p, SPH_HEAD_BACKWARD, ws, bytes, &lay, &c));
+    if (p->temp_rows) { /* the non-finite policy for device temperatures, chunk by chunk */
+        chunk ch;
+        chunks_reset(&c);
+        while (chunk_next(&c, &ch))
+            SPH_TRY(sph_cuda_check_trows(p, ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
+    }
     SPH_TRY(grad_prologue(&c));
     SPH_TRY(grad_sweep(&c));
     return grad_epilogue(&c);
@@ -741,6 +750,12 @@ static sph_status cuda_support_backward(sph_ctx_t ctx, const sph_head_plan *p, v
     pass_ctx c;
     SPH_TRY(pass_begin(ctx, p, SPH_HEAD_BACKWARD, ws, bytes, &lay, &c));
     if (p->N == 0) return grad_prologue(&c);
+    if (p->temp_rows) /* the non-finite policy for device temperatures */
+        for (int64_t k = 0; k < spans_count(p); k++) {
+            int64_t a, b;
+            spans_get(p, k, &a, &b);
+            SPH_TRY(sph_cuda_check_trows(p, a, NULL, b - a, c.st->nf, c.stream));
+        }
     SPH_TRY(sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes));
     return grad_epilogue(&c);
 }
@@ -771,6 +786,7 @@ static sph_status cuda_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
     SPH_TRY(need_device(p->targets, "targets"));
     SPH_TRY(need_device(p->cand, "candidates"));
     SPH_TRY(need_device(p->mask, "active_mask"));
+    SPH_TRY(need_device(p->temp_rows, "temperature_rows"));
     SPH_TRY(need_device(p->logprob, "logprob"));
     SPH_TRY(need_device(p->entropy, "entropy"));
     SPH_TRY(need_device(p->lse, "lse"));

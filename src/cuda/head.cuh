@@ -173,6 +173,12 @@ sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, i
 sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int64_t rank_stride,
                                   int64_t comm_size, int64_t r0, const int64_t *rowmap,
                                   int64_t rows, unsigned long long *nf, cudaStream_t stream);
+/* Per-row temperatures (plan.h temp_rows) of device memory, rows [0, rows) of a chunk (row k
+ * is global row rowmap[k] or r0 + k): each active row whose T_i the host rule refuses is
+ * counted in nf (the backward's non-finite policy; the forward counts such rows through their
+ * NaN statistics). Nothing to do without temp_rows or nf. */
+sph_status sph_cuda_check_trows(const sph_head_plan *p, int64_t r0, const int64_t *rowmap,
+                                int64_t rows, unsigned long long *nf, cudaStream_t stream);
 /* D (rows, w) = du of the chunk from the logits in L (D may alias L when fp32). */
 sph_status sph_cuda_launch_dlogits(pass_ctx *c, const float *L, void *D, const chunk *ch,
                                    int64_t c0, int64_t w);

@@ -29,11 +29,13 @@
 __global__ void __launch_bounds__(STATS_THREADS)
     head_stats_kernel(const float *__restrict__ L, int64_t ldL, int64_t r0,
                       const int64_t *__restrict__ rowmap, int64_t w, int64_t col_g0,
-                      const void *__restrict__ tgt, int tgt_i64, float inv_t, float cap,
-                      float inv_cap, float *__restrict__ recs, int merge) {
+                      const void *__restrict__ tgt, int tgt_i64, float inv_t_all,
+                      const float *__restrict__ trows, float cap, float inv_cap,
+                      float *__restrict__ recs, int merge) {
     /* chunk row r is global row rowmap[r] (gathered chunks) or r0 + r; its record is
      * recs[r] (the chunk's slice of the pass's records) */
     const int64_t r = blockIdx.x, i = rowmap ? rowmap[r] : r0 + r;
+    const float inv_t = row_inv_t(trows, i, inv_t_all); /* the row's 1 / T, once */
     const float *row = L + r * ldL;
     float m = -INFINITY, s = 0.f, b = 0.f, sz = 0.f;
     const int64_t nv4 = w / 4;
@@ -139,6 +141,7 @@ struct dl_args {
     const uint8_t *mask;
     const void *tgt;
     int tgt_i64;
+    const float *trows; /* per-row temperatures or NULL (inv_t) */
     float inv_t, cap, inv_cap, inv_V;
 };
 
@@ -150,6 +153,7 @@ __global__ void head_dlogits_kernel(dl_args a, OT *D) {
     const float *row = a.L + r * a.ldL;
     OT *out = D + r * a.ldL;
     bool active = !a.mask || a.mask[i];
+    const float inv_t = row_inv_t(a.trows, i, a.inv_t);
     float lse = a.stats[i * 3 + 1], mu = a.stats[i * 3 + 2];
     float g = a.g ? a.g[i] : 0.f, e = a.e ? a.e[i] : 0.f;
     float gl = a.gl ? a.gl[i] : 0.f, gmV = a.gm ? a.gm[i] * a.inv_V : 0.f;
@@ -164,11 +168,11 @@ __global__ void head_dlogits_kernel(dl_args a, OT *D) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float th = a.cap > 0.f ? tanhf(u[k] * a.inv_cap) : 0.f;
-            float z = (a.cap > 0.f ? a.cap * th : u[k]) * a.inv_t;
+            float z = (a.cap > 0.f ? a.cap * th : u[k]) * inv_t;
             float p = expf(z - lse);
             float dz = -g * p + e * p * (mu - z) + gl * p + gmV;
             if (q * 4 + k == tl) dz += g;
-            float du = dz * a.inv_t;
+            float du = dz * inv_t;
             if (a.cap > 0.f) du *= 1.f - th * th;
             o[k] = active ? du : 0.f;
         }
@@ -245,7 +249,31 @@ __global__ void head_act_rows_kernel(span_batch sb, int64_t *act_rows) {
     }
 }
 
+/* The non-finite policy for per-row temperatures a backward reads from device memory: an
+ * active row of the chunk whose T_i the host rule refuses (its gradients are NaN, row_inv_t)
+ * is counted in nf like a non-finite statistic. */
+__global__ void head_trows_check_kernel(const float *__restrict__ trows, int64_t r0,
+                                        const int64_t *__restrict__ rowmap, int64_t rows,
+                                        const uint8_t *__restrict__ mask,
+                                        unsigned long long *nf) {
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= rows) return;
+    const int64_t i = rowmap ? rowmap[k] : r0 + k;
+    if ((mask && !mask[i]) || row_temp_ok(trows[i])) return;
+    atomicAdd(&nf[0], 1ull);
+    atomicMin(&nf[1], (unsigned long long)i);
+}
+
 // ---- launchers -----------------------------------------------------------------------------
+
+sph_status sph_cuda_check_trows(const sph_head_plan *p, int64_t r0, const int64_t *rowmap,
+                                int64_t rows, unsigned long long *nf, cudaStream_t stream) {
+    if (!p->temp_rows || !nf || rows <= 0) return SPH_OK;
+    head_trows_check_kernel<<<(unsigned)((rows + 255) / 256), 256, 0, stream>>>(
+        p->temp_rows, r0, rowmap, rows, p->mask, nf);
+    SPH_LAUNCH_CHECK("head_trows_check_kernel", stream);
+    return SPH_OK;
+}
 
 /* The chunk's hidden rows as a matrix (pointer, row stride): in place for a row range, else
  * gathered into hg (once per chunk). */
@@ -279,8 +307,8 @@ sph_status sph_cuda_launch_stats(pass_ctx *c, const float *L, const chunk *ch, i
     float inv_cap = cap > 0.f ? (float)(1.0 / p->softcap) : 0.f;
     float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
     head_stats_kernel<<<(unsigned)ch->rows, STATS_THREADS, 0, c->stream>>>(
-        L, c->lay->ldL, ch->r0, ch->rowmap, w, p->v0 + c0, p->targets, p->tgt_i64, inv_t, cap,
-        inv_cap, recs, merge);
+        L, c->lay->ldL, ch->r0, ch->rowmap, w, p->v0 + c0, p->targets, p->tgt_i64, inv_t,
+        p->temp_rows, cap, inv_cap, recs, merge);
     SPH_LAUNCH_CHECK("head_stats_kernel", c->stream);
     return SPH_OK;
 }
@@ -335,6 +363,7 @@ sph_status sph_cuda_launch_dlogits(pass_ctx *c, const float *L, void *D, const c
     a.mask = p->mask;
     a.tgt = p->targets;
     a.tgt_i64 = p->tgt_i64;
+    a.trows = p->temp_rows;
     a.inv_t = (float)(1.0 / p->temperature);
     a.cap = (float)p->softcap;
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;

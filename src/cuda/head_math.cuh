@@ -28,6 +28,25 @@ __device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i
     return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
 }
 
+/* A per-row temperature the host rule accepts (sph_check_float_scalar): T and 1 / T normal
+ * floats (so T > 0 and finite). */
+__device__ __forceinline__ bool row_temp_ok(float T) {
+    const float r = __frcp_rn(T);
+    return T >= 1.17549435e-38f && T <= 3.40282347e+38f && r >= 1.17549435e-38f &&
+           r <= 3.40282347e+38f;
+}
+
+/* Row i's 1 / T: inv_t (the scalar temperature's, rounded on the host) or, with per-row
+ * temperatures (plan.h temp_rows), 1 / T_i rounded once to float (__frcp_rn: the host's
+ * float(1.0 / T_i) exactly, double rounding being innocuous for a quotient of floats). A T_i
+ * the host rule refuses gives NaN: the row's statistics and gradients become NaN and the
+ * non-finite policy counts the row (docs/head.md), never a silent wrong value. */
+__device__ __forceinline__ float row_inv_t(const float *trows, int64_t i, float inv_t) {
+    if (!trows) return inv_t;
+    const float T = trows[i];
+    return row_temp_ok(T) ? __frcp_rn(T) : __int_as_float(0x7fc00000);
+}
+
 /* z = (cap > 0 ? cap tanh(u / cap) : u) / T, the logit the softmax sees. */
 __device__ __forceinline__ float transform(float u, float inv_t, float cap, float inv_cap) {
     return (cap > 0.f ? cap * tanhf(u * inv_cap) : u) * inv_t;

@@ -50,6 +50,9 @@ __global__ void __launch_bounds__(256) head_e2d_kernel(sph_e2d_args a) {
     const bool active = !a.mask || a.mask[i];
     uint32_t out[4] = {0u, 0u, 0u, 0u};
     if (active) {
+        /* the row's 1 / T and T / cap (per-row temperatures: row_inv_t) */
+        const float it = row_inv_t(a.trows, i, a.inv_t);
+        const float toc = a.trows ? a.trows[i] * a.inv_cap : a.t_over_cap;
         const int64_t t = load_target(a.tgt, a.tgt_i64, i);
         const float lse = a.stats[i * 3 + 1], mu = a.stats[i * 3 + 2];
         const float g = a.g && t >= 0 ? a.g[i] : 0.f;
@@ -76,9 +79,9 @@ __global__ void __launch_bounds__(256) head_e2d_kernel(sph_e2d_args a) {
                     if (NEEDZ && !at_t) z = mt + __logf(ev[h]);
                     dz = fmaf(p, NEEDZ ? fmaf(-eg, z, cp) : cp, dz);
                 }
-                float d = dz * a.inv_t;
+                float d = dz * it;
                 if (CAP && (ev[h] != 0.f || at_t)) {
-                    const float th = z * a.t_over_cap;
+                    const float th = z * toc;
                     d *= 1.f - th * th;
                 }
                 du[h] = col0 + c < a.w ? d : 0.f;

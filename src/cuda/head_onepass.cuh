@@ -26,6 +26,8 @@ typedef struct sph_e2d_args {
     const void *tgt;
     int tgt_i64;
     float inv_t, t_over_cap, inv_V; /* 1/T, T/cap (0: no softcap), 1/V */
+    const float *trows;       /* per-row temperatures (N) or NULL (inv_t, t_over_cap) */
+    float inv_cap;            /* 1/cap (0: no softcap): T_i/cap = T_i inv_cap per row */
 } sph_e2d_args;
 
 sph_status sph_cuda_e2d(const sph_e2d_args *a, cudaStream_t stream);

@@ -48,6 +48,7 @@ struct sample_args {
     const void *tgt;
     int tgt_i64;
     const uint8_t *mask;
+    const float *trows; /* per-row temperatures or NULL (inv_t) */
     float inv_t, cap, inv_cap;
 };
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ void sample_logits(const sample_args &a, int64_t i, b
                                               float *z, float *th, int64_t *loc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const char *hrow = (const char *)a.h + (size_t)i * a.ld_h * (a.kind ? 2 : 4);
+    const float it = row_inv_t(a.trows, i, a.inv_t);
     for (int64_t k = warp; k < a.K; k += SAMPLE_THREADS / 32) {
         int64_t c = load_cand(a.cand, a.cand_i64, i * a.ld_c + k), l = c - a.v0;
         bool mine = active && c >= 0 && l >= 0 && l < a.V_loc;
@@ -69,7 +71,7 @@ __device__ __forceinline__ void sample_logits(const sample_args &a, int64_t i, b
             float t = a.cap > 0.f ? tanhf(u * a.inv_cap) : 0.f;
             loc[k] = l;
             th[k] = t;
-            z[k] = (a.cap > 0.f ? a.cap * t : u) * a.inv_t;
+            z[k] = (a.cap > 0.f ? a.cap * t : u) * it;
         }
     }
 }
@@ -117,13 +119,14 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     float g = o.g ? o.g[i] : 0.f, e = o.e ? o.e[i] : 0.f, gl = o.gl ? o.gl[i] : 0.f;
     int64_t t = load_target(a.tgt, a.tgt_i64, i), tl = t - a.v0;
     if (t < 0) g = 0.f;
+    const float it = row_inv_t(a.trows, i, a.inv_t);
     for (int64_t k = threadIdx.x; k < a.K; k += SAMPLE_THREADS) {
         float d = 0.f;
         if (loc[k] >= 0) {
             float q = expf(z[k] - lse);
             float dz = -g * q + e * q * (mu - z[k]) + gl * q;
             if (loc[k] == tl) dz += g;
-            d = dz * a.inv_t;
+            d = dz * it;
             if (a.cap > 0.f) d *= 1.f - th[k] * th[k];
         }
         du[k] = d;
@@ -191,6 +194,7 @@ static sample_args make_args(const sph_head_plan *p) {
     a.tgt = p->targets;
     a.tgt_i64 = p->tgt_i64;
     a.mask = p->mask;
+    a.trows = p->temp_rows;
     a.inv_t = (float)(1.0 / p->temperature);
     a.cap = (float)p->softcap;
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;

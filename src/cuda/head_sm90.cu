@@ -272,6 +272,7 @@ __device__ __forceinline__ void quad_store16(void *row, int m, uint32_t (&w)[4],
 struct epi_row_args {
     int64_t t;                    /* target (global vocabulary index; < 0 ignored) */
     float lse, mu, g, eg, gl, gmV; /* dlogits: statistics and upstream gradients */
+    float it;                      /* the row's 1 / T (row_inv_t) */
     bool active;
 };
 
@@ -280,6 +281,7 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
                                              epi_row_args &a) {
     const int64_t i = epi_row(ep, rr, R);
     a.t = load_target(ep.tgt, ep.tgt_i64, i);
+    a.it = row_inv_t(ep.trows, i, ep.inv_t);
     if (!(EPI & SPH_SM90_EPI_DLOGITS)) return;
     a.active = !ep.mask || ep.mask[i];
     a.lse = ep.stats[i * 3 + 1], a.mu = ep.stats[i * 3 + 2];
@@ -306,12 +308,13 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
         const int64_t tg = ra[hf].t - ep.col_g0 - cb;
         const int tl = ra[hf].t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         float mx = -INFINITY;
+        const float it = ra[hf].it;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 float &v = acc[4 * j + 2 * hf + e];
-                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * ep.inv_t;
+                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
                 if (8 * j + e < lim) mx = fmaxf(mx, v);
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -402,14 +405,15 @@ template <> __device__ __forceinline__ void store_pair(__half *dst, float a, flo
  * S16: 16-byte stores through quad_transpose (every lane runs the shuffles; rows past R only
  * skip the store). */
 template <typename T, bool CAP>
-__device__ __forceinline__ float epi_du(float u, const sph_sm90_epi &ep, float lse, float cp,
-                                        float eg, float g, float gmV, bool at_t, bool active) {
+__device__ __forceinline__ float epi_du(float u, const sph_sm90_epi &ep, float it, float lse,
+                                        float cp, float eg, float g, float gmV, bool at_t,
+                                        bool active) {
     const float th = CAP ? tanhf(u * ep.inv_cap) : 0.f;
-    const float z = (CAP ? ep.cap * th : u) * ep.inv_t;
+    const float z = (CAP ? ep.cap * th : u) * it;
     const float p = fexp(z - lse);
     float dz = fmaf(p, fmaf(-eg, z, cp), gmV);
     if (at_t) dz += g;
-    float du = dz * ep.inv_t;
+    float du = dz * it;
     if (CAP) du *= 1.f - th * th;
     return active ? du : 0.f; /* inactive rows: exactly 0 */
 }
@@ -426,7 +430,7 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
         if (!S16 && rr >= R) continue;
         const bool active = ra[hf].active;
         const float lse = ra[hf].lse, mu = ra[hf].mu, g = ra[hf].g, eg = ra[hf].eg;
-        const float gl = ra[hf].gl, gmV = ra[hf].gmV;
+        const float gl = ra[hf].gl, gmV = ra[hf].gmV, it = ra[hf].it;
         const int64_t t = ra[hf].t;
         const int64_t tg = t - ep.col_g0 - cb;
         const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
@@ -444,8 +448,8 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
 #pragma unroll
                     for (int e = 0; e < 2; e++)
                         o[e] = 8 * j + e < lim
-                                   ? epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, lse, cp, eg, g,
-                                                    gmV, 8 * j + e == tl, active)
+                                   ? epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, it, lse, cp, eg,
+                                                    g, gmV, 8 * j + e == tl, active)
                                    : 0.f;
                     w[q] = pack2<T>(o[0], o[1]);
                 }
@@ -459,7 +463,7 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
             float o[2];
 #pragma unroll
             for (int e = 0; e < 2; e++)
-                o[e] = epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, lse, cp, eg, g, gmV,
+                o[e] = epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, it, lse, cp, eg, g, gmV,
                                       8 * j + e == tl, active);
             const int cj = 8 * j;
             if (cj >= lim) continue;

@@ -90,6 +90,7 @@ typedef struct sph_sm90_epi {
     const void *tgt;
     int tgt_i64;
     float inv_t, cap, inv_cap, inv_V;
+    const float *trows; /* per-row temperatures (N) or NULL: inv_t for every row */
     const float *stats, *g, *e, *gl, *gm;
     const uint8_t *mask;
 } sph_sm90_epi;

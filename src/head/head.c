@@ -48,14 +48,24 @@ static int cmp_i64(const void *a, const void *b) {
 
 // ---- validation ------------------------------------------------------------------------
 
-/* The appended forward outputs of issue 25 (sum_p2), read only when args.struct_size covers
- * them; a forward output like logprob (an output region), ignored by the backward. Host
- * contexts only for now: the CUDA backend does not compute them yet. */
+/* The appended fields of issue 25, read only when args.struct_size covers them: the per-row
+ * temperature (an input of both passes) and sum_p2 (a forward output like logprob, an output
+ * region, ignored by the backward; host contexts only for now: the CUDA backend does not
+ * compute it yet). */
 static sph_status contract_outputs(sph_ctx_t ctx, sph_validator *val, sph_head_pass pass,
                                    const sph_head_args *a, sph_head_plan *p) {
 #define SPH_HAS_FIELD(f) (a->struct_size >= offsetof(sph_head_args, f) + sizeof a->f && a->f)
-    SPH_CHECK(!SPH_HAS_FIELD(temperature_rows), SPH_ERR_UNSUPPORTED,
-              "temperature_rows: per-row temperature is not implemented yet");
+    if (SPH_HAS_FIELD(temperature_rows)) {
+        /* per-row temperature (issue 25): the scalar stays at its default, so that a call
+         * never carries two temperatures; the values are a data check (host plans) */
+        SPH_CHECK(a->temperature == 1.0, SPH_ERR_INVALID_ARG,
+                  "temperature: %g given together with temperature_rows, expected 1 (the "
+                  "default: the per-row values replace it)", a->temperature);
+        sph_view tv;
+        SPH_TRY(sph_val_rows(val, a->temperature_rows, "temperature_rows", p->N, SPH_VAL_IN,
+                             SPH_DT_F32, &tv));
+        p->temp_rows = (const float *)tv.data;
+    }
     SPH_CHECK(!SPH_HAS_FIELD(topk_ids) && !SPH_HAS_FIELD(topk_logprobs), SPH_ERR_UNSUPPORTED,
               "topk_ids, topk_logprobs: top-k is not implemented yet");
     const int has = SPH_HAS_FIELD(sum_p2);
@@ -321,6 +331,15 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
     /* ordered, disjoint, inside [0, N), covering every active row of the mask */
     if (p->spans || p->n_spans)
         SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
+    /* every row's temperature, active or not (inactive rows' values are never used, but a
+     * host vector is checked whole: the rule does not depend on the mask) */
+    if (p->temp_rows)
+        for (int64_t i = 0; i < p->N; i++) {
+            char name[48];
+            snprintf(name, sizeof name, "temperature_rows[%lld]", (long long)i);
+            if (sph_check_float_scalar(name, p->temp_rows[i], 0, 1) != SPH_OK)
+                return SPH_ERR_INVALID_ARG; /* its message names the row and the value */
+        }
     if (p->targets)
         for (int64_t i = 0; i < p->N; i++) {
             int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);

@@ -50,6 +50,7 @@
  * mu - z = dm - y. */
 typedef struct coef {
     float xs, ys, ls, A, e, dm, C, g; /* A = gl - g */
+    float it; /* the row's 1 / T (row_it) */
     int64_t t; /* target as a local column, or -1 when ignored / in another shard */
 } coef;
 
@@ -165,7 +166,7 @@ typedef struct run {
     sph_head_kern k;
     char *ws; /* 64-byte aligned base */
     int64_t *rows;
-    float inv_t, cap;
+    float inv_t, cap; /* inv_t: the scalar temperature's; per-row ones through row_it */
 } run;
 
 /* Layout offsets start at 64 (the slack that absorbs aligning the caller's pointer). */
@@ -208,24 +209,29 @@ static void softcap_rows(float *x, int64_t n, float cap, float inv_t) {
     for (int64_t j = 0; j < n; j++) x[j] = cap * tanhf(x[j] / cap) * inv_t;
 }
 
-static float cap_factor(const run *r, float z) {
+/* Row i's 1 / T: the scalar's, or float(1 / temperature_rows[i]) (plan.h). */
+static float row_it(const run *r, int64_t i) {
+    return r->p->temp_rows ? sph_plan_row_inv_t(r->p, i) : r->inv_t;
+}
+
+static float cap_factor(const run *r, float it, float z) {
     if (r->cap <= 0) return 1.0f;
-    float th = z / (r->inv_t * r->cap); /* z = cap tanh(u / cap) / T */
+    float th = z / (it * r->cap); /* z = cap tanh(u / cap) / T */
     return 1.0f - th * th;
 }
 
 /* What turns a tile value x into z: 1 / T for the raw products u, 1 for softcapped z. */
-static float x_scale(const run *r) { return r->cap <= 0 ? r->inv_t : 1.0f; }
+static float x_scale(const run *r, float it) { return r->cap <= 0 ? it : 1.0f; }
 
 /* x (u, or z when softcapped) -> du in place, without the target term. */
 static void grad_row(const run *r, float *x, int64_t n, const coef *c) {
     if (r->cap <= 0) {
-        r->k.tile_grad(x, n, c->xs, c->ys, c->ls, c->A, c->e, c->dm, c->C, r->inv_t);
+        r->k.tile_grad(x, n, c->xs, c->ys, c->ls, c->A, c->e, c->dm, c->C, c->it);
         return;
     }
     for (int64_t j = 0; j < n; j++) {
         float z = x[j], y = (z - c->xs) * c->ys, p = expf(y - c->ls);
-        x[j] = (p * (c->A + c->e * (c->dm - y)) + c->C) * r->inv_t * cap_factor(r, z);
+        x[j] = (p * (c->A + c->e * (c->dm - y)) + c->C) * c->it * cap_factor(r, c->it, z);
     }
 }
 
@@ -233,19 +239,19 @@ static void grad_row(const run *r, float *x, int64_t n, const coef *c) {
  * turns it into z). Without softcap x stays the raw product u: z - m = (u - u_max) / T is
  * formed before the scaling, never as a difference of two rounded z of the logits'
  * magnitude (a low temperature). Softcapped, x becomes z in place (bounded by c / T). */
-static void stats_row(const run *r, float *x, int64_t n, float out[4]) {
+static void stats_row(const run *r, float it, float *x, int64_t n, float out[4]) {
     if (r->cap <= 0) {
-        r->k.tile_stats(x, n, r->inv_t, out);
+        r->k.tile_stats(x, n, it, out);
         return;
     }
-    softcap_rows(x, n, r->cap, r->inv_t);
+    softcap_rows(x, n, r->cap, it);
     sph_head_tile_stats_generic(x, n, 1.0f, out);
 }
 
 /* z in float64 of a tile value x (the max, the target): the product of two floats, exact in
  * float64. */
-static double tile_z(const run *r, float v) {
-    return r->cap <= 0 ? (double)v * (double)r->inv_t : (double)v;
+static double tile_z(const run *r, float it, float v) {
+    return r->cap <= 0 ? (double)v * (double)it : (double)v;
 }
 
 /* Final per-row outputs from a combined record (same rules as the reference). */
@@ -314,6 +320,7 @@ static void make_coef(const run *r, int64_t i, const float sh[4], coef *c) {
     c->e = e;
     c->C = (float)(gm / (double)p->V);
     c->g = g;
+    c->it = row_it(r, i);
     c->t = t >= p->v0 && t < p->v0 + p->V_loc ? t - p->v0 : -1;
 }
 
@@ -444,10 +451,11 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
             for (int64_t q = 0; q < nr; q++) {
                 float *x = lt + q * ldl, *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
                 const int64_t t = target_of(p, r->rows[c0 + q]) - p->v0 - v;
-                stats_row(r, x, w, o);
+                const float it = row_it(r, r->rows[c0 + q]);
+                stats_row(r, it, x, w, o);
                 o[4] = t >= 0 && t < w ? x[t] : 0.0f; /* a tile value, like the max (tile_z) */
                 if (p->sum_p2) { /* sum e^(2 y), shifted like s (a second look at the tile) */
-                    const float sc = x_scale(r), xm = o[0];
+                    const float sc = x_scale(r, it), xm = o[0];
                     float qs = 0;
                     for (int64_t j = 0; j < w; j++) qs += expf(2 * (x[j] - xm) * sc);
                     ((float *)at(r, L->o_part2))[q * L->n_vt + tv] = qs;
@@ -456,13 +464,14 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
         }
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < nr; q++) {
+            const float it = row_it(r, r->rows[c0 + q]);
             double acc[SPH_PARTIAL_FIELDS] = {-INFINITY, 0, 0, 0, 0};
             for (int64_t tv = 0; tv < L->n_vt; tv++) {
                 const float *o = part + (q * L->n_vt + tv) * SPH_PARTIAL_FIELDS;
                 /* (m, s, d, zt, sz): m and zt in float64 from the unscaled products (exact:
                  * a float times a float), s and d already shifted (cpu_kernels.h) */
-                double add[SPH_PARTIAL_FIELDS] = {tile_z(r, o[0]), o[1], o[2], tile_z(r, o[4]),
-                                                 o[3]};
+                double add[SPH_PARTIAL_FIELDS] = {tile_z(r, it, o[0]), o[1], o[2],
+                                                 tile_z(r, it, o[4]), o[3]};
                 sph_head_partial_merge(acc, add);
             }
             memcpy(rec + q * SPH_PARTIAL_FIELDS, acc, sizeof acc);
@@ -470,7 +479,8 @@ static void chunk_forward(const run *r, int64_t c0, int64_t nr, double *rec) {
                 const float *q2 = (const float *)at(r, L->o_part2) + q * L->n_vt;
                 double qq = 0;
                 for (int64_t tv = 0; tv < L->n_vt; tv++) {
-                    const double mt = tile_z(r, part[(q * L->n_vt + tv) * SPH_PARTIAL_FIELDS]);
+                    const double mt =
+                        tile_z(r, it, part[(q * L->n_vt + tv) * SPH_PARTIAL_FIELDS]);
                     if (q2[tv] != 0 || isnan(q2[tv])) qq += q2[tv] * exp(2 * (mt - acc[0]));
                 }
                 double *mq = (double *)at(r, L->o_cmq) + q * 2;
@@ -504,15 +514,16 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
             for (int64_t q = 0; q < nr; q++) {
                 float *x = D + q * p->V_loc + v;
                 /* recomputed from the float32 stats: to z, as the stats' m was rounded */
+                const float it = cf[q].it;
                 if (!have_z) {
-                    if (r->cap > 0) softcap_rows(x, w, r->cap, r->inv_t);
+                    if (r->cap > 0) softcap_rows(x, w, r->cap, it);
                     else
-                        for (int64_t j = 0; j < w; j++) x[j] *= r->inv_t;
+                        for (int64_t j = 0; j < w; j++) x[j] *= it;
                 }
                 int64_t t = cf[q].t - v;
                 float zt = t >= 0 && t < w ? x[t] : 0.0f;
                 grad_row(r, x, w, &cf[q]);
-                if (t >= 0 && t < w) x[t] += cf[q].g * r->inv_t * cap_factor(r, zt);
+                if (t >= 0 && t < w) x[t] += cf[q].g * it * cap_factor(r, it, zt);
             }
             if (dw)
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)w, (int)p->H, (int)nr,
@@ -577,7 +588,7 @@ static void row_shift(const run *r, int64_t i, const double *o, float sh[4]) {
         sh[0] = sh[2] = sh[3] = 0.0f, sh[1] = 1.0f;
         return;
     }
-    const double xsc = x_scale(r);
+    const double xsc = x_scale(r, row_it(r, i));
     sh[0] = (float)(o[0] / xsc), sh[1] = (float)xsc;
     sh[2] = (float)log(o[1]);
     sh[3] = (float)(o[2] / o[1]);
@@ -708,6 +719,7 @@ static float dotf(const float *a, const float *b, int64_t n) {
 static void support_logits(const run *r, int64_t i, const float *h, float *wbuf, float *z,
                            int64_t *cols) {
     const sph_head_plan *p = r->p;
+    const float it = row_it(r, i);
     for (int64_t k = 0; k < p->K; k++) {
         int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
         cols[k] = c >= p->v0 && c < p->v0 + p->V_loc ? c - p->v0 : -1;
@@ -720,7 +732,7 @@ static void support_logits(const run *r, int64_t i, const float *h, float *wbuf,
             w = wbuf;
         }
         float u = dotf(h, w, p->H); /* tile values: u, or z when softcapped (x_scale) */
-        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * r->inv_t : u;
+        z[k] = r->cap > 0 ? r->cap * tanhf(u / r->cap) * it : u;
     }
 }
 
@@ -753,17 +765,18 @@ static sph_status support_forward_rows(const run *r) {
                     if (z[k] > m) m = z[k];
                 }
             if (nan) m = NAN;
-            const double xsc = x_scale(r); /* z = x xsc, shifted before the scaling */
+            const float it = row_it(r, i);
+            const double xsc = x_scale(r, it); /* z = x xsc, shifted before the scaling */
             for (int64_t k = 0; k < p->K; k++)
                 if (cols[k] >= 0) {
                     double y = ((double)z[k] - m) * xsc, e = exp(y);
                     s += e;
                     d += e * y;
                     q2 += e * e;
-                    if (cols[k] + p->v0 == t) zt = tile_z(r, z[k]);
+                    if (cols[k] + p->v0 == t) zt = tile_z(r, it, z[k]);
                 }
             double *o = rec + i * SPH_PARTIAL_FIELDS;
-            if (n) o[0] = tile_z(r, (float)m), o[1] = s, o[2] = d, o[3] = zt;
+            if (n) o[0] = tile_z(r, it, (float)m), o[1] = s, o[2] = d, o[3] = zt;
             if (n && mq) mq[i * 2] = o[0], mq[i * 2 + 1] = q2;
         }
     }
@@ -802,10 +815,10 @@ static sph_status support_backward(const run *r, int from_rec) {
                     continue;
                 }
                 /* from the stats: z in float32 first, as in chunk_backward */
-                float xv = !from_rec && r->cap <= 0 ? z[k] * r->inv_t : z[k];
+                float xv = !from_rec && r->cap <= 0 ? z[k] * c.it : z[k];
                 float y = (xv - c.xs) * c.ys, pr = expf(y - c.ls);
                 float dz = pr * (c.A + c.e * (c.dm - y)) + (cols[k] == c.t ? c.g : 0.0f);
-                d[k] = dz * r->inv_t * cap_factor(r, z[k]);
+                d[k] = dz * c.it * cap_factor(r, c.it, z[k]);
             }
             if (p->dhidden) {
                 float *acc = h; /* the hidden row is no longer needed: reuse as dH_i */

@@ -63,10 +63,9 @@ static double dot_hw(const sph_head_plan *p, int64_t i, int64_t j) {
     return u;
 }
 
-/* Row i's temperature. */
+/* Row i's temperature (the scalar, or temperature_rows[i]: plan.h). */
 static double row_temperature(const sph_head_plan *p, int64_t i) {
-    (void)i;
-    return p->temperature;
+    return sph_plan_row_temperature(p, i);
 }
 
 static double z_of_u(const sph_head_plan *p, double u, double T) {

@@ -94,6 +94,7 @@ static sph_status stage_plan(stage_set *ss, sph_head_pass pass, const sph_head_p
     STAGE(targets, extent(p->N, 1, 1, p->tgt_i64 ? 8 : 4), 0);
     STAGE(cand, extent(p->N, p->K, p->ld_c, p->cand_i64 ? 8 : 4), 0);
     STAGE(mask, extent(p->N, 1, 1, 1), 0);
+    STAGE(temp_rows, extent(p->N, 1, 1, 4), 0);
     STAGE(logprob, extent(p->N, 1, 1, 4), fwd);
     STAGE(entropy, extent(p->N, 1, 1, 4), fwd);
     STAGE(lse, extent(p->N, 1, 1, 4), fwd);

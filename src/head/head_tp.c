@@ -7,12 +7,12 @@
  * Before any output is written each rank allgathers one record of TP_WORDS int64 words: the
  * call's scalars exactly (N, H, K, vocab_total, dtype, temperature and softcap bits, pass and
  * presence flags, the context's chunking) and FNV-1a hashes of the per-row host arrays
- * (mask and spans, targets, candidates, upstream gradients). Every rank compares the same
+ * (mask and spans, targets, candidates, upstream gradients, per-row temperatures). Every rank compares the same
  * gathered records in the same order, so every rank returns the same verdict and message. A
  * rank whose own validation failed joins with an "invalid" record: the others fail with it
  * instead of hanging, and it keeps its own message.
  *
- * Host communicators (MPI): always (one allgather of 128 bytes per rank, after the MPI
+ * Host communicators (MPI): always (one allgather of 136 bytes per rank, after the MPI
  * layer's size agreement: a few microseconds next to passes of milliseconds). Device
  * communicators (NCCL): a check would need a host sync inside the pass, so it is the caller's
  * duty; debug builds (NDEBUG unset) check the scalars and spans anyway, through a device
@@ -28,13 +28,15 @@
 
 enum {
     TP_TAG, TP_FLAGS, TP_N, TP_H, TP_K, TP_V, TP_DTYPE, TP_TEMP, TP_CAP, TP_CHUNK_ROWS,
-    TP_CHUNK_BYTES, TP_ROWS, TP_TARGETS, TP_CANDIDATES, TP_UPSTREAM, TP_CTX, TP_WORDS
+    TP_CHUNK_BYTES, TP_ROWS, TP_TARGETS, TP_CANDIDATES, TP_UPSTREAM, TP_TEMP_ROWS, TP_CTX,
+    TP_WORDS
 };
 static const char *const g_field[TP_WORDS] = {
     "validation", "pass and requested outputs/gradients", "N (rows of hidden)",
     "H (columns of hidden)", "K (candidates per row)", "vocab_total", "dtype", "temperature",
     "softcap", "chunk_rows (context)", "chunk_bytes (context)", "active_mask / spans",
     "targets", "candidates", "upstream gradients (dlogprob, dentropy, dlse, dlogit_mean)",
+    "temperature_rows",
     "batch_invariant / cuda_flags (context)"};
 
 _Static_assert(TP_WORDS == SPH_HEAD_TP_WORDS, "plan.h: SPH_HEAD_TP_WORDS");
@@ -49,7 +51,8 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     w[TP_TAG] = TP_VALID;
     const void *present[] = {p->targets, p->cand,     p->mask,    p->spans,      p->logprob,
                              p->entropy, p->lse,      p->logit_mean, p->dlogprob, p->dentropy,
-                             p->dlse,    p->dlogit_mean, p->dhidden, p->dweight, p->sum_p2};
+                             p->dlse,    p->dlogit_mean, p->dhidden, p->dweight, p->sum_p2,
+                             p->temp_rows};
     int64_t f = (int64_t)pass | (int64_t)p->one_pass << 1 | (int64_t)p->acc_dh << 2 |
                 (int64_t)p->acc_dw << 3 | (int64_t)p->allreduce_dh << 4;
     for (size_t k = 0; k < sizeof present / sizeof present[0]; k++)
@@ -87,6 +90,7 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     for (int k = 0; k < 4; k++)
         if (up[k]) h = fnv(h, up[k], (size_t)p->N * sizeof(float));
     w[TP_UPSTREAM] = (int64_t)h;
+    if (p->temp_rows) w[TP_TEMP_ROWS] = (int64_t)fnv(FNV0, p->temp_rows, (size_t)p->N * 4);
 }
 
 /* plan.h */
@@ -119,7 +123,7 @@ sph_status sph_head_tp_verdict(const int64_t *all, int64_t n, size_t words) {
                        "of the group must make the same call",
                        (long long)r, g_field[f], y, x);
     }
-    if (f >= TP_ROWS && f <= TP_UPSTREAM)
+    if (f >= TP_ROWS && f <= TP_TEMP_ROWS)
         return sph_err(SPH_ERR_MISMATCH,
                        "tp_comm: rank %lld's %s differ from rank 0's (hashes %016llx, %016llx): "
                        "every rank of the group must make the same call",

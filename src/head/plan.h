@@ -54,6 +54,11 @@ struct sph_head_plan {
     const void *targets; int tgt_i64;    /* (N) or NULL */
     const void *cand;    int cand_i64; int64_t ld_c; /* (N, K) or NULL */
     double temperature, softcap;
+    const float *temp_rows;              /* (N) or NULL: row i's temperature T_i instead of
+                                            temperature (each T_i passes the scalar's rule,
+                                            sph_check_float_scalar: checked for every row on
+                                            host plans; device kernels turn a bad one into a
+                                            non-finite row, docs/head.md); temperature is 1 */
     const uint8_t *mask;                 /* (N) or NULL = every row active */
     const int64_t *spans; int64_t n_spans; /* host, validated: ordered, in range, cover mask;
                                               NULL = derive from mask or dense */
@@ -107,6 +112,16 @@ static inline int64_t sph_head_id_at(const void *base, int is64, int64_t k) {
     return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
 }
 
+/* Row i's temperature and the float 1/T the kernels multiply by (z = u * float(1 / T_i)):
+ * the per-row value when temp_rows is given, else the scalar. Host code on plans whose
+ * temp_rows is host memory (the reference, the CPU backend, the distillation loss). */
+static inline double sph_plan_row_temperature(const sph_head_plan *p, int64_t i) {
+    return p->temp_rows ? (double)p->temp_rows[i] : p->temperature;
+}
+static inline float sph_plan_row_inv_t(const sph_head_plan *p, int64_t i) {
+    return (float)(1.0 / sph_plan_row_temperature(p, i));
+}
+
 /* Host helpers on a plan whose mask is host memory (plan.c): active[i] = 1 if row i is
  * active (mask, else spans, else all); the count of active rows. */
 void sph_head_active_rows(const sph_head_plan *p, uint8_t *active);
@@ -133,7 +148,7 @@ sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
  * (comm/check.h, sph_comm_agree): the head's record of the call into w[SPH_HEAD_TP_WORDS] (p
  * NULL: this rank's validation failed), and the head's verdict over gathered records whose
  * first SPH_HEAD_TP_WORDS words are the head's (records of `words` words). */
-#define SPH_HEAD_TP_WORDS 16
+#define SPH_HEAD_TP_WORDS 17
 void sph_head_tp_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, int64_t *w);
 sph_status sph_head_tp_verdict(const int64_t *all, int64_t n, size_t words);
 

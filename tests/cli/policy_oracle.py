@@ -72,11 +72,14 @@ def oracle(d, o):
     seq = load(d, "seq_id")
     u = h @ w.T
     T_, c_ = o.temperature, o.softcap
+    tr = load(d, "temperature", np.float32)
+    if tr is not None:  # temperature.npy: one temperature per row
+        T_ = tr.astype(np.float64)[:, None]
     if c_:
         th = np.tanh(u / c_)
         z, dzdu = c_ * th / T_, (1.0 - th * th) / T_
     else:
-        z, dzdu = u / T_, np.full_like(u, 1.0 / T_)
+        z, dzdu = u / T_, np.ones_like(u) / T_
     mx = z.max(1, keepdims=True)
     lse = (mx + np.log(np.exp(z - mx).sum(1, keepdims=True)))[:, 0]
     p = np.exp(z - lse[:, None])

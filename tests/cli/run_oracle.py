@@ -3,13 +3,15 @@
 input file and option the runner forwards (issue 28): `--check` recomputes through the same
 argument plumbing it checks, so this oracle reads the input files itself.
 
-    gen DIR SEED [--candidates K] [--no-mask] [--no-ups]   random inputs: hidden, weight,
-        targets (some ignored), mask, dlogprob, dentropy, dlse, dlogit_mean (each of a
-        different scale), candidates (K per row, the target among them, -1 padding)
+    gen DIR SEED [--candidates K] [--no-mask] [--no-ups] [--temperature-rows]   random
+        inputs: hidden, weight, targets (some ignored), mask, dlogprob, dentropy, dlse,
+        dlogit_mean (each of a different scale), candidates (K per row, the target among
+        them, -1 padding), temperature (per-row, log-uniform in [0.2, 5])
     check IN OUT [--temperature T] [--softcap C]           reads IN's files (what is there),
         OUT's outputs, exit 0 when all are within --tol (normwise), 1 otherwise
 
-The oracle: u = h w^T, z = (c tanh(u / c) if c else u) / T; p the softmax over each row's
+The oracle: u = h w^T, z = (c tanh(u / c) if c else u) / T (T_i of temperature.npy when
+present: one temperature per row); p the softmax over each row's
 support (every id, or its candidates); logprob = log p[t] (0 for t < 0), entropy =
 -sum p log p, lse = log sum exp z, logit_mean = mean of z over the vocabulary; the gradient of
 sum_i g_i logprob_i + e_i entropy_i + gl_i lse_i + gm_i logit_mean_i by
@@ -26,7 +28,7 @@ UPS = ("dlogprob", "dentropy", "dlse", "dlogit_mean")
 OUTS = ("logprob", "entropy", "lse", "logit_mean", "dhidden", "dweight")
 
 
-def gen(d, seed, K=0, mask=True, ups=True, N=53, H=19, V=131):
+def gen(d, seed, K=0, mask=True, ups=True, trows=False, N=53, H=19, V=131):
     rng = np.random.default_rng(seed)
     os.makedirs(d, exist_ok=True)
     h = rng.standard_normal((N, H)).astype(np.float32)
@@ -49,6 +51,8 @@ def gen(d, seed, K=0, mask=True, ups=True, N=53, H=19, V=131):
                 ids[0] = t[i]
             cand[i, :k] = rng.permutation(ids)
         files["candidates"] = cand
+    if trows:
+        files["temperature"] = np.exp(rng.uniform(np.log(0.2), np.log(5.0), N)).astype(np.float32)
     for k, v in files.items():
         np.save(os.path.join(d, k + ".npy"), v)
 
@@ -66,11 +70,14 @@ def oracle(d, T, c):
     m = load(d, "mask")
     act = np.ones(N, bool) if m is None else m.astype(bool)
     u = h @ w.T
+    tr = load(d, "temperature")
+    if tr is not None:  # per-row: broadcast over the vocabulary
+        T = tr.astype(np.float64)[:, None]
     if c:
         th = np.tanh(u / c)
         z, dzdu = c * th / T, (1.0 - th * th) / T
     else:
-        z, dzdu = u / T, np.full_like(u, 1.0 / T)
+        z, dzdu = u / T, np.ones_like(u) / T
     cand = load(d, "candidates")
     sup = np.ones((N, V), bool)
     if cand is not None:
@@ -151,13 +158,14 @@ def main():
     ap.add_argument("--candidates", type=int, default=0)
     ap.add_argument("--no-mask", action="store_true")
     ap.add_argument("--no-ups", action="store_true")
+    ap.add_argument("--temperature-rows", action="store_true")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--softcap", type=float, default=0.0)
     # tests/tolerances.h TOL_CPU_F32: f32 arithmetic on exactly these inputs
     ap.add_argument("--tol", type=float, default=2e-5)
     o = ap.parse_args()
     if o.cmd == "gen":
-        gen(o.a, int(o.b or 1), o.candidates, not o.no_mask, not o.no_ups)
+        gen(o.a, int(o.b or 1), o.candidates, not o.no_mask, not o.no_ups, o.temperature_rows)
         return 0
     return check(o.a, o.b, o)
 

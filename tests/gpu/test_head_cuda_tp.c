@@ -7,7 +7,8 @@
  * logit_mean / stats must match the unsharded float64 reference (entropy also the
  * independent -sum p log p), dW shards its rows, and dH summed by allreduce_dhidden the
  * reference dH (tolerances.h budgets); full vocabulary and sample support, general and
- * one-pass. A rank that fails makes its peers' collectives fail at once (no wait for the
+ * one-pass; and with per-row temperatures (issue 25: against the reference alone, gradients
+ * normwise). A rank that fails makes its peers' collectives fail at once (no wait for the
  * test timeout).
  * Tune cache: a hand-written entry for this GPU changes the chunking (visible in the
  * workspace size) and results stay exact; a malformed file is ignored; sph_tune writes an
@@ -109,6 +110,9 @@ static const sph_comm_ops d_ops = {d_allgather, d_allreduce, d_destroy};
 
 // ---- one rank ------------------------------------------------------------------------------
 
+/* Per-row temperatures (issue 25) of the current tp_case, host (N), or NULL: the scalar 0.8. */
+static float *g_trows;
+
 typedef struct rank_job {
     dgroup *g;
     int64_t rank;
@@ -191,6 +195,14 @@ static void *rank_main(void *arg) {
     a.hidden = &th, a.weight = &tw, a.targets = &tt, a.candidates = K ? &tc : NULL;
     a.vocab_start = j->v0, a.vocab_total = c->V;
     a.temperature = 0.8, a.softcap = 6.0;
+    void *dtr = NULL;
+    sph_tensor ttr = {NULL, d, 1, SPH_F32, sh[2], NULL, 0};
+    if (g_trows) { /* every rank the same per-row temperatures */
+        sph_ctx_malloc(ctx, (size_t)N * 4, &dtr);
+        sph_ctx_memcpy(ctx, dtr, g_trows, (size_t)N * 4);
+        ttr.data = dtr;
+        a.temperature_rows = &ttr, a.temperature = 1.0;
+    }
     a.logprob = &tlp, a.entropy = &tent, a.lse = &tlse, a.logit_mean = K ? NULL : &tlm;
     a.stats = &tst;
     sph_head_args b = a;
@@ -226,7 +238,8 @@ static void *rank_main(void *arg) {
     sph_ctx_memcpy(ctx, j->stats, dst, (size_t)N * 12);
     sph_ctx_memcpy(ctx, j->dh, ddh, (size_t)(N * H) * 4);
     sph_ctx_memcpy(ctx, j->dw, ddw, (size_t)(j->V_loc * H) * 4);
-    void *ps[] = {dh_, dw_, dt_, dc, dlp, dent, dlse, dlm, dst, dg, de, dgl, dgm, ddh, ddw, ws};
+    void *ps[] = {dh_, dw_, dt_, dc, dlp, dent, dlse, dlm, dst, dg, de, dgl, dgm, ddh, ddw, ws,
+                  dtr};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
     sph_ctx_destroy(ctx);
     cudaStreamDestroy(st);
@@ -234,12 +247,21 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
+static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass, int trows) {
     const int64_t N = 61, H = 40, V = 1001;
     hcase c;
     hc_init(&c, &g_rng, N, H, V, V, 0, K, dt);
     hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_LM | HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW);
     c.a.temperature = 0.8, c.a.softcap = 6.0;
+    int64_t sh_t[1] = {N};
+    sph_tensor ttr;
+    g_trows = NULL;
+    if (trows) { /* T_i in [0.25, 4]; the reference reads the host copy */
+        g_trows = hc_alloc((size_t)N * 4);
+        for (int64_t i = 0; i < N; i++) g_trows[i] = (float)(0.25 * pow(16.0, rng_uniform(&g_rng)));
+        ttr = tensor1(g_trows, SPH_F32, sh_t, N);
+        c.a.temperature_rows = &ttr, c.a.temperature = 1.0;
+    }
     /* reference: unsharded */
     sph_ctx_t rc = hc_ctx("ref", 1, NULL);
     sph_head_plan p;
@@ -272,8 +294,8 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
     }
     for (int64_t r = 0; r < ranks; r++) pthread_join(th[r], NULL);
     char cs[128];
-    snprintf(cs, sizeof cs, "head_cuda_tp(ranks=%lld,K=%lld,dtype=%s,one_pass=%d)",
-             (long long)ranks, (long long)K, sph_dtype_name(dt), one_pass);
+    snprintf(cs, sizeof cs, "head_cuda_tp(ranks=%lld,K=%lld,dtype=%s,one_pass=%d,trows=%d)",
+             (long long)ranks, (long long)K, sph_dtype_name(dt), one_pass, trows);
     int ok = 1;
     /* tolerances.h: per-row outputs TOL_CUDA_F32 / TOL_CUDA_HALF_ROWS; gradients with the
      * dlogits' rounding u_D times A from the independent backward */
@@ -299,6 +321,13 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
         const char *names[4] = {"logprob", "entropy", "lse", "logit_mean"};
         for (int f = 0; f < (K ? 3 : 4); f++)
             ok &= hc_close_col(names[f], cs, outs[f], 1, rows, 7, f, N, ft);
+        if (trows) { /* the independent sums take one temperature: the reference alone, and
+                      * the normwise gradient budget (no A sums) */
+            const double gt = dt.bits == 16 ? TOL_CUDA_HALF_GRAD_NORM(dt) : TOL_CUDA_F32;
+            ok &= hc_close_col("stats.mu", cs, j->stats + 2, 3, rows, 7, 6, N, ft);
+            ok &= hc_close("dhidden (allreduced)", cs, j->dh, SPH_F32, rdh, SPH_F64, N * H, gt);
+            continue;
+        }
         ok &= hc_close_col("entropy -sum p log p", cs, j->ent, 1, ind, HC_IND, 1, N, ft);
         ok &= hc_close_col("stats.m", cs, j->stats, 3, rows, 7, 4, N, ft);
         ok &= hc_close_col("stats.lse", cs, j->stats + 1, 3, rows, 7, 5, N, ft);
@@ -306,7 +335,10 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
         ok &= hc_check_grad("dhidden (allreduced)", cs, j->dh, SPH_F32, rdh, rdh, adh, zdh, N * H,
                             TOL_CUDA_F32, uD, etaD, TOL_ACC_CUDA, TOL_CUDA_MARGIN);
     }
-    if (ok)
+    if (ok && trows)
+        ok &= hc_close("dweight (shards)", cs, dw_all, SPH_F32, rdw, SPH_F64, V * H,
+                       dt.bits == 16 ? TOL_CUDA_HALF_GRAD_NORM(dt) : TOL_CUDA_F32);
+    else if (ok)
         ok &= hc_check_grad("dweight (shards)", cs, dw_all, SPH_F32, rdw, rdw, adw, zdw, V * H,
                             TOL_CUDA_F32, uD, etaD, TOL_ACC_CUDA, TOL_CUDA_MARGIN);
     free(act), free(ind), free(adh), free(adw), free(zdh), free(zdw);
@@ -315,7 +347,8 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
         free(j->lp), free(j->ent), free(j->lse), free(j->lm), free(j->stats), free(j->dh);
     }
     tp_group_destroy(&g.sync);
-    free(rows), free(st), free(rdh), free(rdw), free(dw_all);
+    free(rows), free(st), free(rdh), free(rdw), free(dw_all), free(g_trows);
+    g_trows = NULL;
     hc_free(&c);
     return ok;
 }
@@ -323,10 +356,14 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass) {
 static void test_tp(void **state) {
     (void)state;
     int ok = 1;
-    ok &= tp_case(2, 0, SPH_BF16, 0);
-    ok &= tp_case(3, 0, SPH_F32, 1);
-    ok &= tp_case(2, 7, SPH_F16, 0);
-    ok &= tp_case(2, 7, SPH_BF16, 1);
+    ok &= tp_case(2, 0, SPH_BF16, 0, 0);
+    ok &= tp_case(3, 0, SPH_F32, 1, 0);
+    ok &= tp_case(2, 7, SPH_F16, 0, 0);
+    ok &= tp_case(2, 7, SPH_BF16, 1, 0);
+    /* per-row temperatures (issue 25): the combine is unchanged, m and mu in each row's units */
+    ok &= tp_case(2, 0, SPH_BF16, 0, 1);
+    ok &= tp_case(3, 0, SPH_F32, 1, 1);
+    ok &= tp_case(2, 7, SPH_BF16, 1, 1);
     assert_true(ok);
 }
 

@@ -9,7 +9,9 @@
  *     targets, accumulate, loss-only calls, stats / logprob / entropy in the workspace;
  *   - inactive rows: exact zeros; metrics in device memory written without a host sync (the
  *     test synchronizes itself); determinism (two runs, bitwise);
- *   - the tie rules with ratio-1 ties built exactly (test_ties_built).
+ *   - the tie rules with ratio-1 ties built exactly (test_ties_built);
+ *   - per-row temperatures (issue 25, test_temperature_rows): T_i in [0.25, 4] mixed, every
+ *     loss, f32 and bf16, staged and recomputing paths.
  * Skips (exit 77) without a CUDA device.
  */
 #ifndef SPH_HAVE_CUDA
@@ -25,7 +27,7 @@ static sph_rng g_rng;
 
 // ---- device copies of a case -------------------------------------------------------------
 
-#define NT 14
+#define NT 15
 typedef struct dcase {
     sph_tensor *host[NT], dev[NT];
     int64_t shp[NT][2];
@@ -73,6 +75,7 @@ static void dcase_make(sph_ctx_t g, const pcase *c, dcase *d) {
                                &d->p.is_weight, &d->p.metrics};
     one(g, d, 9, p[0], 0), one(g, d, 10, p[1], 0), one(g, d, 11, p[2], 0);
     one(g, d, 12, p[3], 0), one(g, d, 13, p[4], 1);
+    one(g, d, 14, &d->a.temperature_rows, 0); /* per-row temperatures, when given */
     /* seq_id: one more device buffer, kept in slot-free storage */
 }
 
@@ -138,6 +141,9 @@ typedef struct gcfg {
     int opt_outputs; /* stats / logprob / entropy left to the workspace */
 } gcfg;
 
+/* Per-row temperatures in [0.25, 4] (temperature_rows) for the runs while set. */
+static int g_trows;
+
 static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg agg) {
     pcase c;
     pc_init(&c, &g_rng, f->N, f->H, f->V, f->V, 0, f->dt);
@@ -152,6 +158,15 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
     pc_wire(&c, what, loss, kl, agg);
     if (f->grads == 3) c.h.a.accumulate_dhidden = c.h.a.accumulate_dweight = 1;
     const int64_t N = f->N, H = f->H, V = f->V;
+    float *trows = NULL;
+    int64_t sh_t[1] = {N};
+    sph_tensor tt;
+    if (g_trows) { /* the reference reads them from the host, the GPU from its copy */
+        trows = hc_alloc((size_t)N * 4 + 4);
+        for (int64_t i = 0; i < N; i++) trows[i] = (float)(0.25 * pow(16.0, rng_uniform(&g_rng)));
+        tt = tensor1(trows, SPH_F32, sh_t, N);
+        c.h.a.temperature_rows = &tt;
+    }
     if (N > 0) {
         /* ratios and KL arguments away from every kink (the GPU's log-probs differ from the
          * reference's in the last bits) */
@@ -200,9 +215,10 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
     char cs[240];
     snprintf(cs, sizeof cs,
              "policy_cuda(N=%lld,H=%lld,V=%lld,dtype=%s,mask=%d,chunk=%lld,grads=%d,opt=%d,"
-             "loss=%d,kl=%d,agg=%d)",
+             "loss=%d,kl=%d,agg=%d,trows=%d)",
              (long long)N, (long long)H, (long long)V, sph_dtype_name(f->dt), f->mask,
-             (long long)f->chunk_bytes, f->grads, f->opt_outputs, (int)loss, (int)kl, (int)agg);
+             (long long)f->chunk_bytes, f->grads, f->opt_outputs, (int)loss, (int)kl, (int)agg,
+             g_trows);
     const int half = f->dt.bits == 16;
     /* tolerances.h: the per-row budgets, and the normwise half-gradient fallback (no A sums) */
     const double ftol = half ? TOL_CUDA_HALF_ROWS : TOL_CUDA_F32;
@@ -220,9 +236,25 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
                         (long long)i);
             ok = 0;
         }
-    free(dh0), free(dw0), free(rlp), free(rent), free(rdh), free(rdw), free(dh1);
+    free(dh0), free(dw0), free(rlp), free(rent), free(rdh), free(rdw), free(dh1), free(trows);
     pc_free(&c);
     return ok;
+}
+
+static void test_temperature_rows(void **state) {
+    (void)state;
+    const gcfg cases[] = {
+        {700, 64, 1001, SPH_F32, 1, 0, 1, 0},   {700, 64, 1001, SPH_BF16, 1, 0, 1, 0},
+        {700, 64, 1001, SPH_BF16, 6, 4 << 20, 1, 0}, {900, 64, 999, SPH_BF16, 5, 0, 3, 1},
+    };
+    int ok = 1;
+    g_trows = 1;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int loss = 0; loss < 3; loss++)
+            ok &= run_cfg(&cases[k], (sph_pg_loss)loss, (sph_kl_kind)((k + loss) % 4),
+                          (sph_loss_agg)((k + 2 * loss) % 4));
+    g_trows = 0;
+    assert_true(ok);
 }
 
 static void test_every_combination(void **state) {
@@ -341,6 +373,7 @@ int main(void) {
         cmocka_unit_test(test_bad_device),
         cmocka_unit_test(test_nonfinite_device),
         cmocka_unit_test(test_ties_built),
+        cmocka_unit_test(test_temperature_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,9 @@
  *   - inactive rows: exact zeros in every per-row output and dhidden row;
  *   - determinism (bitwise, same inputs), TP shards in threads, a sequence group (seq_comm);
  *   - num_tokens / num_seqs set: against the reference and against the scaling they imply;
- *   - the tie rules (clip bounds, dual clip) with the ties built exactly.
+ *   - the tie rules (clip bounds, dual clip) with the ties built exactly;
+ *   - per-row temperatures (issue 25, test_temperature_rows): T_i in [0.25, 4] mixed, every
+ *     loss x KL, bf16 and f32, gradients and accumulate.
  */
 #include "test_policy_case.h"
 
@@ -50,6 +52,9 @@ typedef struct grid_case {
     int place;      /* ratios placed away from kinks */
 } grid_case;
 
+/* Per-row temperatures (temperature_rows) in [0.25, 4] for compare()'s cases while set. */
+static int g_trows;
+
 static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kind kl,
                     sph_loss_agg agg) {
     pcase c;
@@ -67,6 +72,15 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
     if (g->grads == 2) what |= HC_DH;
     pc_wire(&c, what, loss, kl, agg);
     if (g->grads == 3) c.h.a.accumulate_dhidden = c.h.a.accumulate_dweight = 1;
+    float *trows = NULL;
+    int64_t sh_t[1] = {g->N};
+    sph_tensor tt;
+    if (g_trows) {
+        trows = hc_alloc((size_t)g->N * 4 + 4);
+        for (int64_t i = 0; i < g->N; i++) trows[i] = (float)(0.25 * pow(16.0, rng_uniform(r)));
+        tt = tensor1(trows, SPH_F32, sh_t, g->N);
+        c.h.a.temperature_rows = &tt;
+    }
     if (g->place && g->N) {
         double *lp = hc_alloc((size_t)g->N * 8);
         sph_ctx_t ctx = hc_ctx("ref", 1, NULL);
@@ -118,9 +132,10 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
     char cs[240];
     snprintf(cs, sizeof cs,
              "policy_cpu(N=%lld,H=%lld,V=%lld,dtype=%s,mask=%d,threads=%d,chunk=%lld,grads=%d,"
-             "loss=%d,kl=%d,agg=%d)",
+             "loss=%d,kl=%d,agg=%d,trows=%d)",
              (long long)g->N, (long long)g->H, (long long)g->V, sph_dtype_name(g->dt), g->mask,
-             g->threads, (long long)g->chunk_rows, g->grads, (int)loss, (int)kl, (int)agg);
+             g->threads, (long long)g->chunk_rows, g->grads, (int)loss, (int)kl, (int)agg,
+             g_trows);
     const double tol = TOL_CPU_F32; /* tolerances.h */
     assert_true(pc_metrics_close("metrics", cs, got.met, SPH_F32, ref.met, SPH_F32, tol));
     assert_true(hc_close("logprob", cs, got.lp, SPH_F32, ref.lp, SPH_F32, g->N, tol));
@@ -151,9 +166,25 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
         if (g->grads == 1) assert_memory_equal(again.dw, got.dw, nw * 4);
         out_free(&again);
     }
-    free(act), free(dh0), free(dw0);
+    free(act), free(dh0), free(dw0), free(trows);
     out_free(&ref), out_free(&got);
     pc_free(&c);
+}
+
+static void test_temperature_rows(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 25301);
+    g_trows = 1;
+    grid_case g = {70, 13, 257, SPH_F32, 1, 2, 16, 1, 1};
+    for (int loss = 0; loss < 3; loss++)
+        for (int kl = 0; kl < 4; kl++) {
+            g.dt = (loss + kl) % 2 ? SPH_BF16 : SPH_F32;
+            g.grads = kl == 3 ? 3 : 1;
+            g.mask = 1 + (loss == 1 && kl == 2) * 4; /* one spans-only case */
+            compare(&r, &g, (sph_pg_loss)loss, (sph_kl_kind)kl, (sph_loss_agg)((loss + kl) % 4));
+        }
+    g_trows = 0;
 }
 
 static void test_every_combination(void **state) {
@@ -309,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_global_counts),
         cmocka_unit_test(test_ties_built),
         cmocka_unit_test(test_tp_and_groups),
+        cmocka_unit_test(test_temperature_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

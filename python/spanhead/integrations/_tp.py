@@ -49,11 +49,12 @@ class _ReduceSum(torch.autograd.Function):
 
 
 def logprob_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                    vocab_start: int, group: Any, temperature: float = 1.0,
+                    vocab_start: int, group: Any, temperature: Any = 1.0,
                     want_entropy: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """(logprob, entropy) of ``targets`` (global ids, (N,); < 0: ignored, logprob 0) under the
     softmax over every rank's shard; float32 (N,). ``hidden`` (N, H), ``weight`` this rank's
-    (V_loc, H) rows ``[vocab_start, vocab_start + V_loc)``."""
+    (V_loc, H) rows ``[vocab_start, vocab_start + V_loc)``. ``temperature``: a number or a
+    per-row (N,) tensor."""
     import torch.distributed as dist
     v_loc = weight.shape[0]
     out = _sht.logprobs(hidden, weight, None, lse=True, entropy=want_entropy,
@@ -65,7 +66,11 @@ def logprob_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     L = torch.log(s) + m
     own = (targets >= vocab_start) & (targets < vocab_start + v_loc)
     idx = torch.where(own, targets - vocab_start, torch.zeros_like(targets))
-    zt = (hidden.float() * weight.float().index_select(0, idx)).sum(-1) / temperature
+    if isinstance(temperature, torch.Tensor):  # per row: z_t / T_i in float32, as the kernels
+        zt = (hidden.float() * weight.float().index_select(0, idx)).sum(-1) * \
+            (1.0 / temperature.detach().to(torch.float32))
+    else:
+        zt = (hidden.float() * weight.float().index_select(0, idx)).sum(-1) / temperature
     zt = torch.where(own, zt, torch.zeros_like(zt))
     z_target = _ReduceSum.apply(zt, group)
     lp = torch.where(targets >= 0, z_target - L, torch.zeros_like(L))

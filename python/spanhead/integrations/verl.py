@@ -14,6 +14,10 @@
   shard (rank r holds ids ``[r V_loc, (r + 1) V_loc)``), labels are global ids and, as in verl,
   ``d_hidden`` is this rank's partial (not summed over the group). An NCCL group uses
   spanhead's TP path; any other (gloo) combines the shards' statistics in torch (``_tp.py``).
+  ``temperature`` may also be a tensor (spanhead's per-row temperature, issue 25): one per
+  token (labels' shape, or the flattened N), or one per sample (``(B,)`` / ``(B, 1)`` for a
+  ``(B, T, H)`` hidden: dynamic-temperature setups, verl PR 6110), expanded to the tokens; the
+  same in ``FusedLinearForPPO.forward`` and :func:`ppo_loss`.
 * :func:`patch` / :func:`unpatch`: idempotent, reversible; the originals are recorded.
 * :func:`ppo_loss`: verl's actor loss (``verl.workers.utils.losses.ppo_loss``: the
   ``policy_loss`` registry's vanilla (dual-clip) / gspo / cispo, its KL losses and
@@ -51,16 +55,39 @@ def _group_info(group: Any) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _temperature(temperature: Any, lead: Tuple[int, ...]) -> Any:
+    """A float, or a per-row temperature tensor of ``lead`` (the tokens' shape): one per
+    token (lead, or its flattened size), or one per sample ((B,) / (B, 1) with lead (B, T)),
+    expanded to the tokens."""
+    if isinstance(temperature, torch.Tensor):
+        t = temperature
+        n = 1
+        for d in lead:
+            n *= d
+        if tuple(t.shape) == tuple(lead):
+            return t
+        if t.dim() == 1 and t.shape[0] == n:
+            return t.reshape(lead)
+        if len(lead) == 2 and t.dim() in (1, 2) and t.shape[0] == lead[0] and t.numel() == lead[0]:
+            return t.reshape(lead[0], 1).expand(lead)  # per sample -> its tokens
+        raise ShapeError(f"temperature: shape {tuple(t.shape)}, expected a number, one per token "
+                         f"{tuple(lead)} or one per sample ({lead[0] if lead else 0},)")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise InvalidArgumentError(f"temperature: expected a float or a tensor, got "
+                                   f"{type(temperature).__name__}")
+    return float(temperature)
+
+
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         temperature: float = 1.0, reduction: str = "none",
+                         temperature: Any = 1.0, reduction: str = "none",
                          dist_process_group: Any = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl's ``linear_cross_entropy`` on spanhead: ``(log_probs, entropy)`` of
     ``softmax(hidden @ weight.T / temperature)`` for the target ``labels``, float32, over the
     flattened tokens (see the module's docstring for the exact contract). Labels must be valid
     ids ``0 <= label < V`` (V = V_loc x group size): verl's kernel has no ignored label, so an
     out-of-range label is an :class:`InvalidArgumentError` here rather than a silent value."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise InvalidArgumentError(f"temperature: expected a float, got "
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, torch.Tensor)):
+        raise InvalidArgumentError(f"temperature: expected a float or a tensor, got "
                                    f"{type(temperature).__name__}")
     if not isinstance(reduction, str) or reduction.lower() not in _REDUCTIONS:
         raise InvalidArgumentError(f"reduction: {reduction!r}, expected one of {_REDUCTIONS}")
@@ -77,6 +104,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
                          f"has {h2.shape[0]} (shape {tuple(hidden.shape)})")
     if lab.dtype.is_floating_point or lab.dtype == torch.bool:
         raise InvalidArgumentError(f"labels: dtype is {lab.dtype}, expected integer ids")
+    temperature = _temperature(temperature, tuple(hidden.shape[:-1]))
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.reshape(-1)  # the flattened tokens, as hidden
     rank, size = _group_info(dist_process_group)
     v_loc = weight.shape[0]
     v_total = v_loc * size
@@ -87,14 +117,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
             raise InvalidArgumentError(f"labels: id {bad} outside the vocabulary [0, {v_total})")
     if _tp.uses_torch_combine(dist_process_group):     # gloo & co: combined in torch
         lp, ent = _tp.logprob_entropy(h2, weight, lab, rank * v_loc, dist_process_group,
-                                      float(temperature))
+                                      temperature)
     else:
         kw: Dict[str, Any] = {}
         if size > 1:
             kw = dict(tp_group=dist_process_group, vocab_start=rank * v_loc,
                       vocab_total=v_total, reduce_dhidden=False)
-        out = _sht.logprobs(h2, weight, lab, temperature=float(temperature), entropy=True,
-                            **kw)
+        out = _sht.logprobs(h2, weight, lab, temperature=temperature, entropy=True, **kw)
         lp, ent = out.logprob, out.entropy
     red = reduction.lower()
     if red == "sum":
@@ -124,7 +153,7 @@ def _fused_linear_for_ppo_forward(self, hidden_states, vocab_weights, input_ids,
         raise ShapeError(f"hidden_states {tuple(hidden_states.shape)} and input_ids "
                          f"{tuple(input_ids.shape)}: expected (..., H) and (...)")
     lp, ent = linear_cross_entropy(hidden_states, vocab_weights, input_ids.to(torch.int64),
-                                   float(temperature), "none")
+                                   _temperature(temperature, tuple(input_ids.shape)), "none")
     shape = input_ids.shape
     return lp.view(shape), ent.to(hidden_states.dtype).view(shape)
 
@@ -250,7 +279,7 @@ def _verl_metrics(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: 
 def ppo_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
              response_mask: torch.Tensor, old_log_prob: torch.Tensor,
              advantages: torch.Tensor, ref_log_prob: Optional[torch.Tensor] = None,
-             rollout_is_weights: Optional[torch.Tensor] = None, temperature: float = 1.0,
+             rollout_is_weights: Optional[torch.Tensor] = None, temperature: Any = 1.0,
              global_batch_info: Optional[Dict[str, Any]] = None,
              dist_process_group: Any = None,
              **context_options: Any) -> Tuple[torch.Tensor, Dict[str, Any]]:
@@ -262,7 +291,8 @@ def ppo_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: to
     ``loss_scale_factor``; default: this micro-batch). Returns ``(loss, metrics)``: the loss
     is ``pg_loss - entropy_coeff * entropy_loss + kl_loss_coef * kl_loss`` as verl sums it
     (the entropy term always: with ``entropy_coeff = 0`` it is 0), the metrics verl's names
-    (0-dim tensors, no host sync). A config :func:`map_config` refuses is computed by verl's
+    (0-dim tensors, no host sync). ``temperature``: a float, or per token ``(B, T)`` / per
+    sample ``(B,)`` (spanhead's per-row temperature). A config :func:`map_config` refuses is computed by verl's
     own functions on spanhead's log-probs (a one-time warning says why)."""
     gbi = dict(global_batch_info or _cfg(config, "global_batch_info", None) or {})
     if "loss_scale_factor" not in gbi or gbi["loss_scale_factor"] is None:
@@ -273,6 +303,7 @@ def ppo_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: to
     if hidden.dim() != 3 or tuple(labels.shape) != tuple(hidden.shape[:2]):
         raise ShapeError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)}: "
                          f"expected (B, T, H) and (B, T)")
+    temperature = _temperature(temperature, tuple(labels.shape))
     if kw is None:
         warn_once(f"verl:{why}", f"spanhead.integrations.verl.ppo_loss: {why} is not fused; "
                   "computing it with verl's own loss functions on spanhead's log-probs")
@@ -308,7 +339,7 @@ def ppo_loss(config: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: to
                            old_log_prob.to(torch.float32), loss_mask=mask, seq_ids=seq_ids,
                            is_weights=None if rollout_is_weights is None else
                            rollout_is_weights.to(torch.float32),
-                           temperature=float(temperature), **kw, **context_options)
+                           temperature=temperature, **kw, **context_options)
     loss = out.loss * dp if dp != 1 else out.loss
     m = out.metrics
     metrics: Dict[str, Any] = _verl_metrics(out.logprob, old_log_prob.float(),
@@ -327,7 +358,7 @@ def _fallback(config, hidden, weight, labels, response_mask, old_log_prob, advan
     check_version("verl", VERL_MIN, VERL_MAX)
     from verl.trainer.ppo import core_algos as ca
     B, T = labels.shape
-    lp, ent = linear_cross_entropy(hidden, weight, labels, float(temperature), "none", group)
+    lp, ent = linear_cross_entropy(hidden, weight, labels, temperature, "none", group)
     lp, ent = lp.view(B, T), ent.view(B, T)
     mask = response_mask.to(torch.bool)
     saved = getattr(config, "global_batch_info", None)
