@@ -2,7 +2,7 @@
  * run_dist_base.c - what every file of the distributed runner shares (run_dist.h): whether a
  * `spanhead run` is a distributed one (sph_cli_run_wants_dist), and, with MPI, this rank's
  * place, its failure message and the ranks' agreement on a verdict. Kept apart from the runner
- * (run_dist.c) so that its steps (run_dist_batch.c, run_dist_head.c, run_dist_check.c) and the
+ * (run_dist_main.c) so that its steps (run_dist_batch.c, run_dist_head.c, run_dist_check.c) and the
  * policy runner use them without a circle through the runner.
  */
 #include <stdarg.h>

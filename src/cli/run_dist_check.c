@@ -1,5 +1,5 @@
 /*
- * run_dist_check.c - the end of the distributed runner (run_dist.c steps 6-7): every rank's
+ * run_dist_check.c - the end of the distributed runner (run_dist_main.c steps 6-7): every rank's
  * results gathered to rank 0, which checks coverage (every row computed once), that the TP
  * copies of every per-row output agree bit for bit and that padding rows are exact zeros,
  * compares with the single-process reference, and writes --outputs (all files or none, and

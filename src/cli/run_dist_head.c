@@ -1,5 +1,5 @@
 /*
- * run_dist_head.c - one rank's forward + backward in the distributed runner (run_dist.c step
+ * run_dist_head.c - one rank's forward + backward in the distributed runner (run_dist_main.c step
  * 5): each bin of the rank's share staged on its device, the head called through the public
  * API with the TP communicator, per-row outputs and dhidden copied back, dweight accumulated
  * over the bins; and --bench, which times the first bin with and without the collectives.
