@@ -326,7 +326,8 @@ sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int
     SPH_LAUNCH_CHECK("head_finalize_kernel", stream);
     /* the plan's row hook (a loss): these rows' dlogprob / dentropy from their final
      * statistics, enqueued on the same stream (plan.h) */
-    if (p->row_hook.device) SPH_TRY(p->row_hook.device(p->row_hook.arg, r0, rowmap, rows, stream));
+    if (p->row_hook.device)
+        SPH_TRY(p->row_hook.device(p->row_hook.arg, r0, rowmap, rows, stream));
     return SPH_OK;
 }
 
