@@ -10,8 +10,9 @@
  *      are computed where they are used, from T, S and T_j. Token-mean without a group: one
  *      kernel (the active rows and T).
  *   2. ppo / cispo: head.cu's one-pass forward with this plan's row hook bound (plan.h). Its
- *      finalize_rows calls the hook (pol_rows_hook) after each finalize launch (staged-chunk path: per chunk,
- *      before the chunk's dlogits; recomputing path: per span, before the gradient sweep),
+ *      finalize_rows calls the hook (pol_rows_hook) after each finalize launch (staged-chunk
+ *      path: per chunk, before the chunk's dlogits; recomputing path: per span, before the
+ *      gradient sweep),
  *      which writes g_i = dL/dlogp_i and e_i = dL/dH_i into the workspace arrays the dlogits
  *      read as dlogprob / dentropy. Cost: the one-pass weighted loss's sweep plus O(N).
  *      gspo: the head's forward, delta gathered, rho_j per sequence (each head sums its

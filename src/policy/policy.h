@@ -2,7 +2,8 @@
  * policy.h - the validated form of one sph_policy_loss call (policy.c fills it) and the
  * backends that run it: the float64 reference (policy_ref.c), the CPU backend (policy_cpu.c,
  * fused into head_cpu.c's one-pass sweep through the plan's row hook) and CUDA
- * (src/cuda/policy.cu, fused into head.cu's one-pass paths through the same hook). docs/policy.md has the math, the rules and the workspace.
+ * (src/cuda/policy.cu, fused into head.cu's one-pass paths through the same hook).
+ * docs/policy.md has the math, the rules and the workspace.
  *
  * Row space. "Group rows" are the rows over which sequences are counted: the call's N rows,
  * or, with a seq_comm of size P, the P * N rows of every rank of the group in rank order

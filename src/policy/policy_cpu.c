@@ -5,8 +5,8 @@
  *      which become the head's mask), the group rows (gathered over seq_comm when given),
  *      their sequences by a sort of (seq_id, group row) over the active group rows (ties
  *      impossible: deterministic), T, S, T_j, and the weights c_i.
- *   2. ppo / cispo: the head's one-pass forward with this plan attached; right after each
- *      chunk's rows are finalized, head_cpu.c calls the plan's row hook (cpu_rows), which turns their
+ *   2. ppo / cispo: the head's one-pass forward with this plan's row hook bound; right after
+ *      each chunk's rows are finalized, head_cpu.c calls the hook (cpu_rows), which turns their
  *      logprob and entropy into the upstream gradients g_i, e_i the chunk's dlogits use
  *      (6 N_active H V flops; no second logits pass).
  *      gspo: the head's forward, rho_j per sequence (sums over the sorted group rows, in that
