@@ -266,3 +266,40 @@ void sph_cli_usage(FILE *f, const char *synopsis, const char *description,
     }
     if (exit_status) fprintf(f, "\n%s\n", exit_status);
 }
+
+/* args.h: a command's parse, printing its help or usage error itself. */
+int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
+                          const sph_cli_opt *table, int argc, char **argv, void *dst,
+                          sph_cli_parsed *parsed, int *done) {
+    char err[512];
+    *done = 1;
+    int rc = sph_cli_parse(table, argc, argv, dst, parsed, err, sizeof err);
+    if (rc == SPH_CLI_HELP) {
+        sph_cli_usage(stdout, synopsis, description, table, SPH_CLI_EXIT_STATUS);
+        return 0;
+    }
+    if (rc) return sph_cli_fail(cmd, 2, "%s", err);
+    *done = 0;
+    return 0;
+}
+
+int sph_cli_parse_file_cmd(const char *cmd, const char *synopsis, const char *description,
+                           const sph_cli_opt *table, int argc, char **argv, void *dst,
+                           const char **path, int *done) {
+    const char **pos = malloc(sizeof(char *) * (size_t)(argc + 1));
+    *done = 1;
+    if (!pos) return sph_cli_fail(cmd, 1, "out of memory");
+    sph_cli_parsed p = {.pos = pos};
+    int rc = sph_cli_parse_or_exit(cmd, synopsis, description, table, argc, argv, dst, &p, done);
+    if (!*done) {
+        *done = 1;
+        if (p.n_pos == 0)
+            rc = sph_cli_fail(cmd, 2, "expected a FILE or - for standard input (see --help)");
+        else if (p.n_pos > 1)
+            rc = sph_cli_fail(cmd, 2, "extra argument '%s': expected one FILE or -", pos[1]);
+        else
+            *path = pos[0], *done = 0;
+    }
+    free(pos);
+    return rc;
+}

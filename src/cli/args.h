@@ -75,4 +75,16 @@ void sph_cli_usage(FILE *f, const char *synopsis, const char *description,
 /* The exit-status line of every command. */
 #define SPH_CLI_EXIT_STATUS "Exit status: 0 ok, 1 bad input data or runtime failure, 2 usage error."
 
+/* Parses a command's table (sph_cli_parse), printing the help or the usage error itself:
+ * returns 0 to go on, else the exit code (0 after --help, 2 on a usage error) with *done set. */
+int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
+                          const sph_cli_opt *table, int argc, char **argv, void *dst,
+                          sph_cli_parsed *parsed, int *done);
+
+/* The same for a command that takes exactly one FILE (or - for stdin): *path receives it; a
+ * missing or second file is a usage error. */
+int sph_cli_parse_file_cmd(const char *cmd, const char *synopsis, const char *description,
+                           const sph_cli_opt *table, int argc, char **argv, void *dst,
+                           const char **path, int *done);
+
 #endif

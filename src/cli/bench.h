@@ -44,8 +44,9 @@ int bench_plan_runs(const bopts *o, run_spec *r);
 int bench_point_mask(const bopts *o, const work *w, const char *mask, double *act,
                      uint8_t *hm, int64_t *spans, int64_t *n_spans, int64_t *n_active);
 
-/* The options of the benchmark's context (cmd_bench.c): the rows' cold first calls make
- * fresh contexts with them. */
+/* The options of the benchmark's context (bench_points.c; cmd_bench.c sets them once): the
+ * rows' cold first calls make fresh contexts with them. */
+void bench_set_ctx_opts(const sph_ctx_opts *co);
 const sph_ctx_opts *bench_ctx_opts(void);
 
 /* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the

@@ -198,3 +198,13 @@ int bench_point_mask(const bopts *o, const work *w, const char *mask, double *ac
     *act = (double)*n_active / (double)w->N;
     return 0;
 }
+
+// ---- what the table's emitters share (bench.h) ---------------------------------------------
+
+int bench_js_errno;
+
+/* The options of the benchmark's context: the rows' cold first calls make their own contexts
+ * with them. */
+static sph_ctx_opts g_co;
+void bench_set_ctx_opts(const sph_ctx_opts *co) { g_co = *co; }
+const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }

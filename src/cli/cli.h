@@ -20,18 +20,6 @@ int sph_cli_run(int argc, char **argv);
 int sph_cli_bench(int argc, char **argv);
 int sph_cli_tune(int argc, char **argv);
 
-/* Parses a command's table (sph_cli_parse), printing the help or the usage error itself:
- * returns 0 to go on, else the exit code (0 after --help, 2 on a usage error) with *done set. */
-int sph_cli_parse_or_exit(const char *cmd, const char *synopsis, const char *description,
-                          const sph_cli_opt *table, int argc, char **argv, void *dst,
-                          sph_cli_parsed *parsed, int *done);
-
-/* The same for a command that takes exactly one FILE (or - for stdin): *path receives it; a
- * missing or second file is a usage error. */
-int sph_cli_parse_file_cmd(const char *cmd, const char *synopsis, const char *description,
-                           const sph_cli_opt *table, int argc, char **argv, void *dst,
-                           const char **path, int *done);
-
 /* This machine's fp32 GEMM rate (flop/s) on an (m x K) x (K x n) product, the median of reps
  * chains of `chain` products each timed whole (after one warm-up chain); BLAS sgemm. 0 when
  * the buffers cannot be allocated. */

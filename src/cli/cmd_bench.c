@@ -48,8 +48,6 @@
 #include "json_util.h"
 #include "synth.h"
 
-int bench_js_errno;
-
 
 /* options: sph_cli_bench_opts (opts.c) */
 
@@ -129,10 +127,6 @@ typedef struct point {
                       with "+recompute" when a one-pass forward recomputes its logits */
 } point;
 
-/* The options of the benchmark's context: time_point's cold first call makes its own context
- * with them. */
-static sph_ctx_opts g_co;
-const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }
 
 /* The cold first call of one configuration, as a user's first step pays it: a fresh context
  * (cuBLAS handle, tune-cache load), the workspace query, its allocation, the first forward
@@ -501,6 +495,46 @@ static int settle(bopts *o, const sph_cli_parsed *pp) {
     return 0;
 }
 
+/* Work point wi's inputs, random from its index, on the device (b); *hm and *spans: host
+ * scratch for its masks (the caller frees them, and b). Returns 0 or the exit code. */
+static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_bufs *b,
+                      uint8_t **hm, int64_t **spans) {
+    const bench_shape *sh = &w->sh;
+    const int64_t N = w->N;
+    int rc = 0;
+    const int bits = o->dt.bits, bf16 = o->dt.code == SPH_DTYPE_BFLOAT;
+    const size_t es = (size_t)bits / 8;
+    void *hh = sph_cli_alloc(N * sh->H, es), *hw = sph_cli_alloc(sh->V * sh->H, es);
+    int32_t *ht = sph_cli_alloc(N, 4);
+    float *hg = sph_cli_alloc(N, 4), *htr = o->temp_rows ? sph_cli_alloc(N, 4) : NULL;
+    *hm = sph_cli_alloc(N, 1);
+    *spans = sph_cli_alloc(2 * ((N + 1) / 2) + 2, sizeof(int64_t));
+    if (!hh || !hw || !ht || !hg || !*hm || !*spans || (o->temp_rows && !htr)) {
+        rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
+    } else {
+        sph_cli_rng r;
+        sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
+        synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
+        synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+        for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
+        synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
+        for (int64_t i = 0; htr && i < N; i++) htr[i] = (float)(0.5 + sph_cli_rng_uniform(&r));
+        if ((htr && upload(ctx, &b->temp, htr, N, 4)) ||
+            upload(ctx, &b->h, hh, N * sh->H, es) || upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
+            upload(ctx, &b->tgt, ht, N, 4) || upload(ctx, &b->g, hg, N, 4) ||
+            upload(ctx, &b->e, hg, N, 4) || upload(ctx, &b->mask, NULL, N, 1) ||
+            upload(ctx, &b->lp, NULL, N, 4) || upload(ctx, &b->ent, NULL, N, 4) ||
+            upload(ctx, &b->st, NULL, N, 12) || upload(ctx, &b->dh, NULL, N * sh->H, es) ||
+            upload(ctx, &b->dw, NULL, sh->V * sh->H, es) ||
+            (o->topk && (upload(ctx, &b->tki, NULL, N * o->topk, 8) ||
+                         upload(ctx, &b->tkl, NULL, N * o->topk, 4))) ||
+            (o->sum_p2 && upload(ctx, &b->sp2, NULL, N, 4)))
+            rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
+    }
+    free(hh), free(hw), free(ht), free(hg), free(htr);
+    return rc;
+}
+
 int sph_cli_bench(int argc, char **argv) {
     bopts o;
     memset(&o, 0, sizeof o);
@@ -530,7 +564,7 @@ int sph_cli_bench(int argc, char **argv) {
     /* the SPH_CUDA_* A/B switches the scripts under scripts/device set */
     if (sph_ctx_opts_apply_env(&co) != SPH_OK)
         return sph_cli_fail("bench", 2, "%s", sph_last_error());
-    g_co = co;
+    bench_set_ctx_opts(&co);
     sph_ctx_t ctx;
     const double tc0 = sph_cli_now_s();
     if (sph_ctx_create(&ctx, &co) != SPH_OK)
@@ -580,36 +614,9 @@ int sph_cli_bench(int argc, char **argv) {
         if ((rc = gemm_rates(ctx, &o, N, sh->V, sh->H, &rt))) break;
         dev_bufs b;
         memset(&b, 0, sizeof b);
-        const int bits = o.dt.bits, bf16 = o.dt.code == SPH_DTYPE_BFLOAT;
-        const size_t es = (size_t)bits / 8;
-        void *hh = sph_cli_alloc(N * sh->H, es), *hw = sph_cli_alloc(sh->V * sh->H, es);
-        int32_t *ht = sph_cli_alloc(N, 4);
-        float *hg = sph_cli_alloc(N, 4), *htr = o.temp_rows ? sph_cli_alloc(N, 4) : NULL;
-        uint8_t *hm = sph_cli_alloc(N, 1);
-        int64_t *spans = sph_cli_alloc(2 * ((N + 1) / 2) + 2, sizeof(int64_t));
-        if (!hh || !hw || !ht || !hg || !hm || !spans || (o.temp_rows && !htr)) {
-            rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
-        } else {
-            sph_cli_rng r;
-            sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-            synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-            synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
-            for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
-            synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
-            for (int64_t i = 0; htr && i < N; i++) htr[i] = (float)(0.5 + sph_cli_rng_uniform(&r));
-            if ((htr && upload(ctx, &b.temp, htr, N, 4)) ||
-                upload(ctx, &b.h, hh, N * sh->H, es) || upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
-                upload(ctx, &b.tgt, ht, N, 4) || upload(ctx, &b.g, hg, N, 4) ||
-                upload(ctx, &b.e, hg, N, 4) || upload(ctx, &b.mask, NULL, N, 1) ||
-                upload(ctx, &b.lp, NULL, N, 4) || upload(ctx, &b.ent, NULL, N, 4) ||
-                upload(ctx, &b.st, NULL, N, 12) || upload(ctx, &b.dh, NULL, N * sh->H, es) ||
-                upload(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
-                (o.topk && (upload(ctx, &b.tki, NULL, N * o.topk, 8) ||
-                            upload(ctx, &b.tkl, NULL, N * o.topk, 4))) ||
-                (o.sum_p2 && upload(ctx, &b.sp2, NULL, N, 4)))
-                rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
-        }
-        free(hh), free(hw), free(ht), free(hg), free(htr);
+        uint8_t *hm = NULL;
+        int64_t *spans = NULL;
+        rc = stage_work(ctx, &o, w, wi, &b, &hm, &spans);
         for (int ri = 0; ri < n_runs && !rc; ri++) {
             point q = {.mask = runs[ri].mask, .act = runs[ri].act, .one_pass = runs[ri].one_pass,
                        .n_active = N};

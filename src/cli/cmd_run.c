@@ -13,7 +13,7 @@
  * temperatures and softcaps that do not survive the conversion to float, a support larger
  * than the vocabulary, a shard outside the vocabulary, non-finite inputs (run_problem.c).
  * With --tp/--cp/--dp, or under an MPI launcher with more than one rank, the distributed
- * runner takes over (run_dist.c).
+ * runner takes over (run_dist_main.c).
  */
 #include <float.h>
 #include <math.h>
@@ -107,7 +107,8 @@ int sph_cli_run(int argc, char **argv) {
     if (sph_cli_run_wants_distill(argc, argv)) return sph_cli_run_distill(argc, argv);
     /* the fused RL policy loss has its own options and runner (run_policy.c) */
     if (sph_cli_run_wants_policy(argc, argv)) {
-        if (!sph_cli_run_wants_dist(argc, argv)) prefer_passive_wait(argc, argv);
+        if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_policy_main_dist(argc, argv);
+        prefer_passive_wait(argc, argv);
         return sph_cli_run_policy(argc, argv);
     }
     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);

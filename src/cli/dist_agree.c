@@ -1,5 +1,5 @@
 /*
- * dist_agree.c - step 0 of every distributed CLI path (the head runner run_dist.c and the
+ * dist_agree.c - step 0 of every distributed CLI path (the head runner run_dist_main.c and the
  * policy runner run_policy_dist.c): before any work, all ranks agree on which path they run
  * and on every argument, in one all-gather that every path enters first, so no pair of ranks
  * can wait in different collectives whatever each was given.

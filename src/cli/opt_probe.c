@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "run.h"
-#include "run_policy.h"
 
 /* One CPU context of the run's threads and kernel (the options a context judges). */
 static sph_status probe_ctx(int64_t threads, const char *kernel, sph_ctx_t *ctx) {
@@ -97,16 +96,18 @@ int sph_cli_probe_head(const char *cmd, double temperature, double softcap, int6
     return s ? refused(cmd, s, msg, n) : 0;
 }
 
-int sph_cli_probe_policy(const char *cmd, const pol_opts *o, char *msg, size_t n) {
+int sph_cli_probe_policy(const char *cmd, const sph_policy_args *pol, double temperature,
+                         double softcap, int64_t threads, const char *kernel, char *msg,
+                         size_t n) {
     sph_ctx_t ctx = NULL;
-    sph_status s = probe_ctx(o->threads, o->kernel, &ctx);
+    sph_status s = probe_ctx(threads, kernel, &ctx);
     if (s) return refused(cmd, s, msg, n);
     probe_bufs b;
     sph_head_args a;
     probe_fill(&b, &a);
-    a.temperature = o->temperature, a.softcap = o->softcap;
+    a.temperature = temperature, a.softcap = softcap;
     a.entropy = &b.t_ent, a.dhidden = &b.t_dh, a.dweight = &b.t_dw;
-    sph_policy_args pa = pol_args(o);
+    sph_policy_args pa = *pol;
     pa.num_tokens = pa.num_seqs = 0; /* counts: judged against the real batch */
     pa.advantages = &b.t_adv, pa.old_logprob = &b.t_old, pa.ref_logprob = &b.t_ref;
     pa.is_weight = &b.t_isw, pa.seq_id = &b.t_seq, pa.metrics = &b.t_met;

@@ -1,6 +1,7 @@
 /*
- * opts.c - the option tables of every subcommand (see opts.h and args.h): one row per option,
- * its help text beside it.
+ * opts.c - the option tables of the subcommands (see opts.h and args.h): one row per option,
+ * its help text beside it. The policy loss's `run` options are run_policy.c's
+ * (sph_cli_policy_opts), beside its runner.
  */
 #include "opts.h"
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "outset.h"
 #include "util.h"
 
 #define OUT_PATH 4096

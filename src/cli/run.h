@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "outset.h"
 
 #define RUN_CMD "run"
 
@@ -109,6 +110,11 @@ int run_check(const run_problem *p, const run_opts *o, int on_cuda, run_result *
  * library's message, printed as "spanhead CMD: ..." when msg is NULL, else put in msg. */
 int sph_cli_probe_head(const char *cmd, double temperature, double softcap, int64_t threads,
                        const char *kernel, char *msg, size_t n);
+/* The same for the policy loss's arguments pol (pol_args of the options; its counts are
+ * judged against the real batch, not here). */
+int sph_cli_probe_policy(const char *cmd, const sph_policy_args *pol, double temperature,
+                         double softcap, int64_t threads, const char *kernel, char *msg,
+                         size_t n);
 int run_write_outputs(const run_problem *p, const run_opts *o, run_result *r, sph_cli_outset *os);
 void run_report_text(const run_problem *p, const run_opts *o, const run_result *r);
 void run_report_json(const run_problem *p, const run_opts *o, const run_result *r);

@@ -5,7 +5,9 @@
  *     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
  *
  * The rest of this header is shared by the runner's files only:
- *   run_dist.c        options, the agreement of all ranks on them, the command's phases
+ *   run_dist_main.c   options, the agreement of all ranks on them, the command's phases
+ *   run_dist_base.c   what the others share: sph_cli_run_wants_dist, the ranks, dist_fail,
+ *                     dist_agree
  *   run_dist_batch.c  the global batch (synthetic or --inputs), its broadcast, and each
  *                     rank's share: bins, packed layout, CP-local rows
  *   run_dist_head.c   forward + backward of one rank's bins through the public head API,
@@ -19,6 +21,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "outset.h"
 
 /* 1 when argv (argv[0] = "run") asks for a distributed run: any of --tp, --cp, --dp, or a
  * process started by an MPI launcher with more than one rank (so that ranks given different

@@ -1,7 +1,7 @@
 /*
  * run_dist_batch.c - the global batch of the distributed runner (built or read on rank 0 and
  * broadcast) and one rank's share of it: DP-aligned bins from sph_pack, the packed segment
- * layout of each bin and the CP-local rows of each segment (see run_dist.c, steps 1-4).
+ * layout of each bin and the CP-local rows of each segment (see run_dist_main.c, steps 1-4).
  */
 #ifdef SPH_HAVE_MPI
 #include <math.h>

@@ -27,7 +27,6 @@
 #include "json_util.h"
 #include "npy.h"
 #include "run.h"
-#include "run_dist.h"
 #include "run_policy.h"
 #include "util.h"
 
@@ -486,36 +485,35 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
 
 // ---- the command -----------------------------------------------------------------------------
 
-/* What the parser cannot judge alone: 0, or an exit code with msg. */
-static int validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) {
+/* run_policy.h */
+void pol_opts_defaults(pol_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->clip_low = o->clip_high = 0.2, o->clip_c = INFINITY, o->temperature = 1.0, o->repeats = 1;
+    o->tp = o->cp = o->dp = 1;
+}
+
+/* run_policy.h: what the parser cannot judge alone: 0, or an exit code with msg. */
+int pol_validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) {
     o->dtype_given = sph_cli_given(sph_cli_policy_opts, pp, "--dtype");
     if (!o->inputs) return 2 * sph_cli_err(msg, n, "--policy-loss needs --inputs DIR (see --help)");
     if (o->agg == 3 && !sph_cli_given(sph_cli_policy_opts, pp, "--norm-length"))
         return 2 * sph_cli_err(msg, n, "--agg seq-mean-token-sum-norm needs --norm-length L");
     /* every value the library takes, judged by the library (a usage error with its message) */
-    return sph_cli_probe_policy(CMD, o, msg, n);
+    const sph_policy_args pa = pol_args(o);
+    return sph_cli_probe_policy(CMD, &pa, o->temperature, o->softcap, o->threads, o->kernel, msg,
+                                n);
 }
 
 int sph_cli_run_policy(int argc, char **argv) {
     pol_opts o;
-    memset(&o, 0, sizeof o);
-    o.clip_low = o.clip_high = 0.2, o.clip_c = INFINITY, o.temperature = 1.0, o.repeats = 1;
-    o.tp = o.cp = o.dp = 1;
+    pol_opts_defaults(&o);
     sph_cli_parsed pp = {0};
     char msg[480] = "";
-    int rc;
-    /* under mpirun (or with --tp/--cp/--dp) every verdict, a usage error or --help included,
-     * goes to the ranks' agreement instead of ending this rank alone */
-    if (sph_cli_run_wants_dist(argc, argv)) {
-        rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
-        if (rc == 0) rc = validate(&o, &pp, msg, sizeof msg);
-        return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
-    }
     int done;
-    rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_policy_opts, argc, argv, &o, &pp,
-                               &done);
+    int rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_policy_opts, argc, argv, &o,
+                                   &pp, &done);
     if (done) return rc;
-    if ((rc = validate(&o, &pp, msg, sizeof msg))) return sph_cli_fail(CMD, rc, "%s", msg);
+    if ((rc = pol_validate(&o, &pp, msg, sizeof msg))) return sph_cli_fail(CMD, rc, "%s", msg);
     pol_problem p;
     pol_result r, ref;
     sph_cli_outset os;

@@ -1,8 +1,8 @@
 /*
  * run_policy.h - `spanhead run --policy-loss ...`: the fused RL policy loss (sph_policy_loss,
- * docs/policy.md) of the CLI. cmd_run.c dispatches here with one line, before anything else:
- *
- *     if (sph_cli_run_wants_policy(argc, argv)) return sph_cli_run_policy(argc, argv);
+ * docs/policy.md) of the CLI. cmd_run.c dispatches here before anything else: to
+ * sph_cli_run_policy_main_dist under mpirun or with --tp/--cp/--dp (sph_cli_run_wants_dist),
+ * else to sph_cli_run_policy.
  *
  *   run_policy.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                      against the float64 reference, loss.json and the .npy outputs
@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "outset.h"
 
 /* The options of `run --policy-loss` (run_policy.c). */
 extern const sph_cli_opt sph_cli_policy_opts[];
@@ -25,6 +26,10 @@ extern const sph_cli_opt sph_cli_policy_opts[];
 int sph_cli_run_wants_policy(int argc, char **argv);
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_policy(int argc, char **argv);
+/* The command under mpirun (run_policy_dist.c): every rank parses and validates, and every
+ * verdict, a usage error or --help included, goes to the ranks' agreement instead of ending
+ * this rank alone. */
+int sph_cli_run_policy_main_dist(int argc, char **argv);
 
 /* ---- shared by run_policy.c and run_policy_dist.c ---------------------------------------- */
 
@@ -91,8 +96,10 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
  * as this rank parsed it, rc its verdict (0, 1 or 2 with msg, or SPH_CLI_HELP), which the
  * ranks' agreement judges before anything else. */
 int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
-/* The library's verdict on the policy options (opt_probe.c; like sph_cli_probe_head). */
-int sph_cli_probe_policy(const char *cmd, const pol_opts *o, char *msg, size_t n);
+/* The options' defaults, and what the parser cannot judge alone (0, or an exit code with
+ * msg), run_policy.c. */
+void pol_opts_defaults(pol_opts *o);
+int pol_validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n);
 /* The usage of `run --policy-loss` on f. */
 void pol_usage(FILE *f);
 /* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */

@@ -36,6 +36,17 @@
 
 #define CMD "run"
 
+/* run_policy.h */
+int sph_cli_run_policy_main_dist(int argc, char **argv) {
+    pol_opts o;
+    pol_opts_defaults(&o);
+    sph_cli_parsed pp = {0};
+    char msg[480] = "";
+    int rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
+    if (rc == 0) rc = pol_validate(&o, &pp, msg, sizeof msg);
+    return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
+}
+
 #ifndef SPH_HAVE_MPI
 
 int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv) {
@@ -206,6 +217,183 @@ static void global_counts(const pol_problem *p, int64_t *T, int64_t *S) {
     }
 }
 
+/* One rank's place in the run and its groups. */
+typedef struct pol_dist {
+    int64_t T, C, D, tp_rank, cp_rank, dp_rank;
+    int64_t r0, r1, v0, v1; /* this rank's rows [r0, r1) and vocabulary rows [v0, v1) */
+    int64_t Tg, Sg;         /* tokens and sequences of the global batch */
+    int cuda, dev_id;
+    MPI_Comm tp_mpi, cp_mpi, shard_mpi;
+    sph_comm_t tpc, sqc;
+} pol_dist;
+
+/* 4. the groups: TP (ranks of one (dp, cp)), sequence group (ranks of one (dp, tp)), the
+ * ranks of one shard; with --device cuda the rank's GPU. Returns ok (for agree). */
+static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
+    const int64_t T = d->T, C = d->C;
+    int ok = 1;
+    MPI_Comm_split(MPI_COMM_WORLD, (int)(d->dp_rank * C + d->cp_rank), (int)d->tp_rank,
+                   &d->tp_mpi);
+    MPI_Comm_split(MPI_COMM_WORLD, (int)(d->dp_rank * T + d->tp_rank), (int)d->cp_rank,
+                   &d->cp_mpi);
+    MPI_Comm_split(MPI_COMM_WORLD, (int)d->tp_rank, g_rank, &d->shard_mpi); /* same shard */
+    d->cuda = o->device == 1;
+    if (d->cuda) {
+        MPI_Comm node;
+        int lr = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &lr);
+        MPI_Comm_free(&node);
+        int nd = sph_cuda_device_count();
+        d->dev_id = nd > 0 ? lr % nd : 0;
+        ok = nd > 0 || fail("--device cuda: no CUDA device");
+    }
+    sph_status s = SPH_OK;
+    if (ok && T > 1) {
+        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+        cfg.tp = T, cfg.vocab_total = p->V, cfg.vocab_start = d->v0,
+        cfg.vocab_local = d->v1 - d->v0;
+        cfg.dtype = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
+        cfg.temperature = o->temperature;
+        s = d->cuda ? sph_comm_create_nccl_mpi(&d->tpc, &d->tp_mpi, &cfg)
+                    : sph_comm_create_mpi(&d->tpc, &d->tp_mpi, &cfg);
+        if (s) ok = fail("TP communicator: %s", sph_last_error());
+    }
+    if (ok && C > 1) {
+        /* a sequence group needs no configuration of its own: a placeholder one (each rank a
+         * one-id "shard" of a vocabulary of C) passes the communicator's checks */
+        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+        cfg.tp = C, cfg.vocab_total = C, cfg.vocab_start = d->cp_rank, cfg.vocab_local = 1;
+        s = d->cuda ? sph_comm_create_nccl_mpi(&d->sqc, &d->cp_mpi, &cfg)
+                    : sph_comm_create_mpi(&d->sqc, &d->cp_mpi, &cfg);
+        if (s) ok = fail("sequence-group communicator: %s", sph_last_error());
+    }
+    return ok;
+}
+
+/* 5a. the TP copies: bitwise the same metrics and logprob in every TP group. *mets: rank 0,
+ * every rank's metrics (the caller frees). Returns ok. */
+static int check_tp_copies(const pol_dist *d, const pol_problem *q, const pol_result *r,
+                           float **mets_out) {
+    const int64_t T = d->T;
+    float *mets = g_rank ? NULL : sph_cli_alloc((int64_t)g_size * SPH_POLICY_N_METRICS, 4);
+    *mets_out = mets;
+    MPI_Gather(r->metrics, SPH_POLICY_N_METRICS, MPI_FLOAT, mets, SPH_POLICY_N_METRICS,
+               MPI_FLOAT, 0, MPI_COMM_WORLD);
+    float *lp0 = sph_cli_alloc(q->N, 4);
+    if (lp0) memcpy(lp0, r->lp, (size_t)q->N * 4);
+    MPI_Bcast(lp0, (int)q->N, MPI_FLOAT, 0, d->tp_mpi);
+    int ok = memcmp(lp0, r->lp, (size_t)q->N * 4) == 0 ||
+             fail("logprob differs from TP rank 0's (the statistics combine in rank order: "
+                  "every rank must hold the same bits)");
+    free(lp0);
+    int same = 1;
+    if (!g_rank)
+        for (int k = 0; k < g_size; k++)
+            same &= !memcmp(mets + k * SPH_POLICY_N_METRICS,
+                            mets + (k - k % T) * SPH_POLICY_N_METRICS, SPH_POLICY_N_METRICS * 4);
+    MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!same && !g_rank) fail("the metrics of the TP ranks of a group differ");
+    return ok & same;
+}
+
+/* 5b. rank 0: the global result's metrics (summed over CP and DP: TP rank 0 of each group)
+ * and its buffers. Returns ok. */
+static int global_result(const pol_opts *o, const pol_problem *p, const pol_dist *d,
+                         const pol_result *r, const float *mets, pol_result *g) {
+    double sum[SPH_POLICY_N_METRICS] = {0};
+    for (int k = 0; k < g_size; k += (int)d->T)
+        for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) sum[m] += mets[k * SPH_POLICY_N_METRICS + m];
+    for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) g->metrics[m] = (float)sum[m];
+    /* the counts of the whole batch (seqs: 0 where the call groups no sequences) */
+    g->metrics[SPH_METRIC_TOKENS] = (float)d->Tg;
+    g->metrics[SPH_METRIC_SEQS] = o->agg != 0 || o->loss == 2 ? (float)d->Sg : 0.0f;
+    g->ms = r->ms, g->ws_bytes = r->ws_bytes;
+    memcpy(g->describe, r->describe, sizeof g->describe);
+    g->lp = sph_cli_calloc(p->N, 4), g->ent = sph_cli_calloc(p->N, 4);
+    g->dh = sph_cli_calloc(p->N * p->H, 4), g->dw = sph_cli_calloc(p->V * p->H, 4);
+    return (g->lp && g->ent && g->dh && g->dw) || fail("out of memory for the gathered outputs");
+}
+
+/* 5c. per-row outputs and dhidden (every rank with tp_rank 0 sends its real rows), dweight
+ * (each shard summed over its CP x DP ranks, then the shards) to rank 0's g. Returns ok. */
+static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_dist *d,
+                          const pol_result *r, pol_result *g) {
+    const int64_t T = d->T, r0 = d->r0;
+    const int64_t real = d->r1 > r0 ? d->r1 - r0 : 0;
+    for (int src = 1; src < g_size; src++) {
+        if (src % T) continue;
+        if (g_rank == src) {
+            int64_t hdr[2] = {r0, real};
+            MPI_Send(hdr, 2, MPI_INT64_T, 0, 1, MPI_COMM_WORLD);
+            MPI_Send(r->lp, (int)real, MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
+            MPI_Send(r->ent, (int)real, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
+            MPI_Send(r->dh, (int)(real * p->H), MPI_FLOAT, 0, 4, MPI_COMM_WORLD);
+        } else if (!g_rank) {
+            int64_t hdr[2];
+            MPI_Recv(hdr, 2, MPI_INT64_T, src, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(g->lp + hdr[0], (int)hdr[1], MPI_FLOAT, src, 2, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+            MPI_Recv(g->ent + hdr[0], (int)hdr[1], MPI_FLOAT, src, 3, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+            MPI_Recv(g->dh + hdr[0] * p->H, (int)(hdr[1] * p->H), MPI_FLOAT, src, 4,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+    }
+    if (!g_rank) {
+        memcpy(g->lp + r0, r->lp, (size_t)real * 4), memcpy(g->ent + r0, r->ent, (size_t)real * 4);
+        memcpy(g->dh + r0 * p->H, r->dh, (size_t)(real * p->H) * 4);
+    }
+    float *dw = sph_cli_alloc(q->V * p->H, 4);
+    int ok = dw != NULL || fail("out of memory");
+    int shard_rank = 0;
+    MPI_Comm_rank(d->shard_mpi, &shard_rank);
+    MPI_Reduce(r->dw, dw, (int)(q->V * p->H), MPI_FLOAT, MPI_SUM, 0, d->shard_mpi);
+    if (shard_rank == 0) { /* world rank tp_rank: cp = dp = 0 */
+        if (g_rank) {
+            MPI_Send(dw, (int)(q->V * p->H), MPI_FLOAT, 0, 5, MPI_COMM_WORLD);
+        } else {
+            memcpy(g->dw, dw, (size_t)(q->V * p->H) * 4);
+            for (int t = 1; t < T; t++) {
+                const int64_t s0 = p->V * t / T, s1 = p->V * (t + 1) / T;
+                MPI_Recv(g->dw + s0 * p->H, (int)((s1 - s0) * p->H), MPI_FLOAT, t, 5,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            }
+        }
+    }
+    free(dw);
+    return ok;
+}
+
+/* 5d. rank 0: the check, the report, the outputs; returns the exit code. */
+static int report(const pol_opts *o, const pol_problem *p, const pol_dist *d,
+                  const pol_result *g, pol_result *ref, sph_cli_outset *os) {
+    int code = 0;
+    printf("run: tp=%lld cp=%lld dp=%lld device=%s\n", (long long)d->T, (long long)d->C,
+           (long long)d->D, d->cuda ? "cuda" : "cpu");
+    for (int m = 0; m < SPH_POLICY_N_METRICS; m++)
+        printf("  %-18s %.9g\n", pol_metric_names[m], (double)g->metrics[m]);
+    if (o->check) {
+        pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
+        double err[5];
+        if (pol_run(o, p, &wr, ref)) {
+            code = 1;
+        } else {
+            const double tol = p->bits == 32 ? 1e-4 : (d->cuda ? 1e-2 : 1e-4);
+            int pass = pol_compare(g, ref, p->N, p->H, p->V, tol, err);
+            printf("  check vs one process (float64 reference): metrics %.2e logprob %.2e "
+                   "entropy %.2e dhidden %.2e dweight %.2e (tol %.0e): %s\n",
+                   err[0], err[1], err[2], err[3], err[4], tol, pass ? "PASS" : "FAIL");
+            code = !pass;
+        }
+    }
+    if (!code && o->outputs) {
+        code = pol_write_outputs(os, g, p->N, p->H, p->V);
+        if (!code) printf("  outputs written to %s\n", o->outputs);
+    }
+    return sph_cli_close_stdout(CMD, code);
+}
+
 int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int argc,
                             char **argv) {
     int inited = 0;
@@ -221,16 +409,18 @@ int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int
         MPI_Finalize();
         return v == SPH_CLI_HELP ? 0 : v;
     }
-    const int64_t T = o->tp, C = o->cp, D = o->dp;
+    pol_dist d;
+    memset(&d, 0, sizeof d);
+    d.T = o->tp, d.C = o->cp, d.D = o->dp;
+    d.tp_mpi = d.cp_mpi = d.shard_mpi = MPI_COMM_NULL;
+    const int64_t T = d.T, C = d.C, D = d.D;
     int rc = 1, ok = 1;
     pol_problem p, q;
-    pol_result r, ref;
+    pol_result r, ref, g;
     memset(&p, 0, sizeof p), memset(&q, 0, sizeof q), memset(&r, 0, sizeof r);
-    memset(&ref, 0, sizeof ref);
+    memset(&ref, 0, sizeof ref), memset(&g, 0, sizeof g);
     sph_cli_outset os;
     memset(&os, 0, sizeof os);
-    sph_comm_t tpc = NULL, sqc = NULL;
-    MPI_Comm tp_mpi = MPI_COMM_NULL, cp_mpi = MPI_COMM_NULL, shard_mpi = MPI_COMM_NULL;
     if (T * C * D != g_size) {
         if (!g_rank)
             sph_cli_fail(CMD, 2, "--tp %lld --cp %lld --dp %lld needs %lld ranks, but mpirun "
@@ -240,193 +430,52 @@ int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int
         rc = 2;
         goto out;
     }
-    const int64_t tp_rank = g_rank % T, cp_rank = (g_rank / T) % C, dp_rank = g_rank / (T * C);
+    d.tp_rank = g_rank % T, d.cp_rank = (g_rank / T) % C, d.dp_rank = g_rank / (T * C);
     /* 1. the problem */
     if (!g_rank) /* the outputs' set (lock, names, staging) before any work */
         ok = pol_problem_read(o, &p) == 0 && (!o->outputs || !pol_outputs_begin(&os, o->outputs));
     if (!share_problem(&p, ok)) goto out;
     /* 2-3. this rank's rows and vocabulary rows */
-    int64_t *cut = sph_cli_alloc(D + 1, 8), Tg = 0, Sg = 0;
+    int64_t *cut = sph_cli_alloc(D + 1, 8);
     ok = cut != NULL && dp_blocks(&p, D, cut);
     if (!agree(ok)) {
         free(cut);
         goto out;
     }
-    global_counts(&p, &Tg, &Sg);
-    const int64_t a = cut[dp_rank], b = cut[dp_rank + 1], blk = b - a;
-    const int64_t n = (blk + C - 1) / C, r0 = a + n * cp_rank;
-    const int64_t r1 = r0 + n < b ? r0 + n : b;
+    global_counts(&p, &d.Tg, &d.Sg);
+    const int64_t a = cut[d.dp_rank], b = cut[d.dp_rank + 1], blk = b - a;
+    const int64_t n = (blk + C - 1) / C;
+    d.r0 = a + n * d.cp_rank;
+    d.r1 = d.r0 + n < b ? d.r0 + n : b;
     free(cut);
     /* every CP rank of a DP block passes the same row count; DP blocks may differ */
-    const int64_t v0 = p.V * tp_rank / T, v1 = p.V * (tp_rank + 1) / T;
-    if (!agree(local_problem(&p, r0, r1 > r0 ? r1 : r0, n, v0, v1, &q))) goto out;
-    /* 4. the groups: TP (ranks of one (dp, cp)), sequence group (ranks of one (dp, tp)) */
-    MPI_Comm_split(MPI_COMM_WORLD, (int)(dp_rank * C + cp_rank), (int)tp_rank, &tp_mpi);
-    MPI_Comm_split(MPI_COMM_WORLD, (int)(dp_rank * T + tp_rank), (int)cp_rank, &cp_mpi);
-    MPI_Comm_split(MPI_COMM_WORLD, (int)tp_rank, g_rank, &shard_mpi); /* same shard */
-    const int cuda = o->device == 1;
-    int dev_id = 0;
-    if (cuda) {
-        MPI_Comm node;
-        int lr = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &lr);
-        MPI_Comm_free(&node);
-        int nd = sph_cuda_device_count();
-        dev_id = nd > 0 ? lr % nd : 0;
-        ok = nd > 0 || fail("--device cuda: no CUDA device");
-    }
-    sph_status s = SPH_OK;
-    if (ok && T > 1) {
-        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
-        cfg.tp = T, cfg.vocab_total = p.V, cfg.vocab_start = v0, cfg.vocab_local = v1 - v0;
-        cfg.dtype = p.bits == 32 ? SPH_F32 : (p.is_bf16 ? SPH_BF16 : SPH_F16);
-        cfg.temperature = o->temperature;
-        s = cuda ? sph_comm_create_nccl_mpi(&tpc, &tp_mpi, &cfg)
-                 : sph_comm_create_mpi(&tpc, &tp_mpi, &cfg);
-        if (s) ok = fail("TP communicator: %s", sph_last_error());
-    }
-    if (ok && C > 1) {
-        /* a sequence group needs no configuration of its own: a placeholder one (each rank a
-         * one-id "shard" of a vocabulary of C) passes the communicator's checks */
-        sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
-        cfg.tp = C, cfg.vocab_total = C, cfg.vocab_start = cp_rank, cfg.vocab_local = 1;
-        s = cuda ? sph_comm_create_nccl_mpi(&sqc, &cp_mpi, &cfg)
-                 : sph_comm_create_mpi(&sqc, &cp_mpi, &cfg);
-        if (s) ok = fail("sequence-group communicator: %s", sph_last_error());
-    }
-    if (!agree(ok)) goto out;
+    d.v0 = p.V * d.tp_rank / T, d.v1 = p.V * (d.tp_rank + 1) / T;
+    if (!agree(local_problem(&p, d.r0, d.r1 > d.r0 ? d.r1 : d.r0, n, d.v0, d.v1, &q))) goto out;
+    if (!agree(make_groups(o, &p, &d))) goto out;
     /* the rank's call */
-    pol_where w = {cuda, dev_id, o->kernel, o->threads, (int)o->repeats, tpc, sqc, v0, p.V,
-                   D > 1 ? (o->num_tokens ? o->num_tokens : Tg) : 0,
-                   D > 1 ? (o->num_seqs ? o->num_seqs : Sg) : 0};
+    pol_where w = {d.cuda, d.dev_id, o->kernel, o->threads, (int)o->repeats, d.tpc, d.sqc, d.v0,
+                   p.V, D > 1 ? (o->num_tokens ? o->num_tokens : d.Tg) : 0,
+                   D > 1 ? (o->num_seqs ? o->num_seqs : d.Sg) : 0};
     if (!agree(pol_run(o, &q, &w, &r) == 0)) goto out;
-    /* 5. the TP copies: bitwise the same metrics and logprob in every TP group */
-    float *mets = g_rank ? NULL : sph_cli_alloc((int64_t)g_size * SPH_POLICY_N_METRICS, 4);
-    MPI_Gather(r.metrics, SPH_POLICY_N_METRICS, MPI_FLOAT, mets, SPH_POLICY_N_METRICS, MPI_FLOAT,
-               0, MPI_COMM_WORLD);
-    float *lp0 = sph_cli_alloc(q.N, 4);
-    if (lp0) memcpy(lp0, r.lp, (size_t)q.N * 4);
-    MPI_Bcast(lp0, (int)q.N, MPI_FLOAT, 0, tp_mpi);
-    ok = memcmp(lp0, r.lp, (size_t)q.N * 4) == 0 ||
-         fail("logprob differs from TP rank 0's (the statistics combine in rank order: every "
-              "rank must hold the same bits)");
-    free(lp0);
-    int same = 1;
-    if (!g_rank)
-        for (int k = 0; k < g_size; k++)
-            same &= !memcmp(mets + k * SPH_POLICY_N_METRICS,
-                            mets + (k - k % T) * SPH_POLICY_N_METRICS, SPH_POLICY_N_METRICS * 4);
-    MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!same && !g_rank) fail("the metrics of the TP ranks of a group differ");
-    ok &= same;
-    /* the global result on rank 0: metrics summed over CP and DP (TP rank 0 of each group) */
-    pol_result g;
-    memset(&g, 0, sizeof g);
-    if (!g_rank) {
-        double sum[SPH_POLICY_N_METRICS] = {0};
-        for (int k = 0; k < g_size; k += (int)T)
-            for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) sum[m] += mets[k * SPH_POLICY_N_METRICS + m];
-        for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) g.metrics[m] = (float)sum[m];
-        /* the counts of the whole batch (seqs: 0 where the call groups no sequences) */
-        g.metrics[SPH_METRIC_TOKENS] = (float)Tg;
-        g.metrics[SPH_METRIC_SEQS] = o->agg != 0 || o->loss == 2 ? (float)Sg : 0.0f;
-        g.ms = r.ms, g.ws_bytes = r.ws_bytes;
-        memcpy(g.describe, r.describe, sizeof g.describe);
-        g.lp = sph_cli_calloc(p.N, 4), g.ent = sph_cli_calloc(p.N, 4);
-        g.dh = sph_cli_calloc(p.N * p.H, 4), g.dw = sph_cli_calloc(p.V * p.H, 4);
-        ok &= (g.lp && g.ent && g.dh && g.dw) || fail("out of memory for the gathered outputs");
-    }
+    /* 5. the TP copies, then the global result on rank 0 */
+    float *mets = NULL;
+    ok = check_tp_copies(&d, &q, &r, &mets);
+    if (!g_rank) ok &= global_result(o, &p, &d, &r, mets, &g);
     free(mets);
-    if (!agree(ok)) {
-        pol_result_free(&g);
-        goto out;
-    }
-    /* per-row outputs and dhidden: every rank with tp_rank 0 sends its real rows */
-    const int64_t real = r1 > r0 ? r1 - r0 : 0;
-    for (int src = 1; src < g_size; src++) {
-        if (src % T) continue;
-        if (g_rank == src) {
-            int64_t hdr[2] = {r0, real};
-            MPI_Send(hdr, 2, MPI_INT64_T, 0, 1, MPI_COMM_WORLD);
-            MPI_Send(r.lp, (int)real, MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
-            MPI_Send(r.ent, (int)real, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
-            MPI_Send(r.dh, (int)(real * p.H), MPI_FLOAT, 0, 4, MPI_COMM_WORLD);
-        } else if (!g_rank) {
-            int64_t hdr[2];
-            MPI_Recv(hdr, 2, MPI_INT64_T, src, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            MPI_Recv(g.lp + hdr[0], (int)hdr[1], MPI_FLOAT, src, 2, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-            MPI_Recv(g.ent + hdr[0], (int)hdr[1], MPI_FLOAT, src, 3, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-            MPI_Recv(g.dh + hdr[0] * p.H, (int)(hdr[1] * p.H), MPI_FLOAT, src, 4, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-        }
-    }
-    if (!g_rank) {
-        memcpy(g.lp + r0, r.lp, (size_t)real * 4), memcpy(g.ent + r0, r.ent, (size_t)real * 4);
-        memcpy(g.dh + r0 * p.H, r.dh, (size_t)(real * p.H) * 4);
-    }
-    /* dweight: each shard summed over its CP x DP ranks, then the shards to rank 0 */
-    float *dw = sph_cli_alloc(q.V * p.H, 4);
-    ok &= dw != NULL || fail("out of memory");
-    int shard_rank = 0;
-    MPI_Comm_rank(shard_mpi, &shard_rank);
-    MPI_Reduce(r.dw, dw, (int)(q.V * p.H), MPI_FLOAT, MPI_SUM, 0, shard_mpi);
-    if (shard_rank == 0) { /* world rank tp_rank: cp = dp = 0 */
-        if (g_rank) {
-            MPI_Send(dw, (int)(q.V * p.H), MPI_FLOAT, 0, 5, MPI_COMM_WORLD);
-        } else {
-            memcpy(g.dw, dw, (size_t)(q.V * p.H) * 4);
-            for (int t = 1; t < T; t++) {
-                const int64_t s0 = p.V * t / T, s1 = p.V * (t + 1) / T;
-                MPI_Recv(g.dw + s0 * p.H, (int)((s1 - s0) * p.H), MPI_FLOAT, t, 5, MPI_COMM_WORLD,
-                         MPI_STATUS_IGNORE);
-            }
-        }
-    }
-    free(dw);
-    if (!agree(ok)) {
-        pol_result_free(&g);
-        goto out;
-    }
+    if (!agree(ok)) goto out;
+    if (!agree(gather_outputs(&p, &q, &d, &r, &g))) goto out;
     /* rank 0: the check, the report, the outputs */
-    int code = 0;
-    if (!g_rank) {
-        printf("run: tp=%lld cp=%lld dp=%lld device=%s\n", (long long)T, (long long)C,
-               (long long)D, cuda ? "cuda" : "cpu");
-        for (int m = 0; m < SPH_POLICY_N_METRICS; m++)
-            printf("  %-18s %.9g\n", pol_metric_names[m], (double)g.metrics[m]);
-        if (o->check) {
-            pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
-            double err[5];
-            if (pol_run(o, &p, &wr, &ref)) {
-                code = 1;
-            } else {
-                const double tol = p.bits == 32 ? 1e-4 : (cuda ? 1e-2 : 1e-4);
-                int pass = pol_compare(&g, &ref, p.N, p.H, p.V, tol, err);
-                printf("  check vs one process (float64 reference): metrics %.2e logprob %.2e "
-                       "entropy %.2e dhidden %.2e dweight %.2e (tol %.0e): %s\n",
-                       err[0], err[1], err[2], err[3], err[4], tol, pass ? "PASS" : "FAIL");
-                code = !pass;
-            }
-        }
-        if (!code && o->outputs) {
-            code = pol_write_outputs(&os, &g, p.N, p.H, p.V);
-            if (!code) printf("  outputs written to %s\n", o->outputs);
-        }
-        code = sph_cli_close_stdout(CMD, code);
-    }
-    pol_result_free(&g);
+    int code = g_rank ? 0 : report(o, &p, &d, &g, &ref, &os);
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     rc = code;
 out:
+    pol_result_free(&g);
     sph_cli_outset_abort(&os);
-    sph_comm_destroy(tpc);
-    sph_comm_destroy(sqc);
-    if (tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&tp_mpi);
-    if (cp_mpi != MPI_COMM_NULL) MPI_Comm_free(&cp_mpi);
-    if (shard_mpi != MPI_COMM_NULL) MPI_Comm_free(&shard_mpi);
+    sph_comm_destroy(d.tpc);
+    sph_comm_destroy(d.sqc);
+    if (d.tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.tp_mpi);
+    if (d.cp_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.cp_mpi);
+    if (d.shard_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.shard_mpi);
     pol_problem_free(&p), pol_problem_free(&q);
     pol_result_free(&r), pol_result_free(&ref);
     MPI_Finalize();

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "comm/check.h"
+#include "comm/comm.h"
+#include "core/ctx.h"
 
 static int64_t dtype_pack(sph_dtype d) {
     return (int64_t)d.code | (int64_t)d.bits << 8 | (int64_t)d.lanes << 16;
@@ -192,4 +194,62 @@ sph_status sph_comm_check_records(const sph_comm_rec *recs, int64_t n, int world
         }
     }
     return SPH_OK;
+}
+
+// ---- a group's agreement on one call ------------------------------------------------------
+
+/* all[r * words ...] <- every rank's record, in rank order. */
+static sph_status exchange(sph_ctx_t ctx, sph_comm_t comm, const int64_t *mine, int64_t *all,
+                           size_t words) {
+    const size_t rec = words * sizeof(int64_t), n = (size_t)comm->size;
+    if (!comm->device_buffers) return comm->ops->allgather(comm, mine, all, rec, NULL);
+    /* a device communicator: stage through device memory */
+    void *d = NULL;
+    SPH_TRY(ctx->dev->malloc(ctx, rec * (n + 1), &d));
+    sph_status s = ctx->dev->memcpy(ctx, d, mine, rec);
+    if (s == SPH_OK) s = comm->ops->allgather(comm, d, (char *)d + rec, rec, ctx->stream);
+    if (s == SPH_OK) s = ctx->dev->memcpy(ctx, all, (char *)d + rec, rec * n);
+    ctx->dev->free(ctx, d);
+    return s;
+}
+
+sph_status sph_comm_agree(sph_ctx_t ctx, sph_comm_t comm, const int64_t *mine, size_t words,
+                          sph_status local, const char *who, sph_agree_verdict verdict,
+                          void *arg) {
+    /* keep this rank's own message when it is the one that failed */
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", sph_last_error());
+    int64_t stack[2048], *all = stack;
+    const size_t n = (size_t)comm->size;
+    if (n * words > sizeof stack / sizeof stack[0]) {
+        all = (int64_t *)sph_malloc(n * words * sizeof *all);
+        if (!all) /* cannot join the exchange: fail here, the others fail in their collective */
+            return local != SPH_OK ? local
+                                   : sph_err(SPH_ERR_ALLOC, "tp_comm: no host memory for %lld "
+                                             "consistency records", (long long)comm->size);
+    }
+    sph_status s = exchange(ctx, comm, mine, all, words);
+    if (s == SPH_OK && local == SPH_OK) s = verdict(all, (int64_t)n, words, arg);
+    else if (s != SPH_OK && local == SPH_OK)
+        s = sph_err_prefix(s, "%s: tensor-parallel consistency check: ", who);
+    if (all != stack) sph_free(all);
+    if (local != SPH_OK) return sph_err(local, "%s", saved);
+    return s;
+}
+
+int64_t sph_agree_first_tag(const int64_t *all, int64_t n, size_t words, size_t at, int64_t tag) {
+    for (int64_t r = 0; r < n; r++)
+        if (all[(size_t)r * words + at] != tag) return r;
+    return -1;
+}
+
+int sph_agree_first_diff(const int64_t *all, int64_t n, size_t words, size_t from, size_t to,
+                         int64_t *rank, size_t *word) {
+    for (int64_t r = 1; r < n; r++)
+        for (size_t f = from; f < to; f++)
+            if (all[(size_t)r * words + f] != all[f]) {
+                *rank = r, *word = f;
+                return 1;
+            }
+    return 0;
 }

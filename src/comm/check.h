@@ -1,5 +1,7 @@
 /*
- * check.h - the configuration agreement every communicator backend runs at creation.
+ * check.h - the agreements of a group: the configuration agreement every communicator
+ * backend runs at creation, and (sph_comm_agree, below) the agreement on one call that the
+ * head's and the losses' tensor-parallel consistency checks run before any output is written.
  *
  * Each rank encodes its sph_comm_config into a fixed-size record of int64 words (no padding,
  * no pointers, so the bytes can travel through any allgather: MPI, NCCL, a file). After the
@@ -59,6 +61,34 @@ void sph_comm_rec_encode(const sph_comm_config *cfg, int out_ok, sph_comm_rec *r
  * holds the same shards. Returns SPH_OK, SPH_ERR_INVALID_ARG (a bad value on some rank) or
  * SPH_ERR_MISMATCH (ranks disagree); the message names the first offending rank and field. */
 sph_status sph_comm_check_records(const sph_comm_rec *recs, int64_t n, int world);
+
+// ---- a group's agreement on one call ------------------------------------------------------
+
+/* Word 0 of a call record from a rank whose own validation failed: the others fail with it
+ * instead of waiting in a collective it never joins. */
+#define SPH_AGREE_INVALID INT64_C(0x4c41564e49505450)
+
+/* A verdict over the gathered call records (n ranks of `words` int64 each, rank-major), run
+ * identically on every rank: the same status and message everywhere. */
+typedef sph_status (*sph_agree_verdict)(const int64_t *all, int64_t n, size_t words, void *arg);
+
+/* One exchange of call records over comm: this rank's `mine` (words int64; word 0 is
+ * SPH_AGREE_INVALID when local failed) allgathered in rank order (host buffers; a device
+ * communicator's through a staging buffer in ctx's device memory, synchronously), then
+ * verdict(arg) when local is SPH_OK. Returns local with this rank's own message when it
+ * failed; the exchange's failure prefixed "<who>: tensor-parallel consistency check: ";
+ * else the verdict. A rank without host memory for the records fails at once (the others
+ * then fail in their collective). */
+sph_status sph_comm_agree(sph_ctx_t ctx, sph_comm_t comm, const int64_t *mine, size_t words,
+                          sph_status local, const char *who, sph_agree_verdict verdict,
+                          void *arg);
+
+/* Verdict helpers over the gathered records: the first rank whose word `at` is not `tag`
+ * (-1: none); the first (rank >= 1, word in [from, to)) in rank-major order where a rank's
+ * word differs from rank 0's (1 with *rank and *word set, 0 when all agree). */
+int64_t sph_agree_first_tag(const int64_t *all, int64_t n, size_t words, size_t at, int64_t tag);
+int sph_agree_first_diff(const int64_t *all, int64_t n, size_t words, size_t from, size_t to,
+                         int64_t *rank, size_t *word);
 
 #ifdef __cplusplus
 }

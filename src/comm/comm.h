@@ -1,7 +1,10 @@
 /*
  * comm.h - the communicator behind sph_comm_t: a table of collective operations filled by
- * each backend (none.c, mpi.c, nccl.c). The head uses exactly one allgather per forward (or
- * per chunk in one-pass mode) to combine per-row softmax partials in rank order.
+ * each backend (none.c, mpi.c, nccl.c). Its users: the head combines per-row softmax partials
+ * in rank order with one allgather per forward (per chunk in one-pass mode; sum_p2 adds one
+ * of its own) and sums dhidden with allreduce_sum_f32; a call's consistency check is one
+ * allgather of its records (check.h, sph_comm_agree); the policy loss gathers its sequence
+ * records over seq_comm.
  */
 #ifndef SPH_COMM_COMM_H
 #define SPH_COMM_COMM_H

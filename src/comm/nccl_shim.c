@@ -4,10 +4,6 @@
 #ifdef SPH_HAVE_NCCL
 #include "comm/nccl_shim.h"
 
-#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "core/dynload.h"
 
 #define SPH_STR_(x) #x
@@ -15,11 +11,7 @@
 
 sph_nccl_api sph_nccl_fn;
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int state; /* 0 not tried, 1 loaded, -1 failed (sticky) */
-static sph_status failed;
-static char failed_msg[1024];
-static char path[512];
+static sph_dynlib g_lib = SPH_DYNLIB_INIT;
 
 sph_status sph_nccl_load(const char *who) {
     static const char *const sonames[] = {"libnccl.so." SPH_STR(NCCL_MAJOR), "libnccl.so", NULL};
@@ -34,31 +26,11 @@ sph_status sph_nccl_load(const char *who) {
 #else
     const char *fallback = NULL;
 #endif
-    pthread_mutex_lock(&lock);
-    sph_status st = SPH_OK;
-    if (state == 0) {
-        void *h = NULL, *fns[N_SYMS];
-        char where[sizeof path];
-        st = sph_dynload("NCCL", "SPANHEAD_NCCL_LIB", sonames, fallback, &h, where,
-                         sizeof where);
-        if (st == SPH_OK) st = sph_dynsyms(h, "NCCL", where, syms, fns);
-        if (st == SPH_OK) {
-            memcpy(&sph_nccl_fn, fns, sizeof sph_nccl_fn);
-            memcpy(path, where, sizeof path);
-            state = 1;
-        } else {
-            state = -1;
-            failed = st;
-            snprintf(failed_msg, sizeof failed_msg, "%s", sph_last_error());
-        }
-    }
-    if (state == -1)
-        st = who ? sph_err(failed, "%s: %s", who, failed_msg) : sph_err(failed, "%s", failed_msg);
-    pthread_mutex_unlock(&lock);
-    return st;
+    return sph_dynlib_load(&g_lib, "NCCL", "SPANHEAD_NCCL_LIB", sonames, fallback, syms,
+                           &sph_nccl_fn, sizeof sph_nccl_fn, who);
 }
 
-const char *sph_nccl_path(void) { return path; }
+const char *sph_nccl_path(void) { return g_lib.path; }
 #else
 #include "core/internal.h"
 

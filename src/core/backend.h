@@ -14,14 +14,20 @@
  *                    the slots it implements.
  *
  * A call from the public API to a kernel:
- *   sph_head_forward (head.c)
- *     -> sph_head_plan_validate (core/validate.h), then ctx->head.check (backend conditions)
+ *   sph_head_forward (src/head/head.c)
+ *     -> sph_head_plan_validate (head.c, feeding the validator of core/validate.h), then
+ *        ctx->head.check (backend conditions)
  *     -> ctx->head.workspace, then ctx->head.check_workspace (where the workspace lives)
  *     -> ctx->head.forward | support_forward (sample support: candidates given)
  *          reference: sph_head_ref_forward (head_ref.c), staged: head_ref_stage.c
- *          CPU:       sph_head_cpu_forward (head_cpu.c) -> ctx->head.cpu_kern (ISA loops)
+ *          CPU:       head_cpu.c's forward -> ctx->head.cpu_kern (ISA loops)
  *          CUDA:      sph_head_cuda_forward (src/cuda/head.cu) -> cuBLAS / sm_90a kernels
  * The backward goes the same way through .backward / .support_backward.
+ *
+ * The losses above the head (src/policy, ...) keep tables of their own: the host ones chosen
+ * by the loss from the context (forced reference or not), a device's handed out by the
+ * device table's loss_backend slot (opaque here); they reach the head through this table and
+ * the plan's row hook (src/head/plan.h). Neither table's type names a loss.
  *
  * SPH_HAVE_CUDA appears in registry.c only: the rest of the library asks the registry.
  */
@@ -39,7 +45,6 @@ extern "C" {
 /* The head's validated call (src/head/plan.h): core passes it by pointer and never reads it. */
 typedef struct sph_head_plan sph_head_plan;
 struct sph_head_kern;   /* CPU tile micro-kernels of one ISA (src/head/cpu_kernels.h) */
-struct sph_policy_plan; /* the policy loss's validated arguments (issue 14; its owner's) */
 
 /* A pass of the head on a validated plan. ws is the caller's workspace (at least the bytes
  * the workspace slot asked for, already checked). */
@@ -65,12 +70,6 @@ typedef struct sph_head_backend {
                            sph_head_pass_info *info);
     sph_head_pass_fn forward, backward;                 /* full vocabulary (K = 0) */
     sph_head_pass_fn support_forward, support_backward; /* sample support (K > 0) */
-    /* The fused policy loss (issue 14). NULL until a backend implements it: the entry point
-     * then answers SPH_ERR_UNSUPPORTED (sph_backend_missing). */
-    sph_status (*policy_workspace)(sph_ctx_t ctx, const struct sph_policy_plan *pp,
-                                   size_t *bytes);
-    sph_status (*policy)(sph_ctx_t ctx, const struct sph_policy_plan *pp, void *ws,
-                         size_t ws_bytes);
     /* CPU backends: the tile micro-kernels of the context's ISA (picked once at creation). */
     const struct sph_head_kern *cpu_kern;
     /* 1 when the forward/backward slots honour batch_invariant (a row's outputs bitwise
@@ -109,6 +108,10 @@ typedef struct sph_device_ops {
      * kernels over it, slot by slot (skipped when the reference is forced). */
     void (*ref_fill)(sph_ctx_t ctx, sph_head_backend *be, int staged);
     void (*head_fill)(sph_ctx_t ctx, sph_head_backend *be);
+    /* This device's backend of a loss above the head, by the loss's name ("policy"): the
+     * loss's own table (its type is the loss's), NULL when the device has none. NULL slot:
+     * none for any loss (the host device: each loss holds its CPU backends itself). */
+    const void *(*loss_backend)(const char *loss);
     /* Memory helpers behind sph_ctx_malloc and friends (memcpy is synchronous). */
     sph_status (*malloc)(sph_ctx_t ctx, size_t bytes, void **ptr);
     void (*free)(sph_ctx_t ctx, void *ptr);

@@ -91,3 +91,34 @@ sph_status sph_dynsyms(void *handle, const char *what, const char *where,
     }
     return SPH_OK;
 }
+
+sph_status sph_dynlib_load(sph_dynlib *lib, const char *what, const char *env,
+                           const char *const *sonames, const char *fallback_dir,
+                           const char *const *syms, void *table, size_t table_bytes,
+                           const char *who) {
+    pthread_mutex_lock(&lib->lock);
+    sph_status st = SPH_OK;
+    if (lib->state == 0) {
+        void *h = NULL, **fns = sph_malloc(table_bytes ? table_bytes : 1);
+        char where[sizeof lib->path];
+        st = fns ? SPH_OK : sph_err(SPH_ERR_ALLOC, "%s: out of host memory", what);
+        if (st == SPH_OK)
+            st = sph_dynload(what, env, sonames, fallback_dir, &h, where, sizeof where);
+        if (st == SPH_OK) st = sph_dynsyms(h, what, where, syms, fns);
+        if (st == SPH_OK) {
+            memcpy(table, fns, table_bytes); /* the table: pointers in syms order */
+            memcpy(lib->path, where, sizeof lib->path);
+            lib->state = 1;
+        } else {
+            lib->state = -1;
+            lib->failed = st;
+            snprintf(lib->failed_msg, sizeof lib->failed_msg, "%s", sph_last_error());
+        }
+        sph_free(fns);
+    }
+    if (lib->state == -1)
+        st = who ? sph_err(lib->failed, "%s: %s", who, lib->failed_msg)
+                 : sph_err(lib->failed, "%s", lib->failed_msg);
+    pthread_mutex_unlock(&lib->lock);
+    return st;
+}

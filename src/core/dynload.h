@@ -15,6 +15,7 @@
 #ifndef SPH_CORE_DYNLOAD_H
 #define SPH_CORE_DYNLOAD_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "core/internal.h"
@@ -33,6 +34,28 @@ sph_status sph_dynload(const char *what, const char *env, const char *const *son
  * SPH_ERR_UNSUPPORTED naming it and the library (`where`). */
 sph_status sph_dynsyms(void *handle, const char *what, const char *where,
                        const char *const *syms, void **fns);
+
+/* One run-time loaded library and its table of function pointers, loaded once per process
+ * (the first call of sph_dynlib_load) with a sticky outcome: a failure is remembered and
+ * replayed, status and message, by every later call. Define it static with
+ * SPH_DYNLIB_INIT. */
+typedef struct sph_dynlib {
+    pthread_mutex_t lock;
+    int state;             /* 0 not tried, 1 loaded, -1 failed (sticky) */
+    sph_status failed;     /* the failure's status and message */
+    char failed_msg[1024];
+    char path[512];        /* where the library came from (sph_dynload's `where`) */
+} sph_dynlib;
+#define SPH_DYNLIB_INIT {PTHREAD_MUTEX_INITIALIZER, 0, SPH_OK, "", ""}
+
+/* Loads lib (sph_dynload with what, env, sonames, fallback_dir), resolves syms (NULL-
+ * terminated) and copies them, in order, into table (table_bytes: one pointer per symbol).
+ * Once loaded, SPH_OK at once; once failed, the failure again, its message prefixed with
+ * "who: " when who is not NULL. Thread-safe. */
+sph_status sph_dynlib_load(sph_dynlib *lib, const char *what, const char *env,
+                           const char *const *sonames, const char *fallback_dir,
+                           const char *const *syms, void *table, size_t table_bytes,
+                           const char *who);
 
 #ifdef __cplusplus
 }

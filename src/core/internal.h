@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "spanhead.h"
 
@@ -54,6 +55,21 @@ void sph_alloc_fail_at(int64_t k);
 int64_t sph_alloc_count(void);
 
 /* Checked int64 arithmetic: return false on overflow. */
+/* FNV-1a over n bytes, continuing from h (start with SPH_FNV1A_INIT): the hashes of the
+ * tensor-parallel consistency records (head_tp.c, policy.c). */
+#define SPH_FNV1A_INIT UINT64_C(0xcbf29ce484222325)
+static inline uint64_t sph_fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = (const unsigned char *)data;
+    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(0x100000001b3);
+    return h;
+}
+/* The bits of a double as an int64 word (compared exactly: 0.1 + 0.2 is not 0.3). */
+static inline int64_t sph_f64_bits(double x) {
+    int64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
 static inline bool sph_add_i64(int64_t a, int64_t b, int64_t *r) {
     return !__builtin_add_overflow(a, b, r);
 }

@@ -3,10 +3,6 @@
  */
 #include "cuda/cublas_shim.h"
 
-#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "core/dynload.h"
 
 #define SPH_STR_(x) #x
@@ -14,11 +10,7 @@
 
 sph_cublas_api sph_cublas_fn;
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int state;         /* 0 not tried, 1 loaded, -1 failed (sticky) */
-static sph_status failed; /* the failure's status and message, replayed on later calls */
-static char failed_msg[1024];
-static char path[512];
+static sph_dynlib g_lib = SPH_DYNLIB_INIT;
 
 sph_status sph_cublas_load(void) {
     static const char *const sonames[] = {"libcublas.so." SPH_STR(CUBLAS_VER_MAJOR), NULL};
@@ -33,31 +25,9 @@ sph_status sph_cublas_load(void) {
 #else
     const char *fallback = NULL;
 #endif
-    pthread_mutex_lock(&lock);
-    sph_status st = SPH_OK;
-    if (state == 1) goto done;
-    if (state == -1) {
-        st = sph_err(failed, "%s", failed_msg);
-        goto done;
-    }
-    void *h = NULL, *fns[N_SYMS];
-    char where[sizeof path];
-    st = sph_dynload("cuBLAS", "SPANHEAD_CUBLAS_LIB", sonames, fallback, &h, where,
-                     sizeof where);
-    if (st == SPH_OK) st = sph_dynsyms(h, "cuBLAS", where, syms, fns);
-    if (st != SPH_OK) {
-        state = -1;
-        failed = st;
-        snprintf(failed_msg, sizeof failed_msg, "%s", sph_last_error());
-        goto done;
-    }
     /* the table's fields are function pointers in SPH_CUBLAS_FUNCS order */
-    memcpy(&sph_cublas_fn, fns, sizeof sph_cublas_fn);
-    memcpy(path, where, sizeof path);
-    state = 1;
-done:
-    pthread_mutex_unlock(&lock);
-    return st;
+    return sph_dynlib_load(&g_lib, "cuBLAS", "SPANHEAD_CUBLAS_LIB", sonames, fallback, syms,
+                           &sph_cublas_fn, sizeof sph_cublas_fn, NULL);
 }
 
-const char *sph_cublas_path(void) { return path; }
+const char *sph_cublas_path(void) { return g_lib.path; }

@@ -41,7 +41,6 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
 #include "cuda/head_onepass.cuh"
-#include "policy/policy.h"
 #include "cuda/tune.cuh"
 
 // ---- host: pieces of a pass ------------------------------------------------------------------
@@ -163,7 +162,7 @@ static sph_sm90_epi fused_args(const pass_ctx *c, const chunk *ch, int64_t c0, i
 static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chunk *ch,
                               int64_t c0, int64_t w, int merge) {
     const sph_head_plan *p = c->p;
-    const int with_e = c->lay->onepass_e;
+    const int with_e = c->lay->path == SPH_CUDA_PATH_STAGED_E;
     sph_sm90_epi e =
         fused_args(c, ch, c0, with_e ? SPH_SM90_EPI_STATS | SPH_SM90_EPI_E : SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
@@ -653,7 +652,8 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
     /* One-pass with staged chunks takes each chunk's gradients from its staged logits right
      * after the chunk's statistics. Otherwise every chunk's statistics, one combine and the
      * finalize; one-pass then runs the backward's gradient sweep (logits recomputed). */
-    const int per_chunk = p->one_pass && lay.onepass_chunks;
+    const int per_chunk =
+        lay.path == SPH_CUDA_PATH_STAGED_E || lay.path == SPH_CUDA_PATH_STAGED_F32;
     chunk ch;
     int64_t ci = 0;
     chunks_reset(&c);
@@ -686,7 +686,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                 SPH_TRY(sph_cuda_extras_finalize(&c, recs, xm, xt, ch.rows, ch.r0, ch.rowmap,
                                                  ch.rows));
             }
-            if (lay.onepass_e) {
+            if (lay.path == SPH_CUDA_PATH_STAGED_E) {
                 int done = 0;
                 SPH_TRY(e2d_overlapped(&c, &ch, ci, &done));
                 if (!done) {
@@ -853,14 +853,9 @@ static sph_status cuda_describe(sph_ctx_t ctx, sph_head_pass pass, const sph_hea
                   (lay.col_outer ? SPH_PASS_VOCAB_OUTER : 0u) |
                   (lay.bi ? SPH_PASS_BATCH_INVARIANT : 0u) |
                   ((int64_t)lay.total > lay.budget ? SPH_PASS_OVER_BUDGET : 0u);
-    const char *path = lay.fused ? "fused" : "cublas";
-    if (p->one_pass) {
-        if (lay.onepass_e) path = "staged-e";
-        else if (lay.onepass_chunks) path = "staged-f32";
-        else path = "recompute", info->flags |= SPH_PASS_RECOMPUTES;
-    }
-    /* the extras (sum_p2, top-k) read the staged logits: the cuBLAS path plus their kernel */
-    snprintf(info->path, sizeof info->path, "%s%s", path,
+    if (lay.path == SPH_CUDA_PATH_RECOMPUTE) info->flags |= SPH_PASS_RECOMPUTES;
+    /* the extras (sum_p2, top-k) read the staged logits: the path plus their kernel */
+    snprintf(info->path, sizeof info->path, "%s%s", sph_cuda_path_name(lay.path),
              sph_cuda_extras(p, pass) ? "+extras" : "");
     return SPH_OK;
 }
@@ -877,6 +872,4 @@ extern "C" void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be) {
     be->support_forward = cuda_support_forward;
     be->support_backward = cuda_support_backward;
     be->batch_invariant = 1; /* fixed tiling and split width (head_layout.cu) */
-    be->policy_workspace = sph_policy_cuda_workspace; /* src/cuda/policy.cu */
-    be->policy = sph_policy_cuda_run;
 }

@@ -35,15 +35,17 @@
 #define SPH_ONEPASS_STAGED_ROWS 512
 /* One-pass workspace budget when the context leaves chunk_bytes at its default (0): the
  * staged-E one-pass keeps every column of a chunk's rows (2 bytes each) and, over several
- * chunks, an fp32 dW accumulator (V_loc H 4 bytes); see docs/cuda.md for the measured trade. */
+ * chunks, an fp32 dW accumulator (V_loc H 4 bytes); docs/cuda.md has the trade. */
 #define SPH_ONEPASS_DEFAULT_BYTES ((int64_t)4 << 30)
 /* Batch-invariant mode: the vocabulary split width depends on V_loc alone. */
 #define SPH_BI_SPLIT 16384
 
-/* Where every buffer of one pass lives inside the caller's workspace, and how the rows and
- * vocabulary are cut. Computed by sph_cuda_head_layout from (ctx, plan, pass) alone, so the
- * workspace query and the pass agree. */
+/* How one pass runs and where every buffer of it lives inside the caller's workspace.
+ * Computed by sph_cuda_head_layout from (ctx, plan, pass) alone (head_layout.cu: the path,
+ * then the sizes, then the buffers), so the workspace query, sph_head_describe and the pass
+ * agree. */
 typedef struct sph_cuda_layout {
+    sph_cuda_path path; /* the path (state.h), chosen once: head.cu runs it, describe names it */
     int64_t R;         /* rows per chunk (upper bound) */
     int64_t Vs;        /* vocabulary split width (last split may be narrower) */
     int64_t ldL;       /* row stride of the staged logits (Vs rounded up to 4) */
@@ -54,13 +56,10 @@ typedef struct sph_cuda_layout {
     int bi;            /* batch-invariant logits kernel */
     int dw32, dh32;    /* fp32 accumulators for half-precision dW / dH */
     int gather;        /* chunks of rows gathered across spans (several spans given) */
-    int fused;         /* sm_90a kernel with the statistics / dlogits epilogues (no staged L
-                        * unless one-pass keeps it) */
+    int fused;         /* the products run the sm_90a kernels with the statistics / dlogits
+                        * epilogues (no staged L): FUSED, STAGED_E, RECOMPUTE where they can */
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
-    int onepass_chunks; /* one-pass: gradients per chunk from staged logits (else: sweep) */
-    int onepass_e;      /* one-pass: the staged chunks hold f16 E (fused STATS | E epilogue,
-                         * head_onepass.cu), not fp32 logits; D replaces E in place */
     int store16;        /* fused epilogues write D / E with 16-byte stores */
     int64_t e_rows;     /* staged E: rows per chunk the budget allows */
     int dw_inplace;     /* staged E, E_TWO_CHUNKS: two chunks, the second accumulating into the
@@ -101,6 +100,8 @@ static inline int sph_cuda_extras(const sph_head_plan *p, sph_head_pass pass) {
 }
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);
+/* The path's word: "cublas", "fused", "staged-e", "staged-f32", "recompute", "support". */
+const char *sph_cuda_path_name(sph_cuda_path path);
 /* The CUDA head's slots over the reference (the device table's head_fill), and the
  * full-vocabulary entries it puts there (head.cu; sph_tune times them directly). */
 void sph_head_cuda_fill(sph_ctx_t ctx, sph_head_backend *be);

@@ -19,7 +19,6 @@
 
 #include "cuda/head.cuh"
 #include "cuda/head_math.cuh"
-#include "cuda/policy.cuh"
 
 // ---- kernels: row statistics ---------------------------------------------------------------
 
@@ -325,8 +324,10 @@ sph_status sph_cuda_finalize_rows(const sph_head_plan *p, const float *rec0, int
         rec0, rank_stride, (int)comm_size, r0, rowmap, rows, p->mask, p->targets, p->tgt_i64,
         p->V, p->K > 0, p->logprob, p->entropy, p->lse, p->logit_mean, p->stats, nf);
     SPH_LAUNCH_CHECK("head_finalize_kernel", stream);
-    /* a fused policy loss: these rows' dlogprob / dentropy from their final statistics */
-    SPH_TRY(sph_cuda_policy_rows(p, r0, rowmap, rows, stream));
+    /* the plan's row hook (a loss): these rows' dlogprob / dentropy from their final
+     * statistics, enqueued on the same stream (plan.h) */
+    if (p->row_hook.device)
+        SPH_TRY(p->row_hook.device(p->row_hook.arg, r0, rowmap, rows, stream));
     return SPH_OK;
 }
 

@@ -65,55 +65,20 @@ __global__ void __launch_bounds__(256)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / 4, wn = warp % 4, g = lane >> 2, tq = lane & 3;
     float acc[4][4][4];
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
-
     const int64_t nk = (H + MMA_BK - 1) / MMA_BK;
-    load_tile<T, ALIGNED>(As[0], h, ld_h, R, H, row0, 0);
-    load_tile<T, ALIGNED>(Bs[0], w, ld_w, Vs, H, col0, 0);
-    if (ALIGNED) cp_async_commit();
-    for (int64_t kt = 0; kt < nk; kt++) {
-        const int buf = kt & 1;
-        if (kt + 1 < nk) {
-            load_tile<T, ALIGNED>(As[buf ^ 1], h, ld_h, R, H, row0, (kt + 1) * MMA_BK);
-            load_tile<T, ALIGNED>(Bs[buf ^ 1], w, ld_w, Vs, H, col0, (kt + 1) * MMA_BK);
-            if (ALIGNED) {
-                cp_async_commit();
-                cp_async_wait<1>(); /* tile kt has landed, kt + 1 may still be in flight */
-            }
-        } else if (ALIGNED) {
-            cp_async_wait<0>();
-        }
-        __syncthreads(); /* tile kt visible to every warp */
-        const T *A = As[buf], *B = Bs[buf];
-#pragma unroll
-        for (int ks = 0; ks < MMA_BK; ks += 16) {
-            uint32_t af[4][4], bfr[4][2];
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const T *base = A + (wm * 64 + mt * 16 + g) * MMA_LDS + ks + tq * 2;
-                af[mt][0] = *(const uint32_t *)(base);
-                af[mt][1] = *(const uint32_t *)(base + 8 * MMA_LDS);
-                af[mt][2] = *(const uint32_t *)(base + 8);
-                af[mt][3] = *(const uint32_t *)(base + 8 * MMA_LDS + 8);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const T *base = B + (wn * 32 + nt * 8 + g) * MMA_LDS + ks + tq * 2;
-                bfr[nt][0] = *(const uint32_t *)(base);
-                bfr[nt][1] = *(const uint32_t *)(base + 8);
-            }
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_op<T>::run(acc[mt][nt], af[mt], bfr[nt]);
-        }
-        __syncthreads(); /* everyone done reading buf before it is refilled */
-    }
+    /* stage s <- k-tile kt of h's rows and W's rows (both K-major) */
+    auto load = [&](int s, int64_t kt) {
+        load_tile<T, ALIGNED>(As[s], h, ld_h, R, H, row0, kt * MMA_BK);
+        load_tile<T, ALIGNED>(Bs[s], w, ld_w, Vs, H, col0, kt * MMA_BK);
+    };
+    /* B (W) is K-major like A: the (k, k + 1) pair of column n is one 32-bit word */
+    auto frag_b = [&](const T *B, int ks, int nt, uint32_t *bf) {
+        const T *base = B + (wn * 32 + nt * 8 + g) * MMA_LDS + ks + tq * 2;
+        bf[0] = *(const uint32_t *)(base);
+        bf[1] = *(const uint32_t *)(base + 8);
+    };
+    mma_main_loop<T, MMA_BK, MMA_LDS, MMA_BM * MMA_LDS, MMA_BN * MMA_LDS, ALIGNED>(
+        acc, nk, &As[0][0], &Bs[0][0], load, frag_b);
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll

@@ -1,8 +1,8 @@
 /*
  * head_mma.cuh - the mma.sync building blocks shared by the fixed-tiling kernels of the
  * batch-invariant mode (head_mma.cu: the logits, head_mma_dh.cu: dHidden): 16-byte cp.async
- * copies with zero fill, their commit / wait, and the m16n8k16 bf16 / f16 MMA with fp32
- * accumulation (row-major A, column-major B fragments).
+ * copies with zero fill, their commit / wait, the m16n8k16 bf16 / f16 MMA with fp32
+ * accumulation (row-major A, column-major B fragments), and the kernels' shared main loop.
  */
 #ifndef SPH_CUDA_HEAD_MMA_CUH
 #define SPH_CUDA_HEAD_MMA_CUH
@@ -40,5 +40,63 @@ template <> struct mma_op<__half> {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 };
+
+/* The main loop of the fixed-tiling mma.sync kernels (head_mma.cu: the logits, head_mma_dh.cu:
+ * dHidden), written once: a 128 x 128 block tile of 8 warps of 64 x 32 (warp w: rows
+ * (w / 4) * 64, columns (w % 4) * 32), nk k-tiles of BK double-buffered in shared memory
+ * (stages As + s * A_STAGE, Bs + s * B_STAGE; cp.async when AL), and per 16-wide k step the
+ * A fragments of the warp's 4 m16 tiles (row-major A, row stride LDA), the B fragments of its
+ * 4 n8 tiles (frag_b), then the 16 mma steps in (mt, nt) order. Every accumulator is the sum
+ * over k in ascending 16-wide steps whatever the tile: both kernels' batch invariance.
+ *   load(s, kt)                 issues the copies of k-tile kt into stage s (no wait)
+ *   frag_b(B, ks, nt, bfr[nt])  reads the nt-th B fragment of k step ks from stage B */
+template <typename T, int BK, int LDA, int A_STAGE, int B_STAGE, bool AL, typename Load,
+          typename FragB>
+__device__ __forceinline__ void mma_main_loop(float (&acc)[4][4][4], int64_t nk, T *As, T *Bs,
+                                              Load load, FragB frag_b) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / 4, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
+    load(0, 0);
+    if (AL) cp_async_commit();
+    for (int64_t kt = 0; kt < nk; kt++) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) {
+            load(buf ^ 1, kt + 1);
+            if (AL) {
+                cp_async_commit();
+                cp_async_wait<1>(); /* tile kt has landed, kt + 1 may still be in flight */
+            }
+        } else if (AL) {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* tile kt visible to every warp */
+        const T *A = As + buf * A_STAGE, *B = Bs + buf * B_STAGE;
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += 16) {
+            uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                const T *base = A + (wm * 64 + mt * 16 + g) * LDA + ks + tq * 2;
+                af[mt][0] = *(const uint32_t *)(base);
+                af[mt][1] = *(const uint32_t *)(base + 8 * LDA);
+                af[mt][2] = *(const uint32_t *)(base + 8);
+                af[mt][3] = *(const uint32_t *)(base + 8 * LDA + 8);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) frag_b(B, ks, nt, bfr[nt]);
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) mma_op<T>::run(acc[mt][nt], af[mt], bfr[nt]);
+        }
+        __syncthreads(); /* everyone done reading buf before it is refilled */
+    }
+}
 
 #endif

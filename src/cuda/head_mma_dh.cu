@@ -4,7 +4,7 @@
  * rows, fp32 accumulation.
  *
  * Why: cuBLAS picks its algorithm from (R, H, Vs), so the same row's dhidden rounded
- * differently when the batch around it changed (max |diff| 9.8e-4 in bf16 on the H200). Here
+ * differently when the batch around it changed (notes/cuda-notes.md has the size). Here
  * every output element is acc = 0, then acc += one 16-wide mma.sync step for k = 0, 16, 32, ...
  * ascending, whatever the tile, the row's position, R or the chunk: a row's dhidden depends on
  * its own dlogits row, W and Vs only (the splits are added in a fixed order by the caller).
@@ -87,59 +87,23 @@ __global__ void __launch_bounds__(256)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / 4, wn = warp % 4, g = lane >> 2, tq = lane & 3;
     float acc[4][4][4];
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.f;
-
     const int64_t nk = (Vs + DH_BK - 1) / DH_BK;
-    dh_load_a<T, AL>(As[0], D, ldD, R, Vs, row0, 0);
-    dh_load_b<T, AL>(Bs[0], W, ld_w, Vs, H, 0, col0);
-    if (AL) cp_async_commit();
-    for (int64_t kt = 0; kt < nk; kt++) {
-        const int buf = kt & 1;
-        if (kt + 1 < nk) {
-            dh_load_a<T, AL>(As[buf ^ 1], D, ldD, R, Vs, row0, (kt + 1) * DH_BK);
-            dh_load_b<T, AL>(Bs[buf ^ 1], W, ld_w, Vs, H, (kt + 1) * DH_BK, col0);
-            if (AL) {
-                cp_async_commit();
-                cp_async_wait<1>(); /* tile kt has landed, kt + 1 may still be in flight */
-            }
-        } else if (AL) {
-            cp_async_wait<0>();
-        }
-        __syncthreads(); /* tile kt visible to every warp */
-        const T *A = As[buf], *B = Bs[buf];
-#pragma unroll
-        for (int ks = 0; ks < DH_BK; ks += 16) {
-            uint32_t af[4][4], bfr[4][2];
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const T *base = A + (wm * 64 + mt * 16 + g) * DH_LDA + ks + tq * 2;
-                af[mt][0] = *(const uint32_t *)(base);
-                af[mt][1] = *(const uint32_t *)(base + 8 * DH_LDA);
-                af[mt][2] = *(const uint32_t *)(base + 8);
-                af[mt][3] = *(const uint32_t *)(base + 8 * DH_LDA + 8);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                /* lanes 0-15 give the addresses of k rows ks .. ks + 15 at column n0; the two
-                 * 8 x 8 matrices come back transposed: (k 2tq, 2tq + 1; n g) and k + 8 */
-                const T *rowp = B + (ks + (lane & 15)) * DH_LDB + wn * 32 + nt * 8;
-                const unsigned sa = (unsigned)__cvta_generic_to_shared(rowp);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                             : "=r"(bfr[nt][0]), "=r"(bfr[nt][1])
-                             : "r"(sa));
-            }
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_op<T>::run(acc[mt][nt], af[mt], bfr[nt]);
-        }
-        __syncthreads(); /* everyone done reading buf before it is refilled */
-    }
+    /* stage s <- k-tile kt of D's rows (K-major) and W's k rows (N-major) */
+    auto load = [&](int s, int64_t kt) {
+        dh_load_a<T, AL>(As[s], D, ldD, R, Vs, row0, kt * DH_BK);
+        dh_load_b<T, AL>(Bs[s], W, ld_w, Vs, H, kt * DH_BK, col0);
+    };
+    auto frag_b = [&](const T *B, int ks, int nt, uint32_t *bf) {
+        /* lanes 0-15 give the addresses of k rows ks .. ks + 15 at column n0; the two 8 x 8
+         * matrices come back transposed: (k 2tq, 2tq + 1; n g) and k + 8 */
+        const T *rowp = B + (ks + (lane & 15)) * DH_LDB + wn * 32 + nt * 8;
+        const unsigned sa = (unsigned)__cvta_generic_to_shared(rowp);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(bf[0]), "=r"(bf[1])
+                     : "r"(sa));
+    };
+    mma_main_loop<T, DH_BK, DH_LDA, DH_BM * DH_LDA, DH_BK * DH_LDB, AL>(acc, nk, &As[0][0],
+                                                                      &Bs[0][0], load, frag_b);
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll

@@ -782,11 +782,10 @@ static sph_status make_map(CUtensorMap *map, sph_dtype dt, const void *base, int
     return SPH_OK;
 }
 
-/* The schedule for hidden size H: ping-pong up to SM90_PINGPONG_MAX_H, cooperative above.
- * Measured on the H200 (bench/results/2026-11-29-h200-run14, the head at 16K rows): ping-pong
- * 0-5 % faster at H 2048 (shapes A and D: a tile's main loop is short, so hiding its epilogue
- * pays), 1-5 % slower at H 4096 and 5120 (B, C: the epilogue weighs half as much and the
- * W tile, loaded per 64 rows instead of 128, doubles the L2 -> shared traffic).
+/* The schedule for hidden size H: ping-pong up to SM90_PINGPONG_MAX_H, cooperative above (a
+ * short main loop at small H gains from hiding its epilogue; at large H the W tile loaded per
+ * 64 rows instead of 128 doubles the L2 -> shared traffic; the measurement is in
+ * notes/cuda-notes.md, "The layout's rules").
  * A context's SPH_CUDA_FLAG_PINGPONG / _COOPERATIVE forces one (epi.schedule). H alone
  * decides, never the batch: the two give bitwise equal logits anyway (test_pingpong). */
 #define SM90_PINGPONG_MAX_H 3072

@@ -9,9 +9,10 @@
  *      T_j, T and S by integer atomics (exact in any order: deterministic). The weights c_i
  *      are computed where they are used, from T, S and T_j. Token-mean without a group: one
  *      kernel (the active rows and T).
- *   2. ppo / cispo: head.cu's one-pass forward with this plan attached. Its finalize_rows
- *      calls sph_cuda_policy_rows after each finalize launch (staged-chunk path: per chunk,
- *      before the chunk's dlogits; recomputing path: per span, before the gradient sweep),
+ *   2. ppo / cispo: head.cu's one-pass forward with this plan's row hook bound (plan.h). Its
+ *      finalize_rows calls the hook (pol_rows_hook) after each finalize launch (staged-chunk
+ *      path: per chunk, before the chunk's dlogits; recomputing path: per span, before the
+ *      gradient sweep),
  *      which writes g_i = dL/dlogp_i and e_i = dL/dH_i into the workspace arrays the dlogits
  *      read as dlogprob / dentropy. Cost: the one-pass weighted loss's sweep plus O(N).
  *      gspo: the head's forward, delta gathered, rho_j per sequence (each head sums its
@@ -36,7 +37,6 @@
 
 #include "comm/comm.h"
 #include "cuda/head.cuh"
-#include "cuda/policy.cuh"
 #include "policy/policy.h"
 
 // ---- device view -----------------------------------------------------------------------
@@ -317,11 +317,14 @@ __global__ void __launch_bounds__(MET_THREADS) pol_metrics_kernel(pdev d) {
 
 // ---- the hook ----------------------------------------------------------------------------
 
-sph_status sph_cuda_policy_rows(const sph_head_plan *p, int64_t r0, const int64_t *rowmap,
-                                int64_t rows, cudaStream_t stream) {
-    if (!p->policy || rows <= 0) return SPH_OK;
-    pol_rows_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(dev_of(p->policy), r0, rowmap,
-                                                                rows);
+/* The plan's row hook (plan.h; arg: the bound policy plan): enqueues g and e of the rows that
+ * head_kernels.cu's finalize just wrote, on the same stream, before their dlogits. */
+static sph_status pol_rows_hook(void *arg, int64_t r0, const int64_t *rowmap, int64_t rows,
+                                void *stream_) {
+    cudaStream_t stream = (cudaStream_t)stream_;
+    if (rows <= 0) return SPH_OK;
+    pol_rows_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(
+        dev_of((const sph_policy_plan *)arg), r0, rowmap, rows);
     SPH_LAUNCH_CHECK("pol_rows_kernel", stream);
     return SPH_OK;
 }
@@ -400,8 +403,7 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, pol_layout
     return SPH_OK;
 }
 
-extern "C" sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp,
-                                                size_t *bytes) {
+static sph_status cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     SPH_CHECK(ctx && pp && bytes, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
     SPH_CHECK(ctx->cuda != NULL, SPH_ERR_DEVICE, "ctx: not a CUDA context");
     pol_layout L;
@@ -506,8 +508,7 @@ static sph_status gspo_middle(sph_ctx_t ctx, const sph_policy_plan *pp, cudaStre
     return SPH_OK;
 }
 
-extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
-                                          size_t bytes) {
+static sph_status cuda_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws, size_t bytes) {
     SPH_CHECK(ctx && plan, SPH_ERR_INVALID_ARG, "policy (cuda): NULL argument");
     SPH_CHECK(ctx->cuda != NULL, SPH_ERR_DEVICE, "ctx: not a CUDA context");
     /* a copy of the plan holds the workspace buffers (and is what the hook sees) */
@@ -572,7 +573,8 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
     hp->dlse = hp->dlogit_mean = NULL;
     sph_status st;
     if (pp->coef.loss != SPH_PM_GSPO) {
-        hp->policy = pp; /* head.cu's finalize_rows calls sph_cuda_policy_rows */
+        hp->row_hook.device = pol_rows_hook; /* head_kernels.cu calls it per finalize */
+        hp->row_hook.arg = pp;
         st = ctx->head.forward(ctx, hp, ws, L.head);
     } else {
         sph_head_plan f, b;
@@ -587,3 +589,6 @@ extern "C" sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *
     }
     return st;
 }
+
+extern "C" const sph_policy_backend sph_policy_cuda_backend = {"cuda", cuda_workspace,
+                                                             cuda_run};

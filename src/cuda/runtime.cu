@@ -13,6 +13,7 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
+#include "policy/policy.h"
 
 extern "C" sph_status sph_cuda_scale(sph_ctx_t ctx, const float *scale,
                                      const sph_scale_job *jobs, int n); /* scale.cu */
@@ -73,10 +74,10 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->schedule = (fl & SPH_CUDA_FLAG_PINGPONG)      ? SPH_SM90_SCHED_PINGPONG
                    : (fl & SPH_CUDA_FLAG_COOPERATIVE) ? SPH_SM90_SCHED_COOPERATIVE
                                                       : SPH_SM90_SCHED_AUTO;
-    st->onepass_mode = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? 1
-                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? 2
-                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? 3
-                                                                : 0;
+    st->onepass_path = (fl & SPH_CUDA_FLAG_ONEPASS_E)           ? SPH_CUDA_PATH_STAGED_E
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_F32)       ? SPH_CUDA_PATH_STAGED_F32
+                       : (fl & SPH_CUDA_FLAG_ONEPASS_RECOMPUTE) ? SPH_CUDA_PATH_RECOMPUTE
+                                                                : SPH_CUDA_PATH_AUTO;
     st->no_store16 = (fl & SPH_CUDA_FLAG_NO_STORE16) != 0;
     st->e_two_chunks = (fl & SPH_CUDA_FLAG_E_TWO_CHUNKS) != 0;
     st->dh_splitk = (fl & SPH_CUDA_FLAG_DH_SPLITK) != 0;
@@ -175,6 +176,15 @@ static sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
 
 // ---- the device table -----------------------------------------------------------------------
 
+/* The CUDA backends of the losses above the head (core/backend.h, loss_backend): each loss's
+ * table, defined beside its kernels. */
+extern "C" const sph_policy_backend sph_policy_cuda_backend; /* policy.cu */
+
+static const void *sph_cuda_loss_backend(const char *loss) {
+    if (loss && !strcmp(loss, "policy")) return &sph_policy_cuda_backend; /* policy.cu */
+    return NULL;
+}
+
 static sph_device_ops make_ops(void) {
     sph_device_ops o;
     memset(&o, 0, sizeof o);
@@ -184,6 +194,7 @@ static sph_device_ops make_ops(void) {
     o.ctx_fini = sph_cuda_ctx_fini;
     o.ref_fill = sph_head_ref_fill; /* staged: the reference through host copies */
     o.head_fill = sph_head_cuda_fill;
+    o.loss_backend = sph_cuda_loss_backend;
     o.malloc = sph_cuda_malloc;
     o.free = sph_cuda_free;
     o.memcpy = sph_cuda_memcpy;

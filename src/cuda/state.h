@@ -9,6 +9,25 @@
 
 #define SPH_TUNE_MAX_ENTRIES 256
 
+/* The path of one CUDA pass (head_layout.cu's choose_path decides it once; head.cu runs it,
+ * sph_head_describe prints its word, sph_cuda_path_name, and the bench's `path` column shows
+ * it). */
+typedef enum sph_cuda_path {
+    SPH_CUDA_PATH_AUTO = 0,   /* (onepass_path only: no path forced) */
+    SPH_CUDA_PATH_CUBLAS,     /* "cublas": cuBLAS logits staged in fp32 + the row kernels (the
+                                 batch-invariant mode: its fixed-tiling kernels) */
+    SPH_CUDA_PATH_FUSED,      /* "fused": the sm_90a kernels with statistics / dlogits
+                                 epilogues, no staged logits */
+    SPH_CUDA_PATH_STAGED_E,   /* "staged-e", one-pass: fused statistics | E epilogue, f16 E of
+                                 whole-shard rows staged per chunk, D in place of E */
+    SPH_CUDA_PATH_STAGED_F32, /* "staged-f32", one-pass: cuBLAS fp32 logits staged per chunk,
+                                 the chunk's gradients from them */
+    SPH_CUDA_PATH_RECOMPUTE,  /* "recompute", one-pass: every chunk's statistics, then the
+                                 backward's sweep recomputing the logits (fused kernels where
+                                 they can run) */
+    SPH_CUDA_PATH_SUPPORT     /* "support": sample support, per-row candidate kernels */
+} sph_cuda_path;
+
 /* One tuned configuration: the winner for (GPU name, dtype, H, V_loc, N bucket). */
 typedef struct sph_tune_entry {
     char gpu[64];
@@ -34,8 +53,8 @@ typedef struct sph_cuda_state {
     int dense_bwd;                   /* DENSE_BACKWARD: backward over every row (ablation) */
     int no_sm90;                     /* NO_SM90: no sm_90a kernel (fused or batch-invariant) */
     int schedule;                    /* PINGPONG / COOPERATIVE: SPH_SM90_SCHED_* (head_sm90.cuh) */
-    int onepass_mode;                /* ONEPASS_*: 0 auto, 1 staged E, 2 staged fp32 logits
-                                        (unfused), 3 recompute (the fused sweep) */
+    sph_cuda_path onepass_path;      /* ONEPASS_*: the one-pass path forced where it can run
+                                        (STAGED_E, STAGED_F32, RECOMPUTE), AUTO: the rules */
     int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
     int e_two_chunks;                /* E_TWO_CHUNKS: staged E in 2 chunks, no fp32 dW acc. */
     int dh_splitk;                   /* DH_SPLITK: dH of short chunks split over V (fp32) */

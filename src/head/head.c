@@ -41,10 +41,6 @@ static sph_status row_vector(sph_validator *val, int access, const sph_tensor *t
     return SPH_OK;
 }
 
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -118,6 +114,69 @@ static sph_status grad_output(sph_validator *val, const sph_tensor *t, const cha
     return SPH_OK;
 }
 
+/* The upstream gradients: read by the backward and by a one-pass forward. */
+static sph_status upstream_gradients(sph_validator *val, sph_head_pass pass,
+                                     const sph_head_args *a, sph_head_plan *p) {
+    if (pass != SPH_HEAD_BACKWARD && !p->one_pass) return SPH_OK;
+    if (a->dlogprob) {
+        SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogprob, "dlogprob", p->N,
+                           (float **)&p->dlogprob));
+        SPH_CHECK(a->targets != NULL, SPH_ERR_INVALID_ARG,
+                  "dlogprob: given without targets (logprob is not computed)");
+    }
+    if (a->dentropy)
+        SPH_TRY(row_vector(val, SPH_VAL_IN, a->dentropy, "dentropy", p->N,
+                           (float **)&p->dentropy));
+    if (a->dlse) SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlse, "dlse", p->N, (float **)&p->dlse));
+    if (a->dlogit_mean) {
+        SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
+                  "dlogit_mean: given in sample-support mode, where logit_mean is not defined");
+        SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogit_mean, "dlogit_mean", p->N,
+                           (float **)&p->dlogit_mean));
+    }
+    return SPH_OK;
+}
+
+/* The context's TP group: valid, created for this shard, and what allreduce_dhidden needs. */
+static sph_status validate_comm(sph_ctx_t ctx, const sph_head_args *a, sph_head_plan *p) {
+    char b1[64], b2[64];
+    // communicator
+    p->comm = ctx->tp_comm;
+    if (p->comm) {
+        SPH_TRY(sph_comm_validate(ctx, p->comm, "tp_comm"));
+    }
+    const int64_t tp = p->comm ? p->comm->size : 1;
+    /* A sharded call must be the shard its communicator was created for (the creation checked
+     * that the group's shards tile the vocabulary). Without a group, a shard's statistics are
+     * its own (documented in spanhead.h). */
+    if (tp > 1 && p->comm->cfg.vocab_total > 0) {
+        const sph_comm_config *c = &p->comm->cfg;
+        SPH_CHECK(p->V == c->vocab_total && p->v0 == c->vocab_start && p->V_loc == c->vocab_local,
+                  SPH_ERR_MISMATCH,
+                  "vocab shard: [%lld, %s) of %lld, but tp_comm was created for [%lld, %s) of "
+                  "%lld", (long long)p->v0, sum_str(b1, sizeof b1, p->v0, p->V_loc),
+                  (long long)p->V, (long long)c->vocab_start,
+                  sum_str(b2, sizeof b2, c->vocab_start, c->vocab_local),
+                  (long long)c->vocab_total);
+    }
+    if (p->allreduce_dh) {
+        SPH_CHECK(a->dhidden != NULL, SPH_ERR_INVALID_ARG,
+                  "allreduce_dhidden: set without dhidden");
+        SPH_CHECK(p->comm != NULL, SPH_ERR_INVALID_ARG,
+                  "allreduce_dhidden: set but the context has no tp_comm");
+        if (p->comm->size > 1) {
+            SPH_CHECK(sph_dtype_eq(p->dh_dtype, SPH_F32) && p->ld_dh == p->H, SPH_ERR_UNSUPPORTED,
+                      "allreduce_dhidden: needs a compact f32 dhidden (got %s, row stride %lld)",
+                      sph_dtype_name(p->dh_dtype), (long long)p->ld_dh);
+            SPH_CHECK(!p->acc_dh, SPH_ERR_UNSUPPORTED,
+                      "allreduce_dhidden: cannot be combined with accumulate_dhidden over a "
+                      "group of %lld ranks (the accumulated values would be summed too)",
+                      (long long)p->comm->size);
+        }
+    }
+    return SPH_OK;
+}
+
 sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *a,
                                   sph_head_plan *p, sph_validator *val, unsigned flags) {
     SPH_TRY(sph_ctx_check(ctx, "head"));
@@ -131,7 +190,7 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
               "pass: %d, expected SPH_HEAD_FORWARD (0) or SPH_HEAD_BACKWARD (1)", (int)pass);
     memset(p, 0, sizeof *p);
     p->device = ctx->device;
-    char b1[64], b2[64];
+    char b1[64];
     const int host = ctx->dev->host_memory; /* data readable here (content checks) */
 
     // hidden and weight
@@ -259,63 +318,8 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
                   "dhidden, dweight: both NULL, the backward has nothing to compute");
     p->one_pass = pass == SPH_HEAD_FORWARD && grads;
 
-    // upstream gradients: read by the backward and by a one-pass forward
-    if (pass == SPH_HEAD_BACKWARD || p->one_pass) {
-        if (a->dlogprob) {
-            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogprob, "dlogprob", p->N,
-                               (float **)&p->dlogprob));
-            SPH_CHECK(a->targets != NULL, SPH_ERR_INVALID_ARG,
-                      "dlogprob: given without targets (logprob is not computed)");
-        }
-        if (a->dentropy)
-            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dentropy, "dentropy", p->N,
-                               (float **)&p->dentropy));
-        if (a->dlse)
-            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlse, "dlse", p->N, (float **)&p->dlse));
-        if (a->dlogit_mean) {
-            SPH_CHECK(p->K == 0, SPH_ERR_INVALID_ARG,
-                      "dlogit_mean: given in sample-support mode, where logit_mean is not "
-                      "defined");
-            SPH_TRY(row_vector(val, SPH_VAL_IN, a->dlogit_mean, "dlogit_mean", p->N,
-                               (float **)&p->dlogit_mean));
-        }
-    }
-
-    // communicator
-    p->comm = ctx->tp_comm;
-    if (p->comm) {
-        SPH_TRY(sph_comm_validate(ctx, p->comm, "tp_comm"));
-    }
-    const int64_t tp = p->comm ? p->comm->size : 1;
-    /* A sharded call must be the shard its communicator was created for (the creation checked
-     * that the group's shards tile the vocabulary). Without a group, a shard's statistics are
-     * its own (documented in spanhead.h). */
-    if (tp > 1 && p->comm->cfg.vocab_total > 0) {
-        const sph_comm_config *c = &p->comm->cfg;
-        SPH_CHECK(p->V == c->vocab_total && p->v0 == c->vocab_start && p->V_loc == c->vocab_local,
-                  SPH_ERR_MISMATCH,
-                  "vocab shard: [%lld, %s) of %lld, but tp_comm was created for [%lld, %s) of "
-                  "%lld", (long long)p->v0, sum_str(b1, sizeof b1, p->v0, p->V_loc),
-                  (long long)p->V, (long long)c->vocab_start,
-                  sum_str(b2, sizeof b2, c->vocab_start, c->vocab_local),
-                  (long long)c->vocab_total);
-    }
-    if (p->allreduce_dh) {
-        SPH_CHECK(a->dhidden != NULL, SPH_ERR_INVALID_ARG,
-                  "allreduce_dhidden: set without dhidden");
-        SPH_CHECK(p->comm != NULL, SPH_ERR_INVALID_ARG,
-                  "allreduce_dhidden: set but the context has no tp_comm");
-        if (p->comm->size > 1) {
-            SPH_CHECK(sph_dtype_eq(p->dh_dtype, SPH_F32) && p->ld_dh == p->H, SPH_ERR_UNSUPPORTED,
-                      "allreduce_dhidden: needs a compact f32 dhidden (got %s, row stride %lld)",
-                      sph_dtype_name(p->dh_dtype), (long long)p->ld_dh);
-            SPH_CHECK(!p->acc_dh, SPH_ERR_UNSUPPORTED,
-                      "allreduce_dhidden: cannot be combined with accumulate_dhidden over a "
-                      "group of %lld ranks (the accumulated values would be summed too)",
-                      (long long)p->comm->size);
-        }
-    }
-    return SPH_OK;
+    SPH_TRY(upstream_gradients(val, pass, a, p));
+    return validate_comm(ctx, a, p);
 }
 
 /* After the regions: the contents of host data (an input that aliases an output is refused
@@ -360,7 +364,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
         }
     if (p->targets)
         for (int64_t i = 0; i < p->N; i++) {
-            int64_t t = id_at(p->targets, p->tgt_i64, i);
+            int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);
             SPH_CHECK(t < p->V, SPH_ERR_INVALID_ARG,
                       "targets[%lld]: %lld, expected < vocab_total = %lld (negative = ignored)",
                       (long long)i, (long long)t, (long long)p->V);
@@ -373,7 +377,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
         for (int64_t i = 0; i < p->N && st == SPH_OK; i++) {
             int64_t n = 0;
             for (int64_t k = 0; k < p->K && st == SPH_OK; k++) {
-                int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+                int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
                 if (c >= p->V)
                     st = sph_err(SPH_ERR_INVALID_ARG,
                                  "candidates[%lld, %lld]: %lld, expected < vocab_total = "
@@ -389,7 +393,7 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
                                  "candidates[%lld, :]: id %lld appears twice", (long long)i,
                                  (long long)row[k]);
             if (st == SPH_OK && p->targets) {
-                int64_t t = id_at(p->targets, p->tgt_i64, i);
+                int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);
                 if (t >= 0 && !bsearch(&t, row, (size_t)n, sizeof *row, cmp_i64))
                     st = sph_err(SPH_ERR_INVALID_ARG,
                                  "targets[%lld]: %lld is not among candidates[%lld, :] (the "

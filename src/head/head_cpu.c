@@ -40,7 +40,6 @@
 #include "comm/comm.h"
 #include "head/cpu_kernels.h"
 #include "head/host.h"
-#include "policy/policy.h"
 
 #define VT_DEFAULT 256
 #define R_DEFAULT 512
@@ -204,12 +203,8 @@ static float *thread_wt(const run *r, int tid) {
     return thread_tile(r, tid) + ((r->L.tile_floats + 15) & ~(size_t)15); /* 64-byte step */
 }
 
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
-}
-
 static int64_t target_of(const sph_head_plan *p, int64_t i) {
-    return p->targets ? id_at(p->targets, p->tgt_i64, i) : -1;
+    return p->targets ? sph_head_id_at(p->targets, p->tgt_i64, i) : -1;
 }
 
 static void load_row(const run *r, const void *base, int64_t off, int64_t n, float *dst) {
@@ -782,9 +777,9 @@ static sph_status full_forward(const run *r) {
             finalize_row(r, r->rows[c0 + q], crec + q * SPH_PARTIAL_FIELDS, 1);
         write_sum_p2(r, r->rows + c0, nr, crec, at(r, L->o_q), 0);
         write_topk(r, r->rows + c0, nr, crec, ctk, 0);
-        /* a fused policy loss turns the rows' final logprob / entropy into dlogprob /
-         * dentropy before the chunk's dlogits read them (src/policy/policy_cpu.c) */
-        if (p->policy) sph_policy_cpu_rows(p->policy, r->rows + c0, nr);
+        /* the plan's row hook (a loss) turns the rows' final logprob / entropy into
+         * dlogprob / dentropy before the chunk's dlogits read them (plan.h) */
+        if (p->row_hook.host) p->row_hook.host(p->row_hook.arg, r->rows + c0, nr);
         chunk_coefs(r, c0, nr, crec);
         chunk_backward(r, c0, nr, 1, dw, ld_dw);
     }
@@ -829,7 +824,7 @@ static void support_logits(const run *r, int64_t i, const float *h, float *wbuf,
     const sph_head_plan *p = r->p;
     const float it = row_it(r, i);
     for (int64_t k = 0; k < p->K; k++) {
-        int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+        int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
         cols[k] = c >= p->v0 && c < p->v0 + p->V_loc ? c - p->v0 : -1;
         if (cols[k] < 0) continue;
         const float *w;
@@ -953,7 +948,7 @@ static sph_status support_backward(const run *r, int from_rec) {
                 int64_t i = r->rows[q];
                 int loaded = 0;
                 for (int64_t k = 0; k < p->K; k++) {
-                    int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k) - p->v0;
+                    int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k) - p->v0;
                     float dk = du[q * p->K + k];
                     if (c < j0 || c >= j1 || dk == 0.0f) continue;
                     if (!loaded) load_row(r, p->hidden, i * p->ld_h, p->H, h), loaded = 1;
@@ -1037,8 +1032,6 @@ void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be) {
      * edge kernels) and its dH on the chunk's split; refused at creation rather than not
      * honoured (issue 18 item 14). */
     be->batch_invariant = 0;
-    be->policy_workspace = sph_policy_cpu_workspace; /* src/policy/policy_cpu.c */
-    be->policy = sph_policy_cpu_run;
     switch (ctx->isa) {
     case SPH_ISA_AVX512:
     case SPH_ISA_AVX512BF16: be->cpu_kern = &g_kern_avx512; break;

@@ -36,7 +36,6 @@
 #include "comm/comm.h"
 #include "core/backend.h"
 #include "head/host.h"
-#include "policy/policy.h"
 
 // ---- element access --------------------------------------------------------------------
 
@@ -54,10 +53,6 @@ static void store(void *base, sph_dtype dt, int64_t k, double v) {
     }
     uint16_t *b = base;
     b[k] = dt.code == SPH_DTYPE_BFLOAT ? sph_f32_to_bf16((float)v) : sph_f32_to_f16((float)v);
-}
-
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
 }
 
 /* Raw product u = h_i . w_j (j local). */
@@ -87,14 +82,14 @@ static int64_t row_columns(const sph_head_plan *p, int64_t i, int64_t *cols) {
         return n;
     }
     for (int64_t k = 0; k < p->K; k++) {
-        int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+        int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
         if (c >= p->v0 && c < p->v0 + p->V_loc) cols[n++] = c - p->v0;
     }
     return n;
 }
 
 static int64_t target_of(const sph_head_plan *p, int64_t i) {
-    return p->targets ? id_at(p->targets, p->tgt_i64, i) : -1;
+    return p->targets ? sph_head_id_at(p->targets, p->tgt_i64, i) : -1;
 }
 
 // ---- forward ---------------------------------------------------------------------------
@@ -438,7 +433,4 @@ void sph_head_ref_fill(sph_ctx_t ctx, sph_head_backend *be, int staged) {
     be->forward = be->support_forward = staged ? staged_forward : ref_forward;
     be->backward = be->support_backward = staged ? staged_backward : ref_backward;
     be->batch_invariant = 1; /* every row is its own float64 loop */
-    /* the fused policy loss's reference reads host memory only (src/policy/policy_ref.c) */
-    be->policy_workspace = staged ? NULL : sph_policy_ref_workspace;
-    be->policy = staged ? NULL : sph_policy_ref_run;
 }

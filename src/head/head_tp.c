@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "comm/check.h"
 #include "comm/comm.h"
 #include "core/ctx.h"
 #include "head/plan.h"
@@ -38,25 +39,10 @@ static const char *const g_field[TP_WORDS] = {
     "temperature_rows",
     "batch_invariant / cuda_flags (context)"};
 
-#define TP_VALID INT64_C(0x3130504350485053)   /* "SPHPTP01" */
-#define TP_INVALID INT64_C(0x4c41564e49505450) /* a rank whose validation failed */
-
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-    const unsigned char *b = data;
-    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(0x100000001b3);
-    return h;
-}
-#define FNV0 UINT64_C(0xcbf29ce484222325)
-
-static int64_t id_at(const void *base, int is64, int64_t k) {
-    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
-}
-
-static int64_t bits_of(double x) {
-    int64_t b;
-    memcpy(&b, &x, sizeof b);
-    return b;
-}
+_Static_assert(TP_WORDS == SPH_HEAD_TP_WORDS, "plan.h: SPH_HEAD_TP_WORDS");
+#define TP_VALID INT64_C(0x3130504350485053) /* "SPHPTP01" */
+#define fnv sph_fnv1a
+#define FNV0 SPH_FNV1A_INIT
 
 /* The record of this rank's call; data: the per-row arrays are host memory (hashed). */
 static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, int data,
@@ -75,7 +61,7 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     w[TP_FLAGS] = f;
     w[TP_N] = p->N, w[TP_H] = p->H, w[TP_K] = p->K, w[TP_V] = p->V;
     w[TP_DTYPE] = (int64_t)p->dtype.code | (int64_t)p->dtype.bits << 8;
-    w[TP_TEMP] = bits_of(p->temperature), w[TP_CAP] = bits_of(p->softcap);
+    w[TP_TEMP] = sph_f64_bits(p->temperature), w[TP_CAP] = sph_f64_bits(p->softcap);
     w[TP_CHUNK_ROWS] = ctx->chunk_rows, w[TP_CHUNK_BYTES] = ctx->chunk_bytes;
     w[TP_CTX] = (int64_t)(ctx->opts.batch_invariant != 0) | (int64_t)ctx->opts.cuda_flags << 1;
     uint64_t h = FNV0;
@@ -86,7 +72,7 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     if (p->targets) {
         h = FNV0;
         for (int64_t i = 0; i < p->N; i++) {
-            int64_t t = id_at(p->targets, p->tgt_i64, i);
+            int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);
             h = fnv(h, &t, sizeof t);
         }
         w[TP_TARGETS] = (int64_t)h;
@@ -95,7 +81,7 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
         h = FNV0;
         for (int64_t i = 0; i < p->N; i++)
             for (int64_t k = 0; k < p->K; k++) {
-                int64_t c = id_at(p->cand, p->cand_i64, i * p->ld_c + k);
+                int64_t c = sph_head_id_at(p->cand, p->cand_i64, i * p->ld_c + k);
                 h = fnv(h, &c, sizeof c);
             }
         w[TP_CANDIDATES] = (int64_t)h;
@@ -108,18 +94,51 @@ static void make_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *
     if (p->temp_rows) w[TP_TEMP_ROWS] = (int64_t)fnv(FNV0, p->temp_rows, (size_t)p->N * 4);
 }
 
-/* all[r * TP_WORDS ...] <- every rank's record, in rank order. */
-static sph_status exchange(sph_ctx_t ctx, sph_comm_t comm, const int64_t *mine, int64_t *all) {
-    const size_t rec = TP_WORDS * sizeof(int64_t), n = (size_t)comm->size;
-    if (!comm->device_buffers) return comm->ops->allgather(comm, mine, all, rec, NULL);
-    /* a device communicator: stage through device memory (debug builds only) */
-    void *d = NULL;
-    SPH_TRY(ctx->dev->malloc(ctx, rec * (n + 1), &d));
-    sph_status s = ctx->dev->memcpy(ctx, d, mine, rec);
-    if (s == SPH_OK) s = comm->ops->allgather(comm, d, (char *)d + rec, rec, ctx->stream);
-    if (s == SPH_OK) s = ctx->dev->memcpy(ctx, all, (char *)d + rec, rec * n);
-    ctx->dev->free(ctx, d);
-    return s;
+/* plan.h */
+void sph_head_tp_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, int64_t *w) {
+    if (p) {
+        sph_comm_t comm = ctx->tp_comm;
+        make_record(ctx, pass, p, !(comm && comm->device_buffers), w);
+    } else {
+        memset(w, 0, TP_WORDS * sizeof *w);
+        w[TP_TAG] = SPH_AGREE_INVALID;
+    }
+}
+
+/* plan.h */
+sph_status sph_head_tp_verdict(const int64_t *all, int64_t n, size_t words) {
+    int64_t r = sph_agree_first_tag(all, n, words, TP_TAG, TP_VALID);
+    if (r >= 0)
+        return sph_err(SPH_ERR_INVALID_ARG,
+                       "tp_comm: rank %lld of the group refused its call (see that rank's "
+                       "message); every rank fails with it",
+                       (long long)r);
+    size_t f;
+    if (!sph_agree_first_diff(all, n, words, 0, TP_WORDS, &r, &f)) return SPH_OK;
+    const int64_t a = all[f], b = all[(size_t)r * words + f];
+    if (f == TP_TEMP || f == TP_CAP) {
+        double x, y;
+        memcpy(&x, &a, sizeof x), memcpy(&y, &b, sizeof y);
+        return sph_err(SPH_ERR_MISMATCH,
+                       "tp_comm: rank %lld calls with %s %.17g, rank 0 with %.17g: every rank "
+                       "of the group must make the same call",
+                       (long long)r, g_field[f], y, x);
+    }
+    if (f >= TP_ROWS && f <= TP_TEMP_ROWS)
+        return sph_err(SPH_ERR_MISMATCH,
+                       "tp_comm: rank %lld's %s differ from rank 0's (hashes %016llx, %016llx): "
+                       "every rank of the group must make the same call",
+                       (long long)r, g_field[f], (unsigned long long)b, (unsigned long long)a);
+    return sph_err(SPH_ERR_MISMATCH,
+                   "tp_comm: rank %lld calls with %s %lld, rank 0 with %lld (0x%llx, 0x%llx): "
+                   "every rank of the group must make the same call",
+                   (long long)r, g_field[f], (long long)b, (long long)a, (unsigned long long)b,
+                   (unsigned long long)a);
+}
+
+static sph_status head_verdict(const int64_t *all, int64_t n, size_t words, void *arg) {
+    (void)arg;
+    return sph_head_tp_verdict(all, n, words);
 }
 
 sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
@@ -130,66 +149,7 @@ sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
 #ifdef NDEBUG
     if (comm->device_buffers) return local; /* the caller's duty (spanhead.h) */
 #endif
-    int64_t mine[TP_WORDS], stack[64 * TP_WORDS], *all = stack;
-    if (local == SPH_OK && p) {
-        make_record(ctx, pass, p, !comm->device_buffers, mine);
-    } else {
-        memset(mine, 0, sizeof mine);
-        mine[TP_TAG] = TP_INVALID;
-    }
-    /* keep this rank's own message when it is the one that failed */
-    char saved[1024];
-    snprintf(saved, sizeof saved, "%s", sph_last_error());
-    if (comm->size > 64) {
-        all = sph_malloc((size_t)comm->size * sizeof mine);
-        if (!all) {
-            /* cannot join the exchange: fail here, the others fail in their collective */
-            return local != SPH_OK ? local
-                                   : sph_err(SPH_ERR_ALLOC, "tp_comm: no host memory for %lld "
-                                             "consistency records", (long long)comm->size);
-        }
-    }
-    sph_status s = exchange(ctx, comm, mine, all);
-    if (s != SPH_OK) {
-        if (all != stack) sph_free(all);
-        if (local != SPH_OK) return sph_err(local, "%s", saved);
-        return sph_err_prefix(s, "head: tensor-parallel consistency check: ");
-    }
-    sph_status verdict = SPH_OK;
-    for (int64_t r = 0; r < comm->size && verdict == SPH_OK; r++)
-        if (all[r * TP_WORDS + TP_TAG] != TP_VALID)
-            verdict = sph_err(SPH_ERR_INVALID_ARG,
-                              "tp_comm: rank %lld of the group refused its call (see that "
-                              "rank's message); every rank fails with it",
-                              (long long)r);
-    for (int64_t r = 1; r < comm->size && verdict == SPH_OK; r++)
-        for (int f = 0; f < TP_WORDS && verdict == SPH_OK; f++) {
-            const int64_t a = all[f], b = all[r * TP_WORDS + f];
-            if (a == b) continue;
-            if (f == TP_TEMP || f == TP_CAP) {
-                double x, y;
-                memcpy(&x, &a, sizeof x), memcpy(&y, &b, sizeof y);
-                verdict = sph_err(SPH_ERR_MISMATCH,
-                                  "tp_comm: rank %lld calls with %s %.17g, rank 0 with %.17g: "
-                                  "every rank of the group must make the same call",
-                                  (long long)r, g_field[f], y, x);
-            } else if (f >= TP_ROWS && f <= TP_TEMP_ROWS) {
-                verdict = sph_err(SPH_ERR_MISMATCH,
-                                  "tp_comm: rank %lld's %s differ from rank 0's (hashes "
-                                  "%016llx, %016llx): every rank of the group must make the "
-                                  "same call",
-                                  (long long)r, g_field[f], (unsigned long long)b,
-                                  (unsigned long long)a);
-            } else {
-                verdict = sph_err(SPH_ERR_MISMATCH,
-                                  "tp_comm: rank %lld calls with %s %lld, rank 0 with %lld "
-                                  "(0x%llx, 0x%llx): every rank of the group must make the "
-                                  "same call",
-                                  (long long)r, g_field[f], (long long)b, (long long)a,
-                                  (unsigned long long)b, (unsigned long long)a);
-            }
-        }
-    if (all != stack) sph_free(all);
-    if (local != SPH_OK) return sph_err(local, "%s", saved);
-    return verdict;
+    int64_t mine[TP_WORDS];
+    sph_head_tp_record(ctx, pass, local == SPH_OK ? p : NULL, mine);
+    return sph_comm_agree(ctx, comm, mine, TP_WORDS, local, "head", head_verdict, NULL);
 }

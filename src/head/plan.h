@@ -28,6 +28,22 @@ extern "C" {
 /* Fields of one partial record (m, s, b, zt, sz): values per row per shard, in this order. */
 #define SPH_PARTIAL_FIELDS 5
 
+/* The per-row epilogue of a one-pass forward (issue 27): a loss above the head binds it to
+ * turn rows' final statistics into their upstream gradients (core/backend.h). The
+ * sweeps call it at one point, right after a block of rows is finalized (logprob, entropy,
+ * lse, logit_mean, stats written) and before those rows' dlogits read dlogprob / dentropy; the
+ * head knows nothing else of it. All zero: no epilogue.
+ *   host    host sweeps (head_cpu.c): rows[0 .. n) of the pass, host memory.
+ *   device  CUDA sweeps (src/cuda/head_kernels.cu, after each finalize launch): enqueues the
+ *           epilogue of rows r0 .. r0 + n, or rowmap[0 .. n) (device memory) when gathered, on
+ *           stream (a cudaStream_t); a launch error is its status.
+ *   arg     the loss's, passed back as is. */
+typedef struct sph_row_hook {
+    void (*host)(void *arg, const int64_t *rows, int64_t n);
+    sph_status (*device)(void *arg, int64_t r0, const int64_t *rowmap, int64_t n, void *stream);
+    void *arg;
+} sph_row_hook;
+
 struct sph_head_plan {
     int64_t N, H, V_loc, V, v0; /* rows, hidden, shard width, vocab_total, vocab_start */
     int64_t K;                  /* candidates per row (support mode), 0 = full vocabulary */
@@ -58,9 +74,7 @@ struct sph_head_plan {
     int acc_dh, acc_dw, allreduce_dh;
     int one_pass;                        /* forward also produces the gradients */
     sph_comm_t comm;                     /* TP group or NULL */
-    /* policy loss of the call (src/policy/policy.h) or NULL: the one-pass sweeps compute
-     * dlogprob / dentropy of each row from it right after the row is finalized */
-    const struct sph_policy_plan *policy;
+    sph_row_hook row_hook;               /* the one-pass sweeps' per-row epilogue, or zero */
 }; /* typedef sph_head_plan: core/backend.h */
 
 /* The head table's fill functions (the device tables carry them, core/backend.h): the
@@ -77,15 +91,15 @@ void sph_head_cpu_fill(sph_ctx_t ctx, sph_head_backend *be);
 sph_status sph_head_plan_make(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
 /* The generic part of sph_head_plan_make, without the backend's check: for callers that
- * complete the plan first (the policy loss binds workspace buffers into it, then runs the
- * check). */
+ * complete the plan first (a loss binds workspace buffers and its row hook into it, then runs
+ * the check). */
 sph_status sph_head_plan_fill(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                               sph_head_plan *plan);
 /* The generic validation feeding the caller's validator (core/validate.h): every tensor of
  * args registered there, the caller adds its own (the loss's tensors, the workspace) and runs
  * sph_val_finish, then (host contexts) sph_head_plan_check_data. flags:
- * SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: the policy loss keeps them in
- * its workspace). */
+ * SPH_PLAN_STATS_OPTIONAL accepts stats NULL (plan->stats NULL: a loss keeps them in its
+ * workspace). */
 #define SPH_PLAN_STATS_OPTIONAL 1u
 sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_head_args *args,
                                   sph_head_plan *plan, sph_validator *val, unsigned flags);
@@ -94,6 +108,12 @@ sph_status sph_head_plan_validate(sph_ctx_t ctx, sph_head_pass pass, const sph_h
  * duplicates and holding the row's target. sph_head_plan_make runs it on host plans; the
  * staged reference (head_ref_stage.c) on its host copies of device data. */
 sph_status sph_head_plan_check_data(const sph_head_plan *p);
+
+/* The id at k of a plan's targets or candidates (host memory), int64 or int32 (tgt_i64,
+ * cand_i64). */
+static inline int64_t sph_head_id_at(const void *base, int is64, int64_t k) {
+    return is64 ? ((const int64_t *)base)[k] : (int64_t)((const int32_t *)base)[k];
+}
 
 /* Row i's temperature and the float 1/T the kernels multiply by (z = u * float(1 / T_i)):
  * the per-row value when temp_rows is given, else the scalar. Host code on plans whose
@@ -127,6 +147,13 @@ sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t c
  * group, or with a device communicator in a release build, returns local at once. */
 sph_status sph_head_tp_agree(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p,
                              sph_status local);
+/* Its two halves, for a loss that gathers the head's record beside its own in one exchange
+ * (comm/check.h, sph_comm_agree): the head's record of the call into w[SPH_HEAD_TP_WORDS] (p
+ * NULL: this rank's validation failed), and the head's verdict over gathered records whose
+ * first SPH_HEAD_TP_WORDS words are the head's (records of `words` words). */
+#define SPH_HEAD_TP_WORDS 17
+void sph_head_tp_record(sph_ctx_t ctx, sph_head_pass pass, const sph_head_plan *p, int64_t *w);
+sph_status sph_head_tp_verdict(const int64_t *all, int64_t n, size_t words);
 
 #ifdef __cplusplus
 }

@@ -2,8 +2,9 @@
  * policy.c - the public entry points of the fused RL policy loss (sph_policy_loss_workspace_size,
  * sph_policy_loss): validation of the head's and the policy's argument blocks into a head plan
  * (a one-pass forward whose upstream gradients the loss defines) and a policy plan, then
- * one indirect call through the context's head table (core/backend.h: the policy slots, filled
- * by the reference, the CPU backend and CUDA).
+ * one indirect call through the loss's own table (policy.h: the reference, the CPU backend,
+ * CUDA), chosen here from the context; the backends reach the head through the context's head
+ * table and the plan's row hook (src/head/plan.h).
  *
  * Every check runs before any output is written: the head's (sph_head_plan_make), the scalar
  * domains of the loss, the per-row tensors' shapes, dtypes and devices, the arguments each
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/check.h"
 #include "comm/comm.h"
 #include "policy/policy.h"
 
@@ -243,11 +245,20 @@ sph_status sph_policy_plan_make(sph_ctx_t ctx, const sph_head_args *head,
 
 // ---- dispatch through the context's table ---------------------------------------------------
 
+/* policy.h */
+const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx) {
+    if (ctx->use_ref) return ctx->dev->host_memory ? &sph_policy_ref_backend : NULL;
+    if (ctx->dev->host_memory) return &sph_policy_cpu_backend;
+    /* a device's: handed out by its table (src/cuda/runtime.cu) */
+    return ctx->dev->loss_backend ? (const sph_policy_backend *)ctx->dev->loss_backend("policy")
+                                  : NULL;
+}
+
 static sph_status workspace_of(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     *bytes = 0;
-    if (!ctx->head.policy_workspace || !ctx->head.policy)
-        return sph_backend_missing(ctx, "policy loss");
-    return ctx->head.policy_workspace(ctx, pp, bytes);
+    const sph_policy_backend *be = sph_policy_backend_of(ctx);
+    if (!be) return sph_backend_missing(ctx, "policy loss");
+    return be->workspace(ctx, pp, bytes);
 }
 
 sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *head,
@@ -276,11 +287,12 @@ static sph_status check_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, void
 
 // ---- the TP group agrees on the call ------------------------------------------------------
 
-/* The policy's part of the tensor-parallel consistency check (the head's part is
- * sph_head_tp_agree): every rank of a host TP group allgathers a record of the loss's scalars
- * and hashes of its per-row host arrays, and all compare, before any output is written.
- * Different advantages on two ranks would give each its own gradients (and a wrong sum of
- * dhidden) with SPH_OK. Device groups: the caller's duty (spanhead.h, "Policies"). */
+/* The tensor-parallel consistency check of the loss (spanhead.h, "Policies"): every rank of a
+ * host TP group allgathers, in one exchange (comm/check.h, sph_comm_agree), the head's record
+ * of the call (head_tp.c) followed by the loss's: its scalars and hashes of its per-row host
+ * arrays; all compare, before any output is written. Different advantages on two ranks would
+ * give each its own gradients (and a wrong sum of dhidden) with SPH_OK. Device groups: the
+ * head's check only (debug builds); the loss's is the caller's duty (spanhead.h). */
 enum {
     PR_TAG, PR_LOSS, PR_KL, PR_AGG, PR_LO, PR_HI, PR_C, PR_BETA, PR_ETA, PR_TOKENS, PR_SEQS,
     PR_NORM, PR_FLAGS, PR_ROWS, PR_WORDS
@@ -291,71 +303,63 @@ static const char *const g_pr_field[PR_WORDS] = {
     "per-row inputs given (ref_logprob, is_weight, seq_id, seq_comm)",
     "per-row inputs (advantages, old_logprob, ref_logprob, is_weight, seq_id)"};
 #define PR_VALID INT64_C(0x3130594c4f505053) /* "SPPOLY01" */
+#define TP_ALL (SPH_HEAD_TP_WORDS + PR_WORDS)   /* the head's record, then the loss's */
 
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-    const unsigned char *b = data;
-    for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(0x100000001b3);
-    return h;
-}
-
-static int64_t bits_of(double x) {
-    int64_t b;
-    memcpy(&b, &x, sizeof b);
-    return b;
-}
-
-static sph_status policy_tp_agree(sph_ctx_t ctx, const sph_policy_plan *pp, sph_status local) {
-    sph_comm_t comm = ctx->tp_comm;
-    if (!comm || !comm->ops || comm->size <= 1 || comm->rank < 0 || comm->rank >= comm->size ||
-        comm->device_buffers)
-        return local;
-    int64_t mine[PR_WORDS] = {0}, *all = sph_malloc((size_t)comm->size * sizeof mine);
-    if (local == SPH_OK) {
-        const sph_policy_coef *k = &pp->coef;
-        mine[PR_TAG] = PR_VALID, mine[PR_LOSS] = k->loss, mine[PR_KL] = k->kl;
-        mine[PR_AGG] = pp->agg, mine[PR_LO] = bits_of(k->lo), mine[PR_HI] = bits_of(k->hi);
-        mine[PR_C] = bits_of(k->clip_c), mine[PR_BETA] = bits_of(k->beta);
-        mine[PR_ETA] = bits_of(k->eta), mine[PR_TOKENS] = pp->num_tokens;
-        mine[PR_SEQS] = pp->num_seqs, mine[PR_NORM] = bits_of(pp->norm_length);
-        mine[PR_FLAGS] = (pp->ref != NULL) | (pp->isw != NULL) << 1 | (pp->seq != NULL) << 2 |
-                         pp->group << 3;
-        const size_t n = (size_t)pp->N;
-        uint64_t h = UINT64_C(0xcbf29ce484222325);
-        h = fnv(h, pp->adv, n * 4), h = fnv(h, pp->old, n * 4);
-        if (pp->ref) h = fnv(h, pp->ref, n * 4);
-        if (pp->isw) h = fnv(h, pp->isw, n * 4);
-        if (pp->seq) h = fnv(h, pp->seq, n * 8);
-        mine[PR_ROWS] = (int64_t)h;
+static void policy_record(const sph_policy_plan *pp, sph_status local, int64_t *mine) {
+    memset(mine, 0, PR_WORDS * sizeof *mine);
+    if (local != SPH_OK) {
+        mine[PR_TAG] = SPH_AGREE_INVALID;
+        return;
     }
-    char saved[1024];
-    snprintf(saved, sizeof saved, "%s", sph_last_error());
-    if (!all) /* cannot join: fail here, the others fail in their collective */
-        return local != SPH_OK ? local
-                               : sph_err(SPH_ERR_ALLOC, "tp_comm: no host memory for the policy "
-                                                        "loss's consistency records");
-    sph_status s = comm->ops->allgather(comm, mine, all, sizeof mine, NULL);
-    sph_status verdict = SPH_OK;
-    if (s != SPH_OK)
-        verdict = sph_err_prefix(s, "policy: tensor-parallel consistency check: ");
-    for (int64_t r = 0; r < comm->size && s == SPH_OK && verdict == SPH_OK; r++)
-        if (all[r * PR_WORDS + PR_TAG] != PR_VALID)
-            verdict = sph_err(SPH_ERR_INVALID_ARG,
-                              "tp_comm: rank %lld of the group refused its policy-loss call "
-                              "(see that rank's message); every rank fails with it",
-                              (long long)r);
-    for (int64_t r = 1; r < comm->size && s == SPH_OK && verdict == SPH_OK; r++)
-        for (int f = 0; f < PR_WORDS && verdict == SPH_OK; f++)
-            if (all[f] != all[r * PR_WORDS + f])
-                verdict = sph_err(SPH_ERR_MISMATCH,
-                                  "tp_comm: rank %lld's policy loss differs from rank 0's in "
-                                  "%s (0x%llx, 0x%llx): every rank of the group must make the "
-                                  "same call",
-                                  (long long)r, g_pr_field[f],
-                                  (unsigned long long)all[r * PR_WORDS + f],
-                                  (unsigned long long)all[f]);
-    sph_free(all);
-    if (local != SPH_OK) return sph_err(local, "%s", saved);
-    return verdict;
+    const sph_policy_coef *k = &pp->coef;
+    mine[PR_TAG] = PR_VALID, mine[PR_LOSS] = k->loss, mine[PR_KL] = k->kl;
+    mine[PR_AGG] = pp->agg, mine[PR_LO] = sph_f64_bits(k->lo), mine[PR_HI] = sph_f64_bits(k->hi);
+    mine[PR_C] = sph_f64_bits(k->clip_c), mine[PR_BETA] = sph_f64_bits(k->beta);
+    mine[PR_ETA] = sph_f64_bits(k->eta), mine[PR_TOKENS] = pp->num_tokens;
+    mine[PR_SEQS] = pp->num_seqs, mine[PR_NORM] = sph_f64_bits(pp->norm_length);
+    mine[PR_FLAGS] = (pp->ref != NULL) | (pp->isw != NULL) << 1 | (pp->seq != NULL) << 2 |
+                     pp->group << 3;
+    const size_t n = (size_t)pp->N;
+    uint64_t h = SPH_FNV1A_INIT;
+    h = sph_fnv1a(h, pp->adv, n * 4), h = sph_fnv1a(h, pp->old, n * 4);
+    if (pp->ref) h = sph_fnv1a(h, pp->ref, n * 4);
+    if (pp->isw) h = sph_fnv1a(h, pp->isw, n * 4);
+    if (pp->seq) h = sph_fnv1a(h, pp->seq, n * 8);
+    mine[PR_ROWS] = (int64_t)h;
+}
+
+/* The head's verdict first (its message wins, as its check ran first before), then the
+ * loss's. */
+static sph_status policy_verdict(const int64_t *all, int64_t n, size_t words, void *arg) {
+    (void)arg;
+    SPH_TRY(sph_head_tp_verdict(all, n, words));
+    const size_t o = SPH_HEAD_TP_WORDS;
+    int64_t r = sph_agree_first_tag(all, n, words, o + PR_TAG, PR_VALID);
+    if (r >= 0)
+        return sph_err(SPH_ERR_INVALID_ARG,
+                       "tp_comm: rank %lld of the group refused its policy-loss call (see that "
+                       "rank's message); every rank fails with it",
+                       (long long)r);
+    size_t f;
+    if (!sph_agree_first_diff(all, n, words, o, o + PR_WORDS, &r, &f)) return SPH_OK;
+    return sph_err(SPH_ERR_MISMATCH,
+                   "tp_comm: rank %lld's policy loss differs from rank 0's in %s (0x%llx, "
+                   "0x%llx): every rank of the group must make the same call",
+                   (long long)r, g_pr_field[f - o],
+                   (unsigned long long)all[(size_t)r * words + f], (unsigned long long)all[f]);
+}
+
+static sph_status tp_agree(sph_ctx_t ctx, const sph_policy_plan *pp, sph_status local) {
+    sph_comm_t comm = ctx->tp_comm;
+    if (!comm || !comm->ops || comm->size <= 1 || comm->rank < 0 || comm->rank >= comm->size)
+        return local;
+    if (comm->device_buffers)
+        return sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, local == SPH_OK ? &pp->head : NULL,
+                                 local);
+    int64_t mine[TP_ALL];
+    sph_head_tp_record(ctx, SPH_HEAD_FORWARD, local == SPH_OK ? &pp->head : NULL, mine);
+    policy_record(pp, local, mine + SPH_HEAD_TP_WORDS);
+    return sph_comm_agree(ctx, comm, mine, TP_ALL, local, "policy", policy_verdict, NULL);
 }
 
 static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
@@ -369,13 +373,10 @@ static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
     if (s == SPH_OK) s = sph_val_finish(&val);
     if (s == SPH_OK) s = check_data(ctx, &pp);
     /* a TP group agrees on the call (or on one rank's failure) before any output is written:
-     * the head's part, then the loss's */
-    if (ctx && ctx->magic == SPH_CTX_MAGIC) {
-        s = sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, s == SPH_OK ? &pp.head : NULL, s);
-        s = policy_tp_agree(ctx, &pp, s);
-    }
+     * the head's part and the loss's, in one exchange */
+    if (ctx && ctx->magic == SPH_CTX_MAGIC) s = tp_agree(ctx, &pp, s);
     SPH_TRY(s);
-    return ctx->head.policy(ctx, &pp, workspace, workspace_bytes);
+    return sph_policy_backend_of(ctx)->run(ctx, &pp, workspace, workspace_bytes);
 }
 
 sph_status sph_policy_loss(sph_ctx_t ctx, const sph_head_args *head,
@@ -390,12 +391,12 @@ void sph_policy_gspo_plans(const sph_head_plan *hp, sph_head_plan *fwd, sph_head
     *fwd = *hp;
     fwd->dhidden = fwd->dweight = NULL;
     fwd->one_pass = 0;
-    fwd->policy = NULL;
+    memset(&fwd->row_hook, 0, sizeof fwd->row_hook);
     fwd->dlogprob = fwd->dentropy = NULL;
     fwd->allreduce_dh = 0;
     *bwd = *hp;
     bwd->one_pass = 0;
-    bwd->policy = NULL;
+    memset(&bwd->row_hook, 0, sizeof bwd->row_hook);
 }
 
 /* policy.h: the head's share of the workspace (gspo: its forward's or backward's, the larger). */

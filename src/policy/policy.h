@@ -1,8 +1,9 @@
 /*
  * policy.h - the validated form of one sph_policy_loss call (policy.c fills it) and the
  * backends that run it: the float64 reference (policy_ref.c), the CPU backend (policy_cpu.c,
- * fused into head_cpu.c's one-pass sweep) and CUDA (src/cuda/policy.cu, fused into head.cu's
- * one-pass paths). docs/policy.md has the math, the rules and the workspace.
+ * fused into head_cpu.c's one-pass sweep through the plan's row hook) and CUDA
+ * (src/cuda/policy.cu, fused into head.cu's one-pass paths through the same hook).
+ * docs/policy.md has the math, the rules and the workspace.
  *
  * Row space. "Group rows" are the rows over which sequences are counted: the call's N rows,
  * or, with a seq_comm of size P, the P * N rows of every rank of the group in rank order
@@ -68,18 +69,24 @@ sph_status sph_policy_head_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, s
 sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, void *recv,
                                   size_t bytes_per_rank);
 
-/* The backends' table slots (core/backend.h: policy_workspace, policy). Each copies the plan,
- * binds its workspace buffers into the copy and runs the head's passes through ctx->head. */
-sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
-sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
-sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
-sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
-sph_status sph_policy_cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
-sph_status sph_policy_cuda_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+/* The loss's own table (issue 27: the head's table names no loss): one per backend, chosen
+ * per call from the context by policy.c (the forced reference or the device). workspace: the
+ * exact bytes; run: copies the plan, binds its workspace buffers and its row hook (plan.h)
+ * into the copy and runs the head's passes through ctx->head. */
+typedef struct sph_policy_backend {
+    const char *name;
+    sph_status (*workspace)(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes);
+    sph_status (*run)(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes);
+} sph_policy_backend;
 
-/* head_cpu.c's hook in its one-pass sweep: g and e of the listed rows (their logprob and
- * entropy are final). The CUDA hook is sph_cuda_policy_rows (src/cuda/policy.cuh). */
-void sph_policy_cpu_rows(const sph_policy_plan *pp, const int64_t *rows, int64_t n);
+extern const sph_policy_backend sph_policy_ref_backend;  /* policy_ref.c: host memory */
+extern const sph_policy_backend sph_policy_cpu_backend;  /* policy_cpu.c: head_cpu.c's sweep */
+/* (CUDA's, src/cuda/policy.cu, is handed out by the CUDA device table's loss_backend.) */
+/* The loss's backend on ctx, as its head table was filled (core/ctx.c): the forced reference
+ * (host memory only: none on a device context, whose head reference is staged), the CPU
+ * backend on host memory, else the device's (its table's loss_backend("policy")). NULL: none
+ * (the entry points answer SPH_ERR_UNSUPPORTED). */
+const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx);
 
 /* The float64 oracle for tests (policy_ref.c): metrics[SPH_POLICY_N_METRICS], logp / ent (N)
  * and the gradients of the active rows dh (N, H), dw (V_loc, H) in float64 (each may be NULL),

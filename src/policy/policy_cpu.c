@@ -5,8 +5,8 @@
  *      which become the head's mask), the group rows (gathered over seq_comm when given),
  *      their sequences by a sort of (seq_id, group row) over the active group rows (ties
  *      impossible: deterministic), T, S, T_j, and the weights c_i.
- *   2. ppo / cispo: the head's one-pass forward with this plan attached; right after each
- *      chunk's rows are finalized, head_cpu.c calls sph_policy_cpu_rows, which turns their
+ *   2. ppo / cispo: the head's one-pass forward with this plan's row hook bound; right after
+ *      each chunk's rows are finalized, head_cpu.c calls the hook (cpu_rows), which turns their
  *      logprob and entropy into the upstream gradients g_i, e_i the chunk's dlogits use
  *      (6 N_active H V flops; no second logits pass).
  *      gspo: the head's forward, rho_j per sequence (sums over the sorted group rows, in that
@@ -116,7 +116,7 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout
     return SPH_OK;
 }
 
-sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
+static sph_status cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     cpu_layout L;
     SPH_TRY(layout_of(ctx, pp, &L));
     *bytes = L.total;
@@ -125,7 +125,9 @@ sph_status sph_policy_cpu_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, si
 
 // ---- per-row pieces ---------------------------------------------------------------------
 
-void sph_policy_cpu_rows(const sph_policy_plan *pp, const int64_t *rows, int64_t n) {
+/* The row hook (plan.h): g and e of the listed rows, whose logprob and entropy are final. */
+static void cpu_rows(void *arg, const int64_t *rows, int64_t n) {
+    const sph_policy_plan *pp = arg;
     for (int64_t q = 0; q < n; q++) {
         const int64_t i = rows[q];
         double g = 0, e = 0;
@@ -244,8 +246,7 @@ static void write_metrics(const sph_policy_plan *pp, const cpu_run *r) {
 
 // ---- the pass ---------------------------------------------------------------------------
 
-sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
-                              size_t bytes) {
+static sph_status cpu_pass(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws, size_t bytes) {
     /* a copy of the plan holds the workspace buffers (and is what the hook sees) */
     sph_policy_plan P = *plan, *pp = &P;
     sph_head_plan *hp = &P.head;
@@ -288,7 +289,8 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
     hp->dentropy = pp->coef.eta != 0 ? pp->e : NULL;
     hp->dlse = hp->dlogit_mean = NULL;
     if (pp->coef.loss != SPH_PM_GSPO) {
-        hp->policy = pp; /* head_cpu.c's one-pass sweep calls sph_policy_cpu_rows */
+        hp->row_hook.host = cpu_rows; /* head_cpu.c's one-pass sweep calls it per chunk */
+        hp->row_hook.arg = pp;
         if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, hp));
         SPH_TRY(ctx->head.forward(ctx, hp, ws, L.head));
     } else {
@@ -297,7 +299,7 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
         if (ctx->head.check) SPH_TRY(ctx->head.check(ctx, SPH_HEAD_FORWARD, &f));
         SPH_TRY(ctx->head.forward(ctx, &f, ws, L.head));
         SPH_TRY(gspo_rho(pp, &r));
-        for (int64_t i = 0; i < pp->N; i++) sph_policy_cpu_rows(pp, &i, 1);
+        for (int64_t i = 0; i < pp->N; i++) cpu_rows(pp, &i, 1);
         if (hp->one_pass) SPH_TRY(ctx->head.backward(ctx, &b, ws, L.head));
         const size_t nb = (size_t)pp->N * sizeof(float);
         if (out_lp && nb) memcpy(out_lp, hp->logprob, nb);
@@ -309,3 +311,5 @@ sph_status sph_policy_cpu_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *
     write_metrics(pp, &r);
     return SPH_OK;
 }
+
+const sph_policy_backend sph_policy_cpu_backend = {"cpu", cpu_workspace, cpu_pass};

@@ -177,13 +177,13 @@ sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double
     return st;
 }
 
-sph_status sph_policy_ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
+static sph_status ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     (void)ctx, (void)pp;
     *bytes = 0; /* the reference allocates its own scratch */
     return SPH_OK;
 }
 
-sph_status sph_policy_ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes) {
+static sph_status ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, size_t bytes) {
     (void)ws, (void)bytes;
     const sph_head_plan *hp = &pp->head;
     core_out o;
@@ -230,3 +230,5 @@ done:
     core_free(&o);
     return st;
 }
+
+const sph_policy_backend sph_policy_ref_backend = {"ref", ref_workspace, ref_run};

@@ -4,27 +4,31 @@
  * staged reference of device contexts (head_ref_stage.c) driven through a device table whose
  * "device memory" is host memory, so CI (no GPU) runs the whole staged path: copies in, the
  * data checks on the copies, the float64 reference, copies back (gaps between padded rows
- * preserved), bitwise equal to the plain reference.
+ * preserved), bitwise equal to the plain reference. And a small loss written here, outside
+ * src/head, plugged into the optimized CPU head's one-pass sweep through the plan's row hook
+ * (issue 27: adding a loss touches only its own code).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../parity/test_head_case.h"
 #include "core/ctx.h"
+#include "policy/policy.h"
 
 static sph_rng g_rng;
 
 static void test_tables(void **state) {
     (void)state;
     sph_ctx_t cpu = hc_ctx(NULL, 1, NULL), ref = hc_ctx("ref", 1, NULL);
-    /* the CPU backend overrides every pass slot of the reference, the policy loss's too */
+    /* the CPU backend overrides every pass slot of the reference; the policy loss keeps its
+     * own table (policy.h), chosen as the head's was */
     assert_string_equal(cpu->head.name, "cpu");
     assert_non_null(cpu->head.cpu_kern);
     assert_non_null(cpu->head.forward);
     assert_non_null(cpu->head.support_backward);
     assert_null(cpu->head.check);
-    assert_non_null(cpu->head.policy);
-    assert_true(cpu->head.policy != ref->head.policy && ref->head.policy != NULL);
+    assert_true(sph_policy_backend_of(cpu) == &sph_policy_cpu_backend);
+    assert_true(sph_policy_backend_of(ref) == &sph_policy_ref_backend);
     assert_string_equal(ref->head.name, "ref");
     assert_null(ref->head.cpu_kern);
     assert_true(ref->head.forward == ref->head.support_forward);
@@ -217,6 +221,118 @@ static void test_staged_refuses_tp(void **state) {
     hc_free(&c);
 }
 
+/* A device context's loss backend comes from its device table (loss_backend), by name; the
+ * forced reference of a device (staged) has none. */
+static const sph_policy_backend g_dev_policy = {"pretend", NULL, NULL};
+static const void *fake_loss_backend(const char *loss) {
+    return !strcmp(loss, "policy") ? &g_dev_policy : NULL;
+}
+
+static void test_loss_backend_of_device(void **state) {
+    (void)state;
+    sph_ctx_t c = hc_ctx(NULL, 1, NULL);
+    const sph_device_ops *host = c->dev;
+    static sph_device_ops ops;
+    ops = *host;
+    ops.host_memory = 0;
+    ops.loss_backend = fake_loss_backend;
+    c->dev = &ops;
+    assert_true(sph_policy_backend_of(c) == &g_dev_policy);
+    ops.loss_backend = NULL;
+    assert_null(sph_policy_backend_of(c));
+    c->use_ref = 1; /* the staged reference: no policy backend even where the device has one */
+    ops.loss_backend = fake_loss_backend;
+    assert_null(sph_policy_backend_of(c));
+    c->use_ref = 0;
+    c->dev = host;
+    assert_true(sph_policy_backend_of(c) == &sph_policy_cpu_backend);
+    sph_ctx_destroy(c);
+}
+
+// ---- a loss of the test's own through the row hook ---------------------------------------
+
+/* The example loss: L = sum_i w_i (logp_i + logp_i^2 / 2) + u_i H_i over the active rows, so
+ * dL/dlogp_i = w_i (1 + logp_i) needs the row's final logprob: the hook must run after the
+ * row is finalized and before its dlogits. */
+typedef struct ex_loss {
+    const float *w, *u, *lp;
+    float *g, *e;
+    const uint8_t *act;
+    int64_t calls, rows, bad;
+} ex_loss;
+
+static void ex_rows(void *arg, const int64_t *rows, int64_t n) {
+    ex_loss *L = arg;
+    L->calls++;
+    for (int64_t q = 0; q < n; q++) {
+        const int64_t i = rows[q];
+        L->rows++;
+        if (!L->act[i] || isnan(L->lp[i])) L->bad++; /* only final, active rows */
+        L->g[i] = L->w[i] * (1.0f + L->lp[i]);
+        L->e[i] = L->u[i];
+    }
+}
+
+static void test_row_hook_example_loss(void **state) {
+    (void)state;
+    hcase c;
+    hc_init(&c, &g_rng, 45, 20, 37, 37, 0, 0, SPH_F32);
+    hc_mask_ragged(&c, &g_rng, 0.6);
+    const int64_t N = c.N, nh = N * c.H, nw = c.V_loc * c.H;
+    float *w = hc_alloc((size_t)N * 4), *u = hc_alloc((size_t)N * 4);
+    for (int64_t i = 0; i < N; i++)
+        w[i] = (float)rng_normal(&g_rng), u[i] = (float)rng_normal(&g_rng);
+    uint8_t *act = hc_alloc((size_t)N);
+    int64_t n_act = 0;
+    for (int64_t i = 0; i < N; i++) n_act += act[i] = c.mask[i];
+    /* expected: the float64 reference's forward, the loss's gradients from its logprob, then
+     * the reference's backward */
+    sph_ctx_t r = hc_ctx("ref", 1, NULL);
+    hc_wire(&c, HC_LP | HC_ENT | HC_MASK);
+    hc_poison(&c);
+    expect_ok(hc_run(r, SPH_HEAD_FORWARD, &c.a));
+    for (int64_t i = 0; i < N; i++) c.g[i] = w[i] * (1.0f + c.lp[i]), c.e[i] = u[i];
+    hc_wire(&c, HC_G | HC_E | HC_DH | HC_DW | HC_MASK);
+    expect_ok(hc_run(r, SPH_HEAD_BACKWARD, &c.a));
+    float *want_dh = hc_dup(c.dh, (size_t)nh * 4), *want_dw = hc_dup(c.dw, (size_t)nw * 4);
+    float *want_lp = hc_dup(c.lp, (size_t)N * 4);
+    /* the one-pass sweep of the optimized CPU head with the loss bound as its row hook: the
+     * plan's upstream gradients are the loss's buffers, poisoned, written by the hook only */
+    sph_ctx_t cpu = hc_ctx(NULL, 2, NULL);
+    hc_wire(&c, HC_LP | HC_ENT | HC_G | HC_E | HC_DH | HC_DW | HC_MASK);
+    hc_poison(&c);
+    poison_f32(c.g, (size_t)N), poison_f32(c.e, (size_t)N);
+    sph_head_plan p;
+    expect_ok(sph_head_plan_make(cpu, SPH_HEAD_FORWARD, &c.a, &p));
+    assert_true(p.one_pass);
+    ex_loss L = {w, u, c.lp, c.g, c.e, act, 0, 0, 0};
+    p.row_hook.host = ex_rows;
+    p.row_hook.arg = &L;
+    size_t bytes = 0;
+    expect_ok(cpu->head.workspace(cpu, SPH_HEAD_FORWARD, &p, &bytes));
+    void *ws = bytes ? hc_alloc(bytes) : NULL;
+    expect_ok(cpu->head.forward(cpu, &p, ws, bytes));
+    assert_true(L.calls >= 1);
+    assert_int_equal(L.rows, n_act); /* every active row once, no inactive row */
+    assert_int_equal(L.bad, 0);
+    assert_true(hc_close("logprob", "hook", c.lp, SPH_F32, want_lp, SPH_F32, N, 1e-5));
+    assert_true(hc_close("dhidden", "hook", c.dh, SPH_F32, want_dh, SPH_F32, nh, 1e-4));
+    assert_true(hc_close("dweight", "hook", c.dw, SPH_F32, want_dw, SPH_F32, nw, 1e-4));
+    /* without the hook the same plan's gradients are the poisoned buffers': NaN (the test
+     * cannot pass by construction) */
+    memset(&p.row_hook, 0, sizeof p.row_hook);
+    poison_f32(c.g, (size_t)N), poison_f32(c.e, (size_t)N);
+    sph_status s = cpu->head.forward(cpu, &p, ws, bytes);
+    int64_t nan_dh = 0;
+    for (int64_t k = 0; k < nh; k++) nan_dh += isnan(((const float *)c.dh)[k]);
+    assert_true(s != SPH_OK || nan_dh > 0);
+    free(ws);
+    sph_ctx_destroy(r);
+    sph_ctx_destroy(cpu);
+    free(w), free(u), free(act), free(want_dh), free(want_dw), free(want_lp);
+    hc_free(&c);
+}
+
 int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
@@ -225,6 +341,8 @@ int main(void) {
         cmocka_unit_test(test_staged_reference),
         cmocka_unit_test(test_staged_padded_accumulate),
         cmocka_unit_test(test_staged_refuses_tp),
+        cmocka_unit_test(test_row_hook_example_loss),
+        cmocka_unit_test(test_loss_backend_of_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

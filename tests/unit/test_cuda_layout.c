@@ -94,6 +94,12 @@ static sph_head_plan make_plan(const lcase *k) {
     return p;
 }
 
+/* The one-pass paths that take their gradients chunk by chunk from staged chunks. */
+static int is_e(const sph_cuda_layout *l) { return l->path == SPH_CUDA_PATH_STAGED_E; }
+static int is_staged(const sph_cuda_layout *l) {
+    return l->path == SPH_CUDA_PATH_STAGED_E || l->path == SPH_CUDA_PATH_STAGED_F32;
+}
+
 static int layout_of(const lcase *k, int64_t chunk_bytes, int assume_sm90,
                      sph_cuda_layout *lay) {
     struct sph_ctx c = fake_ctx(chunk_bytes, assume_sm90);
@@ -167,12 +173,12 @@ static void test_issue6_grid(void **state) {
                             const int over = pass > 0 && !e_path &&
                                              acc_min + ((int64_t)64 << 20) > GiB;
                             const int64_t limit = e_path ? SPH_ONEPASS_DEFAULT_BYTES : GiB;
-                            if (e_path && (!lay.onepass_e || !lay.fused || lay.n_splits != 1 ||
+                            if (e_path && (!is_e(&lay) || !lay.fused || lay.n_splits != 1 ||
                                            lay.budget != SPH_ONEPASS_DEFAULT_BYTES)) {
                                 print_error("%s N=%lld one-pass fused: onepass_e=%d fused=%d "
                                             "splits=%lld budget=%lld, expected staged E in "
                                             "whole-shard rows\n", shapes[si].name,
-                                            (long long)k.N, lay.onepass_e, lay.fused,
+                                            (long long)k.N, is_e(&lay), lay.fused,
                                             (long long)lay.n_splits, (long long)lay.budget);
                                 ok = 0;
                             }
@@ -190,16 +196,16 @@ static void test_issue6_grid(void **state) {
                                             shapes[si].name, (long long)k.N, mk, acts[ai],
                                             pass, fused, lay.total, (long long)lay.R,
                                             (long long)lay.Vs, lay.col_outer,
-                                            lay.onepass_chunks);
+                                            is_staged(&lay));
                                 ok = 0;
                             }
                             /* one-pass stages E when fused; unfused, it stages its fp32
                              * logits at A, B, C (chunks of 1000+ rows) and recomputes them at
                              * D and E (run 10's A/B) */
                             const int staged = pass == 2 && (fused || si < 3);
-                            if (pass == 2 && lay.onepass_chunks != staged) {
+                            if (pass == 2 && is_staged(&lay) != staged) {
                                 print_error("%s one-pass: onepass_chunks=%d, expected %d\n",
-                                            shapes[si].name, lay.onepass_chunks, staged);
+                                            shapes[si].name, is_staged(&lay), staged);
                                 ok = 0;
                             }
                             if (fused && lay.fused != (!staged || e_path)) {
@@ -252,7 +258,7 @@ static void test_random_plans(void **state) {
             ok = 0;
             break;
         }
-        if (lay.onepass_e) cb = lay.budget; /* the one-pass default when chunk_bytes is 0 */
+        if (is_e(&lay)) cb = lay.budget; /* the one-pass default when chunk_bytes is 0 */
         char cs[200];
         snprintf(cs, sizeof cs, "N=%lld H=%lld V=%lld dt=%s gdt=%s pass=%d spans=%lld budget=%lld "
                  "sm90=%d", (long long)k.N, (long long)k.H, (long long)k.V,
@@ -277,30 +283,30 @@ static void test_random_plans(void **state) {
         if (fixed <= cb - cb / 8) bad |= (int64_t)lay.total > cb + 64 * 256;
         if (lay.col_outer) bad |= !(dh_acc < dw_acc) || !grads;
         if (lay.fused) bad |= !half || k.H % 8 != 0 || !fused;
-        if (lay.onepass_e)
+        if (is_e(&lay))
             bad |= k.pass != 2 || !lay.fused || lay.n_splits != 1 || lay.Vs != k.V ||
                    lay.ldL % 8 || lay.budget != (chunk_bytes > 0 ? chunk_bytes
                                                                  : SPH_ONEPASS_DEFAULT_BYTES);
-        if (k.pass == 2 && lay.fused) bad |= !lay.onepass_e && lay.onepass_chunks;
+        if (k.pass == 2 && lay.fused) bad |= !is_e(&lay) && is_staged(&lay);
         /* issue 23: two chunks in place of the fp32 dW accumulator only under its switch, on
          * the staged-E path, for a half dW, with exactly two chunks; dH split-K only under its
          * switch, with one vocabulary split, its partials inside the workspace and budget */
         if (lay.dw_inplace)
-            bad |= !g_e2 || !lay.onepass_e || lay.n_chunks != 2 || lay.dw32 ||
+            bad |= !g_e2 || !is_e(&lay) || lay.n_chunks != 2 || lay.dw32 ||
                    k.gdt.bits != 16 || (int64_t)lay.total > lay.budget;
         if (lay.dhk)
             bad |= !g_dhk || lay.dhk < 2 || lay.dhk > 8 || !grads ||
                    lay.bi || lay.Vs / lay.dhk < 2048 ||
                    lay.off_dhk + (size_t)lay.dhk * lay.R * k.H * 4 > lay.total ||
                    (int64_t)lay.total > lay.budget;
-        if (half && k.H % 8 == 0 && fused && !(k.pass == 2 && lay.onepass_chunks))
+        if (half && k.H % 8 == 0 && fused && !(k.pass == 2 && is_staged(&lay)))
             bad |= !lay.fused;
         if (bad) {
             print_error("%s: layout R=%lld Vs=%lld splits=%lld chunks=%lld M=%lld total=%zu "
                         "fixed~%lld fused=%d col_outer=%d onepass_chunks=%d\n", cs,
                         (long long)lay.R, (long long)lay.Vs, (long long)lay.n_splits,
                         (long long)lay.n_chunks, (long long)lay.M, lay.total, (long long)fixed,
-                        lay.fused, lay.col_outer, lay.onepass_chunks);
+                        lay.fused, lay.col_outer, is_staged(&lay));
             ok = 0;
         }
     }
@@ -328,7 +334,7 @@ static void test_issue23(void **state) {
         g_e2 = 1;
         assert_true(layout_of(&k, 0, 1, &e));
         g_e2 = 0;
-        assert_true(d.onepass_e && e.onepass_e);
+        assert_true(is_e(&d) && is_e(&e));
         assert_int_equal(d.n_chunks, sh[si].chunks_default);
         assert_int_equal(d.dw32, d.n_chunks > 1);
         assert_false(d.dw_inplace);
@@ -402,7 +408,7 @@ static void test_issue23(void **state) {
         g_e2 = 1;
         assert_true(layout_of(&k, b, 1, &e));
         g_e2 = 0;
-        assert_true(d.onepass_e && e.onepass_e && !e.dw_inplace);
+        assert_true(is_e(&d) && is_e(&e) && !e.dw_inplace);
         assert_memory_equal(&d, &e, sizeof d);
     }
     {   /* the premises of tests/gpu/test_head_cuda.c test_issue23: 1300 x 72 x 2400 in 39 MB
@@ -417,7 +423,7 @@ static void test_issue23(void **state) {
             g_e2 = 1;
             assert_true(layout_of(&k, 39000000, 1, &e));
             g_e2 = 0;
-            assert_true(d.onepass_e && e.onepass_e && e.dw_inplace && !e.dw32 && d.dw32);
+            assert_true(is_e(&d) && is_e(&e) && e.dw_inplace && !e.dw32 && d.dw32);
             assert_int_equal(e.n_chunks, 2);
             assert_int_equal(d.n_chunks, 2);
             assert_int_equal(e.gather, sp);
@@ -488,7 +494,11 @@ static void test_extras(void **state) {
         c = fake_ctx(0, 1);
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
         assert_false(x.fused);
-        assert_false(x.onepass_e);
+        /* the path: cuBLAS for the forward, staged fp32 chunks or the sweep for one-pass */
+        if (pass == 0) assert_int_equal(x.path, SPH_CUDA_PATH_CUBLAS);
+        else assert_true(x.path == SPH_CUDA_PATH_STAGED_F32 ||
+                         x.path == SPH_CUDA_PATH_RECOMPUTE);
+        assert_true(plain.path != x.path);
         assert_true(x.off_xtk >= x.off_xmq + (size_t)N * 8);
         assert_true(x.total >= x.off_xtk + (size_t)(N * K) * sizeof(sph_cuda_xtk));
         /* the backward never computes them */
@@ -501,6 +511,85 @@ static void test_extras(void **state) {
     }
 }
 
+/* choose_path's answers (head_layout.cu) for a table of shapes and switches, through the
+ * layout, with the word sph_head_describe prints for each: the path is decided in one place
+ * and every reader (head.cu, describe, the bench's path column) takes it from there. */
+static void test_path_table(void **state) {
+    (void)state;
+    enum { F = 0, B = 1, O = 2 }; /* forward, backward, one-pass */
+    static const struct {
+        const char *what;
+        int64_t N, H, V;
+        int pass, sm90, f32, bi, support, lm_cap;
+        sph_cuda_path forced, want;
+        const char *word;
+    } rows[] = {
+        {"A fwd sm90", 16384, 2048, 62080, F, 1, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_FUSED, "fused"},
+        {"A fwd", 16384, 2048, 62080, F, 0, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_CUBLAS, "cublas"},
+        {"A bwd sm90", 16384, 2048, 62080, B, 1, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_FUSED, "fused"},
+        {"A bwd sm90 f32", 16384, 2048, 62080, B, 1, 1, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_CUBLAS, "cublas"},
+        {"A one-pass sm90", 16384, 2048, 62080, O, 1, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_STAGED_E, "staged-e"},
+        {"A one-pass", 16384, 2048, 62080, O, 0, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_STAGED_F32, "staged-f32"},
+        {"D one-pass 64K", 65536, 2048, 151936, O, 0, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_RECOMPUTE, "recompute"},
+        {"E one-pass 64K sm90", 65536, 4096, 128256, O, 1, 0, 0, 0, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_STAGED_E, "staged-e"},
+        {"D one-pass 64K sm90 forced f32", 65536, 2048, 151936, O, 1, 0, 0, 0, 0,
+         SPH_CUDA_PATH_STAGED_F32, SPH_CUDA_PATH_STAGED_F32, "staged-f32"},
+        {"D one-pass 64K forced E, no sm90", 65536, 2048, 151936, O, 0, 0, 0, 0, 0,
+         SPH_CUDA_PATH_STAGED_E, SPH_CUDA_PATH_RECOMPUTE, "recompute"},
+        {"A one-pass sm90 forced recompute", 16384, 2048, 62080, O, 1, 0, 0, 0, 0,
+         SPH_CUDA_PATH_RECOMPUTE, SPH_CUDA_PATH_RECOMPUTE, "recompute"},
+        {"A one-pass forced E, no sm90", 16384, 2048, 62080, O, 0, 0, 0, 0, 0,
+         SPH_CUDA_PATH_STAGED_E, SPH_CUDA_PATH_STAGED_F32, "staged-f32"},
+        {"D one-pass 64K sm90 forced E", 65536, 2048, 151936, O, 1, 0, 0, 0, 0,
+         SPH_CUDA_PATH_STAGED_E, SPH_CUDA_PATH_STAGED_E, "staged-e"},
+        {"A one-pass sm90 logit_mean softcap", 16384, 2048, 62080, O, 1, 0, 0, 0, 1,
+         SPH_CUDA_PATH_AUTO, SPH_CUDA_PATH_STAGED_F32, "staged-f32"},
+        {"A fwd sm90 batch-invariant", 16384, 2048, 62080, F, 1, 0, 1, 0, 0,
+         SPH_CUDA_PATH_AUTO, SPH_CUDA_PATH_CUBLAS, "cublas"},
+        {"D one-pass 64K batch-invariant forced recompute", 65536, 2048, 151936, O, 1, 0, 1,
+         0, 0, SPH_CUDA_PATH_RECOMPUTE, SPH_CUDA_PATH_STAGED_F32, "staged-f32"},
+        {"A fwd sm90 sample support", 4096, 2048, 62080, F, 1, 0, 0, 1, 0, SPH_CUDA_PATH_AUTO,
+         SPH_CUDA_PATH_SUPPORT, "support"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        lcase k = {rows[i].N, rows[i].H, rows[i].V, rows[i].f32 ? SPH_F32 : SPH_BF16,
+                   rows[i].f32 ? SPH_F32 : SPH_BF16, NULL, 0, rows[i].pass};
+        struct sph_ctx c = fake_ctx(0, rows[i].sm90);
+        g_state.onepass_path = rows[i].forced;
+        c.opts.batch_invariant = rows[i].bi;
+        sph_head_plan p = make_plan(&k);
+        if (rows[i].support) p.K = 16, p.cand = FAKE(11), p.cand_i64 = 1, p.ld_c = 16;
+        if (rows[i].lm_cap) p.dlogit_mean = FAKE(12), p.softcap = 30.0;
+        sph_cuda_layout lay;
+        expect_ok(sph_cuda_head_layout(&c, &p, k.pass == B ? SPH_HEAD_BACKWARD
+                                                           : SPH_HEAD_FORWARD, &lay));
+        if (lay.path != rows[i].want || strcmp(sph_cuda_path_name(lay.path), rows[i].word)) {
+            print_error("%s: path %s (%d), expected %s\n", rows[i].what,
+                        sph_cuda_path_name(lay.path), (int)lay.path, rows[i].word);
+            fail();
+        }
+        /* the kernels follow from the path: staged f32 logits and cuBLAS never fuse */
+        if (lay.path == SPH_CUDA_PATH_CUBLAS || lay.path == SPH_CUDA_PATH_STAGED_F32)
+            assert_int_equal(lay.fused, 0);
+        if (lay.path == SPH_CUDA_PATH_FUSED || lay.path == SPH_CUDA_PATH_STAGED_E)
+            assert_int_equal(lay.fused, 1);
+    }
+    /* every path has its own word */
+    for (int a = SPH_CUDA_PATH_CUBLAS; a <= SPH_CUDA_PATH_SUPPORT; a++)
+        for (int b = a + 1; b <= SPH_CUDA_PATH_SUPPORT; b++)
+            assert_true(strcmp(sph_cuda_path_name((sph_cuda_path)a),
+                               sph_cuda_path_name((sph_cuda_path)b)) != 0);
+    g_state.onepass_path = SPH_CUDA_PATH_AUTO;
+}
+
 int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
@@ -508,6 +597,7 @@ int main(void) {
         cmocka_unit_test(test_random_plans),
         cmocka_unit_test(test_issue23),
         cmocka_unit_test(test_extras),
+        cmocka_unit_test(test_path_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -485,6 +485,67 @@ static void test_tp_mismatch(void **state) {
     }
 }
 
+/* One exchange of consistency records per policy call (issue 27): the head's record and the
+ * loss's travel in one allgather, not two. The in-process group's allgather is wrapped to
+ * count the exchanges that carry a record (its first word a record tag: the head's
+ * "SPHPTP01", the loss's "SPPOLY01"). */
+static int g_agree_calls[2];
+static sph_status counting_allgather(sph_comm_t c, const void *send, void *recv, size_t bytes,
+                                     void *stream) {
+    int64_t w0 = 0;
+    if (bytes >= sizeof w0) memcpy(&w0, send, sizeof w0);
+    if (w0 == INT64_C(0x3130504350485053) || w0 == INT64_C(0x3130594c4f505053))
+        g_agree_calls[c->rank]++;
+    return tp_allgather(c, send, recv, bytes, stream);
+}
+static const sph_comm_ops counting_ops = {counting_allgather, tp_allreduce, tp_destroy};
+
+typedef struct one_job {
+    tp_group *g;
+    int64_t rank;
+    sph_status st;
+} one_job;
+
+static void *one_main(void *arg) {
+    one_job *j = arg;
+    sph_rng r;
+    rng_seed(&r, 78);
+    pcase c;
+    pc_init(&c, &r, 10, 4, 6, 12, 6 * j->rank, SPH_F32);
+    pc_wire(&c, HC_LP | HC_DH | HC_DW, SPH_PG_PPO, SPH_KL_NONE, SPH_AGG_TOKEN_MEAN);
+    struct sph_comm comm = tp_comm_of(j->g, j->rank);
+    comm.ops = &counting_ops;
+    sph_ctx_t ctx = hc_ctx(NULL, 1, &comm);
+    size_t bytes = 0;
+    void *ws = NULL;
+    if (sph_policy_loss_workspace_size(ctx, &c.h.a, &c.p, &bytes) == SPH_OK) ws = hc_alloc(bytes);
+    j->st = sph_policy_loss(ctx, &c.h.a, &c.p, ws, bytes);
+    free(ws);
+    sph_ctx_destroy(ctx);
+    pc_free(&c);
+    return NULL;
+}
+
+static void test_tp_one_exchange(void **state) {
+    (void)state;
+    tp_group g;
+    tp_group_init(&g, 2);
+    one_job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    memset(g_agree_calls, 0, sizeof g_agree_calls);
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        jobs[k].g = &g, jobs[k].rank = k;
+        pthread_create(&th[k], NULL, one_main, &jobs[k]);
+    }
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    tp_group_destroy(&g);
+    for (int k = 0; k < 2; k++) {
+        expect_ok(jobs[k].st);
+        assert_int_equal(g_agree_calls[k], 1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs_ref),
@@ -494,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_one_thread_at_a_time),
         cmocka_unit_test(test_group_mismatch),
         cmocka_unit_test(test_tp_mismatch),
+        cmocka_unit_test(test_tp_one_exchange),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /*
- * run_dist.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
+ * run_dist_main.c - `spanhead run --tp T --cp C --dp D` under `mpirun -np T*C*D`: the LM head
  * split the way a trainer splits it, checked against one process.
  *
  * World rank w = ((dp_rank * C) + cp_rank) * T + tp_rank (sph_comm_create_mpi_world's layout).
@@ -50,22 +50,6 @@
 #include "run.h"
 #include "run_dist.h"
 
-int sph_cli_run_wants_dist(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--")) break;
-        if (!strncmp(a, "--tp", 4) || !strncmp(a, "--cp", 4) || !strncmp(a, "--dp", 4))
-            if (a[4] == '\0' || a[4] == '=') return 1;
-    }
-    /* started by mpirun / mpiexec with several ranks */
-    static const char *const env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", NULL};
-    for (int k = 0; env[k]; k++) {
-        const char *v = getenv(env[k]);
-        if (v && atoi(v) > 1) return 1;
-    }
-    return 0;
-}
-
 #ifndef SPH_HAVE_MPI
 
 int sph_cli_run_dist(int argc, char **argv) {
@@ -90,29 +74,6 @@ static const char k_about[] =
     "gathered results with the single-process float64 reference on rank 0. Every rank must\n"
     "be given the same arguments: a usage error or a difference on any rank ends every rank\n"
     "with the same message before any work.";
-
-/* ---- ranks -------------------------------------------------------------------------------- */
-
-int dist_rank, dist_size;
-
-int dist_fail(const char *fmt, ...) {
-    va_list ap;
-    fflush(stdout);
-    fprintf(stderr, "spanhead run [rank %d]: ", dist_rank);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 0;
-}
-
-int dist_agree(int ok) {
-    int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return all;
-}
-
-const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};
 
 /* ---- step 0: every rank parses, all ranks agree ------------------------------------------ */
 
@@ -157,6 +118,57 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
 }
 
 /* ---- the command -------------------------------------------------------------------------- */
+
+/* The TP communicator of this rank (MPI on the CPU, NCCL over the TP group's MPI communicator
+ * *tpc with --device cuda), checked against the runner's coordinates. Returns ok. */
+static int make_comm(const dopts *o, const batch *b, int64_t v0, int64_t V_loc, int64_t tp_rank,
+                     int64_t cp_rank, int64_t dp_rank, sph_comm_t *comm, MPI_Comm *tpc) {
+    int ok = 1;
+    sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
+    cfg.tp = o->tp;
+    cfg.cp = o->cp;
+    cfg.dp = o->dp;
+    cfg.vocab_total = b->V;
+    cfg.vocab_start = v0;
+    cfg.vocab_local = V_loc;
+    cfg.dtype = b->bf16 ? SPH_BF16 : SPH_F32;
+    cfg.temperature = b->temperature;
+    sph_status cs;
+    if (o->cuda) {
+        /* The TP group's MPI communicator carries the NCCL unique id. */
+        MPI_Comm_split(MPI_COMM_WORLD, (int)(dist_rank / o->tp), (int)tp_rank, tpc);
+        cs = sph_comm_create_nccl_mpi(comm, tpc, &cfg);
+    } else {
+        int64_t t = -1, c = -1, dd = -1;
+        cs = sph_comm_create_mpi_world(comm, &cfg, &t, &c, &dd);
+        if (cs == SPH_OK && (t != tp_rank || c != cp_rank || dd != dp_rank))
+            ok = dist_fail("communicator coordinates (%lld, %lld, %lld) differ from the runner's "
+                           "(%lld, %lld, %lld)", (long long)t, (long long)c, (long long)dd,
+                           (long long)tp_rank, (long long)cp_rank, (long long)dp_rank);
+    }
+    if (cs) ok = dist_fail("communicator: %s", sph_last_error());
+    return ok;
+}
+
+/* Rank 0: the run, the batch and the layout, before the work. */
+static void print_run(const dopts *o, const batch *b, const share *sh, sph_ctx_t ctx,
+                      int64_t total_bins, int64_t padded_rows) {
+    int64_t active = 0;
+    for (int64_t i = 0; i < b->R; i++) active += b->mask[i];
+    printf("run: tp=%lld cp=%lld dp=%lld device=%s (%s)\n", (long long)o->tp, (long long)o->cp,
+           (long long)o->dp, o->cuda ? "cuda" : "cpu", sph_ctx_describe(ctx));
+    printf("batch: %lld sequences, R=%lld rows (%lld active, %s), H=%lld V=%lld, dtype=%s, "
+           "temperature=%g\n",
+           (long long)b->n_seqs, (long long)b->R, (long long)active,
+           b->masked ? "masked" : "dense", (long long)b->H, (long long)b->V,
+           b->bf16 ? "bf16" : "f32", b->temperature);
+    if (b->K) printf("support: K=%lld candidates per row\n", (long long)b->K);
+    printf("layout: %lld bins (%lld per DP rank), rank 0 holds %lld local rows, %lld padded "
+           "rows in its bins\n",
+           (long long)total_bins, (long long)sh->n_bins, (long long)sh->n,
+           (long long)padded_rows);
+    fflush(stdout);
+}
 
 int sph_cli_run_dist(int argc, char **argv) {
     int inited = 0, we_init = 0;
@@ -254,30 +266,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     if (ok && sph_ctx_create(&d.io, &io)) ok = dist_fail("context: %s", sph_last_error());
     d.cuda = o.cuda;
     if (!dist_agree(ok)) goto out;
-    sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
-    cfg.tp = o.tp;
-    cfg.cp = o.cp;
-    cfg.dp = o.dp;
-    cfg.vocab_total = b.V;
-    cfg.vocab_start = v0;
-    cfg.vocab_local = V_loc;
-    cfg.dtype = b.bf16 ? SPH_BF16 : SPH_F32;
-    cfg.temperature = b.temperature;
-    sph_status cs;
-    if (o.cuda) {
-        /* The TP group's MPI communicator carries the NCCL unique id. */
-        MPI_Comm_split(MPI_COMM_WORLD, (int)(dist_rank / o.tp), (int)tp_rank, &tpc);
-        cs = sph_comm_create_nccl_mpi(&comm, &tpc, &cfg);
-    } else {
-        int64_t t = -1, c = -1, dd = -1;
-        cs = sph_comm_create_mpi_world(&comm, &cfg, &t, &c, &dd);
-        if (cs == SPH_OK && (t != tp_rank || c != cp_rank || dd != dp_rank))
-            ok = dist_fail("communicator coordinates (%lld, %lld, %lld) differ from the runner's "
-                           "(%lld, %lld, %lld)", (long long)t, (long long)c, (long long)dd,
-                           (long long)tp_rank, (long long)cp_rank, (long long)dp_rank);
-    }
-    if (cs) ok = dist_fail("communicator: %s", sph_last_error());
-    if (!dist_agree(ok)) goto out;
+    if (!dist_agree(make_comm(&o, &b, v0, V_loc, tp_rank, cp_rank, dp_rank, &comm, &tpc)))
+        goto out;
     sph_ctx_opts co = io;
     co.tp_comm = comm;
     co.force_kernel = o.kernel;
@@ -288,23 +278,7 @@ int sph_cli_run_dist(int argc, char **argv) {
         ok = dist_fail("context: %s", sph_last_error());
     if (!dist_agree(ok)) goto out;
 
-    if (dist_rank == 0) {
-        int64_t active = 0;
-        for (int64_t i = 0; i < b.R; i++) active += b.mask[i];
-        printf("run: tp=%lld cp=%lld dp=%lld device=%s (%s)\n", (long long)o.tp, (long long)o.cp,
-               (long long)o.dp, o.cuda ? "cuda" : "cpu", sph_ctx_describe(ctx));
-        printf("batch: %lld sequences, R=%lld rows (%lld active, %s), H=%lld V=%lld, dtype=%s, "
-               "temperature=%g\n",
-               (long long)b.n_seqs, (long long)b.R, (long long)active,
-               b.masked ? "masked" : "dense", (long long)b.H, (long long)b.V,
-               b.bf16 ? "bf16" : "f32", b.temperature);
-        if (b.K) printf("support: K=%lld candidates per row\n", (long long)b.K);
-        printf("layout: %lld bins (%lld per DP rank), rank 0 holds %lld local rows, %lld padded "
-               "rows in its bins\n",
-               (long long)total_bins, (long long)sh.n_bins, (long long)sh.n,
-               (long long)padded_rows);
-        fflush(stdout);
-    }
+    if (dist_rank == 0) print_run(&o, &b, &sh, ctx, total_bins, padded_rows);
 
     /* 5b. forward + backward of every rank */
     double t0 = MPI_Wtime();
