@@ -104,7 +104,9 @@ static int validate(run_opts *o, const sph_cli_parsed *pp) {
 
 int sph_cli_run(int argc, char **argv) {
     /* the fused distillation loss: its own options and runner (run_distill.c) */
-    if (sph_cli_run_wants_distill(argc, argv)) return sph_cli_run_distill(argc, argv);
+    if (sph_cli_run_wants_distill(argc, argv))
+        return sph_cli_run_wants_dist(argc, argv) ? sph_cli_run_distill_main_dist(argc, argv)
+                                                  : sph_cli_run_distill(argc, argv);
     /* the fused RL policy loss has its own options and runner (run_policy.c) */
     if (sph_cli_run_wants_policy(argc, argv)) {
         if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_policy_main_dist(argc, argv);

@@ -470,24 +470,16 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
                err[0], err[1], err[2], tol, passed ? "PASS" : "FAIL");
 }
 
+void dst_opts_defaults(dst_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1;
+}
+
 int sph_cli_run_distill(int argc, char **argv) {
     dst_opts o;
-    memset(&o, 0, sizeof o);
-    o.beta = 0.5, o.temperature = 1.0, o.repeats = 1, o.tp = 1;
+    dst_opts_defaults(&o);
     sph_cli_parsed pp = {0};
     int rc;
-    /* under mpirun (or with --tp) every verdict, a usage error or --help included, goes to
-     * the ranks' agreement instead of ending this rank alone */
-    if (sph_cli_run_wants_dist(argc, argv)) {
-        char msg[480] = "";
-        rc = sph_cli_parse(sph_cli_distill_opts, argc, argv, &o, &pp, msg, sizeof msg);
-        if (rc == 0) {
-            o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
-            o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
-            if (!o.inputs) rc = 2 * sph_cli_err(msg, sizeof msg, "--distill needs --inputs DIR");
-        }
-        return sph_cli_run_distill_dist(&o, rc, msg, argc, argv);
-    }
     int done;
     rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_distill_opts, argc, argv, &o,
                                &pp, &done);

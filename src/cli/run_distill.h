@@ -85,5 +85,9 @@ void dst_usage(FILE *f);
 /* The distributed form (run_distill_dist.c), under an MPI launcher or with --tp: o as far as
  * this rank parsed it, rc its verdict (0, or 2 with msg, or SPH_CLI_HELP). */
 int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
+/* The defaults of the options (run_distill.c); the distributed entry (run_distill_dist.c),
+ * called by cmd_run.c under mpirun or with --tp. */
+void dst_opts_defaults(dst_opts *o);
+int sph_cli_run_distill_main_dist(int argc, char **argv);
 
 #endif

@@ -24,6 +24,22 @@
 
 #define CMD "run"
 
+/* Under mpirun (or with --tp; cmd_run.c): every verdict, a usage error or --help included,
+ * goes to the ranks' agreement instead of ending this rank alone. */
+int sph_cli_run_distill_main_dist(int argc, char **argv) {
+    dst_opts o;
+    dst_opts_defaults(&o);
+    sph_cli_parsed pp = {0};
+    char msg[480] = "";
+    int rc = sph_cli_parse(sph_cli_distill_opts, argc, argv, &o, &pp, msg, sizeof msg);
+    if (rc == 0) {
+        o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
+        o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
+        if (!o.inputs) rc = 2 * sph_cli_err(msg, sizeof msg, "--distill needs --inputs DIR");
+    }
+    return sph_cli_run_distill_dist(&o, rc, msg, argc, argv);
+}
+
 #ifndef SPH_HAVE_MPI
 
 int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv) {

@@ -13,6 +13,7 @@
 #include "cuda/head_sm90.cuh"
 #include "cuda/state.h"
 #include "cuda/tune.cuh"
+#include "distill/distill.h"
 #include "policy/policy.h"
 
 extern "C" sph_status sph_cuda_scale(sph_ctx_t ctx, const float *scale,
@@ -178,10 +179,12 @@ static sph_status sph_cuda_synchronize(sph_ctx_t ctx) {
 
 /* The CUDA backends of the losses above the head (core/backend.h, loss_backend): each loss's
  * table, defined beside its kernels. */
-extern "C" const sph_policy_backend sph_policy_cuda_backend; /* policy.cu */
+extern "C" const sph_policy_backend sph_policy_cuda_backend;   /* policy.cu */
+extern "C" const sph_distill_backend sph_distill_cuda_backend; /* distill.cu */
 
 static const void *sph_cuda_loss_backend(const char *loss) {
     if (loss && !strcmp(loss, "policy")) return &sph_policy_cuda_backend; /* policy.cu */
+    if (loss && !strcmp(loss, "distill")) return &sph_distill_cuda_backend; /* distill.cu */
     return NULL;
 }
 

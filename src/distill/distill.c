@@ -227,11 +227,6 @@ static sph_status check_values(const sph_distill_plan *dp) {
 
 // ---- the backends' table ------------------------------------------------------------------
 
-typedef struct distill_backend {
-    sph_status (*workspace)(sph_ctx_t, const sph_distill_plan *, size_t *);
-    sph_status (*run)(sph_ctx_t, const sph_distill_plan *, void *, size_t);
-} distill_backend;
-
 static sph_status ref_workspace(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes) {
     (void)ctx, (void)dp;
     *bytes = 0;
@@ -243,27 +238,21 @@ static sph_status ref_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, s
     return sph_distill_ref_run(ctx, dp);
 }
 
-#ifndef SPH_HAVE_CUDA
-sph_status sph_distill_cuda_workspace(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes) {
-    (void)dp, (void)bytes;
-    return sph_err(SPH_ERR_UNSUPPORTED, "distill: this build has no CUDA backend (device %d)",
-                   (int)ctx->device.type);
-}
-sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
-                                size_t bytes) {
-    (void)dp, (void)ws, (void)bytes;
-    return sph_err(SPH_ERR_UNSUPPORTED, "distill: this build has no CUDA backend (device %d)",
-                   (int)ctx->device.type);
-}
-#endif
 
-/* By device type: host memory runs the CPU backend (the reference when forced), CUDA its
- * own. */
-static distill_backend backend_of(sph_ctx_t ctx) {
-    if (ctx->device.type == SPH_DEVICE_CUDA)
-        return (distill_backend){sph_distill_cuda_workspace, sph_distill_cuda_run};
-    if (ctx->use_ref) return (distill_backend){ref_workspace, ref_run};
-    return (distill_backend){sph_distill_cpu_workspace, sph_distill_cpu_run};
+static const sph_distill_backend distill_ref_backend = {"ref", ref_workspace, ref_run};
+static const sph_distill_backend distill_cpu_backend = {"cpu", sph_distill_cpu_workspace,
+                                                        sph_distill_cpu_run};
+
+/* By device: host memory runs the CPU backend (the reference when forced), a device the
+ * backend its table hands out (loss_backend("distill"): src/cuda/distill.cu, through
+ * src/cuda/runtime.cu), so that this folder names no device code. NULL: none (the entry
+ * points answer SPH_ERR_UNSUPPORTED). */
+static const sph_distill_backend *backend_of(sph_ctx_t ctx) {
+    if (ctx->dev->host_memory)
+        return ctx->use_ref ? &distill_ref_backend : &distill_cpu_backend;
+    return ctx->dev->loss_backend
+               ? (const sph_distill_backend *)ctx->dev->loss_backend("distill")
+               : NULL;
 }
 
 static sph_status check_data(sph_ctx_t ctx, const sph_distill_plan *dp) {
@@ -287,7 +276,9 @@ sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *h
     *bytes = 0;
     sph_distill_plan dp;
     SPH_TRY(plan_make(ctx, head, distill, &dp));
-    return backend_of(ctx).workspace(ctx, &dp, bytes);
+    const sph_distill_backend *be = backend_of(ctx);
+    if (!be) return sph_backend_missing(ctx, "distillation loss");
+    return be->workspace(ctx, &dp, bytes);
 }
 
 // ---- the TP group agrees on the call ------------------------------------------------------
@@ -362,7 +353,7 @@ static sph_status distill_tp_agree(sph_ctx_t ctx, const sph_distill_plan *dp, sp
 
 // ---- the call -------------------------------------------------------------------------------
 
-static sph_status check_workspace(sph_ctx_t ctx, const distill_backend *be,
+static sph_status check_workspace(sph_ctx_t ctx, const sph_distill_backend *be,
                                   const sph_distill_plan *dp, void *ws, size_t ws_bytes,
                                   sph_validator *val) {
     size_t need = 0;
@@ -381,15 +372,16 @@ static sph_status distill_loss(sph_ctx_t ctx, const sph_head_args *head,
     sph_distill_plan dp;
     sph_validator val;
     sph_val_init(&val, ctx);
-    distill_backend be = backend_of(ctx);
+    const sph_distill_backend *be = backend_of(ctx);
+    if (!be) return sph_backend_missing(ctx, "distillation loss");
     sph_status s = plan_validate(ctx, head, d, &dp, &val);
-    if (s == SPH_OK) s = check_workspace(ctx, &be, &dp, ws, ws_bytes, &val);
+    if (s == SPH_OK) s = check_workspace(ctx, be, &dp, ws, ws_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
     if (s == SPH_OK) s = check_data(ctx, &dp);
     s = sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, s == SPH_OK ? &dp.head : NULL, s);
     s = distill_tp_agree(ctx, &dp, s);
     SPH_TRY(s);
-    return be.run(ctx, &dp, ws, ws_bytes);
+    return be->run(ctx, &dp, ws, ws_bytes);
 }
 
 sph_status sph_distill_loss(sph_ctx_t ctx, const sph_head_args *head,

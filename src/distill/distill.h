@@ -1,7 +1,7 @@
 /*
  * distill.h - the validated form of one sph_distill_loss call (distill.c fills it) and the
  * backends that run it: the float64 reference (distill_ref.c), the CPU backend
- * (distill_cpu.c) and CUDA (distill_cuda.cu). distill.c dispatches on the context's device
+ * (distill_cpu.c) and CUDA (src/cuda/distill.cu). distill.c dispatches on the context's device
  * type through its own small table (never core/backend.h). docs/distill.md has the math.
  */
 #ifndef SPH_DISTILL_DISTILL_H
@@ -50,9 +50,15 @@ static inline double sph_distill_row_scale(const sph_distill_plan *dp, int64_t i
 sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp);
 sph_status sph_distill_cpu_workspace(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes);
 sph_status sph_distill_cpu_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, size_t bytes);
-sph_status sph_distill_cuda_workspace(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes);
-sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
-                                size_t bytes);
+
+/* A backend's table: the CPU's and the reference's live in distill.c; a device's is handed
+ * out by its device table (core/backend.h loss_backend("distill"); CUDA's is
+ * src/cuda/distill.cu's sph_distill_cuda_backend). */
+typedef struct sph_distill_backend {
+    const char *name;
+    sph_status (*workspace)(sph_ctx_t ctx, const sph_distill_plan *dp, size_t *bytes);
+    sph_status (*run)(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, size_t bytes);
+} sph_distill_backend;
 
 /* The float64 oracle (distill_ref.c) on float64 inputs, for the tests' finite differences
  * and the reference backend: every row of h (N, H) against w (V, H) (the whole vocabulary,

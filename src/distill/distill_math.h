@@ -1,7 +1,7 @@
 /*
  * distill_math.h - the per-bin math of the distillation losses (docs/distill.md), in
  * float64, shared by the reference and the CPU backend (CUDA has its twin in
- * distill_cuda.cu).
+ * src/cuda/distill.cu).
  *
  * A bin b has the student's log-mass lq = log Q_b and the teacher's lp = log P_b (-inf: P_b
  * = 0). sph_dm_term gives its loss term l_b and a_b = Q_b g_b, g_b = dL/dQ_b exactly (a

@@ -1,5 +1,5 @@
 /*
- * distill_cuda.cu - the CUDA backend of the distillation losses (the CPU backend's design,
+ * distill.cu - the CUDA backend of the distillation losses (the CPU backend's design,
  * distill_cpu.c, on the GPU): chunks of R consecutive rows, the shard's logits of each chunk
  * staged in fp32 (the student's Zs, the dense teacher's Zt), cuBLAS products, small kernels
  * for the row records, the bins and dz, the TP combine through the group's device
@@ -83,7 +83,7 @@ static void make_layout(sph_ctx_t ctx, const sph_distill_plan *dp, dlay *L) {
     L->total = off;
 }
 
-extern "C" sph_status sph_distill_cuda_workspace(sph_ctx_t ctx, const sph_distill_plan *dp,
+static sph_status sph_distill_cuda_workspace(sph_ctx_t ctx, const sph_distill_plan *dp,
                                                  size_t *bytes) {
     dlay L;
     make_layout(ctx, dp, &L);
@@ -669,7 +669,7 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     return SPH_OK;
 }
 
-extern "C" sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
+static sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
                                            size_t bytes) {
     drun r;
     SPH_TRY(setup(ctx, dp, ws, bytes, &r));
@@ -725,3 +725,7 @@ extern "C" sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan
     SPH_LAUNCH_CHECK("k_loss", r.st);
     return SPH_OK;
 }
+
+/* The table src/cuda/runtime.cu hands out as loss_backend("distill") (src/distill/distill.c). */
+extern "C" const sph_distill_backend sph_distill_cuda_backend = {"cuda", sph_distill_cuda_workspace,
+                                                                 sph_distill_cuda_run};
