@@ -36,7 +36,7 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
                     tw: Optional[torch.Tensor], ids: Optional[torch.Tensor],
                     lp: Optional[torch.Tensor], dloss: Optional[torch.Tensor], fl: List[float],
                     it: List[int], kernel: Optional[str], tune_cache: Optional[str],
-                    trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                    trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(loss (0-d, or (N,) for reduction none), dhidden, dweight); the gradients are empty
     when not needed. trows: per-row temperatures (N,) float32 or None."""
     beta, tt, temperature, softcap = fl

@@ -264,7 +264,7 @@ def head_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              candidates: Optional[torch.Tensor], mask: Optional[torch.Tensor],
              spans: Optional[torch.Tensor], want: List[bool], fl: List[float], it: List[int],
              kernel: Optional[str], tune_cache: Optional[str],
-             trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+             trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(logprob, entropy, lse, logit_mean, stats, sum_p2, topk_ids, topk_logprobs): each
     per-row output (N,) float32 when wanted (want[0..4); want[4], when given, asks for sum_p2,
     which has no gradient), else empty; stats (N, 3); topk (no gradient) when it carries an
@@ -317,7 +317,7 @@ def head_bwd(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
              dlse: Optional[torch.Tensor], dlogit_mean: Optional[torch.Tensor],
              need_dhidden: bool, need_dweight: bool, fl: List[float], it: List[int],
              kernel: Optional[str], tune_cache: Optional[str],
-             trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+             trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(dhidden, dweight) in hidden's and weight's dtypes; empty when not needed. trows: the
     forward's per-row temperatures (the same tensor), or None."""
     a = _unpack(fl, it, kernel, tune_cache)
@@ -384,7 +384,7 @@ def weighted_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
                   mask: Optional[torch.Tensor], spans: Optional[torch.Tensor],
                   weights: torch.Tensor, fl: List[float], it: List[int],
                   kernel: Optional[str], tune_cache: Optional[str],
-                  trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                  trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(loss, logprob, entropy, lse, logit_mean, dhidden, dweight) of
     L = sum_i w_i (c_lp lp_i + c_lse lse_i + c_mean mu_i) + c_ent sum_i H_i over the active
     rows, in ONE spanhead call: the upstream gradients (c_lp w, c_ent, c_lse w, c_mean w) are

@@ -38,7 +38,7 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                    advantages: torch.Tensor, old: torch.Tensor, ref: Optional[torch.Tensor],
                    isw: Optional[torch.Tensor], seq: Optional[torch.Tensor], fl: List[float],
                    it: List[int], kernel: Optional[str], tune_cache: Optional[str],
-                   trows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                   trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(loss (0-d), metrics (9,), logprob (N,), entropy (N,), dhidden, dweight); the gradients
     are empty when not needed. trows: per-row temperatures (N,) float32 or None."""
     clip_low, clip_high, clip_ratio_c, kl_coef, entropy_coef, norm_length, temperature, \
