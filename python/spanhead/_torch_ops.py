@@ -489,7 +489,10 @@ def _loss_backward(ctx, grads):
     if g_loss is None:
         return none
     g = g_loss.reshape(())
-    compiling = torch.compiler.is_compiling()
+    # traced (torch.compile's AOT backward: fake / functional tensors, which torch 2.11 does
+    # not flag through is_compiling()) takes the torch ops; real tensors the library call
+    compiling = torch.compiler.is_compiling() or type(dh) is not torch.Tensor or \
+        type(dw) is not torch.Tensor
     gh = gw = gwt = None
     # the stored gradients are this operator's own outputs, held only here: eager mode scales
     # them in place (no second dweight-sized allocation); g stays on the device (no sync)

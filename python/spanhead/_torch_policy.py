@@ -119,7 +119,10 @@ def _backward(ctx, grads):
     if g_loss is None:
         return none
     g = g_loss.reshape(())
-    compiling = torch.compiler.is_compiling()
+    # traced (torch.compile's AOT backward: fake / functional tensors, which torch 2.11 does
+    # not flag through is_compiling()) takes the torch ops; real tensors the library call
+    compiling = torch.compiler.is_compiling() or type(dh) is not torch.Tensor or \
+        type(dw) is not torch.Tensor
     gh = gw = None
     # the stored gradients are this operator's own outputs, held only here: eager mode scales
     # them in place; g stays on the device (no host sync)
