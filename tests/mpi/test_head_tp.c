@@ -111,8 +111,12 @@ static int run_cfg(uint64_t seed, const char *kernel, const tpcfg *t) {
 
     int ok = !x.active_mismatch;
     if (TK) {
+        /* ids compared where the oracle's gap exceeds what the backend resolves: the float64
+         * reference ("ref") 1e-9, the float32 CPU set (kernel NULL: the best) 1e-4 (a seed
+         * once had two logits 9e-7 apart come out swapped, as fp32 logits may) */
+        const int is_ref = kernel && !strcmp(kernel, "ref");
         ok &= check_topk(cs, tki, tkl, TK, &f, x.active, t->T, t->cap, TOL_CPU_F32,
-                         kernel ? 1e-4 : 1e-9);
+                         is_ref ? 1e-9 : 1e-4);
         double md = 0, mr = 0;
         for (int64_t i = 0; i < N; i++) {
             const double ref = x.active[i] ? dense_sum_p2(&f, i, t->T, t->cap) : 0;
