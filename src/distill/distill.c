@@ -2,7 +2,8 @@
  * distill.c - the public entry points of the fused distillation losses
  * (sph_distill_loss_workspace_size, sph_distill_loss): validation of the head's and the
  * loss's argument blocks into a plan, the TP group's agreement, then the backend of the
- * context's device type (this folder's own table: the reference, the CPU, CUDA).
+ * context's device: the reference and the CPU from this folder's table, a device's from its
+ * device table (loss_backend("distill"): src/cuda/distill.cu).
  *
  * Every check runs before any output is written: the head's (sph_head_plan_validate, with
  * every region registered in one validator with the loss's tensors and the workspace), the
