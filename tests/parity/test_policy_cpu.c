@@ -136,7 +136,10 @@ static void compare(sph_rng *r, const grid_case *g, sph_pg_loss loss, sph_kl_kin
              (long long)g->N, (long long)g->H, (long long)g->V, sph_dtype_name(g->dt), g->mask,
              g->threads, (long long)g->chunk_rows, g->grads, (int)loss, (int)kl, (int)agg,
              g_trows);
-    const double tol = TOL_CPU_F32; /* tolerances.h */
+    /* tolerances.h; per-row temperatures down to 0.25 scale every logit (and its f32 error,
+     * ~1e-6 absolute in z) by up to 4: the budget grows with them (a seed's pg_loss once came
+     * out 2.3e-5 off at 2e-5) */
+    const double tol = g_trows ? 4 * TOL_CPU_F32 : TOL_CPU_F32;
     assert_true(pc_metrics_close("metrics", cs, got.met, SPH_F32, ref.met, SPH_F32, tol));
     assert_true(hc_close("logprob", cs, got.lp, SPH_F32, ref.lp, SPH_F32, g->N, tol));
     assert_true(hc_close("entropy", cs, got.ent, SPH_F32, ref.ent, SPH_F32, g->N, tol));
