@@ -148,6 +148,14 @@ typedef struct {
 
 SPH_PY_HIDDEN int consume(PyObject *obj, const char *name, consumed *c);
 SPH_PY_HIDDEN void release(consumed *c);
+/* The n capsules (or None) of a call's tensor tuple into slots[0..n) (have[i] 1 or 0), each an
+ * output where is_out(i, arg) says so and then refused when read-only. 0, or -1 with an
+ * exception set (what was consumed stays in slots: release_slots frees it). */
+SPH_PY_HIDDEN int consume_slots(PyObject *tensors, int n, const char *const *names,
+                                int (*is_out)(int i, int arg), int arg, consumed *slots,
+                                int *have);
+/* Releases slots[0..n) and the two extras (each may be NULL), a pending exception kept. */
+SPH_PY_HIDDEN void release_slots(consumed *slots, int n, consumed *a, consumed *b);
 /* The head calls' host spans (None or an (n, 2) int64 capsule) and workspace (a byte tensor of
  * at least `bytes` from the Python allocator); 0 on success, -1 with an exception set. */
 SPH_PY_HIDDEN int consume_spans(PyObject *obj, consumed *sp, const int64_t **spans,

@@ -14,7 +14,10 @@ enum {
 static const char *const names[D_COUNT] = {
     "hidden", "weight", "loss_mask", "dhidden", "dweight", "teacher_hidden", "teacher_weight",
     "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss", "temperature_rows"};
-static int is_output(int i) { return i == D_DHIDDEN || i == D_DWEIGHT || i == D_LOSS; }
+static int is_output(int i, int arg) {
+    (void)arg;
+    return i == D_DHIDDEN || i == D_DWEIGHT || i == D_LOSS;
+}
 
 /* distill_loss(ctx, tensors: tuple of 12, spans, workspace_alloc, vocab_start, vocab_total,
  *              temperature, softcap, acc_dh, acc_dw, allreduce_dh,
@@ -59,14 +62,7 @@ PyObject *py_distill_loss(PyObject *self, PyObject *args) {
     memset(&ws, 0, sizeof ws);
     PyObject *res = NULL, *ws_cap = NULL;
     int have[D_COUNT];
-    for (int i = 0; i < D_COUNT; i++) {
-        have[i] = consume(PyTuple_GetItem(tensors, i), names[i], &slots[i]);
-        if (have[i] < 0) goto done;
-        if (have[i] && is_output(i) && slots[i].read_only) {
-            raise_fmt(SPH_ERR_INVALID_ARG, "%s: output tensor is read-only", names[i]);
-            goto done;
-        }
-    }
+    if (consume_slots(tensors, D_COUNT, names, is_output, 0, slots, have) < 0) goto done;
     const int64_t *spans;
     int64_t n_spans;
     if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
@@ -110,14 +106,8 @@ PyObject *py_distill_loss(PyObject *self, PyObject *args) {
         goto done;
     }
     res = PyLong_FromUnsignedLongLong((unsigned long long)bytes);
-done : {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    for (int i = 0; i < D_COUNT; i++) release(&slots[i]);
-    release(&sp);
-    release(&ws);
-    PyErr_Restore(et, ev, tb);
-}
+done:
+    release_slots(slots, D_COUNT, &sp, &ws);
     Py_XDECREF(ws_cap);
     return res;
 }

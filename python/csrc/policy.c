@@ -16,7 +16,8 @@ static const char *const names[P_COUNT] = {
     "hidden",  "weight",     "targets",     "loss_mask",   "logprob",    "entropy",
     "stats",   "dhidden",    "dweight",     "advantages",  "old_logprobs", "ref_logprobs",
     "is_weights", "seq_ids", "metrics", "temperature_rows"};
-static int is_output(int i) {
+static int is_output(int i, int arg) {
+    (void)arg;
     return (i >= P_LOGPROB && i <= P_DWEIGHT) || i == P_METRICS;
 }
 
@@ -77,14 +78,7 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
     memset(&ws, 0, sizeof ws);
     PyObject *res = NULL, *ws_cap = NULL;
     int have[P_COUNT];
-    for (int i = 0; i < P_COUNT; i++) {
-        have[i] = consume(PyTuple_GetItem(tensors, i), names[i], &slots[i]);
-        if (have[i] < 0) goto done;
-        if (have[i] && is_output(i) && slots[i].read_only) {
-            raise_fmt(SPH_ERR_INVALID_ARG, "%s: output tensor is read-only", names[i]);
-            goto done;
-        }
-    }
+    if (consume_slots(tensors, P_COUNT, names, is_output, 0, slots, have) < 0) goto done;
     const int64_t *spans;
     int64_t n_spans;
     if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
@@ -132,14 +126,8 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
         goto done;
     }
     res = PyLong_FromUnsignedLongLong((unsigned long long)bytes);
-done : {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    for (int i = 0; i < P_COUNT; i++) release(&slots[i]);
-    release(&sp);
-    release(&ws);
-    PyErr_Restore(et, ev, tb);
-}
+done:
+    release_slots(slots, P_COUNT, &sp, &ws);
     Py_XDECREF(ws_cap);
     return res;
 }

@@ -43,6 +43,30 @@ void release(consumed *c) {
     c->deleter = NULL;
 }
 
+int consume_slots(PyObject *tensors, int n, const char *const *names,
+                  int (*is_out)(int i, int arg), int arg, consumed *slots, int *have) {
+    for (int i = 0; i < n; i++) {
+        have[i] = consume(PyTuple_GetItem(tensors, i), names[i], &slots[i]);
+        if (have[i] < 0) return -1;
+        if (have[i] && is_out(i, arg) && slots[i].read_only) {
+            raise_fmt(SPH_ERR_INVALID_ARG, "%s: output tensor is read-only", names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void release_slots(consumed *slots, int n, consumed *a, consumed *b) {
+    /* deleters may run the producer's Python code (NumPy drops its array reference): the GIL
+     * is held here and a pending exception is kept around them */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    for (int i = 0; i < n; i++) release(&slots[i]);
+    if (a) release(a);
+    if (b) release(b);
+    PyErr_Restore(et, ev, tb);
+}
+
 /* Consumes obj: None (-> 0, nothing), a "dltensor"/"dltensor_versioned" capsule, or a tuple
  * (capsule, dtype_code, dtype_bits) that reinterprets the element type (same size). Returns
  * 1 when a tensor was consumed, 0 for None, -1 with an exception set. */
@@ -172,6 +196,11 @@ static int slot_is_output(int i) {
  * The stats slot is an output of the forward and an input of the backward. workspace_alloc is
  * called with the byte count when it is > 0 and returns a capsule of at least that many bytes
  * on the context's device. spans is None or a capsule of a host int64 (n, 2) tensor. */
+/* A slot the pass writes (the backward reads stats). */
+static int head_slot_written(int i, int pass) {
+    return slot_is_output(i) && !(i == S_STATS && pass == SPH_HEAD_BACKWARD);
+}
+
 PyObject *py_head(PyObject *self, PyObject *args) {
     PyObject *ctx_obj, *tensors, *spans_obj, *alloc, *v0_obj, *vt_obj, *temp_obj, *cap_obj;
     int pass, acc_dh, acc_dw, allred;
@@ -200,16 +229,8 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     memset(&ws, 0, sizeof ws);
     PyObject *res = NULL, *ws_cap = NULL;
     int have[S_COUNT];
-    for (int i = 0; i < S_COUNT; i++) {
-        have[i] = consume(PyTuple_GetItem(tensors, i), slot_names[i], &slots[i]);
-        if (have[i] < 0) goto done;
-        if (have[i] && slot_is_output(i) && !(i == S_STATS && pass == SPH_HEAD_BACKWARD) &&
-            slots[i].read_only) {
-            raise_fmt(SPH_ERR_INVALID_ARG,
-                      "%s: output tensor is read-only", slot_names[i]);
-            goto done;
-        }
-    }
+    if (consume_slots(tensors, S_COUNT, slot_names, head_slot_written, pass, slots, have) < 0)
+        goto done;
     const int64_t *spans = NULL;
     int64_t n_spans = 0;
     if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
@@ -267,18 +288,14 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     }
     res = PyLong_FromUnsignedLongLong((unsigned long long)bytes);
 done:
-    /* Deleters may run Python code of the producer (e.g. NumPy drops its array reference);
-     * the GIL is held here and any pending exception is preserved around them. */
-    {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        for (int i = 0; i < S_COUNT; i++) release(&slots[i]);
-        release(&sp);
-        release(&ws);
-        PyErr_Restore(et, ev, tb);
-    }
+    release_slots(slots, S_COUNT, &sp, &ws);
     Py_XDECREF(ws_cap);
     return res;
+}
+
+static int every_slot(int i, int arg) {
+    (void)i, (void)arg;
+    return 1;
 }
 
 /* scale(ctx, scale_capsule, (capsule, ...)): sph_scale_inplace, the tensors times the device
@@ -303,15 +320,12 @@ PyObject *py_scale(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     int hs = consume(scale_obj, "scale", &sc);
     if (hs < 0) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int h = consume(PyTuple_GetItem(tensors, i), "tensors", &ts[i]);
-        if (h < 0) goto done;
-        if (h && ts[i].read_only) {
-            raise_fmt(SPH_ERR_INVALID_ARG, "tensors[%d]: output tensor is read-only", (int)i);
-            goto done;
-        }
-        tl[i] = h ? &ts[i].t : NULL;
-    }
+    static const char *const tnames[SPH_SCALE_MAX] = {
+        "tensors[0]", "tensors[1]", "tensors[2]", "tensors[3]",
+        "tensors[4]", "tensors[5]", "tensors[6]", "tensors[7]"};
+    int have[SPH_SCALE_MAX];
+    if (consume_slots(tensors, (int)n, tnames, every_slot, 0, ts, have) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) tl[i] = have[i] ? &ts[i].t : NULL;
     sph_status s = lib.sph_scale_inplace(ctx, hs ? &sc.t : NULL, tl, (int)n);
     if (s) {
         raise_lib(s);
@@ -320,13 +334,7 @@ PyObject *py_scale(PyObject *self, PyObject *args) {
     res = Py_None;
     Py_INCREF(res);
 done:
-    {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        release(&sc);
-        for (int i = 0; i < SPH_SCALE_MAX; i++) release(&ts[i]);
-        PyErr_Restore(et, ev, tb);
-    }
+    release_slots(ts, SPH_SCALE_MAX, &sc, NULL);
     return res;
 }
 
