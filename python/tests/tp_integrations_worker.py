@@ -112,3 +112,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Every check has passed and been reported. Leave without the interpreter's teardown: on
+    # CI a C++ thread of torch's gloo stack was once still joinable at exit and
+    # std::terminate aborted the process after "RANK 1 OK" (stop 30). spanhead is C and owns
+    # no such thread; the test keys on the exit status, so exit plainly here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
