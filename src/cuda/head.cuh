@@ -95,15 +95,12 @@ extern "C" {
  * 128 x 256 output tiles already fill the SMs, else enough for ~2 waves, at most 8 and at
  * least 2048 columns each. */
 int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms);
-/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu). Top-k reads the
- * staged fp32 logits, so a pass with it takes the cuBLAS / staged path (no fused epilogue);
- * sum_p2 alone rides in the fused statistics epilogue where the pass is fused (tile_q) and
- * reads the staged logits elsewhere. */
+/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu). They read the
+ * staged fp32 logits, so a pass with them takes the cuBLAS / staged path (no fused
+ * epilogue), except sum_p2 alone under SPH_CUDA_FLAG_SUMP2_FUSED: it rides in the fused
+ * statistics epilogue where the pass is fused (the layout's tile_q). */
 static inline int sph_cuda_extras(const sph_head_plan *p, sph_head_pass pass) {
     return pass == SPH_HEAD_FORWARD && p->K == 0 && (p->sum_p2 != NULL || p->topk > 0);
-}
-static inline int sph_cuda_extras_staged(const sph_head_plan *p, sph_head_pass pass) {
-    return sph_cuda_extras(p, pass) && p->topk > 0;
 }
 sph_status sph_cuda_head_layout(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                                 sph_cuda_layout *lay);

@@ -51,7 +51,7 @@ typedef struct pass_facts {
     int half_dw, half_dh; /* half-precision gradient outputs (fp32 accumulators) */
     int can_fuse;         /* the sm_90a fused kernels can run this pass's operands */
     int extras;           /* the forward's extras (sum_p2, top-k) */
-    int extras_staged;    /* ... that read staged logits (top-k): no fusion */
+    int extras_staged;    /* ... that read staged logits (top-k; sum_p2 without SUMP2_FUSED) */
     int64_t max_span;     /* the longest row range a chunk walks (M when gathered) */
     int64_t n_spans;
     int64_t chunk_bytes;  /* the context's budget (1 GiB by default) */
@@ -95,10 +95,11 @@ static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass p
     f->half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
     /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
-     * user's tensors, so every chunk of the pass takes the same kernels. Top-k reads the
-     * staged fp32 logits: no fused epilogue beside it (sum_p2 rides in the epilogue). */
+     * user's tensors, so every chunk of the pass takes the same kernels. The extras read the
+     * staged fp32 logits: no fused epilogue beside them (but sum_p2 alone rides in it under
+     * SUMP2_FUSED). */
     f->extras = sph_cuda_extras(p, pass);
-    f->extras_staged = sph_cuda_extras_staged(p, pass);
+    f->extras_staged = f->extras && (p->topk > 0 || !st->sump2_fused);
     f->can_fuse = !lay->bi && f->dk != DT_F32 && !st->no_fused && !f->extras_staged &&
                   sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                             p->H) &&

@@ -126,11 +126,12 @@ static int run_case(const xcase *x) {
         fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
         ok = 0;
     }
-    /* sum_p2 alone rides in the plain pass's kernels (the fused statistics epilogue where the
-     * plain pass is fused): the same path word, plus the extras */
+    /* SUMP2_FUSED: sum_p2 alone rides in the plain pass's kernels (the fused statistics
+     * epilogue where the plain pass is fused): the same path word, plus the extras */
     char want[sizeof plain.path + 8];
     snprintf(want, sizeof want, "%s+extras", plain.path);
-    if (!x->kernel && x->sp2 && !K && strcmp(info.path, want)) {
+    if (!x->kernel && x->sp2 && !K && (x->flags & SPH_CUDA_FLAG_SUMP2_FUSED) &&
+        strcmp(info.path, want)) {
         fprintf(stderr, "FAIL %s: sum_p2 alone took path %s, the plain pass %s\n", cs, info.path,
                 plain.path);
         ok = 0;
@@ -165,7 +166,8 @@ static int run_case(const xcase *x) {
 
 static void test_extras_cuda(void **state) {
     (void)state;
-    const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE;
+    const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE,
+                   SF = SPH_CUDA_FLAG_SUMP2_FUSED;
     const xcase cases[] = {
         /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap */
         {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
@@ -176,15 +178,17 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP, 0, 0.8, 2.5},
         {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, 0, 0, 1.0, 0.0},
         {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, 0, 0, 1.0, 0.0},
-        /* sum_p2 alone: the fused statistics epilogue (sm_90a) or the plain pass's kernels:
-         * several splits (small budget), gathered spans, staged E, the sweep, N = 1 */
-        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0},
-        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, 0, 0, 1.3, 3.0},
-        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, 0, 0, 0.8, 0.0},
-        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, RECOMP, 0, 1.0, 2.5},
-        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, 0, 0, 1.0, 0.0},
+        /* sum_p2 alone: staged by default; under SUMP2_FUSED the fused statistics epilogue
+         * (sm_90a) or the plain pass's kernels: several splits (small budget), gathered
+         * spans, staged E, the sweep, N = 1, the batch-invariant mode */
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, 0, 0, 0.9, 0.0},
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, SF, 96 * 1024, 0.7, 0.0},
+        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, SF, 0, 1.3, 3.0},
+        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, SF, 0, 0.8, 0.0},
+        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, SF | RECOMP, 0, 1.0, 2.5},
+        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, SF, 0, 1.0, 0.0},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0},
     };

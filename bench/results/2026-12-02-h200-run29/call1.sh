@@ -6,7 +6,8 @@
 #      only, their seconds are no measurements;
 #   2. sum_p2 as extra cost over plain log-probs, A and E 16K dense, general and one-pass
 #      (`spanhead bench --sum-p2`: each point's plain row, then its sum_p2 row, same run);
-#      prediction: +0.5 .. +2 % (one FMA per logit in an epilogue of ~15 instructions per
+#      default (staged, run 28: +5 .. +14 %) and SPH_CUDA_SUMP2FUSED=1 (v18) back to back;
+#      prediction for v18: +0.5 .. +2 % (one FMA per logit in an epilogue of ~15 instructions per
 #      logit, 4 bytes per 256 columns; run 28's staged path: +5 .. +14 %);
 #   3. SPH_HOST_TRACE=1: where a call's host time goes, C path (`spanhead bench`, tiny shape
 #      H 64 V 1000 N 64 and B 1K 0.25) and through Python (torch_overhead.py, tiny).
@@ -45,8 +46,11 @@ if [ -z "${NO_CHECKS:-}" ]; then
   wait
 fi
 P="--shape A,E --N 16K --active 1 --mask response"
+# the staged rows (default) and the fused rows (v18, SPH_CUDA_SUMP2FUSED=1), back to back
 step bench_sum_p2_general 90 $S bench $P --mode general --sum-p2 --json "$R/bench_sum_p2_general.jsonl"
+SPH_CUDA_SUMP2FUSED=1 step bench_sum_p2_general_fused 90 $S bench $P --mode general --sum-p2 --json "$R/bench_sum_p2_general_fused.jsonl"
 step bench_sum_p2_onepass 90 $S bench $P --mode one-pass --sum-p2 --json "$R/bench_sum_p2_onepass.jsonl"
+SPH_CUDA_SUMP2FUSED=1 step bench_sum_p2_onepass_fused 90 $S bench $P --mode one-pass --sum-p2 --json "$R/bench_sum_p2_onepass_fused.jsonl"
 SPH_HOST_TRACE=1 step trace_tiny 40 $S bench --H 64 --V 1000 --N 64 --active 1 --mode both --repeats 50 --warmup 5
 SPH_HOST_TRACE=1 step trace_B1K 40 $S bench --shape B --N 1K --active 0.25 --mode one-pass --repeats 50 --warmup 5
 SPH_HOST_TRACE=1 PYTHONPATH=$root/python SPANHEAD_LIB=$B/lib/libspanhead.so.0 \
@@ -57,7 +61,7 @@ for f in "$R"/gpu_test_*.log; do
   if grep -q "FAIL\|Error\|error:" "$f" 2>/dev/null && ! grep -q "^\[  PASSED  \]" "$f"; then
     echo "== $(basename "$f")"; grep -m12 -iE "fail|error" "$f"; fi
 done
-for f in bench_sum_p2_general bench_sum_p2_onepass; do echo "== $f"; grep -h "^|" "$R/$f.log" | head -8; done
+for f in bench_sum_p2_general bench_sum_p2_general_fused bench_sum_p2_onepass bench_sum_p2_onepass_fused; do echo "== $f"; grep -h "^|" "$R/$f.log" | head -8; done
 for f in trace_tiny trace_B1K trace_torch; do echo "== $f"; grep -h "^|" "$R/$f.log" | head -6; sed -n '/host trace/,$p' "$R/$f.log" | head -40; done
 head -14 "$R/torch_overhead.md" 2>/dev/null
 tar czf "$OUT/call1.tgz" -C "$R" .
