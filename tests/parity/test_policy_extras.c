@@ -58,32 +58,6 @@ static void loss_rows(const pcase *c, uint8_t *act) {
     for (int64_t i = 0; i < c->h.N; i++) act[i] = act[i] && c->h.tgt[i] >= 0;
 }
 
-/* sum_p2 against the float64 oracle of the full case f (V_loc = V): sum_j e^(2 (z_j - lse))
- * of every active row within tol relative (NaN fails), exactly 0 on the other rows. */
-static int check_sp2(const char *cs, const float *got, const hcase *f, const uint8_t *act,
-                     double T, const float *trows, double cap, double tol) {
-    zid *s = hc_alloc((size_t)f->V_loc * sizeof *s);
-    int ok = 1;
-    for (int64_t i = 0; i < f->N && ok; i++) {
-        double want = 0;
-        if (act[i]) {
-            double lse;
-            oracle_row(f, i, trows ? (double)trows[i] : T, cap, s, &lse);
-            for (int64_t j = 0; j < f->V_loc; j++) want += exp(2 * (s[j].z - lse));
-        }
-        const int good = act[i] ? fabs((double)got[i] - want) <= tol * want
-                                : got[i] == 0.0f && !signbit(got[i]);
-        if (!good) {
-            fprintf(stderr, "FAIL sum_p2 %s: row %lld (active %d): got %.9g, oracle %.9g; seed "
-                            "%llu\n",
-                    cs, (long long)i, act[i], got[i], want, (unsigned long long)test_seed());
-            ok = 0;
-        }
-    }
-    free(s);
-    return ok;
-}
-
 /* The loss's outputs of a run (to compare a run with the extras against one without). */
 typedef struct lossout {
     float met[SPH_POLICY_N_METRICS];
@@ -185,7 +159,8 @@ static void test_policy_extras(void **state) {
             if (topk)
                 ok &= check_topk_rows(cs, b.ids, b.lp, K, &c.h, act, T, tr, cap, TOL_CPU_F32,
                                       kk == 0 ? 1e-9 : 1e-4);
-            if (sp2) ok &= check_sp2(cs, b.sp2, &c.h, act, T, tr, cap, kk == 0 ? 1e-6 : 1e-4);
+            if (sp2)
+                ok &= check_sum_p2_rows(cs, b.sp2, &c.h, act, T, tr, cap, kk == 0 ? 1e-6 : 1e-4);
             if (!topk) /* not asked: never written */
                 for (int64_t k = 0; k < N * K && ok; k++) ok &= b.ids[k] == 0x5a5a5a5a5a5aLL;
             /* the log-prob of a listed target is the loss's logprob of the row */
@@ -300,7 +275,7 @@ static int xtp_check(sph_rng *r, const char *kernel, int64_t ranks, int64_t V, i
     if (ok) {
         ok &= check_topk(cs, jobs[0].b.ids, jobs[0].b.lp, K, &f.h, act, 1.0, 0.0, TOL_CPU_F32,
                          kernel && !strcmp(kernel, "ref") ? 1e-9 : 1e-4);
-        ok &= check_sp2(cs, jobs[0].b.sp2, &f.h, act, 1.0, NULL, 0.0, 1e-4);
+        ok &= check_sum_p2_rows(cs, jobs[0].b.sp2, &f.h, act, 1.0, NULL, 0.0, 1e-4);
     }
     for (int64_t k = 0; k < ranks; k++) {
         pcase *c = &jobs[k].shard;
