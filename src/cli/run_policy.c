@@ -6,8 +6,8 @@
  * the same inputs and exits 1 when a relative error exceeds the tolerance; --outputs writes
  * loss.json (the metrics by name) and logprob, entropy, dhidden, dweight .npy (and with --topk K
  * / --sum-p2 the head's extras of the loss's rows: topk_ids, topk_logprobs, sum_p2 .npy, as
- * `run` writes them), all of them or none (after the check passed). Under mpirun, or with --tp / --cp / --dp, run_policy_dist.c
- * takes over.
+ * `run` writes them), all of them or none (after the check passed). Under mpirun, or with
+ * --tp / --cp / --dp, run_policy_dist.c takes over.
  *
  * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
  * targets.npy (N) int, mask.npy (N) u1/b1 (optional: all rows), advantages.npy and
@@ -304,7 +304,8 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32},
         {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32},
         {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32},
-        {NULL, (size_t)(N * TK) * 8, 2, N, TK, SPH_I64}, {NULL, (size_t)(N * TK) * 4, 2, N, TK, SPH_F32},
+        {NULL, (size_t)(N * TK) * 8, 2, N, TK, SPH_I64},
+        {NULL, (size_t)(N * TK) * 4, 2, N, TK, SPH_F32},
         {NULL, (size_t)N * 4, 1, N, 0, SPH_F32}};
     const int is_out[B_COUNT] = {[B_LP] = 1, [B_ENT] = 1, [B_DH] = 1, [B_DW] = 1, [B_MET] = 1,
                                  [B_TKI] = TK > 0, [B_TKL] = TK > 0, [B_SP2] = o->sum_p2};

@@ -11,8 +11,8 @@
  * normwise). Full-vocabulary cases (scalar and per-row temperatures) also ask for issue 25's
  * extras (top-64 and sum_p2, merged over the ranks by their own allgathers), checked
  * against topk_check.h's float64 oracle and a dense sum p^2; support cases for sum_p2 over
- * the candidates (each rank's (m, q) of its own candidates, merged the same way). A rank that fails makes its
- * peers' collectives fail at once (no wait for the test timeout).
+ * the candidates (each rank's (m, q) of its own candidates, merged the same way). A rank
+ * that fails makes its peers' collectives fail at once (no wait for the test timeout).
  * Tune cache: a hand-written entry for this GPU changes the chunking (visible in the
  * workspace size) and results stay exact; a malformed file is ignored; sph_tune writes an
  * entry that a new context reads.
