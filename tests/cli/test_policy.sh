@@ -191,6 +191,25 @@ else
     bad "bench --mode policy: $(cat "$tmp/err")"; cat "$tmp/bench.md"
 fi
 
+# bench --mode policy --topk K --sum-p2: a fourth row per point, the policy call with the extras
+if "$cli" bench --device cpu --mode policy --H 48 --V 300 --N 512 --active 0.5 --repeats 1 \
+    --warmup 0 --topk 8 --sum-p2 --json "$tmp/benchx.jsonl" >"$tmp/benchx.md" 2>"$tmp/err" &&
+    python3 - "$tmp/benchx.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+modes = [r["mode"].split(" ")[0] for r in rows]
+assert modes == ["policy", "one-pass", "general+loss", "policy+topk8+sum_p2"] * 2, modes
+x = [r for r in rows if r["mode"].startswith("policy+")]
+assert all(r["topk"] == 8 and r["sum_p2"] is True and r["ms"] > 0 for r in x), x
+assert all(abs(r["extra_pct"] - 100 * (r["ms"] / p["ms"] - 1)) < 0.5  # ms: 4 decimals
+           for r, p in zip(x, [r for r in rows if r["mode"] == "policy"])), x
+PY
+then
+    ok "bench --mode policy --topk --sum-p2"
+else
+    bad "bench --mode policy --topk: $(cat "$tmp/err")"; cat "$tmp/benchx.md"
+fi
+
 # ---- bad input: the message, the exit code, the outputs directory untouched -----------------
 mkdir -p "$tmp/keep" && echo keep >"$tmp/keep/loss.json"
 R=("$cli" run --inputs "$tmp/in" --outputs "$tmp/keep")
