@@ -10,7 +10,8 @@
  * per-row temperatures and softcap, loss-only and gradient calls, several row chunks; the
  * loss's own outputs bitwise equal to the same call without the extras; tensor parallelism in
  * threads (2 and 3 ranks, several vocabulary tiles per rank, K above a rank's V_loc): every
- * rank the same bits, merged in rank order; bad input (K outside [1, 256], K > V, one tensor
+ * rank the same bits, merged in rank order; strided top-k outputs (row stride K + 3, the
+ * columns past K untouched); bad input (K outside [1, 256], K > V, one tensor
  * alone, top-k with candidates: the head's rule, sum_p2 with candidates: the policy's) and
  * gspo's refused backward: an error and nothing written. Outputs poisoned before each run.
  */
@@ -304,6 +305,64 @@ static void test_policy_extras_tp(void **state) {
     assert_true(ok);
 }
 
+// ---- strided outputs ------------------------------------------------------------------------
+
+/* topk_ids / topk_logprobs with a row stride of K + 3 (a view of wider buffers): the lists land
+ * in the first K columns of every row, the 3 others stay as they were (gspo copies its staged
+ * lists into the caller's strides). */
+static void test_policy_extras_strided(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed() + 25204);
+    const char *kernels[2] = {"ref", NULL};
+    const sph_pg_loss losses[2] = {SPH_PG_PPO, SPH_PG_GSPO};
+    int ok = 1;
+    for (int kk = 0; kk < 2; kk++)
+        for (int l = 0; l < 2; l++) {
+            sph_ctx_t ctx = hc_ctx(kernels[kk], 2, NULL);
+            const int64_t N = 19, H = 7, V = 300, K = 9, LD = K + 3;
+            pcase c;
+            pc_init(&c, &r, N, H, V, V, 0, SPH_F32);
+            hc_mask(&c.h, &r, 0.7);
+            pc_wire(&c, HC_LP | HC_ENT | HC_DH | HC_DW | HC_MASK, losses[l], SPH_KL_NONE,
+                    SPH_AGG_TOKEN_MEAN);
+            int64_t *ids = hc_alloc((size_t)(N * LD) * 8), *cids = hc_alloc((size_t)(N * K) * 8);
+            float *lps = hc_alloc((size_t)(N * LD) * 4), *clps = hc_alloc((size_t)(N * K) * 4);
+            for (int64_t k = 0; k < N * LD; k++) ids[k] = 0x5a5a5a5a5aLL;
+            poison_f32(lps, (size_t)(N * LD));
+            int64_t sh[2] = {N, K}, st[2] = {LD, 1};
+            sph_tensor ti = {ids, {SPH_DEVICE_CPU, 0}, 2, SPH_I64, sh, st, 0};
+            sph_tensor tl = {lps, {SPH_DEVICE_CPU, 0}, 2, SPH_F32, sh, st, 0};
+            c.h.a.topk_ids = &ti, c.h.a.topk_logprobs = &tl;
+            pc_poison(&c);
+            sph_status s = pc_run(ctx, &c);
+            if (s != SPH_OK) fail_msg("strided: %s", sph_last_error());
+            for (int64_t i = 0; i < N; i++) {
+                memcpy(cids + i * K, ids + i * LD, (size_t)K * 8);
+                memcpy(clps + i * K, lps + i * LD, (size_t)K * 4);
+                for (int64_t k = K; k < LD; k++)
+                    if (ids[i * LD + k] != 0x5a5a5a5a5aLL || !isnan(lps[i * LD + k])) {
+                        fprintf(stderr, "FAIL strided (kernel=%s,loss=%d): row %lld column %lld "
+                                        "past K written\n",
+                                kernels[kk] ? kernels[kk] : "best", (int)losses[l],
+                                (long long)i, (long long)k);
+                        ok = 0;
+                    }
+            }
+            uint8_t *act = hc_alloc((size_t)N);
+            loss_rows(&c, act);
+            char cs[96];
+            snprintf(cs, sizeof cs, "strided(kernel=%s,loss=%d)",
+                     kernels[kk] ? kernels[kk] : "best", (int)losses[l]);
+            ok &= check_topk(cs, cids, clps, K, &c.h, act, 1.0, 0.0, TOL_CPU_F32,
+                             kk == 0 ? 1e-9 : 1e-4);
+            free(act), free(ids), free(cids), free(lps), free(clps);
+            pc_free(&c);
+            sph_ctx_destroy(ctx);
+        }
+    assert_true(ok);
+}
+
 // ---- bad input: an error, nothing written ------------------------------------------------------
 
 /* Runs the wired case expecting status st with needle in the message and every output (the
@@ -418,6 +477,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_policy_extras),
         cmocka_unit_test(test_policy_extras_tp),
+        cmocka_unit_test(test_policy_extras_strided),
         cmocka_unit_test(test_policy_extras_bad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
