@@ -647,8 +647,9 @@ typedef struct sph_head_args {
     const sph_tensor *sum_p2;         /* forward: fp32 (N), sum_j p_ij^2 of each active row (0
                                          on inactive rows; over the support with candidates);
                                          no gradient. CUDA computes it on the cuBLAS / staged
-                                         path (describe: "+extras"); with candidates it refuses
-                                         it (SPH_ERR_UNSUPPORTED) */
+                                         path (describe: "+extras"); with candidates in the
+                                         support kernel's row pass (8 bytes per row more, one
+                                         allgather of them under TP) */
     const sph_tensor *temperature_rows; /* f32 (N) on the data's device: row i's temperature
                                          T_i, used for row i exactly as `temperature` is
                                          (z = u * float(1 / T_i) after softcap; both passes,
@@ -666,8 +667,9 @@ typedef struct sph_head_args {
                                          each active row's distribution (after temperature and
                                          softcap), descending probability, ties lower id first;
                                          -1 on inactive rows; no gradient. Both topk tensors or
-                                         neither; not with candidates (SPH_ERR_INVALID_ARG) nor
-                                         with sph_policy_loss (SPH_ERR_UNSUPPORTED). Computed
+                                         neither; not with candidates (SPH_ERR_INVALID_ARG).
+                                         sph_policy_loss fills them (and sum_p2) for its loss
+                                         rows in the same sweep. Computed
                                          in the statistics sweep; under TP each rank's K best
                                          are allgathered (N x K pairs: 16 bytes on the host, 8
                                          on CUDA) and merged in rank order. CUDA: the staged
@@ -865,9 +867,18 @@ SPH_API sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_
 /* The policy loss above in one call. head: hidden, weight, targets (required), active_mask /
  * spans, vocab shard, temperature, softcap, the optional per-row outputs logprob, entropy,
  * lse, logit_mean, stats (optional here: NULL = kept in the workspace), dhidden / dweight
- * with accumulate / allreduce as in sph_head_forward (neither: loss and metrics only). The
- * head's upstream gradients (dlogprob, dentropy, dlse, dlogit_mean) and candidates are
- * refused: the loss defines the upstream gradients. policy: as documented in
+ * with accumulate / allreduce as in sph_head_forward (neither: loss and metrics only), and
+ * the head's extras sum_p2 and topk_ids + topk_logprobs (issue 25; the head's rules: K in
+ * [1, SPH_HEAD_TOPK_MAX], K <= vocab_total, both topk tensors or neither, no gradient): the
+ * policy's own distribution (after temperature and softcap) of every loss row, computed in
+ * the loss's sweep and merged over the TP group in rank order exactly as sph_head_forward
+ * does; rows outside the loss (inactive, or target < 0) get sum_p2 0, ids -1, log-probs 0,
+ * like logprob. Cost: no extra pass over the vocabulary on the CPU and the reference; on CUDA
+ * the extras read the staged fp32 logits, so the sweep takes the staged-f32 (or recompute)
+ * path instead of the fused sm_90a kernels (docs/policy.md, "The head's extras"); gspo
+ * writes them after its backward took the gradients. The head's upstream gradients
+ * (dlogprob, dentropy, dlse, dlogit_mean) and candidates are refused: the loss defines the
+ * upstream gradients. policy: as documented in
  * sph_policy_args; metrics are written on the head's device (CUDA: enqueued, no host sync).
  * TP: every rank of tp_comm gets the same loss and metrics (bitwise: the statistics combine
  * in rank order); dweight is the rank's shard, dhidden its partial unless allreduce_dhidden.
