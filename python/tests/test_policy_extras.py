@@ -68,7 +68,7 @@ def test_numpy_policy_extras_given_buffers(rng):
 
 
 @pytest.mark.parametrize("kw,exc,needle", [
-    (dict(topk=257), spanhead.ShapeError, "topk_ids"),
+    (dict(topk=257), spanhead.InvalidArgumentError, "topk: 257"),
     (dict(topk=54), spanhead.ShapeError, "vocab_total"),
     (dict(topk=-1), spanhead.InvalidArgumentError, "topk"),
     (dict(topk_ids=np.zeros((37, 3), np.int64)), spanhead.InvalidArgumentError,
