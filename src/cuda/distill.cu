@@ -17,7 +17,9 @@
  * Workspace (exact): cuBLAS's 32 MiB, act (N), the chunk's hidden rows Hc (R H, the
  * inactive ones zeroed: their bytes are never read into a product) and the teacher's, Zs, Zt, D (half), records (R and P R), the
  * (loss, S) partials, saved listed logits (R K), dHc (R H), dW fp32 (V_loc H), loss rows (N),
- * a counter.
+ * a counter and the seq_comm group's counts.
+ * Reduction mean divides by num_tokens, or by the active rows counted on the device (k_count),
+ * summed over seq_comm's ranks by one 8-byte allgather on the stream when a group is given.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,7 +39,7 @@ typedef struct dlay {
     int64_t R, rw, P;
     int half;
     size_t o_cub, o_act, o_rows, o_hc, o_htc, o_zs, o_zt, o_db, o_rec, o_gath, o_part, o_gath2, o_sav, o_dhc, o_dw,
-        o_lrows, o_cnt, total;
+        o_lrows, o_cnt, o_cntg, total;
 } dlay;
 
 static size_t take(size_t *off, size_t bytes) {
@@ -80,6 +82,7 @@ static void make_layout(sph_ctx_t ctx, const sph_distill_plan *dp, dlay *L) {
     L->o_dw = take(&off, hp->dweight ? V * H * 4 : 0);
     L->o_lrows = take(&off, N * 8);
     L->o_cnt = take(&off, 8);
+    L->o_cntg = take(&off, dp->seq_comm ? 8 * (size_t)dp->seq_comm->size : 0);
     L->total = off;
 }
 
@@ -254,6 +257,15 @@ __global__ void k_count(ddev d) {
     for (int64_t i = threadIdx.x; i < d.N; i += DTHREADS) c += d.act[i];
     c = d_block_sum(c, sh);
     if (threadIdx.x == 0) *d.cnt = (long long)c;
+}
+
+/* Reduction mean's divisor: num_tokens, or the group's counts summed in rank order. */
+__global__ void k_set_count(long long *cnt, long long n) { *cnt = n; }
+
+__global__ void k_sum_counts(long long *cnt, const long long *all, int64_t P) {
+    long long t = 0;
+    for (int64_t r = 0; r < P; r++) t += all[r];
+    *cnt = t;
 }
 
 /* The chunk's rows [c0, c0 + nr) of src (row stride ld, cols elements of es bytes) into dst
@@ -660,6 +672,17 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     SPH_CUDA_RET(cudaMemsetAsync(d.lrows, 0, (size_t)hp->N * 8, r->st));
     k_count<<<1, DTHREADS, 0, r->st>>>(d);
     SPH_LAUNCH_CHECK("k_count", r->st);
+    if (dp->reduction == SPH_REDUCTION_MEAN && dp->num_tokens > 0) {
+        k_set_count<<<1, 1, 0, r->st>>>(d.cnt, (long long)dp->num_tokens);
+        SPH_LAUNCH_CHECK("k_set_count", r->st);
+    } else if (dp->reduction == SPH_REDUCTION_MEAN && dp->seq_comm && dp->seq_comm->size > 1) {
+        /* the group's active rows: one allgather of the 8-byte counts, on the stream */
+        long long *all = (long long *)(b + r->L.o_cntg);
+        sph_status s = dp->seq_comm->ops->allgather(dp->seq_comm, d.cnt, all, 8, r->st);
+        if (s != SPH_OK) return sph_err_prefix(s, "distill: seq_comm: allgather: ");
+        k_sum_counts<<<1, 1, 0, r->st>>>(d.cnt, all, dp->seq_comm->size);
+        SPH_LAUNCH_CHECK("k_sum_counts", r->st);
+    }
     if (hp->dweight)
         SPH_CUDA_RET(cudaMemsetAsync(d.dw32, 0, (size_t)(hp->V_loc * hp->H) * 4, r->st));
     if (d.rows && hp->dhidden && !hp->acc_dh && hp->N * hp->H > 0) { /* rows outside the list */
