@@ -597,6 +597,7 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     const sph_head_plan *hp = &dp->head;
     memset(r, 0, sizeof *r);
     r->ctx = ctx, r->dp = dp;
+    SPH_CUDA_RET(cudaSetDevice(ctx->device.id)); /* the context's device, not the caller's */
     make_layout(ctx, dp, &r->L);
     SPH_CHECK(bytes >= r->L.total && ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: %zu bytes, expected >= %zu (sph_distill_loss_workspace_size)", bytes,
