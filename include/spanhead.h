@@ -934,7 +934,9 @@ SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
  * Gradients flow to hidden and weight only (the teacher's tensors get none): the gradient of
  * the reduced loss, or with reduction none of sum_i dloss_i loss_i (dloss NULL = 1).
  * Cost: one sweep, 6 N_active H V flops (sparse teacher); the dense teacher adds its logits
- * product, 2 N_active H_T V, never a teacher gradient product.
+ * product, 2 N_active H_T V, never a teacher gradient product. CUDA pays N_active with spans
+ * (host metadata); a device active_mask without spans costs all N rows (6 N H V: the active
+ * rows' count would need a host sync; as the head, docs/distill.md 4).
  */
 
 typedef enum sph_distill_kind {

@@ -9,9 +9,10 @@
  *
  * Rows: with spans (host metadata) the chunks cover the spans' rows only, listed on the host
  * and copied up (so a masked batch given its spans costs its active rows); with a device
- * mask alone, R consecutive rows per chunk, the inactive ones gathered as zeros and discarded
- * (their count is not known on the host without a sync). The active flags are a device array
- * (the mask, the spans or all ones).
+ * mask alone, R consecutive rows per chunk over all N rows (6 N H V flops whatever the active
+ * fraction: the products' heights are host arguments, and the count of a device mask's
+ * active rows would need a host sync; docs/distill.md 4), the inactive ones gathered as zeros
+ * and discarded. The active flags are a device array (the mask, the spans or all ones).
  * Non-finite statistics of an active row: counted on the device (sph_ctx_nonfinite), the
  * pass returns SPH_OK with NaN in the outputs (spanhead.h, "Policies").
  * Workspace (exact): cuBLAS's 32 MiB, act (N), the chunk's hidden rows Hc (R H, the
