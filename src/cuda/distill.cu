@@ -674,16 +674,18 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     SPH_CUDA_RET(cudaMemsetAsync(d.lrows, 0, (size_t)hp->N * 8, r->st));
     k_count<<<1, DTHREADS, 0, r->st>>>(d);
     SPH_LAUNCH_CHECK("k_count", r->st);
-    if (dp->reduction == SPH_REDUCTION_MEAN && dp->num_tokens > 0) {
-        k_set_count<<<1, 1, 0, r->st>>>(d.cnt, (long long)dp->num_tokens);
-        SPH_LAUNCH_CHECK("k_set_count", r->st);
-    } else if (dp->reduction == SPH_REDUCTION_MEAN && dp->seq_comm && dp->seq_comm->size > 1) {
-        /* the group's active rows: one allgather of the 8-byte counts, on the stream */
+    if (dp->reduction == SPH_REDUCTION_MEAN && dp->seq_comm && dp->seq_comm->size > 1) {
+        /* the group's active rows: one allgather of the 8-byte counts, on the stream (also
+         * with num_tokens, so that ranks differing only in it still meet in one collective) */
         long long *all = (long long *)(b + r->L.o_cntg);
         sph_status s = dp->seq_comm->ops->allgather(dp->seq_comm, d.cnt, all, 8, r->st);
         if (s != SPH_OK) return sph_err_prefix(s, "distill: seq_comm: allgather: ");
         k_sum_counts<<<1, 1, 0, r->st>>>(d.cnt, all, dp->seq_comm->size);
         SPH_LAUNCH_CHECK("k_sum_counts", r->st);
+    }
+    if (dp->reduction == SPH_REDUCTION_MEAN && dp->num_tokens > 0) {
+        k_set_count<<<1, 1, 0, r->st>>>(d.cnt, (long long)dp->num_tokens);
+        SPH_LAUNCH_CHECK("k_set_count", r->st);
     }
     if (hp->dweight)
         SPH_CUDA_RET(cudaMemsetAsync(d.dw32, 0, (size_t)(hp->V_loc * hp->H) * 4, r->st));

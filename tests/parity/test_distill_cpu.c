@@ -306,7 +306,8 @@ static void *cp_main(void *arg) {
     return NULL;
 }
 
-/* Runs the C x T grid on f (nt1: rank cp = 1's num_tokens instead of the others'). */
+/* Runs the C x T grid on f (nt1: the num_tokens of rank (cp, tp) = 1 in cp * T + tp order,
+ * nt every other rank's). */
 static void cp_grid(dcase *f, cjob *jobs, int64_t C, int64_t T, int64_t chunk, int group,
                     int64_t nt, int64_t nt1, const char *kernel) {
     tp_group gt[4], gc[4];
@@ -319,7 +320,8 @@ static void cp_grid(dcase *f, cjob *jobs, int64_t C, int64_t T, int64_t chunk, i
             memset(j, 0, sizeof *j);
             *j = (cjob){.gt = &gt[cp], .gc = group ? &gc[tp] : NULL, .cp = cp, .C = C, .tp = tp,
                         .T = T, .r0 = f->N * cp / C, .r1 = f->N * (cp + 1) / C, .chunk = chunk,
-                        .num_tokens = cp == 1 ? nt1 : nt, .kernel = kernel, .full = f};
+                        .num_tokens = cp * T + tp == 1 ? nt1 : nt, .kernel = kernel,
+                        .full = f};
             assert_int_equal(pthread_create(&th[cp * T + tp], NULL, cp_main, j), 0);
         }
     for (int64_t k = 0; k < C * T; k++) pthread_join(th[k], NULL);
@@ -435,8 +437,8 @@ static void test_num_tokens(void **state) {
     assert_true(ok);
 }
 
-/* A group whose ranks disagree (num_tokens, reduction): SPH_ERR_MISMATCH on every rank,
- * nothing written; num_tokens < 0 refused by name. */
+/* A seq_comm group, or a TP group, whose ranks disagree on num_tokens: SPH_ERR_MISMATCH on
+ * every rank, nothing written; num_tokens < 0 refused by name. */
 static void test_cp_mismatch(void **state) {
     (void)state;
     sph_rng r;
@@ -446,6 +448,18 @@ static void test_cp_mismatch(void **state) {
     dc_wire(&c, DC_DH | DC_DW);
     cjob jobs[2];
     cp_grid(&c, jobs, 2, 1, 0, 1, 0, 5, NULL);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(jobs[k].st, SPH_ERR_MISMATCH);
+        assert_non_null(strstr(jobs[k].err, "num_tokens"));
+        const dcase *s = &jobs[k].shard;
+        const size_t nh = (size_t)(s->N * s->H), nw = (size_t)(s->V_loc * s->H);
+        assert_memory_equal(jobs[k].snap, s->loss, 4);
+        assert_memory_equal(jobs[k].snap + 1, s->dh, nh * 4);
+        assert_memory_equal(jobs[k].snap + 1 + nh, s->dw, nw * 4);
+    }
+    cp_free(jobs, 2);
+    /* a TP group (T = 2, no CP) whose ranks differ in num_tokens: the TP agreement names it */
+    cp_grid(&c, jobs, 1, 2, 0, 0, 0, 5, NULL);
     for (int k = 0; k < 2; k++) {
         assert_int_equal(jobs[k].st, SPH_ERR_MISMATCH);
         assert_non_null(strstr(jobs[k].err, "num_tokens"));
