@@ -414,6 +414,15 @@ static void test_cp(void **state) {
             ok &= cp_case(&c, 2, 1, 0, 0, NULL); /* micro-batches with num_tokens */
             dc_free(&c);
         }
+    /* more ranks than rows: a rank of the group with no row at all still counts (0) */
+    for (int dense = 0; dense <= 1; dense++) {
+        dcase c;
+        dc_init(&c, &r, 2, 5, 13, 3, 3, SPH_F32, dense, DC_PAD);
+        c.kind = SPH_DISTILL_REVERSE_KL;
+        ok &= cp_case(&c, 3, 1, 0, 1, dense ? "ref" : NULL); /* the reference: one TP rank */
+        ok &= cp_case(&c, 3, 2, 0, 1, NULL);
+        dc_free(&c);
+    }
     assert_true(ok);
 }
 
