@@ -1018,9 +1018,11 @@ SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head
  * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls
  * or those of a host seq_comm group differ in reduction or num_tokens; SPH_ERR_INVALID_ARG for
  * num_tokens < 0 or a seq_comm that does not take the context's buffers;
- * SPH_ERR_NONFINITE (host contexts) when an active row's statistics are not finite
- * (gradient rows of earlier chunks may already be written; the message says so); plus every
- * error of sph_head_forward. CUDA: enqueued on the context's stream, no host sync. */
+ * SPH_ERR_NONFINITE (host contexts) for NaN / inf in an active row of hidden or teacher_hidden
+ * (nothing written) or non-finite statistics otherwise (NaN / inf in the weights: nothing
+ * written; finite inputs whose logits overflow float: dhidden rows of earlier chunks may
+ * already be written, the message says so); plus every error of sph_head_forward. CUDA:
+ * enqueued on the context's stream, no host sync. */
 SPH_API sph_status sph_distill_loss(sph_ctx_t ctx, const sph_head_args *head,
                                     const sph_distill_args *distill, void *workspace,
                                     size_t workspace_bytes);

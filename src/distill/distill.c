@@ -270,6 +270,52 @@ static sph_status check_data(sph_ctx_t ctx, const sph_distill_plan *dp) {
     return check_values(dp);
 }
 
+/* 1 when element k of a row of dtype dt is NaN or inf (half types by their exponent bits). */
+static int nonfinite_at(const void *row, sph_dtype dt, int64_t k) {
+    if (dt.bits == 32) return !isfinite(((const float *)row)[k]);
+    const uint16_t b = ((const uint16_t *)row)[k];
+    return dt.code == SPH_DTYPE_BFLOAT ? (b & 0x7F80) == 0x7F80 : (b & 0x7C00) == 0x7C00;
+}
+
+/* Host contexts, before anything is written: NaN / inf in an active row of hidden (or of the
+ * dense teacher's hidden) makes that row's statistics non-finite, which the sweep would find
+ * only at the row's chunk, after the dhidden rows of the earlier chunks were written. So such
+ * rows are refused here (N_active (H + H_T) reads, next to the sweep's 6 N_active H V flops).
+ * A non-finite weight needs no scan: every active row's statistics show it in the first
+ * chunk, before any write. What remains for the sweep: finite inputs whose logits overflow
+ * float (|h . w| / T beyond FLT_MAX), documented. */
+static sph_status check_finite_rows(sph_ctx_t ctx, const sph_distill_plan *dp) {
+    const sph_head_plan *hp = &dp->head;
+    if (!ctx->dev->host_memory || hp->N == 0) return SPH_OK;
+    uint8_t *act = sph_malloc((size_t)hp->N);
+    if (!act) return sph_err(SPH_ERR_ALLOC, "distill: out of host memory (N = %lld)", (long long)hp->N);
+    sph_head_active_rows(hp, act);
+    const size_t es = (size_t)hp->dtype.bits / 8, tes = dp->dense ? (size_t)dp->tdtype.bits / 8 : 0;
+    int64_t bad = 0, first = -1, first_t = -1;
+    for (int64_t i = 0; i < hp->N; i++) {
+        if (!act[i]) continue;
+        const char *h = (const char *)hp->hidden + (size_t)(i * hp->ld_h) * es;
+        int b = 0;
+        for (int64_t k = 0; k < hp->H && !b; k++) b = nonfinite_at(h, hp->dtype, k);
+        int bt = 0;
+        if (dp->dense) {
+            const char *t = (const char *)dp->th + (size_t)(i * dp->ld_th) * tes;
+            for (int64_t k = 0; k < dp->HT && !bt; k++) bt = nonfinite_at(t, dp->tdtype, k);
+        }
+        if (b || bt) {
+            if (first < 0) first = i, first_t = bt && !b;
+            bad++;
+        }
+    }
+    sph_free(act);
+    if (!bad) return SPH_OK;
+    sph_ctx_note_nonfinite(ctx, bad, first);
+    return sph_err(SPH_ERR_NONFINITE,
+                   "distill: %lld active rows with non-finite inputs (NaN or inf), the first "
+                   "row %lld (in %s[%lld, :]); nothing written", (long long)bad, (long long)first,
+                   first_t ? "teacher_hidden" : "hidden", (long long)first);
+}
+
 static sph_status plan_make(sph_ctx_t ctx, const sph_head_args *head, const sph_distill_args *d,
                             sph_distill_plan *dp) {
     sph_validator val;
@@ -446,6 +492,7 @@ static sph_status distill_loss(sph_ctx_t ctx, const sph_head_args *head,
     if (s == SPH_OK) s = check_workspace(ctx, be, &dp, ws, ws_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
     if (s == SPH_OK) s = check_data(ctx, &dp);
+    if (s == SPH_OK) s = check_finite_rows(ctx, &dp);
     s = sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, s == SPH_OK ? &dp.head : NULL, s);
     s = distill_tp_agree(ctx, &dp, s);
     s = distill_seq_count(ctx, d, &dp, s);

@@ -492,12 +492,17 @@ sph_status sph_distill_cpu_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *
         int64_t count = 0, first = first_nonfinite(&r, c0, nr, rec, &count);
         if (first >= 0) {
             sph_ctx_note_nonfinite(ctx, count, first);
+            /* NaN / inf in an active hidden row was refused before the sweep (distill.c),
+             * and a non-finite weight shows in the first chunk: what reaches a later chunk
+             * here is finite inputs whose logits overflow float */
             return sph_err(SPH_ERR_NONFINITE,
                            "distill: %lld active rows with non-finite statistics (NaN / inf in "
-                           "the inputs or logits beyond float), the first row %lld; loss and "
-                           "dweight not written%s", (long long)count, (long long)first,
+                           "weight or teacher_weight, or logits beyond float), the first row "
+                           "%lld; loss and dweight not written%s", (long long)count,
+                           (long long)first,
                            c0 > 0 && hp->dhidden ? ", dhidden rows of the earlier chunks "
-                                                   "already written" : "");
+                                                   "already written (logits beyond float)"
+                                                 : "; nothing written");
         }
         if (dp->dense) {
             dense_partials(&r, nr, rec, part);

@@ -11,6 +11,8 @@
  *     shards), or micro-batches given num_tokens: the ranks' losses, dhidden rows and summed
  *     dweight are the one-call mean's; num_tokens alone against the oracle's mean over it;
  *     ranks that disagree fail together with nothing written;
+ *   - NaN / inf in an active hidden (or teacher_hidden) row of a later chunk: refused with
+ *     nothing written (loss, dhidden plain and accumulated, dweight), one rank and TP;
  *   - determinism (bitwise, same inputs) and outputs poisoned before every run.
  * Budget (f32 arithmetic on the same inputs; the logits are f32 products of H <= 40 terms,
  * ~1e-6 relative; statistics in float64): normwise 2e-5 of the largest |ref| + 2e-5 |ref|.
@@ -488,6 +490,108 @@ static void test_cp_mismatch(void **state) {
     dc_free(&c);
 }
 
+// ---- non-finite inputs: refused before any output is written ----------------------------
+
+/* NaN / inf in an active row of hidden (or of the dense teacher's hidden) in a chunk after
+ * the first (chunk_rows 2): SPH_ERR_NONFINITE with nothing written, loss, dhidden (plain and
+ * accumulated onto) and dweight byte for byte as poisoned; the context counts the rows. The
+ * same value on an inactive row is never read. CPU and reference backends, f32 and bf16, one
+ * rank and a TP group of 2 in threads. */
+static int nonfinite_one(sph_rng *r, int dense, sph_dtype dt, int teacher_row, int inf,
+                         const char *kernel, int tp) {
+    char cs[320];
+    dcase c;
+    dc_init(&c, r, 11, 6, 17, 4, 3, dt, dense, DC_PAD);
+    dc_mask(&c, r, 0.6);
+    c.mask[8] = 1, c.mask[9] = 0;
+    const double bad = inf ? INFINITY : NAN;
+    if (teacher_row) hc_set(c.th, dt, 8 * c.HT + 1, bad);
+    else hc_set(c.h, dt, 8 * c.H + 2, bad);
+    hc_set(c.h, dt, 9 * c.H, NAN); /* an inactive row: never read */
+    snprintf(cs, sizeof cs, "nonfinite(dense=%d,%s,teacher_row=%d,inf=%d,kernel=%s,tp=%d)", dense,
+             sph_dtype_name(dt), teacher_row, inf, kernel ? kernel : "cpu", tp);
+    int ok = 1;
+    if (tp) {
+        dc_wire(&c, DC_DH | DC_DW);
+        cjob jobs[2];
+        cp_grid(&c, jobs, 1, 2, 2, 0, 0, 0, NULL);
+        for (int k = 0; k < 2; k++) {
+            const dcase *s = &jobs[k].shard;
+            const size_t nh = (size_t)(s->N * s->H), nw = (size_t)(s->V_loc * s->H);
+            if (jobs[k].st != SPH_ERR_NONFINITE || !strstr(jobs[k].err, "nothing written") ||
+                memcmp(jobs[k].snap, s->loss, 4) || memcmp(jobs[k].snap + 1, s->dh, nh * 4) ||
+                memcmp(jobs[k].snap + 1 + nh, s->dw, nw * 4)) {
+                print_error("%s: rank %d: status %d (%s), outputs %s\n", cs, k, (int)jobs[k].st,
+                            jobs[k].err,
+                            memcmp(jobs[k].snap + 1, s->dh, nh * 4) ? "written" : "untouched");
+                ok = 0;
+            }
+        }
+        cp_free(jobs, 2);
+        dc_free(&c);
+        return ok;
+    }
+    for (int acc = 0; acc <= 1; acc++) {
+        dc_wire(&c, DC_DH | DC_DW);
+        c.a.accumulate_dhidden = acc;
+        dc_poison(&c);
+        for (int64_t e = 0; acc && e < c.N * c.H; e++) c.dh[e] = (float)rng_normal(r); /* finite */
+        float *l0 = hc_dup(c.loss, 4), *h0 = hc_dup(c.dh, (size_t)(c.N * c.H) * 4);
+        float *w0 = hc_dup(c.dw, (size_t)(c.V * c.H) * 4);
+        sph_ctx_t ctx = make_ctx(kernel, 1, 2, NULL);
+        const sph_status st = dc_run(ctx, &c);
+        int64_t nf = 0, first = -1;
+        expect_ok(sph_ctx_nonfinite(ctx, &nf, &first));
+        if (st != SPH_ERR_NONFINITE || !strstr(sph_last_error(), "nothing written") ||
+            !strstr(sph_last_error(), teacher_row ? "teacher_hidden[8" : "hidden[8") ||
+            nf != 1 || first != 8) {
+            print_error("%s: acc_dh=%d: status %d (%s), counted %lld first %lld\n", cs, acc,
+                        (int)st, sph_last_error(), (long long)nf, (long long)first);
+            ok = 0;
+        }
+        if (memcmp(l0, c.loss, 4) || memcmp(h0, c.dh, (size_t)(c.N * c.H) * 4) ||
+            memcmp(w0, c.dw, (size_t)(c.V * c.H) * 4)) {
+            print_error("%s: acc_dh=%d: an output was written\n", cs, acc);
+            ok = 0;
+        }
+        free(l0), free(h0), free(w0);
+        sph_ctx_destroy(ctx);
+    }
+    /* the bad row made inactive: the call succeeds, every output finite */
+    c.mask[8] = 0;
+    dc_wire(&c, DC_DH | DC_DW);
+    dc_poison(&c);
+    sph_ctx_t ctx = make_ctx(kernel, 1, 2, NULL);
+    if (dc_run(ctx, &c) != SPH_OK || !isfinite(c.loss[0])) {
+        print_error("%s: with the row inactive: %s, loss %g\n", cs, sph_last_error(),
+                    (double)c.loss[0]);
+        ok = 0;
+    }
+    for (int64_t e = 0; e < c.N * c.H && ok; e++)
+        if (!isfinite(c.dh[e])) {
+            print_error("%s: with the row inactive: dhidden[%lld] = %g\n", cs, (long long)e,
+                        (double)c.dh[e]);
+            ok = 0;
+        }
+    sph_ctx_destroy(ctx);
+    dc_free(&c);
+    return ok;
+}
+
+static void test_nonfinite_nothing_written(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    int ok = 1;
+    for (int dense = 0; dense <= 1; dense++)
+        for (int v = 0; v < 4; v++)
+            ok &= nonfinite_one(&r, dense, v == 1 ? SPH_BF16 : SPH_F32, dense && v == 2, v == 3,
+                                v == 2 ? "ref" : NULL, 0);
+    ok &= nonfinite_one(&r, 0, SPH_F32, 0, 0, NULL, 1);
+    ok &= nonfinite_one(&r, 1, SPH_BF16, 1, 0, NULL, 1);
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
@@ -495,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_cp),
         cmocka_unit_test(test_num_tokens),
         cmocka_unit_test(test_cp_mismatch),
+        cmocka_unit_test(test_nonfinite_nothing_written),
     };
     return test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
