@@ -3,7 +3,9 @@
 # issue 25's gaps (the global mean under CP / num_tokens, the distributed CLI over NCCL):
 #   1. gpu_test_distill_cuda (every kind, dense / sparse, masks and spans, num_tokens on some
 #      cases, TP 2-3 and CP 2-3 ranks in threads on one GPU over a device-buffer communicator)
-#      by default and under compute-sanitizer memcheck;
+#      by default and under compute-sanitizer memcheck; with >= 2 GPUs gpu_distill_nccl (real
+#      NCCL communicators from ncclCommInitAll, one rank thread per GPU, no MPI: TP 2 and
+#      CP 2; TP 2 x CP 2 with 4 GPUs) against the float64 reference;
 #   2. `spanhead run --device cuda --distill ... --check` on generated inputs (f32 dense, bf16
 #      sparse, --num-tokens), outputs checked by the NumPy float64 oracle
 #      (tests/cli/distill_oracle.py);
@@ -50,6 +52,14 @@ echo "gpus $ngpu" >>"$res/machine.txt"
 step test 300 "$B/bin/gpu_test_distill_cuda"
 [ -n "${SKIP_MEMCHECK:-}" ] || step memcheck 400 /usr/local/cuda/bin/compute-sanitizer \
     --tool memcheck --error-exitcode 9 "$B/bin/gpu_test_distill_cuda"
+# 1b. real NCCL communicators, 2 (4) GPUs of one process, no MPI: TP 2, CP 2 (TP 2 x CP 2)
+if [ ! -x "$B/bin/gpu_distill_nccl" ]; then
+    skip nccl "the bundle has no gpu_distill_nccl (a build without NCCL?)"
+elif [ "$ngpu" -lt 2 ]; then
+    skip nccl "$ngpu GPU(s): NCCL needs one GPU per rank (ask for nvidia-h200-x2 or -x4)"
+else
+    step nccl 300 "$B/bin/gpu_distill_nccl"
+fi
 # 2. inputs, then the one-process CLI on the GPU
 gen=$res/inputs
 mkdir -p "$gen/dense" "$gen/sparse16"
