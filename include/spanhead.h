@@ -942,12 +942,15 @@ SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
  *   jsd: beta KL(P||M) + (1 - beta) KL(Q||M), M = beta P + (1 - beta) Q, beta in [0, 1]; as in
  *       Liger's generalized JSD, beta = 0 is the forward KL and beta = 1 the reverse KL
  *       (special cases: the formula itself is 0 there).
- *   loss: reduction mean (over the active rows; 0 with none), sum, or none ((N), 0 on inactive
- *       rows). No T^2 factor (multiply by T^2 yourself if your recipe wants one).
+ *   loss: reduction mean (over the active rows, or num_tokens / the seq_comm group's active
+ *       rows: below; 0 with none), sum, or none ((N), 0 on inactive rows). No T^2 factor
+ *       (multiply by T^2 yourself if your recipe wants one).
  * Gradients flow to hidden and weight only (the teacher's tensors get none): the gradient of
  * the reduced loss, or with reduction none of sum_i dloss_i loss_i (dloss NULL = 1).
  * Cost: one sweep, 6 N_active H V flops (sparse teacher); the dense teacher adds its logits
- * product, 2 N_active H_T V, never a teacher gradient product.
+ * product, 2 N_active H_T V, never a teacher gradient product. CUDA pays N_active with spans
+ * (host metadata); a device active_mask without spans costs all N rows (6 N H V: the active
+ * rows' count would need a host sync; as the head, docs/distill.md 4).
  */
 
 typedef enum sph_distill_kind {
@@ -981,12 +984,29 @@ typedef struct sph_distill_args {
                                      row's loss; NULL = 1 */
     /* output: f32 (1) for mean / sum, (N) for none, on the head's device */
     const sph_tensor *loss;
+    /* reduction mean's divisor T (the policy loss's num_tokens / seq_comm): num_tokens >= 1
+     * is T of a global batch; 0 = the active rows counted, of this call, or with seq_comm of
+     * every rank of that group. The call's loss is then sum over its own active rows / T and
+     * its gradients those of that share, so the micro-batches of a global batch (num_tokens)
+     * or the context-parallel ranks of a split sequence batch (seq_comm) add up, losses and
+     * gradients, to the one-call mean of all their rows. Ignored by sum / none (seq_comm
+     * still compares the group's calls on host memory). */
+    int64_t num_tokens;
+    /* optional: the group of ranks holding the other rows (context parallelism: every rank
+     * of one tensor-parallel shard position; ranks may hold different N). Host memory: an
+     * MPI / none communicator, one small allgather of (reduction, num_tokens, rows counted)
+     * per call, and ranks that disagree fail with SPH_ERR_MISMATCH; CUDA: an NCCL one, one
+     * allgather of the 8-byte count on the stream (no host sync; the calls' agreement is the
+     * caller's, as for a device tp_comm). NULL = the call's rows are the whole batch. Not
+     * owned. */
+    sph_comm_t seq_comm;
 } sph_distill_args;
 
 #define SPH_DISTILL_ARGS_INIT                                                                 \
     {                                                                                         \
         .struct_size = sizeof(sph_distill_args), .kind = SPH_DISTILL_FORWARD_KL, .beta = 0.5, \
-        .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN                           \
+        .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN, .num_tokens = 0,         \
+        .seq_comm = NULL                                                                      \
     }
 
 /* Workspace bytes of sph_distill_loss for these arguments (the same ones later passed). */
@@ -1009,10 +1029,14 @@ SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head
  * device memory: the caller's duty), non-finite dloss on an active row, any output
  * overlapping an input or another output; SPH_ERR_SHAPE for teacher rows != N, teacher_weight
  * rows != V_loc (the student's sharding), K = 0, loss not (1) / (N); SPH_ERR_DTYPE;
- * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls;
- * SPH_ERR_NONFINITE (host contexts) when an active row's statistics are not finite
- * (gradient rows of earlier chunks may already be written; the message says so); plus every
- * error of sph_head_forward. CUDA: enqueued on the context's stream, no host sync. */
+ * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls
+ * or those of a host seq_comm group differ in reduction or num_tokens; SPH_ERR_INVALID_ARG for
+ * num_tokens < 0 or a seq_comm that does not take the context's buffers;
+ * SPH_ERR_NONFINITE (host contexts) for NaN / inf in an active row of hidden or teacher_hidden
+ * (nothing written) or non-finite statistics otherwise (NaN / inf in the weights: nothing
+ * written; finite inputs whose logits overflow float: dhidden rows of earlier chunks may
+ * already be written, the message says so); plus every error of sph_head_forward. CUDA:
+ * enqueued on the context's stream, no host sync. */
 SPH_API sph_status sph_distill_loss(sph_ctx_t ctx, const sph_head_args *head,
                                     const sph_distill_args *distill, void *workspace,
                                     size_t workspace_bytes);

@@ -69,8 +69,12 @@ const sph_cli_opt sph_cli_distill_opts[] = {
      "compare with the float64 reference; exit 1 if off"},
     {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
      "print the result and the check as one JSON object"},
+    {"--num-tokens", "T", SPH_OPT_I64, O(num_tokens), 1, INT64_MAX, 0, 0, NULL, 0,
+     "reduction mean's divisor: a global batch's active rows (default: counted)"},
     {"--tp", "T", SPH_OPT_I64, O(tp), 1, 4096, 0, 0, NULL, 0,
-     "under mpirun: vocabulary shards (the world is one TP group)"},
+     "under mpirun: vocabulary shards (TP groups of T ranks)"},
+    {"--cp", "C", SPH_OPT_I64, O(cp), 1, 4096, 0, 0, NULL, 0,
+     "under mpirun: the rows cut into C pieces over a seq_comm group (CP)"},
     {NULL}};
 #undef O
 
@@ -271,6 +275,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     const char *kernel = wh->kernel;
     sph_ctx_opts co = SPH_CTX_OPTS_INIT;
     co.device.type = on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
+    co.device.id = on_cuda ? wh->dev_id : 0;
     co.num_threads = (int)wh->threads;
     co.force_kernel = kernel;
     co.tp_comm = wh->tp;
@@ -323,6 +328,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     sph_distill_args d = SPH_DISTILL_ARGS_INIT;
     d.kind = (sph_distill_kind)o->kind, d.beta = o->beta, d.teacher_temperature = o->tt;
     d.reduction = (sph_reduction)o->red;
+    d.num_tokens = wh->num_tokens, d.seq_comm = wh->seq;
     d.teacher_hidden = T(B_TH), d.teacher_weight = T(B_TW);
     d.teacher_topk_ids = T(B_IDS), d.teacher_topk_logprobs = T(B_LP), d.loss = T(B_LOSS);
 #undef T
@@ -472,7 +478,7 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
 
 void dst_opts_defaults(dst_opts *o) {
     memset(o, 0, sizeof *o);
-    o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1;
+    o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1, o->cp = 1;
 }
 
 int sph_cli_run_distill(int argc, char **argv) {
@@ -497,12 +503,13 @@ int sph_cli_run_distill(int argc, char **argv) {
         goto out;
     }
     const int on_cuda = o.device == 1;
-    dst_where w = {on_cuda, o.kernel, o.threads, (int)o.repeats, NULL, 0, 0};
+    dst_where w = {on_cuda, o.kernel, o.threads, (int)o.repeats, NULL, 0, 0, NULL,
+                   o.num_tokens, 0};
     if ((rc = dst_run(&o, &p, &w, &r))) goto out;
     double err[3] = {0}, tol = 0;
     int passed = 1;
     if (o.check) {
-        dst_where wr = {0, "ref", 1, 0, NULL, 0, 0};
+        dst_where wr = {0, "ref", 1, 0, NULL, 0, 0, NULL, o.num_tokens, 0};
         if ((rc = dst_run(&o, &p, &wr, &ref))) goto out;
         /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
         tol = p.bits == 32 ? 1e-4 : (on_cuda ? 2e-2 : 1e-4);
