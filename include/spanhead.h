@@ -136,9 +136,12 @@ SPH_API const char *sph_version(void);
  * an active row's statistics (row max m, lse, mu) non-finite. The forward finds it in its
  * statistics sweep, no extra pass:
  *   - host contexts (CPU, reference): SPH_ERR_NONFINITE naming the count and the first row;
- *     no per-row output or stats written (one-pass: gradient rows of chunks before the one
- *     with the row may already be written; the message says so). The backward refuses
- *     non-finite stats or upstream gradients of active rows the same way, before writing.
+ *     no per-row output or stats written. A pass with gradients (one-pass, the backward, the
+ *     losses) first scans the active rows of hidden (N_active H reads) and refuses NaN / inf
+ *     there before anything is written; only finite inputs whose logits overflow float are
+ *     left to the one-pass sweep, which may then have written the gradient rows of the chunks
+ *     before the row's (the message says so). The backward refuses non-finite stats or
+ *     upstream gradients of active rows the same way, before writing.
  *   - CUDA contexts: a host sync is not allowed inside a pass, so the pass returns SPH_OK (its
  *     outputs for such rows are NaN) and the device counts the rows; sph_ctx_nonfinite, the
  *     one call that synchronizes, reports them.

@@ -270,13 +270,6 @@ static sph_status check_data(sph_ctx_t ctx, const sph_distill_plan *dp) {
     return check_values(dp);
 }
 
-/* 1 when element k of a row of dtype dt is NaN or inf (half types by their exponent bits). */
-static int nonfinite_at(const void *row, sph_dtype dt, int64_t k) {
-    if (dt.bits == 32) return !isfinite(((const float *)row)[k]);
-    const uint16_t b = ((const uint16_t *)row)[k];
-    return dt.code == SPH_DTYPE_BFLOAT ? (b & 0x7F80) == 0x7F80 : (b & 0x7C00) == 0x7C00;
-}
-
 /* Host contexts, before anything is written: NaN / inf in an active row of hidden (or of the
  * dense teacher's hidden) makes that row's statistics non-finite, which the sweep would find
  * only at the row's chunk, after the dhidden rows of the earlier chunks were written. So such
@@ -295,13 +288,10 @@ static sph_status check_finite_rows(sph_ctx_t ctx, const sph_distill_plan *dp) {
     for (int64_t i = 0; i < hp->N; i++) {
         if (!act[i]) continue;
         const char *h = (const char *)hp->hidden + (size_t)(i * hp->ld_h) * es;
-        int b = 0;
-        for (int64_t k = 0; k < hp->H && !b; k++) b = nonfinite_at(h, hp->dtype, k);
-        int bt = 0;
-        if (dp->dense) {
-            const char *t = (const char *)dp->th + (size_t)(i * dp->ld_th) * tes;
-            for (int64_t k = 0; k < dp->HT && !bt; k++) bt = nonfinite_at(t, dp->tdtype, k);
-        }
+        const int b = sph_row_has_nonfinite(h, hp->dtype, hp->H);
+        const int bt = dp->dense && sph_row_has_nonfinite((const char *)dp->th +
+                                                              (size_t)(i * dp->ld_th) * tes,
+                                                          dp->tdtype, dp->HT);
         if (b || bt) {
             if (first < 0) first = i, first_t = bt && !b;
             bad++;

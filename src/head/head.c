@@ -480,6 +480,9 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
     if (s == SPH_OK) s = sph_val_finish(&val);
     sph_trace_mark("head: aliasing");
     if (s == SPH_OK) s = check_data(ctx, &p);
+    if (s == SPH_OK)
+        s = sph_head_refuse_nonfinite_hidden(ctx, &p, pass == SPH_HEAD_BACKWARD ? "head backward"
+                                                                              : "head one-pass");
     sph_trace_mark("head: check data");
     /* a TP group agrees on the call (or on one rank's failure) before any output is written */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) s = sph_head_tp_agree(ctx, pass, &p, s);

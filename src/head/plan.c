@@ -61,6 +61,50 @@ int64_t sph_head_scan_backward_inputs(const sph_head_plan *p, int64_t *first) {
     return n;
 }
 
+int sph_row_has_nonfinite(const void *row, sph_dtype dt, int64_t cols) {
+    if (dt.bits == 32) {
+        const float *x = (const float *)row;
+        for (int64_t k = 0; k < cols; k++)
+            if (!isfinite(x[k])) return 1;
+        return 0;
+    }
+    const uint16_t *b = (const uint16_t *)row, e = dt.code == SPH_DTYPE_BFLOAT ? 0x7F80 : 0x7C00;
+    for (int64_t k = 0; k < cols; k++)
+        if ((b[k] & e) == e) return 1; /* all exponent bits: inf or NaN */
+    return 0;
+}
+
+int64_t sph_head_nonfinite_hidden(const sph_head_plan *p, int64_t *first) {
+    const size_t es = (size_t)p->dtype.bits / 8;
+    int64_t bad = 0;
+    *first = -1;
+    const int64_t ns = p->mask || !p->spans ? 1 : p->n_spans;
+    for (int64_t k = 0; k < ns; k++) {
+        const int64_t a = p->mask || !p->spans ? 0 : p->spans[2 * k];
+        const int64_t b = p->mask || !p->spans ? p->N : p->spans[2 * k + 1];
+        for (int64_t i = a; i < b; i++) {
+            if (p->mask && !p->mask[i]) continue;
+            const char *h = (const char *)p->hidden + (size_t)i * (size_t)p->ld_h * es;
+            if (!sph_row_has_nonfinite(h, p->dtype, p->H)) continue;
+            if (*first < 0) *first = i;
+            bad++;
+        }
+    }
+    return bad;
+}
+
+sph_status sph_head_refuse_nonfinite_hidden(sph_ctx_t ctx, const sph_head_plan *p,
+                                            const char *who) {
+    if (!ctx->dev->host_memory || p->N == 0 || !(p->dhidden || p->dweight)) return SPH_OK;
+    int64_t first;
+    const int64_t bad = sph_head_nonfinite_hidden(p, &first);
+    if (!bad) return SPH_OK;
+    sph_ctx_note_nonfinite(ctx, bad, first);
+    return sph_err(SPH_ERR_NONFINITE,
+                   "%s: %lld active rows with non-finite inputs (NaN or inf in hidden), the "
+                   "first row %lld; nothing written", who, (long long)bad, (long long)first);
+}
+
 sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t count,
                                     int64_t first, const char *partial) {
     sph_ctx_note_nonfinite(ctx, count, first);

@@ -136,6 +136,19 @@ int64_t sph_head_count_active(const sph_head_plan *p);
  * SPH_ERR_NONFINITE with the message of the pass; partial: what was written already (NULL:
  * nothing). */
 int64_t sph_head_scan_backward_inputs(const sph_head_plan *p, int64_t *first);
+/* 1 when one of a row's cols elements (f32, bf16 or f16 bits) is NaN or inf. */
+int sph_row_has_nonfinite(const void *row, sph_dtype dt, int64_t cols);
+/* The active rows of a host plan whose hidden row holds NaN or inf (*first: the first, -1). */
+int64_t sph_head_nonfinite_hidden(const sph_head_plan *p, int64_t *first);
+/* Host contexts, a pass with gradients (one-pass forward, backward), before anything is
+ * written: NaN / inf in an active hidden row makes the row's statistics non-finite, which a
+ * one-pass sweep finds only at the row's chunk, after the gradient rows of the earlier chunks
+ * were written (and a backward would write NaN gradients from it). Such rows are refused
+ * here, counted for sph_ctx_nonfinite: N_active H reads beside 6 N_active H V flops. A
+ * non-finite weight needs no scan: every active row's statistics show it in the first chunk.
+ * What is left to the sweep: finite inputs whose logits overflow float. who names the call. */
+sph_status sph_head_refuse_nonfinite_hidden(sph_ctx_t ctx, const sph_head_plan *p,
+                                            const char *who);
 sph_status sph_head_nonfinite_error(sph_ctx_t ctx, sph_head_pass pass, int64_t count,
                                     int64_t first, const char *partial);
 

@@ -367,6 +367,7 @@ static sph_status policy_loss(sph_ctx_t ctx, const sph_head_args *head,
     if (s == SPH_OK) s = check_workspace(ctx, &pp, workspace, workspace_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
     if (s == SPH_OK) s = check_data(ctx, &pp);
+    if (s == SPH_OK) s = sph_head_refuse_nonfinite_hidden(ctx, &pp.head, "policy");
     /* a TP group agrees on the call (or on one rank's failure) before any output is written:
      * the head's part and the loss's, in one exchange */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) s = tp_agree(ctx, &pp, s);

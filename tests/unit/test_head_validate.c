@@ -265,8 +265,10 @@ static void test_nonfinite_rows(void **state) {
                 ((float *)c.h)[2 * 6 + 1] = INFINITY;
                 hc_wire(&c, HC_LP | HC_ENT | HC_LSE | HC_G | (one_pass ? HC_DH | HC_DW : 0));
                 hc_poison(&c);
+                /* one-pass: refused before the sweep by the scan of the active hidden rows */
                 expect_status(hc_run(ctx, SPH_HEAD_FORWARD, &c.a), SPH_ERR_NONFINITE,
-                              "2 active rows have non-finite statistics");
+                              one_pass ? "2 active rows with non-finite inputs"
+                                       : "2 active rows have non-finite statistics");
                 assert_non_null(strstr(sph_last_error(), "the first row 2"));
                 for (int64_t i = 0; i < 9; i++) { /* nothing written: still poisoned */
                     assert_true(isnan(c.lp[i]) && isnan(c.ent[i]) && isnan(c.stats[3 * i]));
@@ -301,10 +303,70 @@ static void test_nonfinite_rows(void **state) {
             }
 }
 
+/* Host passes with gradients write nothing when an active hidden row is non-finite, even
+ * when the row sits in a later chunk than the first (a one-pass sweep used to write the
+ * earlier chunks' gradient rows before it found the row): one-pass forward and backward, plain
+ * and accumulated gradients, f32 and bf16, the ref and CPU kernels, NaN and inf. A NaN in an
+ * inactive row is never read. */
+static void test_nonfinite_later_chunk(void **state) {
+    (void)state;
+    const char *kernels[] = {"ref", NULL};
+    const sph_dtype dts[] = {SPH_F32, SPH_BF16};
+    for (int kk = 0; kk < N_KERNELS; kk++)
+        for (int d = 0; d < 2; d++)
+            for (int acc = 0; acc < 2; acc++) {
+                sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+                o.force_kernel = kernels[kk];
+                o.num_threads = 2;
+                o.chunk_rows = 16; /* 200 rows: 13 chunks */
+                sph_ctx_t ctx = NULL;
+                expect_ok(sph_ctx_create(&ctx, &o));
+                sph_rng r;
+                rng_seed(&r, test_seed() + 31 + kk * 4 + d * 2 + acc);
+                hcase c;
+                const int64_t N = 200, H = 24, V = 53, bad = 170;
+                hc_init(&c, &r, N, H, V, V, 0, 0, dts[d]);
+                c.mask = hc_alloc((size_t)N);
+                for (int64_t i = 0; i < N; i++) c.mask[i] = i % 7 != 3;
+                if (dts[d].bits == 32) ((float *)c.h)[bad * H + 5] = acc ? INFINITY : NAN;
+                else ((uint16_t *)c.h)[bad * H + 5] = acc ? 0x7F80 : 0x7FC0;
+                for (int pass = 0; pass < 2; pass++) {
+                    const int bwd = pass == 1;
+                    hc_wire(&c, HC_LP | HC_G | HC_MASK | HC_DH | HC_DW);
+                    c.a.accumulate_dhidden = c.a.accumulate_dweight = acc;
+                    hc_poison(&c);
+                    if (bwd) { /* finite stats from a forward, as if the hidden row changed */
+                        for (int64_t i = 0; i < 3 * N; i++) c.stats[i] = 0.5f;
+                        c.a.logprob = NULL;
+                    }
+                    const size_t dhb = (size_t)(N * H) * 4, dwb = (size_t)(V * H) * 4;
+                    uint8_t *dh0 = hc_alloc(dhb), *dw0 = hc_alloc(dwb);
+                    memcpy(dh0, c.dh, dhb), memcpy(dw0, c.dw, dwb);
+                    expect_status(hc_run(ctx, bwd ? SPH_HEAD_BACKWARD : SPH_HEAD_FORWARD, &c.a),
+                                  SPH_ERR_NONFINITE, "the first row 170; nothing written");
+                    assert_memory_equal(c.dh, dh0, dhb);
+                    assert_memory_equal(c.dw, dw0, dwb);
+                    if (!bwd)
+                        for (int64_t i = 0; i < N; i++) assert_true(isnan(c.lp[i]));
+                    int64_t n = -1, first = -1;
+                    expect_ok(sph_ctx_nonfinite(ctx, &n, &first));
+                    assert_int_equal(n, 1);
+                    assert_int_equal(first, bad);
+                    free(dh0), free(dw0);
+                }
+                c.mask[bad] = 0; /* inactive: never read */
+                hc_wire(&c, HC_LP | HC_G | HC_MASK | HC_DH | HC_DW);
+                expect_ok(hc_run(ctx, SPH_HEAD_FORWARD, &c.a));
+                sph_ctx_destroy(ctx);
+                hc_free(&c);
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_nonfinite_rows),
+        cmocka_unit_test(test_nonfinite_later_chunk),
     };
     return test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -138,6 +138,10 @@ static void bad_inputs(const char *kernel) {
     // the reference and the CPU alike (fuzz_policy found the CPU writing the forward's rows)
     CASE(SPH_PG_GSPO, K0, TM, c.p.clip_low = 1; c.p.clip_high = 1e30; c.adv[3] = 1e30f;
          c.isw[3] = 1e30f, SPH_ERR_NONFINITE, "first row 3");
+    // NaN in an active hidden row: refused before the sweep, which would have written the
+    // gradient rows of the chunks before the row's (sph_head_refuse_nonfinite_hidden)
+    CASE(P, K0, TM, ((float *)c.h.h)[3 * H_ + 2] = NAN, SPH_ERR_NONFINITE,
+         "policy: 1 active rows with non-finite inputs");
     // coefficients beyond float (issue 26 case 2): each refused up front, naming the value
     const sph_loss_agg NORM = SPH_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
     CASE(P, K0, NORM, c.p.norm_length = 1e-320, SPH_ERR_INVALID_ARG, "norm_length: 9.99989e-321");
