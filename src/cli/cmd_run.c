@@ -23,8 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/run_dist.h"
 #include "run.h"
-#include "run_dist.h"
 #include "run_distill.h"
 #include "run_policy.h"
 #include "synth.h"

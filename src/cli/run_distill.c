@@ -24,7 +24,6 @@
 #include "args.h"
 #include "json_util.h"
 #include "npy.h"
-#include "run_dist.h"
 #include "run_distill.h"
 #include "util.h"
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "outset.h"
 #include "util.h"
 
 /* The options of `run --distill` (run_distill.c). */
