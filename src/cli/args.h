@@ -66,6 +66,13 @@ typedef struct sph_cli_parsed {
  * -h/--help (anywhere), or 2 with a one-line message in err. "--" ends the options. */
 int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
                   sph_cli_parsed *out, char *err, size_t errlen);
+/* Walks argv[1 .. argc) as sph_cli_parse does (the same "--", "=" and positional rules) and
+ * sets given[k] to 1 for each names[k] (a NULL-terminated list) that appears as an option.
+ * Each option's arity comes from the first of tables[0 .. n_tables) that has it (one that
+ * none has is taken as a flag), so a value is never taken for an option: the choice of a
+ * runner before the runner's own parse. Validates nothing. */
+void sph_cli_scan(const sph_cli_opt *const *tables, int n_tables, int argc, char **argv,
+                  const char *const *names, int *given);
 /* Whether the option called name was given (name must be in the table). */
 int sph_cli_given(const sph_cli_opt *table, const sph_cli_parsed *p, const char *name);
 /* Prints usage: synopsis, description (may be NULL), the table's rows, the exit status line. */

@@ -85,13 +85,6 @@ void dst_usage(FILE *f) {
     sph_cli_usage(f, k_synopsis, k_about, sph_cli_distill_opts, SPH_CLI_EXIT_STATUS);
 }
 
-int sph_cli_run_wants_distill(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], "--distill", 9) && (argv[i][9] == 0 || argv[i][9] == '='))
-            return 1;
-    return 0;
-}
-
 // ---- inputs ---------------------------------------------------------------------------------
 
 void dst_problem_free(dst_problem *p) {

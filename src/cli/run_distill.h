@@ -1,12 +1,11 @@
 /*
  * run_distill.h - `spanhead run --distill ...`: the fused distillation loss (sph_distill_loss,
- * docs/distill.md) of the CLI. cmd_run.c dispatches here with one line:
- *
- *     if (sph_cli_run_wants_distill(argc, argv)) return sph_cli_run_distill(argc, argv);
+ * docs/distill.md) of the CLI. cmd_run.c dispatches here when --distill is given: to
+ * sph_cli_run_distill_main_dist under mpirun or with --tp, else to sph_cli_run_distill.
  *
  *   run_distill.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                       against the float64 reference, loss.json and the .npy outputs
- *   run_distill_dist.c  the same under mpirun: --tp (the world is one TP group of vocabulary
+ *   dist/run_distill_dist.c  the same under mpirun: --tp (the world is one TP group of vocabulary
  *                       shards), checked against one process
  */
 #ifndef SPH_CLI_RUN_DISTILL_H
@@ -22,8 +21,6 @@
 /* The options of `run --distill` (run_distill.c). */
 extern const sph_cli_opt sph_cli_distill_opts[];
 
-/* 1 when argv (argv[0] = "run") has --distill. */
-int sph_cli_run_wants_distill(int argc, char **argv);
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_distill(int argc, char **argv);
 

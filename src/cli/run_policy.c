@@ -115,13 +115,6 @@ void pol_usage(FILE *f) {
     sph_cli_usage(f, k_synopsis, k_about, sph_cli_policy_opts, SPH_CLI_EXIT_STATUS);
 }
 
-int sph_cli_run_wants_policy(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], "--policy-loss", 13) && (argv[i][13] == 0 || argv[i][13] == '='))
-            return 1;
-    return 0;
-}
-
 // ---- inputs ------------------------------------------------------------------------------
 
 void pol_problem_free(pol_problem *p) {

@@ -1,12 +1,12 @@
 /*
  * run_policy.h - `spanhead run --policy-loss ...`: the fused RL policy loss (sph_policy_loss,
- * docs/policy.md) of the CLI. cmd_run.c dispatches here before anything else: to
- * sph_cli_run_policy_main_dist under mpirun or with --tp/--cp/--dp (sph_cli_run_wants_dist),
- * else to sph_cli_run_policy.
+ * docs/policy.md) of the CLI. cmd_run.c dispatches here when --policy-loss is given: to
+ * sph_cli_run_policy_main_dist under mpirun or with --tp/--cp/--dp, else to
+ * sph_cli_run_policy.
  *
  *   run_policy.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                      against the float64 reference, loss.json and the .npy outputs
- *   run_policy_dist.c  the same under mpirun: --tp (vocabulary shards), --cp (rows of the
+ *   dist/run_policy_dist.c  the same under mpirun: --tp (vocabulary shards), --cp (rows of the
  *                      sequences split across ranks: the library's sequence group), --dp
  *                      (whole sequences per rank, the global num_tokens / num_seqs)
  */
@@ -22,8 +22,6 @@
 /* The options of `run --policy-loss` (run_policy.c). */
 extern const sph_cli_opt sph_cli_policy_opts[];
 
-/* 1 when argv (argv[0] = "run") has --policy-loss. */
-int sph_cli_run_wants_policy(int argc, char **argv);
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_policy(int argc, char **argv);
 /* The command under mpirun (run_policy_dist.c): every rank parses and validates, and every

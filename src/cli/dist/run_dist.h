@@ -1,12 +1,13 @@
 /*
  * run_dist.h - the distributed form of `spanhead run` (tensor, context and data parallel
- * under mpirun). cmd_run.c dispatches here with one line:
- *
- *     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
+ * under mpirun): the MPI verification harness, src/cli/dist/. cmd_run.c enters it (the head's
+ * sph_cli_run_dist, the losses' sph_cli_run_policy_main_dist and
+ * sph_cli_run_distill_main_dist) when --tp, --cp or --dp is given or an MPI launcher started
+ * several ranks; nothing below cmd_run.c names a file of this folder (check_layout.py rule 5).
  *
  * The rest of this header is shared by the runner's files only:
  *   run_dist_main.c   options, the agreement of all ranks on them, the command's phases
- *   run_dist_base.c   what the others share: sph_cli_run_wants_dist, the ranks, dist_fail,
+ *   run_dist_base.c   what the others share: the ranks, dist_fail,
  *                     dist_agree
  *   run_dist_batch.c  the global batch (synthetic or --inputs), its broadcast, and each
  *                     rank's share: bins, packed layout, CP-local rows
@@ -22,11 +23,6 @@
 
 #include "cli.h"
 #include "outset.h"
-
-/* 1 when argv (argv[0] = "run") asks for a distributed run: any of --tp, --cp, --dp, or a
- * process started by an MPI launcher with more than one rank (so that ranks given different
- * arguments still meet in one agreement instead of some of them waiting forever). */
-int sph_cli_run_wants_dist(int argc, char **argv);
 
 /* `spanhead run --tp T --cp C --dp D [...]` under `mpirun -np T*C*D`. Returns the exit code:
  * 0 PASS (or no check requested), 1 FAIL or runtime error, 2 usage error. Every rank returns

@@ -1,7 +1,6 @@
 /*
- * run_dist_base.c - what every file of the distributed runner shares (run_dist.h): whether a
- * `spanhead run` is a distributed one (sph_cli_run_wants_dist), and, with MPI, this rank's
- * place, its failure message and the ranks' agreement on a verdict. Kept apart from the runner
+ * run_dist_base.c - what every file of the distributed runner shares (run_dist.h), with MPI:
+ * this rank's place, its failure message and the ranks' agreement on a verdict. Kept apart from the runner
  * (run_dist_main.c) so that its steps (run_dist_batch.c, run_dist_head.c, run_dist_check.c) and the
  * policy runner use them without a circle through the runner.
  */
@@ -12,22 +11,6 @@
 
 #include "run.h"
 #include "run_dist.h"
-
-int sph_cli_run_wants_dist(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--")) break;
-        if (!strncmp(a, "--tp", 4) || !strncmp(a, "--cp", 4) || !strncmp(a, "--dp", 4))
-            if (a[4] == '\0' || a[4] == '=') return 1;
-    }
-    /* started by mpirun / mpiexec with several ranks */
-    static const char *const env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", NULL};
-    for (int k = 0; env[k]; k++) {
-        const char *v = getenv(env[k]);
-        if (v && atoi(v) > 1) return 1;
-    }
-    return 0;
-}
 
 #ifdef SPH_HAVE_MPI
 #include <mpi.h>
@@ -55,4 +38,7 @@ int dist_agree(int ok) {
 
 const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};
 
+#else
+/* without MPI the file holds nothing; ISO C wants a declaration in every translation unit */
+typedef int sph_run_dist_base_no_mpi;
 #endif /* SPH_HAVE_MPI */

@@ -91,11 +91,11 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
     if (rc == 0) /* temperature, kernel: the library's verdict (opt_probe.c) */
         rc = sph_cli_probe_head("run", o->temperature, 0, 0, o->kernel, msg, sizeof msg);
     /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
-    int dist_args = 0;
-    for (int i = 1; i < argc; i++)
-        dist_args |= !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--cp", 4) ||
-                     !strncmp(argv[i], "--dp", 4);
-    const char *hint = dist_args ? NULL : " (started by mpirun with several ranks, this is the "
+    static const char *const dist_names[] = {"--tp", "--cp", "--dp", NULL};
+    const sph_cli_opt *const table[] = {sph_cli_dist_opts};
+    int given[3];
+    sph_cli_scan(table, 1, argc, argv, dist_names, given);
+    const char *hint = given[0] || given[1] || given[2] ? NULL : " (started by mpirun with several ranks, this is the "
                                           "distributed runner: spanhead run --tp 1 --help)";
     int v = sph_cli_dist_agree(SPH_CLI_PATH_HEAD, sph_cli_dist_opts, o, rc, msg, hint, argc, argv);
     if (v == SPH_CLI_HELP) {
