@@ -318,6 +318,22 @@ int npy_read(const char *path, npy_array *a, char *err, size_t err_len) {
     return rc;
 }
 
+int npy_read_in(const char *dir, const char *name, npy_array *a, char *err, size_t err_len) {
+    char path[4096];
+    memset(a, 0, sizeof *a);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= sizeof path) {
+        snprintf(err, err_len, "--inputs %s: path too long", dir);
+        return -1;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    return npy_read(path, a, err, err_len) ? -1 : 1;
+}
+
 // ---- writing ---------------------------------------------------------------------------------
 
 int npy_write_stream(FILE *f, char kind, int bytes, int ndim, const int64_t *shape,

@@ -71,8 +71,6 @@ typedef struct dst_where {
 
 /* One call; 0 or an exit code (message printed). */
 int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *w, dst_result *r);
-/* max |got - ref| / max(|ref|, floor) (normwise), NaN -> inf */
-double dst_rel(const float *got, const float *ref, int64_t n, double floor);
 extern const char *const dst_out_files[];
 /* Writes loss.json, dhidden.npy, dweight.npy into the begun set and publishes it. */
 int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *p,

@@ -20,6 +20,7 @@
 
 #include "run_dist.h"
 #include "run_distill.h"
+#include "run_loss.h"
 #include "util.h"
 
 #define CMD "run"
@@ -161,9 +162,9 @@ int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, in
             ok = dst_run(o, &p, &wr, &ref) == 0;
             if (ok) {
                 tol = p.bits == 32 ? 1e-4 : 1e-4;
-                err[0] = dst_rel(r.loss, ref.loss, nl, 1e-6);
-                err[1] = dst_rel(r.dh, ref.dh, p.N * p.H, 1e-30);
-                err[2] = dst_rel(r.dw, ref.dw, p.V * p.H, 1e-30);
+                err[0] = run_loss_rel(r.loss, ref.loss, nl, 1e-6);
+                err[1] = run_loss_rel(r.dh, ref.dh, p.N * p.H, 1e-30);
+                err[2] = run_loss_rel(r.dw, ref.dw, p.V * p.H, 1e-30);
                 passed = err[0] <= tol && err[1] <= tol && err[2] <= tol;
             }
         }
