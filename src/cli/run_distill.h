@@ -78,12 +78,7 @@ int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *
 void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, int checked,
                 int passed, const double err[3], double tol);
 void dst_usage(FILE *f);
-/* The distributed form (run_distill_dist.c), under an MPI launcher or with --tp: o as far as
- * this rank parsed it, rc its verdict (0, or 2 with msg, or SPH_CLI_HELP). */
-int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
-/* The defaults of the options (run_distill.c); the distributed entry (run_distill_dist.c),
- * called by cmd_run.c under mpirun or with --tp. */
+/* The defaults of the options. */
 void dst_opts_defaults(dst_opts *o);
-int sph_cli_run_distill_main_dist(int argc, char **argv);
 
 #endif

@@ -24,10 +24,6 @@ extern const sph_cli_opt sph_cli_policy_opts[];
 
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_policy(int argc, char **argv);
-/* The command under mpirun (run_policy_dist.c): every rank parses and validates, and every
- * verdict, a usage error or --help included, goes to the ranks' agreement instead of ending
- * this rank alone. */
-int sph_cli_run_policy_main_dist(int argc, char **argv);
 
 /* ---- shared by run_policy.c and run_policy_dist.c ---------------------------------------- */
 
@@ -90,10 +86,6 @@ char *pol_loss_json(const float *metrics);
 /* The comparison of a run with the reference's: max relative errors, 1 when within tol. */
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]);
-/* The distributed form (run_policy_dist.c), for --tp/--cp/--dp or an MPI launcher: o as far
- * as this rank parsed it, rc its verdict (0, 1 or 2 with msg, or SPH_CLI_HELP), which the
- * ranks' agreement judges before anything else. */
-int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
 /* The options' defaults, and what the parser cannot judge alone (0, or an exit code with
  * msg), run_policy.c. */
 void pol_opts_defaults(pol_opts *o);

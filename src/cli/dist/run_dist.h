@@ -20,14 +20,31 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "outset.h"
+#include "run_distill.h"
+#include "run_policy.h"
 
 /* `spanhead run --tp T --cp C --dp D [...]` under `mpirun -np T*C*D`. Returns the exit code:
  * 0 PASS (or no check requested), 1 FAIL or runtime error, 2 usage error. Every rank returns
  * the same code. */
 int sph_cli_run_dist(int argc, char **argv);
+
+/* The losses under mpirun (run_policy_dist.c, run_distill_dist.c): every rank parses and
+ * validates, and every verdict, a usage error or --help included, goes to the ranks'
+ * agreement instead of ending this rank alone. */
+int sph_cli_run_policy_main_dist(int argc, char **argv);
+int sph_cli_run_distill_main_dist(int argc, char **argv);
+/* Their distributed forms: o as far as this rank parsed it, rc its verdict (0, 1 or 2 with
+ * msg, or SPH_CLI_HELP), which the ranks' agreement judges before anything else. */
+int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
+int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
+
+/* Without MPI, what a loss's distributed form does: its --help, its usage error, or the
+ * message that `needs` (--tp, --tp/--cp/--dp) needs MPI. Returns the exit code. */
+int dist_loss_no_mpi(int rc, const char *msg, void (*usage)(FILE *f), const char *needs);
 
 #ifdef SPH_HAVE_MPI
 
@@ -55,6 +72,13 @@ extern int dist_rank, dist_size;
 int dist_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* 1 when every rank's ok is 1 (one all-reduce). */
 int dist_agree(int ok);
+
+/* The start of a loss's distributed form: MPI initialized (unless it is), this rank's place
+ * in dist_rank / dist_size, and step 0, the ranks' agreement (sph_cli_dist_agree) on path,
+ * verdict and options. Returns -1 to go on; else the exit code every rank returns, after
+ * rank 0 printed the usage (every rank asked for --help) and MPI was finalized. */
+int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int verdict,
+                    const char *msg, int argc, char **argv, void (*usage)(FILE *f));
 
 /* ---- the global batch --------------------------------------------------------------------- */
 

@@ -11,6 +11,17 @@
 
 #include "run.h"
 #include "run_dist.h"
+#include "util.h"
+
+int dist_loss_no_mpi(int rc, const char *msg, void (*usage)(FILE *f), const char *needs) {
+    if (rc == SPH_CLI_HELP) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) return sph_cli_fail("run", rc, "%s", msg);
+    return sph_cli_fail("run", 1, "%s needs MPI, and this spanhead was built without it "
+                                  "(install Open MPI and reconfigure)", needs);
+}
 
 #ifdef SPH_HAVE_MPI
 #include <mpi.h>
@@ -34,6 +45,21 @@ int dist_agree(int ok) {
     int all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     return all;
+}
+
+int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int verdict,
+                    const char *msg, int argc, char **argv, void (*usage)(FILE *f)) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail("run", 1, "MPI_Init failed");
+    MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &dist_size);
+    /* step 0, the same first collective as the head runner's: path, verdicts, arguments */
+    const int v = sph_cli_dist_agree(path, table, opts, verdict, msg, NULL, argc, argv);
+    if (!v) return -1;
+    if (v == SPH_CLI_HELP && !dist_rank) usage(stdout);
+    MPI_Finalize();
+    return v == SPH_CLI_HELP ? 0 : v;
 }
 
 const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};

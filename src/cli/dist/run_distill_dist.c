@@ -45,51 +45,17 @@ int sph_cli_run_distill_main_dist(int argc, char **argv) {
 
 int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv) {
     (void)o, (void)argc, (void)argv;
-    if (rc == SPH_CLI_HELP) {
-        dst_usage(stdout);
-        return 0;
-    }
-    if (rc) return sph_cli_fail(CMD, rc, "%s", msg);
-    return sph_cli_fail(CMD, 1, "--tp needs MPI, and this spanhead was built without it "
-                                "(install Open MPI and reconfigure)");
+    return dist_loss_no_mpi(rc, msg, dst_usage, "--tp");
 }
 
 #else
 #include <mpi.h>
 
-static int g_rank, g_size;
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "spanhead run (rank %d): ", g_rank);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 0;
-}
-
-static int agree(int ok) {
-    int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return all;
-}
-
 int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, int argc,
                              char **argv) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail(CMD, 1, "MPI_Init failed");
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    int v = sph_cli_dist_agree(SPH_CLI_PATH_DISTILL, sph_cli_distill_opts, o, verdict, msg, NULL,
-                               argc, argv);
-    if (v) {
-        if (v == SPH_CLI_HELP && !g_rank) dst_usage(stdout);
-        MPI_Finalize();
-        return v == SPH_CLI_HELP ? 0 : v;
-    }
+    int v = dist_loss_begin(SPH_CLI_PATH_DISTILL, sph_cli_distill_opts, o, verdict, msg, argc,
+                            argv, dst_usage);
+    if (v >= 0) return v;
     const int64_t T = o->tp;
     int rc = 1, ok = 1;
     dst_problem p;
@@ -100,26 +66,26 @@ int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, in
     sph_comm_t tpc = NULL;
     float *dw = NULL, *losses = NULL;
     int *counts = NULL, *displs = NULL;
-    if (T != g_size || o->device == 1) {
-        if (!g_rank) {
+    if (T != dist_size || o->device == 1) {
+        if (!dist_rank) {
             if (o->device == 1)
                 sph_cli_fail(CMD, 2, "--distill with --tp: the CLI's TP runner is CPU only "
                                      "(--device cuda takes one process; the library's CUDA "
                                      "backend takes an NCCL tp_comm)");
             else
                 sph_cli_fail(CMD, 2, "--tp %lld needs %lld ranks, but mpirun started %d (mpirun "
-                                     "-np %lld)", (long long)T, (long long)T, g_size, (long long)T);
+                                     "-np %lld)", (long long)T, (long long)T, dist_size, (long long)T);
         }
         rc = 2;
         goto out;
     }
     /* 1. the problem: every rank reads it; rank 0 begins the output set before any work */
     ok = dst_problem_read(o, &p) == 0;
-    if (ok && !g_rank && o->outputs && sph_cli_outset_begin(&os, o->outputs, dst_out_files))
-        ok = fail("%s", os.err);
-    if (!agree(ok)) goto out;
+    if (ok && !dist_rank && o->outputs && sph_cli_outset_begin(&os, o->outputs, dst_out_files))
+        ok = dist_fail("%s", os.err);
+    if (!dist_agree(ok)) goto out;
     /* 2. the group and the rank's call */
-    const int64_t v0 = p.V * g_rank / T, v1 = p.V * (g_rank + 1) / T;
+    const int64_t v0 = p.V * dist_rank / T, v1 = p.V * (dist_rank + 1) / T;
     if (T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
         cfg.tp = T, cfg.vocab_total = p.V, cfg.vocab_start = v0, cfg.vocab_local = v1 - v0;
@@ -127,33 +93,33 @@ int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, in
         cfg.temperature = o->temperature;
         MPI_Comm world = MPI_COMM_WORLD;
         if (sph_comm_create_mpi(&tpc, &world, &cfg))
-            ok = fail("TP communicator: %s", sph_last_error());
+            ok = dist_fail("TP communicator: %s", sph_last_error());
     }
-    if (!agree(ok)) goto out;
+    if (!dist_agree(ok)) goto out;
     dst_where w = {0, o->kernel, o->threads, (int)o->repeats, tpc, v0, v1 - v0};
-    if (!agree(dst_run(o, &p, &w, &r) == 0)) goto out;
+    if (!dist_agree(dst_run(o, &p, &w, &r) == 0)) goto out;
     /* 3. every rank's loss the same bits; dweight's shards to rank 0 */
     const int nl = o->red == 2 ? (int)p.N : 1;
-    losses = g_rank ? NULL : sph_cli_alloc((int64_t)g_size * (nl ? nl : 1), 4);
+    losses = dist_rank ? NULL : sph_cli_alloc((int64_t)dist_size * (nl ? nl : 1), 4);
     MPI_Gather(r.loss, nl, MPI_FLOAT, losses, nl, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    if (!g_rank) {
-        counts = sph_cli_alloc(g_size, sizeof(int)), displs = sph_cli_alloc(g_size, sizeof(int));
+    if (!dist_rank) {
+        counts = sph_cli_alloc(dist_size, sizeof(int)), displs = sph_cli_alloc(dist_size, sizeof(int));
         dw = sph_cli_alloc(p.V * p.H, 4);
-        for (int k = 0; counts && displs && k < g_size; k++) {
+        for (int k = 0; counts && displs && k < dist_size; k++) {
             const int64_t a = p.V * k / T, b = p.V * (k + 1) / T;
             counts[k] = (int)((b - a) * p.H), displs[k] = (int)(a * p.H);
         }
         ok = losses && counts && displs && dw;
-        for (int k = 1; ok && k < g_size; k++)
+        for (int k = 1; ok && k < dist_size; k++)
             if (memcmp(losses + (size_t)k * nl, losses, (size_t)nl * 4))
-                ok = fail("rank %d's loss differs from rank 0's (every rank of the TP group must "
+                ok = dist_fail("rank %d's loss differs from rank 0's (every rank of the TP group must "
                           "hold the same bits)", k);
     }
     MPI_Gatherv(r.dw, (int)((v1 - v0) * p.H), MPI_FLOAT, dw, counts, displs, MPI_FLOAT, 0,
                 MPI_COMM_WORLD);
-    if (!agree(ok)) goto out;
+    if (!dist_agree(ok)) goto out;
     int passed = 1;
-    if (!g_rank) {
+    if (!dist_rank) {
         free(r.dw);
         r.dw = dw, dw = NULL; /* the whole vocabulary's rows from here on */
         double err[3] = {0}, tol = 0;
