@@ -9,7 +9,9 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "util.h"
+#include "msg.h"
+#include "num.h"
+
 
 static void *at(void *dst, const sph_cli_opt *o) { return (char *)dst + o->off; }
 

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "bench.h"
+#include "msg.h"
+#include "rng.h"
 
 
 // ---- response and fragmented masks -----------------------------------------------------------

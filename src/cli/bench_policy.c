@@ -26,7 +26,11 @@
 #include <time.h>
 
 #include "bench.h"
+#include "clock.h"
 #include "json_util.h"
+#include "msg.h"
+#include "num.h"
+#include "rng.h"
 #include "synth.h"
 
 #define POL_SEQ 2048 /* rows per sequence (the response mask's) */

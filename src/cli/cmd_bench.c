@@ -45,7 +45,12 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "clock.h"
 #include "json_util.h"
+#include "msg.h"
+#include "num.h"
+#include "progress.h"
+#include "rng.h"
 #include "synth.h"
 
 

@@ -23,7 +23,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "dist/run_dist.h"
+#include "msg.h"
+#include "progress.h"
 #include "run.h"
 #include "run_distill.h"
 #include "run_policy.h"

@@ -6,15 +6,14 @@
  */
 #include "npy.h"
 
-#include "util.h"
-
-
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "half.h"
 
 static int fail(char *err, size_t n, const char *name, const char *msg) {
     snprintf(err, n, "%s: %s", name, msg);

@@ -21,10 +21,11 @@
 
 #include "args.h"
 #include "json_util.h"
+#include "msg.h"
 #include "npy.h"
+#include "num.h"
 #include "run_distill.h"
 #include "run_loss.h"
-#include "util.h"
 
 #define CMD "run"
 

@@ -16,7 +16,6 @@
 
 #include "cli.h"
 #include "outset.h"
-#include "util.h"
 
 /* The options of `run --distill` (run_distill.c). */
 extern const sph_cli_opt sph_cli_distill_opts[];

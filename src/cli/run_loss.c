@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "clock.h"
+#include "msg.h"
+
 
 #define CMD "run"
 

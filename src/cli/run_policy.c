@@ -23,11 +23,12 @@
 
 #include "args.h"
 #include "json_util.h"
+#include "msg.h"
 #include "npy.h"
+#include "num.h"
 #include "run.h"
 #include "run_loss.h"
 #include "run_policy.h"
-#include "util.h"
 
 #define CMD "run"
 

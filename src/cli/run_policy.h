@@ -92,7 +92,7 @@ void pol_opts_defaults(pol_opts *o);
 int pol_validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n);
 /* The usage of `run --policy-loss` on f. */
 void pol_usage(FILE *f);
-/* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */
+/* The output set of dir begun (before any work: outset.h); 0 or an exit code (printed). */
 int pol_outputs_begin(sph_cli_outset *s, const char *dir);
 /* Writes loss.json and the .npy outputs into the set and publishes it; 0 or an exit code. */
 int pol_write_outputs(sph_cli_outset *s, const pol_result *r, int64_t N, int64_t H, int64_t V);

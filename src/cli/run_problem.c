@@ -12,7 +12,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "clock.h"
+#include "half.h"
+#include "msg.h"
 #include "npy.h"
+#include "num.h"
+#include "rng.h"
 #include "run.h"
 #include "synth.h"
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
 #include "run.h"
 #include "run_dist.h"
-#include "util.h"
 
 int dist_loss_no_mpi(int rc, const char *msg, void (*usage)(FILE *f), const char *needs) {
     if (rc == SPH_CLI_HELP) {

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
 #include "run.h"
 #include "run_dist.h"
 

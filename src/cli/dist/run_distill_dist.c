@@ -18,10 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
+#include "num.h"
 #include "run_dist.h"
 #include "run_distill.h"
 #include "run_loss.h"
-#include "util.h"
 
 #define CMD "run"
 

@@ -30,9 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
+#include "num.h"
 #include "run_dist.h"
 #include "run_policy.h"
-#include "util.h"
 
 #define CMD "run"
 
