@@ -49,6 +49,12 @@ typedef struct sph_cli_opt {
     const char *help;            /* lines separated by '\n' */
 } sph_cli_opt;
 
+/* offsetof(T, f) where T's field f has type type, else a compile error (a negative array
+ * size): a row shared by several tables cannot write a value of another type into one of
+ * their options structs. */
+#define SPH_CLI_OFF(T, f, type) \
+    (offsetof(T, f) + 0 * sizeof(char[_Generic(((T *)0)->f, type: 1, default: -1)]))
+
 /* The row that ends a table. */
 #define SPH_CLI_OPT_END {.name = NULL}
 

@@ -368,7 +368,7 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
                "\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":", k_kinds[o->kind], o->beta,
                k_reds[o->red], p->dense ? "dense" : "sparse", (long long)p->N, (long long)p->H,
                (long long)p->V, (long long)p->HT, (long long)p->K, (long long)act, dt,
-               run_loss_devices[o->device]);
+               sph_cli_device_names[o->device]);
         sph_cli_json_num(stdout, "%.6g", r->ms);
         printf(",\"workspace_bytes\":%zu,\"loss\":", r->ws_bytes);
         sph_cli_json_num(stdout, "%.9g", shown);
@@ -387,7 +387,7 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
     printf("run: distill %s (beta %g, reduction %s, %s teacher), N=%lld H=%lld V=%lld active=%lld "
            "%s on %s\n", k_kinds[o->kind], o->beta, k_reds[o->red], p->dense ? "dense" : "sparse",
            (long long)p->N, (long long)p->H, (long long)p->V, (long long)act, dt,
-           r->describe[0] ? r->describe : run_loss_devices[o->device]);
+           r->describe[0] ? r->describe : sph_cli_device_names[o->device]);
     printf("  one call: %.3f ms (median of %lld), workspace %.3g MiB\n", r->ms,
            (long long)o->repeats, (double)r->ws_bytes / 1048576.0);
     if (o->red != 2) printf("  loss %.9g\n", shown);

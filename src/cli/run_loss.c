@@ -11,11 +11,7 @@
 #include "clock.h"
 #include "msg.h"
 
-
 #define CMD "run"
-
-const char *const run_loss_devices[] = {"cpu", "cuda", NULL};
-const char *const run_loss_dtypes[] = {"f32", "bf16", "f16", NULL};
 
 int run_loss_read(const char *dir, const char *name, npy_array *a) {
     char err[512];

@@ -13,38 +13,28 @@
 
 #include "args.h"
 #include "npy.h"
+#include "opts.h"
 #include "outset.h"
 #include "spanhead.h"
 
-/* offsetof(T, f) where T's field f has type type, else a compile error: a shared row cannot
- * write a value of another type into a loss's options struct. */
-#define RUN_LOSS_OFF(T, f, type) \
-    (offsetof(T, f) + 0 * sizeof(char[_Generic(((T *)0)->f, type: 1, default: -1)]))
+#define RUN_LOSS_MAX_REPEATS 1000
 
-extern const char *const run_loss_devices[]; /* cpu, cuda: the --device choices */
-extern const char *const run_loss_dtypes[];  /* f32, bf16, f16: the --dtype choices */
-
-/* The head's options of a loss runner, in its options struct T: int device, dtype, check,
- * json; double temperature, softcap; int64_t threads, repeats; const char *kernel. */
-#define RUN_LOSS_HEAD_ROWS(T)                                                                   \
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, RUN_LOSS_OFF(T, device, int), 0, 0, 0, 0,         \
-     run_loss_devices, 0, "where to compute (default cpu)"},                                    \
-    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, RUN_LOSS_OFF(T, dtype, int), 0, 0, 0, 0,        \
-     run_loss_dtypes, 0, "what uint16 hidden / weight bits hold (f4 / f2 files say it themselves)"}, \
-    {"--temperature", "T", SPH_OPT_F64, RUN_LOSS_OFF(T, temperature, double), 0, 0, 0, 0, NULL, \
-     SPH_OPTF_ANY, "softmax temperature of the head (default 1)"},                              \
-    {"--softcap", "C", SPH_OPT_F64, RUN_LOSS_OFF(T, softcap, double), 0, 0, 0, 0, NULL,         \
-     SPH_OPTF_ANY, "tanh logit cap of the head (default 0: off)"},                              \
-    {"--threads", "N", SPH_OPT_I64, RUN_LOSS_OFF(T, threads, int64_t), 0, INT32_MAX, 0, 0, NULL, \
-     0, "CPU threads (default 0: all; the library bounds it)"},                                 \
-    {"--kernel", "NAME", SPH_OPT_STR, RUN_LOSS_OFF(T, kernel, const char *), 0, 0, 0, 0, NULL, 0, \
-     "force a kernel set: ref, generic, avx2, avx512"},                                         \
-    {"--repeats", "R", SPH_OPT_I64, RUN_LOSS_OFF(T, repeats, int64_t), 1, RUN_LOSS_MAX_REPEATS, 0, 0, NULL, 0,  \
-     "timed calls after a warm-up, median reported (default 1)"},                               \
-    {"--check", NULL, SPH_OPT_FLAG, RUN_LOSS_OFF(T, check, int), 0, 0, 0, 0, NULL, 0,           \
-     "compare with the float64 reference; exit 1 if off"},                                      \
-    {"--json", NULL, SPH_OPT_FLAG, RUN_LOSS_OFF(T, json, int), 0, 0, 0, 0, NULL, 0,             \
-     "print the result and the check as one JSON object"}
+/* The head's options of a loss runner, in its options struct T: the run tables' concept rows
+ * (opts.h: --device --temperature --softcap --threads --kernel --json) and the rows the losses
+ * alone share (--dtype --repeats --check): int device, dtype, check, json; double
+ * temperature, softcap; int64_t threads, repeats; const char *kernel. */
+#define RUN_LOSS_HEAD_ROWS(T)                                                                  \
+    SPH_CLI_ROW_DEVICE(T, "where to compute (default cpu)"),                                  \
+    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, SPH_CLI_OFF(T, dtype, int), 0, 0, 0, 0,        \
+     sph_cli_run_dtype_names, 0, "what uint16 hidden / weight bits hold (f4 / f2 files say it\n"      \
+                         "themselves)"},                                                       \
+    SPH_CLI_ROW_TEMPERATURE(T), SPH_CLI_ROW_SOFTCAP(T), SPH_CLI_ROW_THREADS(T),                \
+    SPH_CLI_ROW_KERNEL(T),                                                                     \
+    {"--repeats", "R", SPH_OPT_I64, SPH_CLI_OFF(T, repeats, int64_t), 1, RUN_LOSS_MAX_REPEATS,  \
+     0, 0, NULL, 0, "timed calls after a warm-up, median reported (default 1)"},              \
+    {"--check", NULL, SPH_OPT_FLAG, SPH_CLI_OFF(T, check, int), 0, 0, 0, 0, NULL, 0,           \
+     "compare with the float64 reference; exit 1 if off"},                                     \
+    SPH_CLI_ROW_JSON(T)
 
 /* DIR/name.npy where present (npy_read_in): 1 read, 0 absent, -1 error (printed). */
 int run_loss_read(const char *dir, const char *name, npy_array *a);
@@ -83,7 +73,6 @@ void run_loss_bufs_free(sph_ctx_t ctx, run_loss_bufs *b);
 /* A warm-up call (also the only call of a --check reference) and reps timed ones (at most
  * RUN_LOSS_MAX_REPEATS, the --repeats row's bound), each synchronized; *ms their median (0
  * with reps 0). */
-#define RUN_LOSS_MAX_REPEATS 1000
 sph_status run_loss_time(sph_ctx_t ctx, sph_status (*call)(void *arg), void *arg, int reps,
                          double *ms);
 

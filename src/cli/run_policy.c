@@ -370,7 +370,7 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
         printf("{\"policy_loss\":\"%s\",\"kl\":\"%s\",\"agg\":\"%s\",\"N\":%lld,\"H\":%lld,"
                "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":",
                k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-               (long long)p->V, (long long)act, dt, run_loss_devices[o->device]);
+               (long long)p->V, (long long)act, dt, sph_cli_device_names[o->device]);
         /* non-finite numbers as null (json_util.h): a diverged loss still prints valid JSON */
         sph_cli_json_num(stdout, "%.6g", r->ms);
         printf(",\"workspace_bytes\":%zu,\"metrics\":{", r->ws_bytes);
@@ -394,7 +394,7 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
     }
     printf("run: policy loss %s (kl %s, agg %s), N=%lld H=%lld V=%lld active=%lld %s on %s\n",
            k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-           (long long)p->V, (long long)act, dt, r->describe[0] ? r->describe : run_loss_devices[o->device]);
+           (long long)p->V, (long long)act, dt, r->describe[0] ? r->describe : sph_cli_device_names[o->device]);
     printf("  one call: %.3f ms (median of %lld), workspace %.3g MiB\n", r->ms,
            (long long)o->repeats, (double)r->ws_bytes / 1048576.0);
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++)
