@@ -49,6 +49,10 @@ int bench_point_mask(const bopts *o, const work *w, const char *mask, double *ac
 void bench_set_ctx_opts(const sph_ctx_opts *co);
 const sph_ctx_opts *bench_ctx_opts(void);
 
+/* count elements of elem bytes on ctx's device into *dst, copied from src unless it is NULL
+ * (bench_points.c): 0, or 1 when the size overflows or the library refuses. */
+int bench_upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem);
+
 /* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the
  * general path + the loss on the host at every point, the table on stdout, JSON lines to js
  * (or NULL). 0 or an exit code. */

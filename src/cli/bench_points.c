@@ -9,6 +9,7 @@
 
 #include "bench.h"
 #include "msg.h"
+#include "num.h"
 #include "rng.h"
 
 
@@ -210,3 +211,11 @@ int bench_js_errno;
 static sph_ctx_opts g_co;
 void bench_set_ctx_opts(const sph_ctx_opts *co) { g_co = *co; }
 const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }
+
+int bench_upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem) {
+    size_t bytes;
+    if (sph_cli_bytes(count, elem, &bytes)) return 1;
+    if (sph_ctx_malloc(ctx, bytes ? bytes : 1, dst) != SPH_OK) return 1;
+    if (src && sph_ctx_memcpy(ctx, *dst, src, bytes) != SPH_OK) return 1;
+    return 0;
+}

@@ -46,14 +46,6 @@ static void pbufs_free(sph_ctx_t ctx, pbufs *b) {
     memset(b, 0, sizeof *b);
 }
 
-static int put(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem) {
-    size_t bytes;
-    if (sph_cli_bytes(count, elem, &bytes)) return 1;
-    if (sph_ctx_malloc(ctx, bytes ? bytes : 1, dst) != SPH_OK) return 1;
-    if (src && sph_ctx_memcpy(ctx, *dst, src, bytes) != SPH_OK) return 1;
-    return 0;
-}
-
 static int grow_ws(sph_ctx_t ctx, pbufs *b, size_t need) {
     if (need <= b->ws_bytes) return 0;
     sph_ctx_free(ctx, b->ws);
@@ -322,15 +314,15 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
                 href[i] = (float)(lv + 0.2 * sph_cli_rng_normal(&r));
                 hseq[i] = i / POL_SEQ;
             }
-            if (put(ctx, &b.h, hh, N * sh->H, es) || put(ctx, &b.w, hw, sh->V * sh->H, es) ||
-                put(ctx, &b.tgt, ht, N, 4) || put(ctx, &b.adv, hadv, N, 4) ||
-                put(ctx, &b.old, hold, N, 4) || put(ctx, &b.ref, href, N, 4) ||
-                put(ctx, &b.seq, hseq, N, 8) || put(ctx, &b.g, hadv, N, 4) ||
-                put(ctx, &b.e, hadv, N, 4) || put(ctx, &b.mask, NULL, N, 1) ||
-                put(ctx, &b.lp, NULL, N, 4) || put(ctx, &b.ent, NULL, N, 4) ||
-                put(ctx, &b.st, NULL, N, 12) || put(ctx, &b.dh, NULL, N * sh->H, es) ||
-                put(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
-                put(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4))
+            if (bench_upload(ctx, &b.h, hh, N * sh->H, es) || bench_upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
+                bench_upload(ctx, &b.tgt, ht, N, 4) || bench_upload(ctx, &b.adv, hadv, N, 4) ||
+                bench_upload(ctx, &b.old, hold, N, 4) || bench_upload(ctx, &b.ref, href, N, 4) ||
+                bench_upload(ctx, &b.seq, hseq, N, 8) || bench_upload(ctx, &b.g, hadv, N, 4) ||
+                bench_upload(ctx, &b.e, hadv, N, 4) || bench_upload(ctx, &b.mask, NULL, N, 1) ||
+                bench_upload(ctx, &b.lp, NULL, N, 4) || bench_upload(ctx, &b.ent, NULL, N, 4) ||
+                bench_upload(ctx, &b.st, NULL, N, 12) || bench_upload(ctx, &b.dh, NULL, N * sh->H, es) ||
+                bench_upload(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
+                bench_upload(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4))
                 rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
         }
         /* every mask at every fraction (packed-rl once), and the dense point */
