@@ -298,9 +298,12 @@ typedef enum sph_cuda_flag {
     SPH_CUDA_FLAG_E2D_OVERLAP = 1u << 14,  /* staged E: D made per row block on a second stream,
                                                each block's dH GEMM after it, so the pass over
                                                E overlaps the GEMMs (SPH_CUDA_E2DOVL=1) */
-    SPH_CUDA_FLAG_DW32_BETA0 = 1u << 15    /* the fp32 dW accumulator written by the first
+    SPH_CUDA_FLAG_DW32_BETA0 = 1u << 15,   /* the fp32 dW accumulator written by the first
                                                chunk's dW GEMM (beta 0) instead of zeroed first
                                                by a memset (SPH_CUDA_DW32BZ=1) */
+    SPH_CUDA_FLAG_SUMP2_FUSED = 1u << 16   /* issue 25: sum_p2 (without top-k) inside the
+                                               fused sm_90a statistics epilogue instead of the
+                                               staged cuBLAS path (SPH_CUDA_SUMP2FUSED=1) */
 } sph_cuda_flag;
 
 typedef struct sph_ctx_opts {

@@ -40,6 +40,10 @@ def config(kind: str = "forward_kl", beta: float = 0.5,
     to check, with its messages). ``kind`` accepts "forward-kl" spellings too."""
     k = kind.replace("-", "_") if isinstance(kind, str) else kind
     tt = 0.0 if teacher_temperature is None else _real(teacher_temperature, "teacher_temperature")
+    if teacher_temperature is not None and tt == 0.0:
+        # 0 is the C API's "unset"; here that is None, so an explicit 0 is a bad temperature
+        raise InvalidArgumentError("teacher_temperature: 0, expected T > 0 (None = the "
+                                   "student's temperature)")
     return (_name(KINDS, k, "kind"), _real(beta, "beta"), tt,
             _name(REDUCTIONS, reduction, "reduction"))
 

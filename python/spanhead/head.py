@@ -316,6 +316,9 @@ def _out(spec: Any, ref: Any, shape: Tuple[int, ...], dt: Tuple[int, int], name:
     return spec
 
 
+TOPK_MAX = 256  # spanhead.h's SPH_HEAD_TOPK_MAX
+
+
 def _topk_outputs(kw: dict, hidden: Any, n: int) -> dict:
     """topk_ids / topk_logprobs of a forward: the given tensors, or (N, K) allocated for
     topk=K; the library judges K (1..256, <= vocab_total), the dtypes and the pair."""
@@ -325,8 +328,9 @@ def _topk_outputs(kw: dict, hidden: Any, n: int) -> dict:
     if k == 0 and ids is None and lps is None:
         return {"topk_ids": None, "topk_logprobs": None}
     if k != 0 and ids is None and lps is None:
-        if k < 0:  # (the library judges every other K, once the tensors exist)
-            raise InvalidArgumentError(f"topk: {k}, expected 1 <= K <= 256 (0 = none)")
+        # the bounds before anything is allocated (K > vocab_total: the library, which knows it)
+        if not 1 <= k <= TOPK_MAX:
+            raise InvalidArgumentError(f"topk: {k}, expected 1 <= K <= {TOPK_MAX} (0 = none)")
         return {"topk_ids": T.empty(hidden, (n, k), T.I64, "topk_ids"),
                 "topk_logprobs": T.empty(hidden, (n, k), T.F32, "topk_logprobs")}
     if k != 0:

@@ -48,6 +48,7 @@ from ._errors import DeviceError, DTypeError, InvalidArgumentError, ShapeError, 
 from ._tensors import int64_pairs
 from ._torch_ops import context_for
 from .comm import Comm
+from .head import TOPK_MAX
 
 __all__ = ["logprobs", "HeadOutputs", "HeadOutputsSumP2", "HeadOutputsTopK", "context_for",
            "weighted_logprob_loss",
@@ -401,8 +402,9 @@ def logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: Optional[torch
         ``topk=K``: a :class:`HeadOutputsTopK`, the same plus sum_p2 or None, topk_ids and
         topk_logprobs).
     """
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
-        raise InvalidArgumentError(f"topk: {topk!r}, expected an int K >= 1 (0 = none)")
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 0 <= topk <= TOPK_MAX:
+        raise InvalidArgumentError(f"topk: {topk!r}, expected an int 1 <= K <= {TOPK_MAX} "
+                                   "(0 = none)")
     p = _prepare(hidden, weight, targets, candidates, loss_mask, spans, gap, tp_group,
                  vocab_start, vocab_total, temperature, softcap, reduce_dhidden,
                  context_options)

@@ -126,6 +126,12 @@ def test_errors(rng):
         st.distill_loss(H, W, reduction="avg", **tt)
     with pytest.raises(spanhead.InvalidArgumentError, match="teacher"):
         st.distill_loss(H, W)
+    # an explicit 0 is not the C API's "unset" (None is): a bad temperature, in both fronts
+    dense = case(rng, dense=True)[3]
+    for f, args in ((st.distill_loss, (H, W, {k: torch.tensor(v) for k, v in dense.items()})),
+                    (spanhead.distill_loss, (h, w, dense))):
+        with pytest.raises(spanhead.InvalidArgumentError, match="teacher_temperature: 0"):
+            f(args[0], args[1], teacher_temperature=0.0, **args[2])
     bad = tt["teacher_topk_ids"].clone()
     bad[0, 1] = bad[0, 0]
     with pytest.raises(spanhead.InvalidArgumentError, match="appears twice"):

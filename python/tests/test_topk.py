@@ -103,7 +103,10 @@ def test_numpy_topk_one_pass(ctx, rng):
 
 def test_numpy_topk_bad(ctx, rng):
     h, w, t, _ = case(rng, 6, 4, 9, ties=False)
-    for k, err in ((0, None), (-1, spanhead.InvalidArgumentError), (257, spanhead.ShapeError),
+    # K out of [1, 256] is judged before any allocation (2**40 would ask NumPy for 296 TiB);
+    # K = 10 > the 9 columns is the library's verdict
+    for k, err in ((0, None), (-1, spanhead.InvalidArgumentError),
+                   (257, spanhead.InvalidArgumentError), (2 ** 40, spanhead.InvalidArgumentError),
                    (10, spanhead.ShapeError)):
         if err is None:
             assert spanhead.head_forward(h, w, t, topk=k, context=ctx).topk_ids is None
@@ -162,6 +165,8 @@ def test_torch_topk(kernel, rng):
     assert sht.logprobs(h, w, t, sum_p2=True, **kernel).topk_logprobs is None
     with pytest.raises(spanhead.Error, match="topk"):
         sht.logprobs(h, w, t, topk=V + 1, **kernel)
+    with pytest.raises(spanhead.InvalidArgumentError, match="topk: 1099511627776"):
+        sht.logprobs(h, w, t, topk=2 ** 40, **kernel)
 
 
 def test_torch_topk_cuda():

@@ -36,6 +36,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/trace.h"
 #include "comm/comm.h"
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
@@ -119,6 +120,7 @@ static sph_status gemm_logits(pass_ctx *c, const char *hp, int64_t ld, int64_t r
                                 (int)p->H, &one, wp, t, (int)p->ld_w, hp, t, (int)ld, &zero, L,
                                 CUDA_R_32F, (int)c->lay->ldL, compute_type(c),
                                 CUBLAS_GEMM_DEFAULT));
+    sph_trace_mark("cuda: cublas logits");
     return SPH_OK;
 }
 
@@ -167,6 +169,10 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
         fused_args(c, ch, c0, with_e ? SPH_SM90_EPI_STATS | SPH_SM90_EPI_E : SPH_SM90_EPI_STATS);
     float *T = (float *)(c->ws + c->lay->off_T);
     e.tile_recs = T;
+    /* sum_p2 in the same epilogue: the tiles' q, folded into the extras' (m, q) of each row */
+    float *Tq = c->lay->tile_q ? (float *)(c->ws + c->lay->off_Tq) : NULL;
+    float2 *mq = Tq ? (float2 *)(c->ws + c->lay->off_xmq) + ch->k0 : NULL;
+    e.tile_q = Tq;
     if (with_e) {
         /* staged E of the chunk (whole-shard rows) where its D will be */
         e.E = c->ws + c->lay->off_D;
@@ -176,8 +182,10 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
     const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
     SPH_TRY(sph_cuda_head_sm90(p->dtype, hp, ld, wp, p->ld_w, ch->rows, w, p->H, &e, c->stream));
     float *recs = (float *)(c->ws + c->lay->off_part) + ch->k0 * SPH_PARTIAL_FIELDS;
-    return sph_cuda_sm90_reduce_tiles(T, (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N, ch->rows,
-                                      recs, merge, c->stream);
+    SPH_TRY(sph_cuda_sm90_reduce_tiles(T, Tq, (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N,
+                                       ch->rows, recs, mq, merge, c->stream));
+    sph_trace_mark("cuda: reduce tiles");
+    return SPH_OK;
 }
 
 /* Fused backward of one chunk and split: D (input dtype) = du from the recomputed logits in
@@ -279,6 +287,7 @@ static sph_status gemm_dh(pass_ctx *c, const char *wp, int64_t rows, int64_t w, 
                                 (int)w, &one, wp, t, (int)p->ld_w, D, t, (int)c->lay->ldL,
                                 &o->beta, o->C, o->ct, o->ldc, compute_type(c),
                                 CUBLAS_GEMM_DEFAULT));
+    sph_trace_mark("cuda: cublas dH");
     return SPH_OK;
 }
 
@@ -323,6 +332,7 @@ static sph_status gemm_dw(pass_ctx *c, const char *hp, int64_t ld, int64_t rows,
                                 (int)rows, &one, hp, t, (int)ld, D, t, (int)c->lay->ldL,
                                 &o->beta, o->C, o->ct, o->ldc, compute_type(c),
                                 CUBLAS_GEMM_DEFAULT));
+    sph_trace_mark("cuda: cublas dW");
     return SPH_OK;
 }
 
@@ -587,6 +597,7 @@ static sph_status grad_epilogue(pass_ctx *c) {
 static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass, void *ws,
                              size_t bytes, sph_cuda_layout *lay, pass_ctx *c) {
     SPH_TRY(sph_cuda_head_layout(ctx, p, pass, lay));
+    sph_trace_mark("cuda: layout");
     SPH_CHECK(bytes >= lay->total, SPH_ERR_INTERNAL,
               "head (cuda): workspace of %zu bytes, the pass's layout needs %zu", bytes,
               lay->total);
@@ -601,8 +612,11 @@ static sph_status pass_begin(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pas
     c->es = dt_size(c->dk);
     c->gathered_k0 = -1;
     SPH_CUDA_RET(cudaSetDevice(ctx->device.id));
+    sph_trace_mark("cuda: set device");
     SPH_TRY(setup_cublas(c));
+    sph_trace_mark("cuda: cublas setup");
     if (lay->gather && p->N > 0) SPH_TRY(sph_cuda_build_act_rows(c));
+    sph_trace_mark("cuda: act rows");
     return SPH_OK;
 }
 
@@ -642,13 +656,15 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
         return SPH_OK;
     }
     SPH_TRY(sph_cuda_zero_rows_out(p, c.stream));
-    const int extras = sph_cuda_extras(p, SPH_HEAD_FORWARD); /* staged path (layout) */
+    sph_trace_mark("cuda: zero rows out");
+    const int extras = sph_cuda_extras(p, SPH_HEAD_FORWARD); /* fused: sum_p2 in fused_stats */
     if (extras) SPH_TRY(sph_cuda_extras_zero(p, c.stream));
     float *part = (float *)(c.ws + lay.off_part), *recv = (float *)(c.ws + lay.off_recv);
     float *L = (float *)(c.ws + lay.off_L);
     if (lay.comm_size > 1)
         SPH_CUDA_RET(cudaMemsetAsync(part, 0, (size_t)p->N * SPH_PARTIAL_FIELDS * 4, c.stream));
     if (p->one_pass) SPH_TRY(grad_prologue(&c));
+    sph_trace_mark("cuda: prologue");
     /* One-pass with staged chunks takes each chunk's gradients from its staged logits right
      * after the chunk's statistics. Otherwise every chunk's statistics, one combine and the
      * finalize; one-pass then runs the backward's gradient sweep (logits recomputed). */
@@ -679,6 +695,7 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                      lay.comm_size, &recs));
             SPH_TRY(sph_cuda_finalize_rows(p, recs, ch.rows * SPH_PARTIAL_FIELDS, lay.comm_size,
                                            ch.r0, ch.rowmap, ch.rows, c.st->nf, c.stream));
+            sph_trace_mark("cuda: combine + finalize");
             if (extras) {
                 const float2 *xm;
                 const sph_cuda_xtk *xt;
@@ -691,7 +708,9 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                 SPH_TRY(e2d_overlapped(&c, &ch, ci, &done));
                 if (!done) {
                     SPH_TRY(chunk_e2d(&c, &ch));
+                    sph_trace_mark("cuda: e2d");
                     SPH_TRY(grad_chunk(&c, &ch, ci, D_READY));
+                    sph_trace_mark("cuda: grad chunk (dH, dW)");
                 }
             } else {
                 SPH_TRY(grad_chunk(&c, &ch, ci, lay.n_splits == 1 ? D_FROM_L : D_RECOMPUTE));
@@ -699,7 +718,11 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
         }
         ci++;
     }
-    if (per_chunk) return grad_epilogue(&c);
+    if (per_chunk) {
+        SPH_TRY(grad_epilogue(&c));
+        sph_trace_mark("cuda: grad epilogue");
+        return SPH_OK;
+    }
     const float *recs;
     SPH_TRY(sph_cuda_combine(ctx, p, part, recv, p->N, lay.comm_size, &recs));
     const int64_t stride = p->N * SPH_PARTIAL_FIELDS;
@@ -722,9 +745,13 @@ extern "C" sph_status sph_head_cuda_forward(sph_ctx_t ctx, const sph_head_plan *
                                                  xt + a * p->topk, p->N, a, NULL, b - a));
         }
     }
+    sph_trace_mark("cuda: combine + finalize");
     if (!p->one_pass) return SPH_OK;
     SPH_TRY(grad_sweep(&c));
-    return grad_epilogue(&c);
+    sph_trace_mark("cuda: grad sweep");
+    SPH_TRY(grad_epilogue(&c));
+    sph_trace_mark("cuda: grad epilogue");
+    return SPH_OK;
 }
 
 extern "C" sph_status sph_head_cuda_backward(sph_ctx_t ctx, const sph_head_plan *p_user,

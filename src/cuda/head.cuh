@@ -59,6 +59,7 @@ typedef struct sph_cuda_layout {
     int fused;         /* the products run the sm_90a kernels with the statistics / dlogits
                         * epilogues (no staged L): FUSED, STAGED_E, RECOMPUTE where they can */
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
+    int tile_q;        /* fused forward with sum_p2: the epilogue's q per row and tile too */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int store16;        /* fused epilogues write D / E with 16-byte stores */
     int64_t e_rows;     /* staged E: rows per chunk the budget allows */
@@ -70,6 +71,7 @@ typedef struct sph_cuda_layout {
     int64_t M;         /* rows the pass computes (inside the spans, or N) */
     size_t off_L, off_D, off_part, off_recv, off_dh32, off_dw32, off_cublas, off_sample;
     size_t off_T;      /* fused: the tile records (R, n_tiles, 5) */
+    size_t off_Tq;     /* fused with sum_p2: the tiles' q (R, n_tiles) */
     size_t off_act, off_hg, off_dhg; /* gathered mode: row map (M), h chunk, fp32 dH chunk */
     size_t sample_bytes;
     /* the forward's extras (issue 25, head_extras.cu): sum_p2's (m, q) per row and the
@@ -93,8 +95,10 @@ extern "C" {
  * 128 x 256 output tiles already fill the SMs, else enough for ~2 waves, at most 8 and at
  * least 2048 columns each. */
 int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms);
-/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu); they read the
- * staged fp32 logits, so such a pass takes the cuBLAS / staged path (no fused epilogue). */
+/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu). They read the
+ * staged fp32 logits, so a pass with them takes the cuBLAS / staged path (no fused
+ * epilogue), except sum_p2 alone under SPH_CUDA_FLAG_SUMP2_FUSED: it rides in the fused
+ * statistics epilogue where the pass is fused (the layout's tile_q). */
 static inline int sph_cuda_extras(const sph_head_plan *p, sph_head_pass pass) {
     return pass == SPH_HEAD_FORWARD && p->K == 0 && (p->sum_p2 != NULL || p->topk > 0);
 }

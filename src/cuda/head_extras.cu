@@ -39,17 +39,6 @@ __device__ __forceinline__ bool x_better(float za, int ia, float zb, int ib) {
     return za > zb || (za == zb && ia < ib);
 }
 
-__device__ __forceinline__ void mq_merge(float &m, float &q, float m2, float q2) {
-    if (m2 == -INFINITY && q2 == 0.f) return;
-    if (m == -INFINITY && q == 0.f) {
-        m = m2, q = q2;
-        return;
-    }
-    const float M = fmaxf(m, m2);
-    q = q * expf(2.f * (m - M)) + q2 * expf(2.f * (m2 - M));
-    m = M;
-}
-
 /* Sorts sz/sid[0 .. XS) best first (bitonic, in shared memory). */
 __device__ void x_sort(float *sz, int *sid) {
     for (int k = 2; k <= XS; k <<= 1)

@@ -50,7 +50,8 @@ typedef struct pass_facts {
     int dk;               /* the inputs' dtype kind */
     int half_dw, half_dh; /* half-precision gradient outputs (fp32 accumulators) */
     int can_fuse;         /* the sm_90a fused kernels can run this pass's operands */
-    int extras;           /* the forward's extras (sum_p2, top-k): staged logits, no fusion */
+    int extras;           /* the forward's extras (sum_p2, top-k) */
+    int extras_staged;    /* ... that read staged logits (top-k; sum_p2 without SUMP2_FUSED) */
     int64_t max_span;     /* the longest row range a chunk walks (M when gathered) */
     int64_t n_spans;
     int64_t chunk_bytes;  /* the context's budget (1 GiB by default) */
@@ -94,10 +95,12 @@ static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass p
     f->half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
     /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
-     * user's tensors, so every chunk of the pass takes the same kernels. The forward's extras
-     * (sum_p2, top-k) read the staged fp32 logits: no fused epilogue beside them. */
+     * user's tensors, so every chunk of the pass takes the same kernels. The extras read the
+     * staged fp32 logits: no fused epilogue beside them (but sum_p2 alone rides in it under
+     * SUMP2_FUSED). */
     f->extras = sph_cuda_extras(p, pass);
-    f->can_fuse = !lay->bi && f->dk != DT_F32 && !st->no_fused && !f->extras &&
+    f->extras_staged = f->extras && (p->topk > 0 || !st->sump2_fused);
+    f->can_fuse = !lay->bi && f->dk != DT_F32 && !st->no_fused && !f->extras_staged &&
                   sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                             p->H) &&
                   !st->no_sm90 && (st->assume_sm90 || sph_cuda_sm90_available());
@@ -129,7 +132,8 @@ static int staged_e_fits(sph_ctx_t ctx, const sph_head_plan *p, const sph_cuda_l
     const int64_t be = ctx->opts.chunk_bytes > 0 ? f->chunk_bytes : SPH_ONEPASS_DEFAULT_BYTES;
     const int64_t rows_all = lay->gather ? lay->M : f->max_span;
     const int64_t nt = (p->V_loc + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
-    const int64_t row_e = round_up(p->V_loc, 8) * 2 + nt * SPH_PARTIAL_FIELDS * 4 +
+    const int64_t row_e = round_up(p->V_loc, 8) * 2 +
+                          nt * (SPH_PARTIAL_FIELDS + (p->sum_p2 ? 1 : 0)) * 4 +
                           (lay->gather ? p->H * ((int64_t)dt_size(f->dk) + (p->dhidden ? 4 : 0))
                                        : 0) +
                           64; /* per-row share of the 256-byte region rounding */
@@ -191,13 +195,12 @@ typedef struct row_cost {
     int64_t bpe;     /* per staged element: fp32 logits, half dlogits (fp32 ones alias L) */
     int64_t dh_rowx; /* per chunk row beyond the logits: the fp32 dH row, the gathered h row */
     int64_t dw_col;  /* vocabulary-outer: the split's fp32 dW accumulator, per column */
-    int tile_recs;   /* fused statistics: a tile record per 256 columns */
+    int tile_recs;   /* fused statistics: floats per 256 columns (a record, + sum_p2's q) */
 } row_cost;
 
 static int64_t row_bytes(const row_cost *k, int64_t vs) {
     return round_up(vs, 8) * k->bpe + k->dh_rowx +
-           (k->tile_recs ? (vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * SPH_PARTIAL_FIELDS * 4
-                         : 0);
+           (vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * k->tile_recs * 4;
 }
 static int64_t rows_for(const row_cost *k, int64_t vs) {
     return (k->budget - vs * k->dw_col) / row_bytes(k, vs);
@@ -263,7 +266,10 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
     k.budget = chunk_bytes - fixed;
     if (k.budget < chunk_bytes / 8)
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
-    k.tile_recs = lay->fused && (!lay->grads || p->one_pass);
+    lay->tile_q = lay->fused && f->extras && p->sum_p2;
+    k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
+                      ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)
+                      : 0;
     k.bpe = (!lay->fused ? 4 : 0) + (lay->grads && f->dk != DT_F32 ? 2 : 0);
     /* the fp32 dH row (half dH with split vocabulary, or any dH when gathered) */
     const int64_t dh_row =
@@ -370,6 +376,8 @@ static void place_buffers(const sph_head_plan *p, const pass_facts *f, sph_cuda_
     if (stage_L) off += sph_ws_round((size_t)R * lay->ldL * 4);
     lay->off_T = off;
     if (tile_recs) off += sph_ws_round((size_t)R * lay->n_tiles * SPH_PARTIAL_FIELDS * 4);
+    lay->off_Tq = off;
+    if (tile_recs && lay->tile_q) off += sph_ws_round((size_t)R * lay->n_tiles * 4);
     lay->off_D = off;
     if (lay->grads && f->dk != DT_F32) off += sph_ws_round((size_t)R * lay->ldL * 2);
     lay->off_part = off;

@@ -70,6 +70,19 @@ __device__ __forceinline__ void merge3(float &m, float &s, float &b, float m2, f
     m = M;
 }
 
+/* Online (m, q) merge of sum_p2's partials: q = sum exp(2 (z - m)). An empty side (m = -inf,
+ * q = 0) is skipped; NaN propagates. */
+__device__ __forceinline__ void mq_merge(float &m, float &q, float m2, float q2) {
+    if (m2 == -INFINITY && q2 == 0.f) return;
+    if (m == -INFINITY && q == 0.f) {
+        m = m2, q = q2;
+        return;
+    }
+    const float M = fmaxf(m, m2);
+    q = q * expf(2.f * (m - M)) + q2 * expf(2.f * (m2 - M));
+    m = M;
+}
+
 /* Writes a row's partial record (m, s, b, zt, sz), merged after the record already there (an
  * earlier vocabulary split: a fixed order) when merge. */
 __device__ __forceinline__ void record_store(float *rec, float m, float s, float b, float zt,

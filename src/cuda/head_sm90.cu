@@ -43,6 +43,7 @@
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
+#include "core/trace.h"
 
 #define SM90_BN 256 /* columns per tile: one m64n256k16 per warpgroup and k step */
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
@@ -295,8 +296,9 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
  * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
  * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb.
  * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
- * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16). */
-template <bool CAP, int ESTORE>
+ * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
+ * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
+template <bool CAP, int ESTORE, bool Q2>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
@@ -319,7 +321,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f;
+        float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
@@ -332,6 +334,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
                     s += p;
                     b = fmaf(p, z, b);
                     sz += z;
+                    if (Q2) q = fmaf(p, p, q);
                 }
                 if (8 * j + e == tl) zt = z;
                 if (ESTORE) v = p; /* z is not needed past this point */
@@ -342,10 +345,12 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             b += __shfl_xor_sync(0xffffffffu, b, o);
             sz += __shfl_xor_sync(0xffffffffu, sz, o);
             zt += __shfl_xor_sync(0xffffffffu, zt, o);
+            if (Q2) q += __shfl_xor_sync(0xffffffffu, q, o);
         }
         if ((lane & 3) == 0 && rr < R) {
             float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
             rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
+            if (Q2) ep.tile_q[rr * n_n + tile_n] = q;
         }
         if (ESTORE == 2) {
             __half *row = (__half *)ep.E + rr * ep.ldE + (cb - 2 * (lane & 3));
@@ -375,21 +380,34 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                           int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.cap > 0.f) epi_stats_t<true, 0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_t<false, 0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    if (ep.tile_q) {
+        if (ep.cap > 0.f) epi_stats_t<true, 0, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 0, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    } else {
+        if (ep.cap > 0.f) epi_stats_t<true, 0, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 0, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    }
 }
 
 /* The one-pass forward's epilogue: statistics and E. */
+template <bool Q2>
+__device__ __forceinline__ void epi_stats_e_q(float (&acc)[128], const sph_sm90_epi &ep,
+                                              const epi_row_args (&ra)[2], int64_t r,
+                                              int64_t cb, int64_t tile_n, int64_t n_n,
+                                              int64_t R, int64_t Vs) {
+    if (ep.store16) {
+        if (ep.cap > 0.f) epi_stats_t<true, 2, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 2, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    } else {
+        if (ep.cap > 0.f) epi_stats_t<true, 1, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        else epi_stats_t<false, 1, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    }
+}
 __device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.store16) {
-        if (ep.cap > 0.f) epi_stats_t<true, 2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    } else {
-        if (ep.cap > 0.f) epi_stats_t<true, 1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    }
+    if (ep.tile_q) epi_stats_e_q<true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_e_q<false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -491,18 +509,22 @@ __device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_s
 }
 
 /* recs[r] = fixed-order merge of the row's tile records: lane l takes tiles l, l + 32, ...
- * in order, then a butterfly over the warp; one warp per row. */
-__global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n_tiles,
-                                         int64_t R, float *__restrict__ recs, int merge) {
+ * in order, then a butterfly over the warp; one warp per row. With tq (sum_p2), the tiles'
+ * (m, q) the same way into mq[r], after mq[r]'s own when merge. */
+__global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr,
+                                         const float *__restrict__ tq, int64_t n_tiles,
+                                         int64_t R, float *__restrict__ recs,
+                                         float2 *__restrict__ mq, int merge) {
     const int64_t r = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= R) return; /* the whole warp: r is warp-uniform */
-    float m = -INFINITY, s = 0.f, b = 0.f, zt = 0.f, sz = 0.f;
+    float m = -INFINITY, s = 0.f, b = 0.f, zt = 0.f, sz = 0.f, qm = -INFINITY, qq = 0.f;
     for (int64_t k = lane; k < n_tiles; k += 32) {
         const float *q = tr + (r * n_tiles + k) * SPH_PARTIAL_FIELDS;
         merge3(m, s, b, q[0], q[1], q[2]);
         zt += q[3];
         sz += q[4];
+        if (tq) mq_merge(qm, qq, q[0], tq[r * n_tiles + k]);
     }
     for (int o = 1; o < 32; o <<= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -511,8 +533,21 @@ __global__ void sm90_reduce_tiles_kernel(const float *__restrict__ tr, int64_t n
         zt += __shfl_xor_sync(0xffffffffu, zt, o);
         sz += __shfl_xor_sync(0xffffffffu, sz, o);
         merge3(m, s, b, m2, s2, b2);
+        if (tq) {
+            const float qm2 = __shfl_xor_sync(0xffffffffu, qm, o);
+            const float qq2 = __shfl_xor_sync(0xffffffffu, qq, o);
+            mq_merge(qm, qq, qm2, qq2);
+        }
     }
-    if (lane == 0) record_store(recs + r * SPH_PARTIAL_FIELDS, m, s, b, zt, sz, merge);
+    if (lane != 0) return;
+    record_store(recs + r * SPH_PARTIAL_FIELDS, m, s, b, zt, sz, merge);
+    if (!tq) return;
+    if (merge) {
+        float pm = mq[r].x, pq = mq[r].y;
+        mq_merge(pm, pq, qm, qq);
+        qm = pm, qq = pq;
+    }
+    mq[r] = make_float2(qm, qq);
 }
 
 // ---- the kernel -------------------------------------------------------------------------
@@ -872,6 +907,7 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
     if (s != SPH_OK) return s;
     s = make_map(&mw, dt, w, Vs, ld_w, H, SM90_BN);
     if (s != SPH_OK) return s;
+    sph_trace_mark("sm90: tensor maps");
     /* paired stores: 8-byte float2 into L, 4-byte half2 into D */
     const int vec2 = mode == SPH_SM90_EPI_DLOGITS
                          ? (uintptr_t)epi->D % 4 == 0 && epi->ldD % 2 == 0
@@ -880,12 +916,14 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
     int dev = 0, sms = 0;
     SPH_CUDA_RET(cudaGetDevice(&dev));
     SPH_CUDA_RET(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    sph_trace_mark("sm90: device query");
     const dim3 grid((unsigned)(n_tiles < sms ? n_tiles : sms)); /* persistent: one per SM */
     if (dt.code == SPH_DTYPE_BFLOAT)
         launch_epi<__nv_bfloat16>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     else
         launch_epi<__half>(mode, pp, grid, stream, mh, mw, *epi, R, Vs, H, vec2);
     SPH_LAUNCH_CHECK("head_logits_sm90_kernel", stream);
+    sph_trace_mark("sm90: launch");
     return SPH_OK;
 }
 
@@ -901,13 +939,15 @@ extern "C" sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t 
     return sph_cuda_head_sm90(dt, h, ld_h, w, ld_w, R, Vs, H, &ep, stream);
 }
 
-extern "C" sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, int64_t n_tiles,
-                                                 int64_t R, float *recs, int merge,
-                                                 cudaStream_t stream) {
+extern "C" sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, const float *tile_q,
+                                                 int64_t n_tiles, int64_t R, float *recs,
+                                                 float2 *mq, int merge, cudaStream_t stream) {
     if (R <= 0) return SPH_OK;
     SPH_CHECK((R + 7) / 8 <= INT32_MAX, SPH_ERR_INTERNAL, "reduce_tiles: R %lld", (long long)R);
-    sm90_reduce_tiles_kernel<<<(unsigned)((R + 7) / 8), 256, 0, stream>>>(tile_recs, n_tiles, R,
-                                                                         recs, merge);
+    SPH_CHECK(!tile_q == !mq, SPH_ERR_INTERNAL, "reduce_tiles: tile_q and mq come together");
+    sm90_reduce_tiles_kernel<<<(unsigned)((R + 7) / 8), 256, 0, stream>>>(tile_recs, tile_q,
+                                                                         n_tiles, R, recs, mq,
+                                                                         merge);
     SPH_LAUNCH_CHECK("sm90_reduce_tiles_kernel", stream);
     return SPH_OK;
 }

@@ -48,6 +48,8 @@ sph_status sph_cuda_logits_sm90(sph_dtype dt, const void *h, int64_t ld_h, const
  *                        transformed logits z: tile_recs[(r * n_tiles + tile) * 5 + f],
  *                        n_tiles = ceil(Vs / 256); zt is z at the target when the tile holds
  *                        it, else 0. sph_cuda_sm90_reduce_tiles folds them per row.
+ *                        With tile_q, also sum_p2's q = sum exp(2 (z - m)) of the tile (one
+ *                        more FMA per logit, 4 bytes per 256 columns).
  *   SPH_SM90_EPI_DLOGITS D (input dtype, row stride ldD) = du of head.cu's dlogits kernel,
  *                        from the row statistics (stats) and upstream gradients.
  *   SPH_SM90_EPI_STATS | SPH_SM90_EPI_E
@@ -80,6 +82,8 @@ typedef struct sph_sm90_epi {
     float *L;
     int64_t ldL;
     float *tile_recs;
+    float *tile_q; /* SPH_SM90_EPI_STATS: sum_p2's q = sum exp(2 (z - m)) per row and tile
+                      (tile_q[r * n_tiles + tile], m the record's), or NULL: not computed */
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */
@@ -105,9 +109,11 @@ sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld_h, const v
                               const sph_sm90_epi *epi, cudaStream_t stream);
 
 /* recs[r] (5 floats, m s b zt sz) = the fixed-order merge of tile_recs[r, 0 .. n_tiles) for
- * r < R, merged after recs[r]'s own value when merge (an earlier vocabulary split). */
-sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, int64_t n_tiles, int64_t R,
-                                      float *recs, int merge, cudaStream_t stream);
+ * r < R, merged after recs[r]'s own value when merge (an earlier vocabulary split). With
+ * tile_q (the epilogue's sum_p2 partials), mq[r] (m, q = sum exp(2 (z - m))) likewise. */
+sph_status sph_cuda_sm90_reduce_tiles(const float *tile_recs, const float *tile_q,
+                                      int64_t n_tiles, int64_t R, float *recs, float2 *mq,
+                                      int merge, cudaStream_t stream);
 
 /* Benchmarks and tests: the batch-invariant logits through one named kernel, variant 0 the
  * mma.sync kernel (sph_cuda_logits_fixed), 1 the sm_90a kernel (SPH_ERR_UNSUPPORTED when

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "comm/comm.h"
 #include "core/ctx.h"
 #include "head/plan.h"
@@ -470,25 +471,43 @@ static sph_status run_pass(sph_ctx_t ctx, sph_head_pass pass, const sph_head_arg
     sph_validator val;
     sph_val_init(&val, ctx);
     sph_status s = sph_head_plan_validate(ctx, pass, args, &p, &val, 0);
+    sph_trace_mark("head: validate");
     /* the backend's own conditions, after the generic ones */
     if (s == SPH_OK && ctx->head.check) s = ctx->head.check(ctx, pass, &p);
+    sph_trace_mark("head: backend check");
     if (s == SPH_OK) s = check_workspace(ctx, pass, &p, ws, ws_bytes, &val);
+    sph_trace_mark("head: workspace check");
     if (s == SPH_OK) s = sph_val_finish(&val);
+    sph_trace_mark("head: aliasing");
     if (s == SPH_OK) s = check_data(ctx, &p);
+    sph_trace_mark("head: check data");
     /* a TP group agrees on the call (or on one rank's failure) before any output is written */
     if (ctx && ctx->magic == SPH_CTX_MAGIC) s = sph_head_tp_agree(ctx, pass, &p, s);
+    sph_trace_mark("head: tp agree");
     SPH_TRY(s);
-    return pass_slot(&ctx->head, pass, &p)(ctx, &p, ws, ws_bytes);
+    s = pass_slot(&ctx->head, pass, &p)(ctx, &p, ws, ws_bytes);
+    sph_trace_mark("head: pass (rest)");
+    return s;
 }
 
 sph_status sph_head_forward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                             size_t workspace_bytes) {
+    sph_trace_begin();
     SPH_TRY(sph_ctx_enter(ctx, "head_forward"));
-    return sph_ctx_leave(ctx, run_pass(ctx, SPH_HEAD_FORWARD, args, workspace, workspace_bytes));
+    sph_trace_mark("head: ctx enter");
+    const sph_status s = run_pass(ctx, SPH_HEAD_FORWARD, args, workspace, workspace_bytes);
+    const sph_status r = sph_ctx_leave(ctx, s);
+    sph_trace_mark("head: ctx leave");
+    return r;
 }
 
 sph_status sph_head_backward(sph_ctx_t ctx, const sph_head_args *args, void *workspace,
                              size_t workspace_bytes) {
+    sph_trace_begin();
     SPH_TRY(sph_ctx_enter(ctx, "head_backward"));
-    return sph_ctx_leave(ctx, run_pass(ctx, SPH_HEAD_BACKWARD, args, workspace, workspace_bytes));
+    sph_trace_mark("head: ctx enter");
+    const sph_status s = run_pass(ctx, SPH_HEAD_BACKWARD, args, workspace, workspace_bytes);
+    const sph_status r = sph_ctx_leave(ctx, s);
+    sph_trace_mark("head: ctx leave");
+    return r;
 }

@@ -267,6 +267,16 @@ grep -qE "spanhead run: passes: 2/2 done, 0s elapsed, ETA 0s" "$tmp/prog" \
 "$cli" run --N 512 --H 64 --V 2048 --repeats 80 >/dev/null 2>"$tmp/prog"
 [[ ! -s $tmp/prog ]] && ok "no progress when stderr is not a terminal" || bad "progress in a file: $(head -c 200 "$tmp/prog")"
 
+# SPH_HOST_TRACE=1 (core/trace.h): the host time of each head call's steps, printed at exit
+# with one line per label and its call count (3 repeats + 1 warm-up forward and backward
+# passes: 8 validations); nothing without the variable
+SPH_HOST_TRACE=1 "$cli" run --N 64 --H 16 --V 128 --repeats 3 >/dev/null 2>"$tmp/trace"
+grep -q "spanhead host trace" "$tmp/trace" && grep -qE "^  head: validate +[0-9]+ " "$tmp/trace" \
+    && grep -qE "^  head: pass \(rest\) +[0-9]+ " "$tmp/trace" \
+    && ok "SPH_HOST_TRACE=1 prints the call's host steps" || bad "trace: $(head -c 400 "$tmp/trace")"
+"$cli" run --N 64 --H 16 --V 128 --repeats 3 >/dev/null 2>"$tmp/trace"
+! grep -q "host trace" "$tmp/trace" && ok "no trace without SPH_HOST_TRACE" || bad "trace printed unasked"
+
 [[ $fails -eq 0 ]] && echo "all run tests passed" && exit 0
 echo "$fails run test(s) failed"
 exit 1

@@ -6,7 +6,8 @@
  * sum p^2; topk_check.h's full-sort oracle): bf16 and f32, awkward vocabularies (613, 1601),
  * several vocabulary splits and row chunks (small chunk_bytes), masks with several spans
  * (gathered chunks), temperature and softcap, K = 1, 64, 256, one-pass (staged fp32 chunks and
- * the recomputing sweep), the batch-invariant mode; inactive rows exactly 0 / (-1, 0); the
+ * the recomputing sweep), the batch-invariant mode; sum_p2 alone on the plain pass's path (the
+ * fused statistics epilogue on sm_90a: staged E, the sweep, several splits, N = 1); inactive rows exactly 0 / (-1, 0); the
  * buffers poisoned before each run. Also: sum_p2 with candidates is refused on CUDA
  * (SPH_ERR_UNSUPPORTED naming it, nothing written). Skips (exit 77) without CUDA or without a
  * device.
@@ -95,6 +96,12 @@ static int run_case(const xcase *x) {
     mirror_make(g, &c, &m);
     c.a.sum_p2 = x->sp2 ? &ts : NULL;
     if (K) c.a.topk_ids = &ti, c.a.topk_logprobs = &tl;
+    /* the plain pass's path (the same call without the extras) */
+    const sph_tensor *keep_sp2 = c.a.sum_p2, *keep_ti = c.a.topk_ids, *keep_tl = c.a.topk_logprobs;
+    c.a.sum_p2 = c.a.topk_ids = c.a.topk_logprobs = NULL;
+    sph_head_pass_info plain = SPH_HEAD_PASS_INFO_INIT;
+    expect_ok(sph_head_describe(g, SPH_HEAD_FORWARD, &c.a, &plain));
+    c.a.sum_p2 = keep_sp2, c.a.topk_ids = keep_ti, c.a.topk_logprobs = keep_tl;
     size_t bytes = 0;
     expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes));
     sph_head_pass_info info = SPH_HEAD_PASS_INFO_INIT;
@@ -117,6 +124,16 @@ static int run_case(const xcase *x) {
     int ok = 1;
     if (!x->kernel && !strstr(info.path, "+extras")) {
         fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
+        ok = 0;
+    }
+    /* SUMP2_FUSED: sum_p2 alone rides in the plain pass's kernels (the fused statistics
+     * epilogue where the plain pass is fused): the same path word, plus the extras */
+    char want[sizeof plain.path + 8];
+    snprintf(want, sizeof want, "%s+extras", plain.path);
+    if (!x->kernel && x->sp2 && !K && (x->flags & SPH_CUDA_FLAG_SUMP2_FUSED) &&
+        strcmp(info.path, want)) {
+        fprintf(stderr, "FAIL %s: sum_p2 alone took path %s, the plain pass %s\n", cs, info.path,
+                plain.path);
         ok = 0;
     }
     const double tol = x->dt.bits == 32 ? TOL_CUDA_F32 : TOL_CUDA_HALF_ROWS;
@@ -149,7 +166,8 @@ static int run_case(const xcase *x) {
 
 static void test_extras_cuda(void **state) {
     (void)state;
-    const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE;
+    const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE,
+                   SF = SPH_CUDA_FLAG_SUMP2_FUSED;
     const xcase cases[] = {
         /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap */
         {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
@@ -160,6 +178,17 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP, 0, 0.8, 2.5},
         {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, 0, 0, 1.0, 0.0},
         {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, 0, 0, 1.0, 0.0},
+        /* sum_p2 alone: staged by default; under SUMP2_FUSED the fused statistics epilogue
+         * (sm_90a) or the plain pass's kernels: several splits (small budget), gathered
+         * spans, staged E, the sweep, N = 1, the batch-invariant mode */
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, 0, 0, 0.9, 0.0},
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, SF, 96 * 1024, 0.7, 0.0},
+        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, SF, 0, 1.3, 3.0},
+        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, SF, 0, 0.8, 0.0},
+        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, SF | RECOMP, 0, 1.0, 2.5},
+        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
+        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, SF, 0, 1.0, 0.0},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0},
     };

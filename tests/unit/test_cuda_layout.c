@@ -37,7 +37,7 @@ int main(void) {
 static sph_cuda_state g_state;
 static sph_rng g_rng;
 /* issue 23's switches for the next layouts (E_TWO_CHUNKS, DH_SPLITK): fake_ctx sets them */
-static int g_e2, g_dhk, g_nogather;
+static int g_e2, g_dhk, g_nogather, g_sump2;
 static int64_t g_chunk_rows; /* the context's chunk_rows (0: automatic) */
 static int g_acc_dw;         /* the plans accumulate into dW */
 static sph_dtype g_dw_dt;    /* dW's dtype when set (bits != 0), else the case's gdt */
@@ -51,6 +51,7 @@ static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
     g_state.e_two_chunks = g_e2;
     g_state.dh_splitk = g_dhk;
     g_state.no_gather = g_nogather;
+    g_state.sump2_fused = g_sump2;
     c.device.type = SPH_DEVICE_CUDA;
     c.chunk_bytes = chunk_bytes;
     c.chunk_rows = g_chunk_rows;
@@ -476,8 +477,9 @@ static void test_issue23(void **state) {
     }
 }
 
-/* issue 25's extras (sum_p2, top-k): the forward takes the staged cuBLAS path (the extras
- * read the fp32 logits), one-pass its staged fp32 chunks or the sweep, never staged E; their
+/* issue 25's extras: under SUMP2_FUSED sum_p2 alone keeps the fused path (its q in the
+ * statistics epilogue); otherwise, and with top-k, the forward takes the staged cuBLAS path (top-k reads the fp32 logits),
+ * one-pass its staged fp32 chunks or the sweep, never staged E; their
  * buffers ((m, q), N x K lists, x TP size received) come on top of the same layout. */
 static void test_extras(void **state) {
     (void)state;
@@ -489,11 +491,30 @@ static void test_extras(void **state) {
         sph_cuda_layout plain, x;
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &plain), SPH_OK);
         assert_true(plain.fused); /* bf16 on (assumed) sm_90a: the fused epilogue */
+        assert_int_equal(plain.tile_q, 0);
+        /* SUMP2_FUSED: sum_p2 alone rides in the fused statistics epilogue: the plain path,
+         * its tiles' q (R x n_tiles floats) beside the records, the rows' (m, q); without
+         * the switch it takes the staged path like top-k */
         p.sum_p2 = FAKE(9);
-        p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
         c = fake_ctx(0, 1);
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
         assert_false(x.fused);
+        assert_int_equal(x.tile_q, 0);
+        g_sump2 = 1;
+        c = fake_ctx(0, 1);
+        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
+        assert_true(x.fused);
+        assert_int_equal(x.path, plain.path);
+        assert_int_equal(x.tile_q, 1);
+        assert_true(x.off_Tq >= x.off_T + (size_t)(x.R * x.n_tiles * SPH_PARTIAL_FIELDS) * 4);
+        assert_true(x.off_D >= x.off_Tq + (size_t)(x.R * x.n_tiles) * 4);
+        assert_true(x.off_xmq_recv >= x.off_xmq + (size_t)N * 8);
+        p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
+        c = fake_ctx(0, 1); /* top-k: staged whatever SUMP2_FUSED says */
+        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
+        g_sump2 = 0;
+        assert_false(x.fused);
+        assert_int_equal(x.tile_q, 0);
         /* the path: cuBLAS for the forward, staged fp32 chunks or the sweep for one-pass */
         if (pass == 0) assert_int_equal(x.path, SPH_CUDA_PATH_CUBLAS);
         else assert_true(x.path == SPH_CUDA_PATH_STAGED_F32 ||
