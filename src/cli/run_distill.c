@@ -218,32 +218,22 @@ void dst_result_free(dst_result *r) {
 
 enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_TR, B_LOSS, B_DH, B_DW, B_COUNT };
 
-typedef struct dst_call {
-    sph_ctx_t ctx;
-    const sph_head_args *a;
-    const sph_distill_args *d;
-    void *ws;
-    size_t ws_bytes;
-} dst_call;
+static sph_status dst_size(const run_loss_call *c, size_t *bytes) {
+    return sph_distill_loss_workspace_size(c->ctx, c->head, c->loss, bytes);
+}
 
-static sph_status dst_call_once(void *arg) {
-    const dst_call *c = arg;
-    return sph_distill_loss(c->ctx, c->a, c->d, c->ws, c->ws_bytes);
+static sph_status dst_call(const run_loss_call *c, void *ws, size_t bytes) {
+    return sph_distill_loss(c->ctx, c->head, c->loss, ws, bytes);
 }
 
 int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_result *r) {
     memset(r, 0, sizeof *r);
-    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
-    co.device.type = wh->on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
-    co.num_threads = (int)wh->threads;
-    co.force_kernel = wh->kernel;
-    co.tp_comm = wh->tp;
     sph_ctx_t ctx = NULL;
+    sph_device dev;
     run_loss_bufs b;
     memset(&b, 0, sizeof b);
-    void *ws = NULL;
     int rc = 1;
-    sph_status s = sph_ctx_create(&ctx, &co);
+    sph_status s = run_loss_ctx(&ctx, &dev, wh->on_cuda, 0, wh->threads, wh->kernel, wh->tp);
     if (s) goto fail;
     /* the rank's vocabulary rows [v0, v0 + V) of the problem's (all of them unsharded) */
     const int64_t N = p->N, H = p->H, HT = p->HT, K = p->K, v0 = wh->v0;
@@ -264,7 +254,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
         {NULL, (size_t)NL * 4, 1, NL, 0, SPH_F32, 1},
         {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1}};
-    if ((s = run_loss_bufs_make(ctx, co.device, spec, B_COUNT, &b))) goto fail;
+    if ((s = run_loss_bufs_make(ctx, dev, spec, B_COUNT, &b))) goto fail;
 #define T(k) run_loss_tensor(&b, k)
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = T(B_H), a.weight = T(B_W), a.active_mask = T(B_MASK);
@@ -279,10 +269,8 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     d.teacher_hidden = T(B_TH), d.teacher_weight = T(B_TW);
     d.teacher_topk_ids = T(B_IDS), d.teacher_topk_logprobs = T(B_LP), d.loss = T(B_LOSS);
 #undef T
-    if ((s = sph_distill_loss_workspace_size(ctx, &a, &d, &r->ws_bytes))) goto fail;
-    if ((s = sph_ctx_malloc(ctx, r->ws_bytes ? r->ws_bytes : 1, &ws))) goto fail;
-    dst_call c = {ctx, &a, &d, ws, r->ws_bytes};
-    if ((s = run_loss_time(ctx, dst_call_once, &c, wh->reps, &r->ms))) goto fail;
+    const run_loss_call c = {ctx, &a, &d, dst_size, dst_call};
+    if ((s = run_loss_timed(&c, wh->reps, &r->ws_bytes, &r->ms))) goto fail;
     int64_t nf = 0, first = -1;
     if ((s = sph_ctx_nonfinite(ctx, &nf, &first))) goto fail;
     if (nf) {
@@ -306,7 +294,6 @@ fail:
     run_loss_fail_status(wh->kernel, s);
 done:
     run_loss_bufs_free(ctx, &b);
-    sph_ctx_free(ctx, ws);
     sph_ctx_destroy(ctx);
     if (rc) dst_result_free(r);
     return rc;

@@ -56,18 +56,32 @@ void run_loss_bufs_free(sph_ctx_t ctx, run_loss_bufs *b) {
     memset(b, 0, sizeof *b);
 }
 
-sph_status run_loss_time(sph_ctx_t ctx, sph_status (*call)(void *arg), void *arg, int reps,
-                         double *ms) {
+sph_status run_loss_ctx(sph_ctx_t *ctx, sph_device *dev, int on_cuda, int device_id,
+                        int64_t threads, const char *kernel, sph_comm_t tp) {
+    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
+    co.device.type = on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
+    co.device.id = on_cuda ? device_id : 0;
+    co.num_threads = (int)threads;
+    co.force_kernel = kernel;
+    co.tp_comm = tp;
+    *dev = co.device;
+    return sph_ctx_create(ctx, &co);
+}
+
+sph_status run_loss_timed(const run_loss_call *c, int reps, size_t *ws_bytes, double *ms) {
     double times[RUN_LOSS_MAX_REPEATS];
-    *ms = 0;
+    void *ws = NULL;
+    *ms = 0, *ws_bytes = 0;
     if (reps < 0 || reps > RUN_LOSS_MAX_REPEATS) return SPH_ERR_INVALID_ARG;
-    sph_status s = SPH_OK;
+    sph_status s = c->size(c, ws_bytes);
+    if (!s) s = sph_ctx_malloc(c->ctx, *ws_bytes ? *ws_bytes : 1, &ws);
     for (int k = -1; k < reps && !s; k++) {
         const double t0 = sph_cli_now_s();
-        if (!(s = call(arg))) s = sph_ctx_synchronize(ctx);
+        if (!(s = c->run(c, ws, *ws_bytes))) s = sph_ctx_synchronize(c->ctx);
         if (k >= 0) times[k] = sph_cli_now_s() - t0;
     }
     if (!s && reps > 0) *ms = 1e3 * sph_cli_median(times, reps);
+    sph_ctx_free(c->ctx, ws);
     return s;
 }
 

@@ -70,11 +70,26 @@ sph_status run_loss_bufs_make(sph_ctx_t ctx, sph_device dev, const run_loss_buf 
 const sph_tensor *run_loss_tensor(const run_loss_bufs *b, int k);
 void run_loss_bufs_free(sph_ctx_t ctx, run_loss_bufs *b);
 
-/* A warm-up call (also the only call of a --check reference) and reps timed ones (at most
- * RUN_LOSS_MAX_REPEATS, the --repeats row's bound), each synchronized; *ms their median (0
- * with reps 0). */
-sph_status run_loss_time(sph_ctx_t ctx, sph_status (*call)(void *arg), void *arg, int reps,
-                         double *ms);
+/* The context of one call: a CUDA device (device_id) or the CPU, threads, a forced kernel
+ * set (NULL: the best), a TP communicator (NULL: none); *dev the device its tensors name. */
+sph_status run_loss_ctx(sph_ctx_t *ctx, sph_device *dev, int on_cuda, int device_id,
+                        int64_t threads, const char *kernel, sph_comm_t tp);
+
+/* One call of a loss through its two entry points, over its argument block loss (a
+ * sph_policy_args, a sph_distill_args): each loss gives the two three-line wrappers. */
+typedef struct run_loss_call {
+    sph_ctx_t ctx;
+    const sph_head_args *head;
+    const void *loss;
+    sph_status (*size)(const struct run_loss_call *c, size_t *bytes);
+    sph_status (*run)(const struct run_loss_call *c, void *ws, size_t bytes);
+} run_loss_call;
+
+/* The call's workspace (c->size; allocated on the context, freed before returning), a warm-up
+ * call (also the only call of a --check reference) and reps timed ones (at most
+ * RUN_LOSS_MAX_REPEATS, the --repeats row's bound), each synchronized: *ws_bytes the
+ * workspace, *ms their median (0 with reps 0). */
+sph_status run_loss_timed(const run_loss_call *c, int reps, size_t *ws_bytes, double *ms);
 
 /* "spanhead run: [reference: ]<status>: <library message>", returns 1. */
 int run_loss_fail_status(const char *kernel, sph_status s);

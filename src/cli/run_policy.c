@@ -214,33 +214,23 @@ sph_policy_args pol_args(const pol_opts *o) {
 enum { B_H, B_W, B_TGT, B_MASK, B_ADV, B_OLD, B_REF, B_ISW, B_SEQ, B_LP, B_ENT, B_DH, B_DW, B_MET,
        B_TEMP, B_COUNT };
 
-typedef struct pol_call {
-    sph_ctx_t ctx;
-    const sph_head_args *a;
-    const sph_policy_args *pa;
-    void *ws;
-    size_t ws_bytes;
-} pol_call;
+static sph_status pol_size(const run_loss_call *c, size_t *bytes) {
+    return sph_policy_loss_workspace_size(c->ctx, c->head, c->loss, bytes);
+}
 
-static sph_status pol_call_once(void *arg) {
-    const pol_call *c = arg;
-    return sph_policy_loss(c->ctx, c->a, c->pa, c->ws, c->ws_bytes);
+static sph_status pol_call(const run_loss_call *c, void *ws, size_t bytes) {
+    return sph_policy_loss(c->ctx, c->head, c->loss, ws, bytes);
 }
 
 int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_result *r) {
     memset(r, 0, sizeof *r);
-    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
-    co.device.type = w->on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
-    co.device.id = w->on_cuda ? w->device_id : 0;
-    co.num_threads = (int)w->threads;
-    co.force_kernel = w->kernel;
-    co.tp_comm = w->tp;
     sph_ctx_t ctx = NULL;
+    sph_device dev;
     run_loss_bufs b;
     memset(&b, 0, sizeof b);
-    void *ws = NULL;
     int rc = 1;
-    sph_status s = sph_ctx_create(&ctx, &co);
+    sph_status s = run_loss_ctx(&ctx, &dev, w->on_cuda, w->device_id, w->threads, w->kernel,
+                                w->tp);
     if (s) goto fail;
     const int64_t N = p->N, H = p->H, V = p->V;
     const size_t es = (size_t)p->bits / 8;
@@ -255,7 +245,7 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1},
         {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32, 1},
         {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32, 0}};
-    if ((s = run_loss_bufs_make(ctx, co.device, spec, B_COUNT, &b))) goto fail;
+    if ((s = run_loss_bufs_make(ctx, dev, spec, B_COUNT, &b))) goto fail;
 #define T(k) run_loss_tensor(&b, k)
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = T(B_H), a.weight = T(B_W), a.targets = T(B_TGT), a.active_mask = T(B_MASK);
@@ -272,10 +262,8 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     if (w->num_tokens > 0) pa.num_tokens = w->num_tokens;
     if (w->num_seqs > 0) pa.num_seqs = w->num_seqs;
 #undef T
-    if ((s = sph_policy_loss_workspace_size(ctx, &a, &pa, &r->ws_bytes))) goto fail;
-    if ((s = sph_ctx_malloc(ctx, r->ws_bytes ? r->ws_bytes : 1, &ws))) goto fail;
-    pol_call c = {ctx, &a, &pa, ws, r->ws_bytes};
-    if ((s = run_loss_time(ctx, pol_call_once, &c, w->reps, &r->ms))) goto fail;
+    const run_loss_call c = {ctx, &a, &pa, pol_size, pol_call};
+    if ((s = run_loss_timed(&c, w->reps, &r->ws_bytes, &r->ms))) goto fail;
     snprintf(r->describe, sizeof r->describe, "%s", sph_ctx_describe(ctx));
     if (!(r->lp = sph_cli_alloc(N, 4)) || !(r->ent = sph_cli_alloc(N, 4)) ||
         !(r->dh = sph_cli_alloc(N * H, 4)) || !(r->dw = sph_cli_alloc(V * H, 4))) {
@@ -294,7 +282,6 @@ fail:
     run_loss_fail_status(w->kernel, s);
 done:
     run_loss_bufs_free(ctx, &b);
-    sph_ctx_free(ctx, ws);
     sph_ctx_destroy(ctx);
     if (rc) pol_result_free(r);
     return rc;
