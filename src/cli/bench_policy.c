@@ -302,9 +302,7 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
             rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
         } else {
             sph_cli_rng r;
-            sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-            synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-            synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+            bench_fill_head(&r, wi, sh, N, bits, bf16, hh, hw);
             /* log-probs of this data sit near -log V: old / ref around there, ratios near 1 */
             const double lv = -log((double)sh->V);
             for (int64_t i = 0; i < N; i++) {

@@ -510,9 +510,7 @@ static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_
         rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
     } else {
         sph_cli_rng r;
-        sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-        synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-        synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+        bench_fill_head(&r, wi, sh, N, bits, bf16, hh, hw);
         for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
         synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
         for (int64_t i = 0; htr && i < N; i++) htr[i] = (float)(0.5 + sph_cli_rng_uniform(&r));
