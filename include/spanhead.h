@@ -647,8 +647,9 @@ typedef struct sph_head_args {
     const sph_tensor *sum_p2;         /* forward: fp32 (N), sum_j p_ij^2 of each active row (0
                                          on inactive rows; over the support with candidates);
                                          no gradient. CUDA computes it on the cuBLAS / staged
-                                         path (describe: "+extras"); with candidates it refuses
-                                         it (SPH_ERR_UNSUPPORTED) */
+                                         path (describe: "+extras"); with candidates in the
+                                         support kernel's row pass (8 bytes per row more, one
+                                         allgather of them under TP) */
     const sph_tensor *temperature_rows; /* f32 (N) on the data's device: row i's temperature
                                          T_i, used for row i exactly as `temperature` is
                                          (z = u * float(1 / T_i) after softcap; both passes,
@@ -666,8 +667,9 @@ typedef struct sph_head_args {
                                          each active row's distribution (after temperature and
                                          softcap), descending probability, ties lower id first;
                                          -1 on inactive rows; no gradient. Both topk tensors or
-                                         neither; not with candidates (SPH_ERR_INVALID_ARG) nor
-                                         with sph_policy_loss (SPH_ERR_UNSUPPORTED). Computed
+                                         neither; not with candidates (SPH_ERR_INVALID_ARG).
+                                         sph_policy_loss fills them (and sum_p2) for its loss
+                                         rows in the same sweep. Computed
                                          in the statistics sweep; under TP each rank's K best
                                          are allgathered (N x K pairs: 16 bytes on the host, 8
                                          on CUDA) and merged in rank order. CUDA: the staged
@@ -865,9 +867,18 @@ SPH_API sph_status sph_policy_loss_workspace_size(sph_ctx_t ctx, const sph_head_
 /* The policy loss above in one call. head: hidden, weight, targets (required), active_mask /
  * spans, vocab shard, temperature, softcap, the optional per-row outputs logprob, entropy,
  * lse, logit_mean, stats (optional here: NULL = kept in the workspace), dhidden / dweight
- * with accumulate / allreduce as in sph_head_forward (neither: loss and metrics only). The
- * head's upstream gradients (dlogprob, dentropy, dlse, dlogit_mean) and candidates are
- * refused: the loss defines the upstream gradients. policy: as documented in
+ * with accumulate / allreduce as in sph_head_forward (neither: loss and metrics only), and
+ * the head's extras sum_p2 and topk_ids + topk_logprobs (issue 25; the head's rules: K in
+ * [1, SPH_HEAD_TOPK_MAX], K <= vocab_total, both topk tensors or neither, no gradient): the
+ * policy's own distribution (after temperature and softcap) of every loss row, computed in
+ * the loss's sweep and merged over the TP group in rank order exactly as sph_head_forward
+ * does; rows outside the loss (inactive, or target < 0) get sum_p2 0, ids -1, log-probs 0,
+ * like logprob. Cost: no extra pass over the vocabulary on the CPU and the reference; on CUDA
+ * the extras read the staged fp32 logits, so the sweep takes the staged-f32 (or recompute)
+ * path instead of the fused sm_90a kernels (docs/policy.md, "The head's extras"); gspo
+ * writes them after its backward took the gradients. The head's upstream gradients
+ * (dlogprob, dentropy, dlse, dlogit_mean) and candidates are refused: the loss defines the
+ * upstream gradients. policy: as documented in
  * sph_policy_args; metrics are written on the head's device (CUDA: enqueued, no host sync).
  * TP: every rank of tp_comm gets the same loss and metrics (bitwise: the statistics combine
  * in rank order); dweight is the rank's shard, dhidden its partial unless allreduce_dhidden.
@@ -931,12 +942,15 @@ SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
  *   jsd: beta KL(P||M) + (1 - beta) KL(Q||M), M = beta P + (1 - beta) Q, beta in [0, 1]; as in
  *       Liger's generalized JSD, beta = 0 is the forward KL and beta = 1 the reverse KL
  *       (special cases: the formula itself is 0 there).
- *   loss: reduction mean (over the active rows; 0 with none), sum, or none ((N), 0 on inactive
- *       rows). No T^2 factor (multiply by T^2 yourself if your recipe wants one).
+ *   loss: reduction mean (over the active rows, or num_tokens / the seq_comm group's active
+ *       rows: below; 0 with none), sum, or none ((N), 0 on inactive rows). No T^2 factor
+ *       (multiply by T^2 yourself if your recipe wants one).
  * Gradients flow to hidden and weight only (the teacher's tensors get none): the gradient of
  * the reduced loss, or with reduction none of sum_i dloss_i loss_i (dloss NULL = 1).
  * Cost: one sweep, 6 N_active H V flops (sparse teacher); the dense teacher adds its logits
- * product, 2 N_active H_T V, never a teacher gradient product.
+ * product, 2 N_active H_T V, never a teacher gradient product. CUDA pays N_active with spans
+ * (host metadata); a device active_mask without spans costs all N rows (6 N H V: the active
+ * rows' count would need a host sync; as the head, docs/distill.md 4).
  */
 
 typedef enum sph_distill_kind {
@@ -970,12 +984,29 @@ typedef struct sph_distill_args {
                                      row's loss; NULL = 1 */
     /* output: f32 (1) for mean / sum, (N) for none, on the head's device */
     const sph_tensor *loss;
+    /* reduction mean's divisor T (the policy loss's num_tokens / seq_comm): num_tokens >= 1
+     * is T of a global batch; 0 = the active rows counted, of this call, or with seq_comm of
+     * every rank of that group. The call's loss is then sum over its own active rows / T and
+     * its gradients those of that share, so the micro-batches of a global batch (num_tokens)
+     * or the context-parallel ranks of a split sequence batch (seq_comm) add up, losses and
+     * gradients, to the one-call mean of all their rows. Ignored by sum / none (seq_comm
+     * still compares the group's calls on host memory). */
+    int64_t num_tokens;
+    /* optional: the group of ranks holding the other rows (context parallelism: every rank
+     * of one tensor-parallel shard position; ranks may hold different N). Host memory: an
+     * MPI / none communicator, one small allgather of (reduction, num_tokens, rows counted)
+     * per call, and ranks that disagree fail with SPH_ERR_MISMATCH; CUDA: an NCCL one, one
+     * allgather of the 8-byte count on the stream (no host sync; the calls' agreement is the
+     * caller's, as for a device tp_comm). NULL = the call's rows are the whole batch. Not
+     * owned. */
+    sph_comm_t seq_comm;
 } sph_distill_args;
 
 #define SPH_DISTILL_ARGS_INIT                                                                 \
     {                                                                                         \
         .struct_size = sizeof(sph_distill_args), .kind = SPH_DISTILL_FORWARD_KL, .beta = 0.5, \
-        .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN                           \
+        .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN, .num_tokens = 0,         \
+        .seq_comm = NULL                                                                      \
     }
 
 /* Workspace bytes of sph_distill_loss for these arguments (the same ones later passed). */
@@ -998,10 +1029,14 @@ SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head
  * device memory: the caller's duty), non-finite dloss on an active row, any output
  * overlapping an input or another output; SPH_ERR_SHAPE for teacher rows != N, teacher_weight
  * rows != V_loc (the student's sharding), K = 0, loss not (1) / (N); SPH_ERR_DTYPE;
- * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls;
- * SPH_ERR_NONFINITE (host contexts) when an active row's statistics are not finite
- * (gradient rows of earlier chunks may already be written; the message says so); plus every
- * error of sph_head_forward. CUDA: enqueued on the context's stream, no host sync. */
+ * SPH_ERR_DEVICE; SPH_ERR_MISMATCH when the ranks of a host TP group make different calls
+ * or those of a host seq_comm group differ in reduction or num_tokens; SPH_ERR_INVALID_ARG for
+ * num_tokens < 0 or a seq_comm that does not take the context's buffers;
+ * SPH_ERR_NONFINITE (host contexts) for NaN / inf in an active row of hidden or teacher_hidden
+ * (nothing written) or non-finite statistics otherwise (NaN / inf in the weights: nothing
+ * written; finite inputs whose logits overflow float: dhidden rows of earlier chunks may
+ * already be written, the message says so); plus every error of sph_head_forward. CUDA:
+ * enqueued on the context's stream, no host sync. */
 SPH_API sph_status sph_distill_loss(sph_ctx_t ctx, const sph_head_args *head,
                                     const sph_distill_args *distill, void *workspace,
                                     size_t workspace_bytes);

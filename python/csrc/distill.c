@@ -21,13 +21,15 @@ static int is_output(int i, int arg) {
 
 /* distill_loss(ctx, tensors: tuple of 12, spans, workspace_alloc, vocab_start, vocab_total,
  *              temperature, softcap, acc_dh, acc_dw, allreduce_dh,
- *              (kind, beta, teacher_temperature, reduction)) -> workspace bytes used */
+ *              (kind, beta, teacher_temperature, reduction, num_tokens), seq_comm|None)
+ *              -> workspace bytes used */
 PyObject *py_distill_loss(PyObject *self, PyObject *args) {
     PyObject *ctx_obj, *tensors, *spans_obj, *alloc, *v0_obj, *vt_obj, *temp_obj, *cap_obj, *cfg;
+    PyObject *comm_obj = Py_None;
     int acc_dh, acc_dw, allred;
-    if (!PyArg_ParseTuple(args, "OO!OOOOOOiiiO!", &ctx_obj, &PyTuple_Type, &tensors, &spans_obj,
-                          &alloc, &v0_obj, &vt_obj, &temp_obj, &cap_obj, &acc_dh, &acc_dw,
-                          &allred, &PyTuple_Type, &cfg))
+    if (!PyArg_ParseTuple(args, "OO!OOOOOOiiiO!|O", &ctx_obj, &PyTuple_Type, &tensors,
+                          &spans_obj, &alloc, &v0_obj, &vt_obj, &temp_obj, &cap_obj, &acc_dh,
+                          &acc_dw, &allred, &PyTuple_Type, &cfg, &comm_obj))
         return NULL;
     sph_distill_args d = SPH_DISTILL_ARGS_INIT;
     int64_t v0, vt;
@@ -37,17 +39,22 @@ PyObject *py_distill_loss(PyObject *self, PyObject *args) {
         arg_double(temp_obj, "temperature", &temp) < 0 ||
         arg_double(cap_obj, "softcap", &softcap) < 0)
         return NULL;
-    if (PyTuple_Size(cfg) != 4) {
-        PyErr_SetString(PyExc_TypeError, "distill_loss: expected a 4-tuple configuration");
+    if (PyTuple_Size(cfg) != 5) {
+        PyErr_SetString(PyExc_TypeError, "distill_loss: expected a 5-tuple configuration");
         return NULL;
     }
     if (arg_int(PyTuple_GetItem(cfg, 0), "kind", &kind) < 0 ||
         arg_double(PyTuple_GetItem(cfg, 1), "beta", &d.beta) < 0 ||
         arg_double(PyTuple_GetItem(cfg, 2), "teacher_temperature", &d.teacher_temperature) < 0 ||
-        arg_int(PyTuple_GetItem(cfg, 3), "reduction", &red) < 0)
+        arg_int(PyTuple_GetItem(cfg, 3), "reduction", &red) < 0 ||
+        arg_i64(PyTuple_GetItem(cfg, 4), "num_tokens", &d.num_tokens) < 0)
         return NULL;
     d.kind = (sph_distill_kind)kind;
     d.reduction = (sph_reduction)red;
+    if (comm_obj != Py_None) {
+        d.seq_comm = comm_of(comm_obj);
+        if (!d.seq_comm) return NULL;
+    }
     NEED(sph_distill_loss_workspace_size);
     NEED(sph_distill_loss);
     sph_ctx_t ctx = ctx_of(ctx_obj);

@@ -10,18 +10,20 @@
 
 enum {
     P_HIDDEN, P_WEIGHT, P_TARGETS, P_MASK, P_LOGPROB, P_ENTROPY, P_STATS, P_DHIDDEN, P_DWEIGHT,
-    P_ADV, P_OLD, P_REF, P_ISW, P_SEQ, P_METRICS, P_TROWS, P_COUNT
+    P_ADV, P_OLD, P_REF, P_ISW, P_SEQ, P_METRICS, P_TROWS, P_SUMP2, P_TKI, P_TKL, P_COUNT
 };
 static const char *const names[P_COUNT] = {
     "hidden",  "weight",     "targets",     "loss_mask",   "logprob",    "entropy",
     "stats",   "dhidden",    "dweight",     "advantages",  "old_logprobs", "ref_logprobs",
-    "is_weights", "seq_ids", "metrics", "temperature_rows"};
+    "is_weights", "seq_ids", "metrics", "temperature_rows", "sum_p2", "topk_ids",
+    "topk_logprobs"};
 static int is_output(int i, int arg) {
     (void)arg;
-    return (i >= P_LOGPROB && i <= P_DWEIGHT) || i == P_METRICS;
+    return (i >= P_LOGPROB && i <= P_DWEIGHT) || i == P_METRICS || i >= P_SUMP2;
 }
 
-/* policy_loss(ctx, tensors: tuple of 16, spans, workspace_alloc, vocab_start, vocab_total,
+/* policy_loss(ctx, tensors: tuple of 19 (the last three the head's extras: sum_p2, topk_ids,
+ *             topk_logprobs, or None), spans, workspace_alloc, vocab_start, vocab_total,
  *             temperature, softcap, acc_dh, acc_dw, allreduce_dh,
  *             (loss, clip_low, clip_high, clip_ratio_c, kl, kl_coef, entropy_coef, agg,
  *              num_tokens, num_seqs, norm_length), seq_comm|None) -> workspace bytes used */
@@ -94,6 +96,9 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
     a.dhidden = T(P_DHIDDEN);
     a.dweight = T(P_DWEIGHT);
     a.temperature_rows = T(P_TROWS);
+    a.sum_p2 = T(P_SUMP2);
+    a.topk_ids = T(P_TKI);
+    a.topk_logprobs = T(P_TKL);
     p.advantages = T(P_ADV);
     p.old_logprob = T(P_OLD);
     p.ref_logprob = T(P_REF);

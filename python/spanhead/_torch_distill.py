@@ -26,7 +26,8 @@ _LIB = "spanhead"
 # non-tensor arguments in two lists (see _torch_policy.py for why)
 #   fl: beta, teacher_temperature, temperature, softcap
 #   it: kind, reduction, need_dhidden, need_dweight, gap, vocab_start, vocab_total,
-#       reduce_dhidden, comm, threads, allow_tf32, batch_invariant, chunk_rows, chunk_bytes
+#       reduce_dhidden, comm, threads, allow_tf32, batch_invariant, chunk_rows, chunk_bytes,
+#       num_tokens, seq_comm (the seq_group's key, 0 = none)
 _IT_RED, _IT_NEED_H, _IT_NEED_W = 1, 2, 3
 
 
@@ -41,7 +42,7 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
     when not needed. trows: per-row temperatures (N,) float32 or None."""
     beta, tt, temperature, softcap = fl
     (kind, red, need_h, need_w, gap, vocab_start, vocab_total, reduce_dh, comm, threads,
-     allow_tf32, batch_invariant, chunk_rows, chunk_bytes) = it
+     allow_tf32, batch_invariant, chunk_rows, chunk_bytes, num_tokens, seq_comm) = it
     N = hidden.shape[0]
     dev = hidden.device
     loss = torch.empty(N if red == 2 else 1, dtype=torch.float32, device=dev)
@@ -55,6 +56,7 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
     opts = _ops.Opts(threads, kernel, bool(allow_tf32), bool(batch_invariant), chunk_rows,
                      chunk_bytes, tune_cache)
     ctx = _ops.context_for(dev, _ops.comm_of(comm), **opts._asdict())
+    group = _ops.comm_of(seq_comm)
     caps = tuple(_ops._cap(t) for t in (hidden, weight, m, dh, dw, th, tw, ids, lp, dloss, loss,
                                         trows))
 
@@ -63,7 +65,8 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
 
     _ext.distill_loss(ctx._live(), caps, None if sp is None else sp.__dlpack__(), alloc,
                       vocab_start, vocab_total, temperature, softcap, 0, 0,
-                      int(bool(reduce_dh) and dh is not None), (kind, beta, tt, red))
+                      int(bool(reduce_dh) and dh is not None), (kind, beta, tt, red, num_tokens),
+                      None if group is None else group._handle)
     if dh is not None and dh.dtype != hidden.dtype:
         dh = dh.to(hidden.dtype)
     empty_h = torch.empty(0, dtype=hidden.dtype, device=dev)
@@ -162,7 +165,8 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
                  kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
                  teacher_temperature: Optional[float] = None, reduction: str = "mean",
                  spans: Any = None, tp_group: Any = None, vocab_start: int = 0,
-                 vocab_total: int = 0, **context_options: Any) -> torch.Tensor:
+                 vocab_total: int = 0, num_tokens: Optional[int] = None,
+                 seq_group: Any = None, **context_options: Any) -> torch.Tensor:
     """A distillation loss of the student's distribution (softmax of hidden . weight^T /
     temperature) against a teacher's, with its gradients computed inside spanhead's LM-head
     sweep (docs/distill.md): kind "forward_kl" KL(P||Q), "reverse_kl" KL(Q||P), "jsd"
@@ -179,13 +183,21 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
         reduction: "mean" over the active rows, "sum", or "none" (hidden's leading shape,
             0 on inactive rows; its backward is a second sweep).
         tp_group, vocab_start, vocab_total, context_options: as in :func:`logprobs`.
+        num_tokens, seq_group: reduction "mean"'s divisor, as in :func:`policy_loss`: the T of
+            a global batch (>= 1; None = the active rows counted), or a :class:`spanhead.Comm`
+            over the ranks holding the other rows (context parallelism): the mean divides by
+            the active rows of the whole group, each rank's loss is its share, and the ranks'
+            losses and gradients add up to the global mean's.
 
     Returns:
         The loss: 0-dim for mean / sum, float32 of hidden's leading shape for none;
         differentiable to hidden and weight.
     """
     from .torch import _prepare
-    kind_i, beta, tt, red = config(kind, beta, teacher_temperature, reduction)
+    kind_i, beta, tt, red, n_tok = config(kind, beta, teacher_temperature, reduction,
+                                          num_tokens)
+    from ._torch_policy import _seq_key
+    seq_key = _seq_key(seq_group)
     softcap = context_options.pop("softcap", 0.0)
     reduce_dhidden = context_options.pop("reduce_dhidden", None)
     gap = context_options.pop("gap", 0)
@@ -213,7 +225,7 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
     fl = [beta, tt, temperature, softcap]
     it = [kind_i, red, int(need_h and fwd_grads), int(need_w and fwd_grads), gap, vocab_start,
           vocab_total, int(reduce_dh), comm, threads, int(allow_tf32), int(batch_invariant),
-          chunk_rows, chunk_bytes]
+          chunk_rows, chunk_bytes, n_tok, seq_key]
     out = distill_loss_op(h2, p.weight, p.mask, p.spans, th, tw, ids, lp, None, fl, it, kernel,
                           tune_cache, p.trows)
     loss = out[0]

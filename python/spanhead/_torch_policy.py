@@ -4,7 +4,9 @@ of ``_torch_ops.py``), and :func:`policy_loss`, re-exported by :mod:`spanhead.to
 One spanhead call computes logprob, entropy, the loss, its metrics and (when hidden / weight
 need gradients) dhidden and dweight: ppo and cispo inside the head's one-pass sweep, gspo as
 forward + rho + backward in the same call. The backward makes no spanhead call: it hands the
-stored gradients over scaled by the loss's incoming gradient (as ``weighted_loss`` does).
+stored gradients over scaled by the loss's incoming gradient (as ``weighted_loss`` does). With
+``sum_p2=True`` / ``topk=K`` the same call also returns the head's extras of the loss's rows
+(no gradient).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ _LIB = "spanhead"
 #       softcap
 #   it: loss_type, kl_type, agg, num_tokens, num_seqs, need_dhidden, need_dweight, seq_comm,
 #       gap, vocab_start, vocab_total, reduce_dhidden, comm, threads, allow_tf32,
-#       batch_invariant, chunk_rows, chunk_bytes
-_IT_NEED_H, _IT_NEED_W = 5, 6
+#       batch_invariant, chunk_rows, chunk_bytes, sum_p2, topk (the head's extras: 0 = none)
+_IT_NEED_H, _IT_NEED_W, _IT_SP2, _IT_TOPK = 5, 6, 18, 19
 
 
 @torch.library.custom_op(f"{_LIB}::policy_loss", mutates_args=())
@@ -39,18 +41,22 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                    isw: Optional[torch.Tensor], seq: Optional[torch.Tensor], fl: List[float],
                    it: List[int], kernel: Optional[str], tune_cache: Optional[str],
                    trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
-    """(loss (0-d), metrics (9,), logprob (N,), entropy (N,), dhidden, dweight); the gradients
-    are empty when not needed. trows: per-row temperatures (N,) float32 or None."""
+    """(loss (0-d), metrics (9,), logprob (N,), entropy (N,), dhidden, dweight, sum_p2 (N,),
+    topk_ids (N, K), topk_logprobs (N, K)); the gradients and the extras are empty when not
+    needed. trows: per-row temperatures (N,) float32 or None."""
     clip_low, clip_high, clip_ratio_c, kl_coef, entropy_coef, norm_length, temperature, \
         softcap = fl
     (loss_type, kl_type, agg, num_tokens, num_seqs, need_dhidden, need_dweight, seq_comm, gap,
      vocab_start, vocab_total, reduce_dhidden, comm, threads, allow_tf32, batch_invariant,
-     chunk_rows, chunk_bytes) = it
+     chunk_rows, chunk_bytes, want_sp2, K) = it
     N = hidden.shape[0]
     dev = hidden.device
     f32 = dict(dtype=torch.float32, device=dev)
     lp, ent = torch.empty(N, **f32), torch.empty(N, **f32)
     met = torch.empty(len(METRICS), **f32)
+    sp2 = torch.empty(N, **f32) if want_sp2 else None
+    tki = torch.empty((N, K), dtype=torch.int64, device=dev) if K else None
+    tkl = torch.empty((N, K), **f32) if K else None
     dh = dw = None
     if need_dhidden:
         dt = torch.float32 if reduce_dhidden else hidden.dtype
@@ -63,7 +69,8 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     ctx = _ops.context_for(dev, _ops.comm_of(comm), **opts._asdict())
     group = _ops.comm_of(seq_comm)
     caps = tuple(_ops._cap(t) for t in (hidden, weight, targets, m, lp, ent, None, dh, dw,
-                                        advantages, old, ref, isw, seq, met, trows))
+                                        advantages, old, ref, isw, seq, met, trows, sp2,
+                                        tki, tkl))
 
     def alloc(nbytes: int):
         return _ops._cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
@@ -78,30 +85,37 @@ def policy_loss_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         dh = dh.to(hidden.dtype)
     empty_h = torch.empty(0, dtype=hidden.dtype, device=dev)
     empty_w = torch.empty(0, dtype=weight.dtype, device=dev)
+    # (each absent output its own empty tensor: a custom op's outputs may not alias)
     return [met[0].clone(), met, lp, ent, dh if dh is not None else empty_h,
-            dw if dw is not None else empty_w]
+            dw if dw is not None else empty_w,
+            sp2 if sp2 is not None else torch.empty(0, **f32),
+            tki if tki is not None else torch.empty(0, dtype=torch.int64, device=dev),
+            tkl if tkl is not None else torch.empty(0, **f32)]
 
 
 @policy_loss_op.register_fake
 def _policy_loss_fake(hidden, weight, targets, mask, spans, advantages, old, ref, isw, seq,
                       fl, it, *args):
     N = hidden.shape[0]
-    need_h, need_w = it[_IT_NEED_H], it[_IT_NEED_W]
+    need_h, need_w, sp2, K = it[_IT_NEED_H], it[_IT_NEED_W], it[_IT_SP2], it[_IT_TOPK]
     return [hidden.new_empty((), dtype=torch.float32),
             hidden.new_empty((len(METRICS),), dtype=torch.float32),
             hidden.new_empty((N,), dtype=torch.float32),
             hidden.new_empty((N,), dtype=torch.float32),
             hidden.new_empty(hidden.shape if need_h else (0,)),
-            weight.new_empty(weight.shape if need_w else (0,))]
+            weight.new_empty(weight.shape if need_w else (0,)),
+            hidden.new_empty((N,) if sp2 else (0,), dtype=torch.float32),
+            hidden.new_empty((N, K) if K else (0,), dtype=torch.int64),
+            hidden.new_empty((N, K) if K else (0,), dtype=torch.float32)]
 
 
 _N_INPUTS = 15
 
 
 def _setup(ctx, inputs, output):
-    _, met, lp, ent, dh, dw = output
+    _, met, lp, ent, dh, dw = output[:6]
     ctx.save_for_backward(dh, dw)
-    ctx.mark_non_differentiable(met, lp, ent, dh, dw)
+    ctx.mark_non_differentiable(met, lp, ent, dh, dw, *output[6:])
     ctx.set_materialize_grads(False)
     ctx.need = (inputs[11][_IT_NEED_H], inputs[11][_IT_NEED_W])
     ctx.used = False
@@ -151,6 +165,23 @@ class PolicyOutputs(NamedTuple):
     metrics: Dict[str, torch.Tensor]
 
 
+class PolicyOutputsExtras(NamedTuple):
+    """What :func:`policy_loss` returns with ``sum_p2=True`` or ``topk=K`` (a separate type,
+    so that the 4-tuple of :class:`PolicyOutputs` stays as it was): its four fields, then the
+    head's extras of the loss's rows, detached (no gradient): sum_p2 float32 (targets' shape;
+    None unless asked), topk_ids int64 (..., K) global ids (descending probability, ties the
+    lower id first) and topk_logprobs float32 (..., K) (None unless ``topk=K``); rows without
+    loss get 0, -1 and 0."""
+
+    loss: torch.Tensor
+    logprob: torch.Tensor
+    entropy: torch.Tensor
+    metrics: Dict[str, torch.Tensor]
+    sum_p2: Optional[torch.Tensor]
+    topk_ids: Optional[torch.Tensor]
+    topk_logprobs: Optional[torch.Tensor]
+
+
 def _row(x: Any, name: str, N: int, lead: tuple, device: torch.device,
          dtype: torch.dtype) -> Optional[torch.Tensor]:
     if x is None:
@@ -189,7 +220,7 @@ def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
                 spans: Any = None, temperature: float = 1.0, softcap: float = 0.0,
                 tp_group: Any = None, vocab_start: int = 0, vocab_total: int = 0,
                 seq_group: Any = None, gap: int = 0, reduce_dhidden: Optional[bool] = None,
-                **context_options: Any) -> PolicyOutputs:
+                sum_p2: bool = False, topk: int = 0, **context_options: Any) -> PolicyOutputs:
     """An RL policy loss (PPO / GRPO / DAPO / Dr. GRPO clipping, CISPO, GSPO, with a KL
     penalty and an entropy bonus) of the per-token log-probs of ``targets``, computed with its
     gradients inside spanhead's LM-head sweep: ppo and cispo cost what the one-pass weighted
@@ -214,14 +245,21 @@ def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
         is_weights: optional per-token constant multipliers of the policy term.
         seq_group: a spanhead.Comm over the ranks holding other rows of the same sequences
             (context parallelism; :func:`spanhead.sequence_group`).
+        sum_p2, topk: the head's extras of the loss's rows, as in :func:`logprobs` (no
+            gradient; computed in the same sweep, merged over the TP group): sum_j p_ij^2 and
+            the K (1..256, <= vocab_total) most probable ids with their log-probs.
 
     Returns:
-        :class:`PolicyOutputs` (loss, logprob, entropy, metrics). ``loss.backward()`` hands the
-        gradients computed in the forward to hidden and weight (once; no retain_graph).
+        :class:`PolicyOutputs` (loss, logprob, entropy, metrics); with sum_p2 or topk a
+        :class:`PolicyOutputsExtras` (the same plus sum_p2, topk_ids, topk_logprobs).
+        ``loss.backward()`` hands the gradients computed in the forward to hidden and weight
+        (once; no retain_graph).
     """
     from .torch import _prepare
     if targets is None:
         raise InvalidArgumentError("targets: required (the loss needs the log-probs of targets)")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+        raise InvalidArgumentError(f"topk: {topk!r}, expected an int K >= 1 (0 = none)")
     cfg = config(loss_type, clip_low, clip_high, clip_ratio_c, kl_type, kl_coef, entropy_coef,
                  agg, num_tokens, num_seqs, norm_length)
     p = _prepare(hidden, weight, targets, None, loss_mask, spans, gap, tp_group, vocab_start,
@@ -246,12 +284,18 @@ def policy_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
           softcap]
     it = [loss_type, kl_type, agg, num_tokens, num_seqs, int(need_h), int(need_w),
           _seq_key(seq_group), gap, vocab_start, vocab_total, int(reduce_dh), comm,
-          threads, int(allow_tf32), int(batch_invariant), chunk_rows, chunk_bytes]
+          threads, int(allow_tf32), int(batch_invariant), chunk_rows, chunk_bytes,
+          int(bool(sum_p2)), topk]
     out = policy_loss_op(h2, p.weight, p.targets, p.mask, p.spans, *rows, fl, it, kernel,
                          tune_cache, p.trows)
     loss, met, lp, ent = out[0], out[1], out[2], out[3]
     metrics = {k: met[i] for i, k in enumerate(METRICS)}
-    return PolicyOutputs(loss, lp.reshape(p.lead), ent.reshape(p.lead), metrics)
+    res = (loss, lp.reshape(p.lead), ent.reshape(p.lead), metrics)
+    if not sum_p2 and not topk:
+        return PolicyOutputs(*res)
+    return PolicyOutputsExtras(*res, sum_p2=out[6].reshape(p.lead) if sum_p2 else None,
+                               topk_ids=out[7].reshape(p.lead + (topk,)) if topk else None,
+                               topk_logprobs=out[8].reshape(p.lead + (topk,)) if topk else None)
 
 
-__all__ = ["policy_loss", "PolicyOutputs", "policy_loss_op"]
+__all__ = ["policy_loss", "PolicyOutputs", "PolicyOutputsExtras", "policy_loss_op"]

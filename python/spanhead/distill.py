@@ -13,8 +13,9 @@ teacher_temperature or temperature) or sparse (teacher_topk_ids (N, K) global id
 teacher_topk_logprobs (N, K); the rest of the vocabulary is one tail bin of mass
 1 - sum P_k). Per active row: forward_kl KL(P||Q), reverse_kl KL(Q||P), jsd
 beta KL(P||M) + (1 - beta) KL(Q||M), M = beta P + (1 - beta) Q (beta 0: forward KL, 1: reverse
-KL, as Liger). reduction "mean" (over active rows), "sum" or "none"; no T^2 factor. The math:
-docs/distill.md.
+KL, as Liger). reduction "mean" (over active rows; or over num_tokens / the active rows of a
+seq_group, for micro-batches and context parallelism), "sum" or "none"; no T^2 factor. The
+math: docs/distill.md.
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ from . import _tensors as T
 from ._errors import InvalidArgumentError
 from .head import Context, HeadResult, _check_devices, _current_stream, _grad_dtype, _out
 from .head import _rows_shape, _spans_array, _temperature, default_context
-from .policy import _name, _real
+from .policy import _count, _name, _real
 
 KINDS = {"forward_kl": 0, "reverse_kl": 1, "jsd": 2}
 REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
 
 def config(kind: str = "forward_kl", beta: float = 0.5,
-           teacher_temperature: Optional[float] = None, reduction: str = "mean") -> tuple:
-    """The 4-tuple of scalars the extension takes (names checked; domains are the library's
-    to check, with its messages). ``kind`` accepts "forward-kl" spellings too."""
+           teacher_temperature: Optional[float] = None, reduction: str = "mean",
+           num_tokens: Optional[int] = None) -> tuple:
+    """The 5-tuple of scalars the extension takes (names checked; domains are the library's
+    to check, with its messages). ``kind`` accepts "forward-kl" spellings too; num_tokens None
+    = 0 (count the active rows)."""
     k = kind.replace("-", "_") if isinstance(kind, str) else kind
     tt = 0.0 if teacher_temperature is None else _real(teacher_temperature, "teacher_temperature")
     if teacher_temperature is not None and tt == 0.0:
@@ -45,7 +48,7 @@ def config(kind: str = "forward_kl", beta: float = 0.5,
         raise InvalidArgumentError("teacher_temperature: 0, expected T > 0 (None = the "
                                    "student's temperature)")
     return (_name(KINDS, k, "kind"), _real(beta, "beta"), tt,
-            _name(REDUCTIONS, reduction, "reduction"))
+            _name(REDUCTIONS, reduction, "reduction"), _count(num_tokens, "num_tokens"))
 
 
 class DistillResult(HeadResult):
@@ -62,6 +65,7 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
                  vocab_total: int = 0, softcap: float = 0.0, dhidden: Any = True,
                  dweight: Any = True, grad_dtype: Any = None, accumulate_dhidden: bool = False,
                  accumulate_dweight: bool = False, allreduce_dhidden: bool = False,
+                 num_tokens: Optional[int] = None, seq_group: Any = None,
                  context: Optional[Context] = None) -> DistillResult:
     """The distillation loss of the module docstring and its gradients in one call.
 
@@ -75,9 +79,20 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
         dloss: reduction "none" only: (N,) float32 upstream gradient of each row's loss (the
             gradients are then of sum_i dloss_i loss_i; None = 1).
         dhidden, dweight: True (allocate), False (skip) or a tensor.
+        num_tokens: reduction mean's divisor T of a global batch (>= 1; None = the active rows
+            counted), so that the calls of its micro-batches add up to the global mean.
+        seq_group: a :class:`spanhead.Comm` over the ranks holding the other rows (context
+            parallelism; :func:`spanhead.sequence_group`): the mean then divides by the active
+            rows of the whole group, and the ranks' losses and gradients add up to it.
         context: as in :func:`spanhead.head_forward`; its communicator is the TP group.
     """
-    cfg = config(kind, beta, teacher_temperature, reduction)
+    cfg = config(kind, beta, teacher_temperature, reduction, num_tokens)
+    group = None
+    if seq_group is not None:
+        group = getattr(seq_group, "_handle", None)
+        if group is None:
+            raise InvalidArgumentError("seq_group: expected an open spanhead.Comm (or None), "
+                                       f"got {type(seq_group).__name__}")
     if hidden is None or weight is None:
         raise InvalidArgumentError("hidden and weight are required")
     hs, ws = _rows_shape(hidden, "hidden"), _rows_shape(weight, "weight")
@@ -119,7 +134,7 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
         context._live(), caps, None if sp is None else T.export(sp, "spans"),
         context._workspace_alloc(hidden), vocab_start, vocab_total, temperature, softcap,
         int(bool(accumulate_dhidden)), int(bool(accumulate_dweight)),
-        int(bool(allreduce_dhidden)), cfg)
+        int(bool(allreduce_dhidden)), cfg, group)
     res["loss_tensor"] = loss
     if cfg[3] == 2:
         res["loss"] = loss

@@ -33,7 +33,7 @@ from . import _spanhead as _ext
 from . import _tensors as T
 from ._errors import DTypeError, InvalidArgumentError
 from .head import Context, HeadResult, _check_devices, _current_stream, _grad_dtype, _out
-from .head import _rows_shape, _spans_array, _temperature, default_context
+from .head import _rows_shape, _spans_array, _temperature, _topk_outputs, default_context
 
 #: loss_type, kl_type and agg names (kl_type also takes verl's names: kl, mse, low_var_kl)
 LOSS_TYPES = {"ppo": 0, "cispo": 1, "gspo": 2}
@@ -103,7 +103,9 @@ def sequence_group(comm: Any, *, nccl: bool = False):
 class PolicyResult(HeadResult):
     """Outputs of :func:`policy_loss` by name: loss (the metrics tensor's first entry),
     metrics (a dict name -> value; Python floats for host arrays, 0-d views on a device),
-    metrics_tensor (float32 (9,)), logprob, entropy, stats, dhidden, dweight."""
+    metrics_tensor (float32 (9,)), logprob, entropy, stats, dhidden, dweight, and with
+    ``sum_p2=True`` / ``topk=K`` the head's extras of the loss's rows: sum_p2, topk_ids,
+    topk_logprobs."""
 
 
 def _as_f32(x: Any, name: str) -> Any:
@@ -137,7 +139,8 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
                 stats: Any = False, dhidden: Any = True, dweight: Any = True,
                 grad_dtype: Any = None, accumulate_dhidden: bool = False,
                 accumulate_dweight: bool = False, allreduce_dhidden: bool = False,
-                seq_group: Any = None, context: Optional[Context] = None) -> PolicyResult:
+                seq_group: Any = None, context: Optional[Context] = None, sum_p2: Any = False,
+                topk: int = 0, topk_ids: Any = None, topk_logprobs: Any = None) -> PolicyResult:
     """The policy loss of the module docstring, its metrics and its gradients in one call.
 
     Args:
@@ -159,6 +162,12 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
             sequences (:func:`sequence_group`); T, S, T_j and gspo's ratio are then the whole
             sequences'. The metrics stay this rank's contributions (they add up).
         context: as in :func:`spanhead.head_forward`; its communicator is the TP group.
+        sum_p2, topk, topk_ids, topk_logprobs: the head's extras, as in
+            :func:`spanhead.head_forward` (no gradient), of the loss's rows (loss_mask / spans
+            and targets >= 0; the other rows: sum_p2 0, ids -1, log-probs 0), computed in the
+            same sweep: sum_j p_ij^2 (float32 (N,)) and the K most probable ids of each row's
+            distribution (int64 (N, K), descending, ties the lower id first) with their
+            log-probs (float32 (N, K)); merged over the TP group.
 
     Returns:
         :class:`PolicyResult`.
@@ -200,6 +209,9 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
         gdt = _grad_dtype(grad_dtype, hidden)
     res["dhidden"] = _out(dhidden, hidden, hs, gdt, "dhidden")
     res["dweight"] = _out(dweight, weight, ws, gdt, "dweight")
+    res["sum_p2"] = _out(sum_p2, hidden, (n,), T.F32, "sum_p2")
+    res.update(_topk_outputs({"topk": topk, "topk_ids": topk_ids,
+                              "topk_logprobs": topk_logprobs}, hidden, n))
     met = T.empty(hidden, (len(METRICS),), T.F32, "metrics")
     if context is None:
         stream = _current_stream(hidden, dev) if dev[0] == T.CUDA else 0
@@ -210,7 +222,9 @@ def policy_loss(hidden: Any, weight: Any, targets: Any, advantages: Any, old_log
              ("stats", res["stats"]), ("dhidden", res["dhidden"]), ("dweight", res["dweight"]),
              ("advantages", per_row["advantages"]), ("old_logprobs", per_row["old_logprobs"]),
              ("ref_logprobs", per_row["ref_logprobs"]), ("is_weights", per_row["is_weights"]),
-             ("seq_ids", per_row["seq_ids"]), ("metrics", met), ("temperature_rows", trows))
+             ("seq_ids", per_row["seq_ids"]), ("metrics", met), ("temperature_rows", trows),
+             ("sum_p2", res["sum_p2"]), ("topk_ids", res["topk_ids"]),
+             ("topk_logprobs", res["topk_logprobs"]))
     caps = tuple(T.export(x, name, s) for name, x in order)
     sp = _spans_array(spans)
     group = None

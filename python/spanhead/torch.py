@@ -53,7 +53,7 @@ from .head import TOPK_MAX
 __all__ = ["logprobs", "HeadOutputs", "HeadOutputsSumP2", "HeadOutputsTopK", "context_for",
            "weighted_logprob_loss",
            "LossOutputs", "linear_cross_entropy", "LinearCrossEntropyLoss", "policy_loss",
-           "PolicyOutputs", "distill_loss"]
+           "PolicyOutputs", "PolicyOutputsExtras", "distill_loss"]
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -616,7 +616,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
 # ---- the fused RL policy loss (spanhead::policy_loss, _torch_policy.py) ---------------------
 
-from ._torch_policy import PolicyOutputs, policy_loss  # noqa: E402
+from ._torch_policy import PolicyOutputs, PolicyOutputsExtras, policy_loss  # noqa: E402
 
 # ---- the fused distillation losses (spanhead::distill_loss, _torch_distill.py) --------------
 

@@ -132,8 +132,13 @@ def test_sum_p2_cuda():
     z = (h.double() @ w.double().T) / 0.7
     ref = (torch.softmax(z, 1) ** 2).sum(1)
     assert float((out.sum_p2.double() - ref).abs().max() / ref.abs().max()) <= 5e-5
-    # with candidates a CUDA context refuses it
-    cand = torch.stack([torch.randperm(613, generator=g)[:5] for _ in range(70)]).cuda()
-    cand[:, 0] = t
-    with pytest.raises(spanhead.UnsupportedError, match="sum_p2"):
-        sht.logprobs(h, w, t, candidates=cand, sum_p2=True)
+    # with candidates: over the support (the sample kernel's (m, q), head_extras' finalize)
+    rows = []
+    for i in range(70):
+        others = [int(v) for v in torch.randperm(613, generator=g)[:6] if int(v) != int(t[i])]
+        rows.append([int(t[i])] + others[:4])
+    cand = torch.tensor(rows, dtype=torch.int64).cuda()
+    out = sht.logprobs(h, w, t, candidates=cand, sum_p2=True, temperature=0.7)
+    zc = torch.gather(z, 1, cand)
+    ref = (torch.softmax(zc, 1) ** 2).sum(1)
+    assert float((out.sum_p2.double() - ref).abs().max() / ref.abs().max()) <= 5e-5

@@ -195,3 +195,59 @@ def test_per_row_temperature(rng, dense):
         bad = T.clone()
         bad[0] = -1.0
         st.distill_loss(H.detach(), W.detach(), kind="jsd", temperature=bad, **tt)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_num_tokens_micro_batches(rng, dense):
+    """num_tokens = the global batch's active rows: the micro-batches' losses and gradients
+    add up to the one-call mean's (torch), and a NumPy call's loss and gradients are the sum's
+    over num_tokens (the float64 eager loss's)."""
+    h, w, mask, teacher = case(rng, N=29, dense=dense)
+    n_act = int(mask.sum())
+    W = torch.tensor(w, requires_grad=True)
+    H = torch.tensor(h, requires_grad=True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    want = st.distill_loss(H, W, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3, **tt)
+    want.backward()
+    gh, gw = H.grad.clone(), W.grad.clone()
+    H.grad = W.grad = None
+    tot = 0.0
+    for a, b in ((0, 11), (11, 29)):
+        part = {k: v[a:b] if k != "teacher_weight" else v for k, v in tt.items()}
+        loss = st.distill_loss(H[a:b], W, loss_mask=torch.tensor(mask[a:b]), kind="jsd",
+                               beta=0.3, num_tokens=n_act, **part)
+        loss.backward()
+        tot = tot + loss.item()
+    assert abs(tot - want.item()) <= 2e-5 * abs(want.item()) + 1e-7
+    for got, ref in ((H.grad, gh), (W.grad, gw)):
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-4,
+                                   atol=2e-5 * ref.abs().max().item())
+    # NumPy, one call with a global T larger than its rows, against the float64 eager sum / T
+    T_glob = 3 * n_act + 1
+    r = spanhead.distill_loss(h, w, loss_mask=mask, kind="forward_kl", num_tokens=T_glob,
+                              seq_group=spanhead.Comm.none(), **teacher)
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    s = distill_eager(H64, W64, loss_mask=torch.tensor(mask), kind="forward_kl",
+                      reduction="sum", **{k: t64(v) for k, v in teacher.items()}) / T_glob
+    s.backward()
+    assert abs(r.loss - s.item()) <= 2e-5 * abs(s.item()) + 1e-8
+    for got, ref in ((r.dhidden, H64.grad), (r.dweight, W64.grad)):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4,
+                                   atol=2e-5 * ref.abs().max().item())
+
+
+def test_num_tokens_and_seq_group_errors(rng):
+    h, w, mask, teacher = case(rng, dense=False)
+    H, W = torch.tensor(h), torch.tensor(w)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    with pytest.raises(spanhead.InvalidArgumentError, match="num_tokens: 0"):
+        st.distill_loss(H, W, num_tokens=0, **tt)
+    with pytest.raises(spanhead.DTypeError, match="num_tokens"):
+        st.distill_loss(H, W, num_tokens=2.5, **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match="seq_group"):
+        st.distill_loss(H, W, seq_group="world", **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match="seq_group"):
+        spanhead.distill_loss(h, w, seq_group="world", **teacher)
+    with pytest.raises(spanhead.InvalidArgumentError, match="num_tokens: -2"):
+        spanhead.distill_loss(h, w, num_tokens=-2, **teacher)

@@ -64,3 +64,31 @@ def test_cuda_per_row_temperature(rng, dense):
     for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
         np.testing.assert_allclose(a.cpu().numpy(), b.numpy(), rtol=1e-4,
                                    atol=1e-4 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("device_mask", [False, True])
+def test_cuda_num_tokens_micro_batches(rng, device_mask):
+    """num_tokens on CUDA: two micro-batches given the global batch's active rows add up,
+    loss and gradients, to the one-call mean (the mask on the host: spans; on the device: the
+    device count overridden)."""
+    h, w, mask, teacher = case(rng, N=211, H=48, V=523, HT=32, K=12, dense=False)
+    dev = torch.device("cuda")
+    n_act = int(mask.sum())
+    W = torch.tensor(w, device=dev, requires_grad=True)
+    H = torch.tensor(h, device=dev, requires_grad=True)
+    tt = {k: torch.tensor(v, device=dev) for k, v in teacher.items()}
+    m = torch.tensor(mask, device=dev if device_mask else "cpu")
+    want = st.distill_loss(H, W, loss_mask=m, kind="jsd", beta=0.4, **tt)
+    want.backward()
+    gh, gw = H.grad.clone(), W.grad.clone()
+    H.grad = W.grad = None
+    tot = 0.0
+    for a, b in ((0, 97), (97, 211)):
+        loss = st.distill_loss(H[a:b], W, loss_mask=m[a:b], kind="jsd", beta=0.4,
+                               num_tokens=n_act, **{k: v[a:b] for k, v in tt.items()})
+        loss.backward()
+        tot += loss.item()
+    assert abs(tot - want.item()) <= 1e-4 * abs(want.item()) + 1e-7
+    for got, ref in ((H.grad, gh), (W.grad, gw)):
+        np.testing.assert_allclose(got.cpu().numpy(), ref.cpu().numpy(), rtol=1e-3,
+                                   atol=1e-4 * ref.abs().max().item())

@@ -56,3 +56,27 @@ def test_cuda_every_combination(rng, loss_type, kl_type, agg, dtype):
     for got, want in ((hh.grad, h2.grad), (ww.grad, w2.grad)):
         scale = max(1e-6, want.float().abs().max().item())
         assert (got.float() - want.float()).abs().max().item() <= 3 * tol * scale
+
+
+@pytest.mark.parametrize("loss_type", LOSSES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_extras(rng, loss_type, dtype):
+    """topk=K / sum_p2=True through the loss on the GPU (issue 25): the head's +extras paths,
+    against a float64 full sort of the logits on the rounded inputs the GPU sees."""
+    from test_policy_extras import check_sp2
+    from test_topk import check
+    dev = torch.device("cuda")
+    h, w, t, mask, seq, adv, old, ref, isw = case(rng, N=700, H=64, V=1003)
+    hh = to(h, dev, dtype).requires_grad_(True)
+    ww = to(w, dev, dtype).requires_grad_(True)
+    out = sht.policy_loss(hh, ww, to(t, dev), to(adv, dev), to(old, dev),
+                          loss_mask=to(mask, dev).bool(), seq_ids=to(seq, dev),
+                          loss_type=loss_type, agg="seq-mean-token-mean", topk=64, sum_p2=True)
+    out.loss.backward()
+    assert hh.grad is not None and out.topk_ids.device.type == "cuda"
+    hr = hh.detach().float().cpu().numpy()  # the rounded inputs
+    wr = ww.detach().float().cpu().numpy()
+    rows = (mask == 1) & (t >= 0)
+    check(out.topk_ids.cpu().numpy(), out.topk_logprobs.cpu().numpy(), hr, wr, 1.0, 0.0, rows,
+          64, 1e-3)
+    check_sp2(out.sum_p2.cpu().numpy(), hr, wr, 1.0, rows)

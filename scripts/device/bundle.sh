@@ -17,6 +17,8 @@ mkdir -p "$out/bin" "$out/lib"
 cp "$build"/tests/gpu_test_* "$build"/spanhead "$out/bin/"
 [ -n "${SPH_BUNDLE_SM90BENCH:-}" ] && [ -x "$build"/bench/bench_sm90_logits ] && cp "$build"/bench/bench_sm90_logits "$out/bin/"
 [ -x "$build"/bench/bench_sm90_epi ] && cp "$build"/bench/bench_sm90_epi "$out/bin/"
+# the distillation loss over NCCL on 2+ GPUs of one process (distill_check.sh runs it)
+[ -x "$build"/tests/mpi/gpu_distill_nccl ] && cp "$build"/tests/mpi/gpu_distill_nccl "$out/bin/"
 cp -L "$build"/libspanhead.so.0 "$out/lib/"
 for b in "$out"/bin/* "$out"/lib/libspanhead.so.0; do
   ldd "$b" | awk '/=>/ {print $3}' | grep -Ev 'cuda|cublas|nccl|libc\.so|libm\.so|libdl|libpthread|librt|ld-linux|libstdc|libgcc_s' || true

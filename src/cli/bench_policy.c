@@ -13,9 +13,14 @@
  *                 with a loss in torch: forward (logprob, entropy), the per-row loss and its
  *                 gradient on the host (the log-probs copied out and the gradients copied in),
  *                 backward (8 N_a H V)
+ *   policy+topkK+sum_p2  with --topk K / --sum-p2 (issue 25): the policy row's call also
+ *                 writing the head's extras of the loss's rows (on CUDA the +extras path:
+ *                 docs/policy.md, "The head's extras"); its mode names them and adds the time
+ *                 over the policy row in %
  * Each is timed as bench's other modes are (median of --repeats after --warmup, fenced by
  * sph_ctx_synchronize). The table adds the ratio of each row's time to the one-pass row's;
- * --json lines carry mode "policy", "one-pass" or "general+loss" and "vs_one_pass".
+ * --json lines carry mode "policy", "one-pass", "general+loss" (or the extras row's) and
+ * "vs_one_pass".
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -36,7 +41,9 @@
 #define POL_SEQ 2048 /* rows per sequence (the response mask's) */
 
 typedef struct pbufs {
-    void *h, *w, *tgt, *mask, *lp, *ent, *st, *g, *e, *dh, *dw, *adv, *old, *ref, *seq, *met, *ws;
+    void *h, *w, *tgt, *mask, *lp, *ent, *st, *g, *e, *dh, *dw, *adv, *old, *ref, *seq, *met;
+    void *tki, *tkl, *sp2; /* --topk / --sum-p2: the extras row's outputs */
+    void *ws;
     size_t ws_bytes;
 } pbufs;
 
@@ -79,6 +86,9 @@ static void host_loss(int64_t N, const float *lp, const uint8_t *act, const floa
 
 typedef struct row {
     const char *mode;
+    char mode_buf[64];
+    int extras;       /* the extras row (JSON: topk, sum_p2, extra_pct as cmd_bench.c's rows) */
+    double extra_pct; /* its time over the policy row's, in % */
     double ms, floor_ms;
     double first_ms; /* cold first call: a fresh context + workspace + one step */
     size_t peak;
@@ -110,6 +120,11 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
     fputs(",\"floor_ms\":", js), sph_cli_json_num(js, "%.4f", rw->floor_ms);
     fputs(",\"ratio\":", js), sph_cli_json_num(js, "%.4f", rw->ms / rw->floor_ms);
     fputs(",\"vs_one_pass\":", js), sph_cli_json_num(js, "%.4f", rw->ms / one_ms);
+    if (rw->extras) {
+        fprintf(js, ",\"topk\":%" PRId64 ",\"sum_p2\":%s,\"extra_pct\":", o->topk,
+                o->sum_p2 ? "true" : "false");
+        sph_cli_json_num(js, "%.3f", rw->extra_pct);
+    }
     fprintf(js, ",\"peak_extra_bytes\":%zu,\"path\":", rw->peak);
     sph_cli_json_str(js, rw->path);
     fputs(",\"first_call_ms\":", js), sph_cli_json_num(js, "%.3f", rw->first_ms);
@@ -120,7 +135,7 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
 
 /* What one step of a variant reads (time_variants): the arguments and the host loss's data. */
 typedef struct pstep {
-    const sph_head_args *pol, *one, *f, *bw;
+    const sph_head_args *pol, *one, *f, *bw, *polx; /* polx: pol with the extras */
     const sph_policy_args *pa;
     const pbufs *b;
     int64_t N;
@@ -133,8 +148,8 @@ typedef struct pstep {
 /* One step of variant v on context cx with workspace (ws, wsb), synchronized. */
 static sph_status step_once(sph_ctx_t cx, int v, void *ws, size_t wsb, const pstep *q) {
     sph_status s;
-    if (v == 0) {
-        s = sph_policy_loss(cx, q->pol, q->pa, ws, wsb);
+    if (v == 0 || v == 3) {
+        s = sph_policy_loss(cx, v == 3 ? q->polx : q->pol, q->pa, ws, wsb);
     } else if (v == 1) {
         s = sph_head_forward(cx, q->one, ws, wsb);
     } else {
@@ -166,11 +181,11 @@ static int cold_step(int v, size_t wsb, const pstep *q, double *ms) {
     return rc;
 }
 
-/* One point: the three variants; rows[3] out. */
+/* One point: the three variants (four with the extras); rows[4] out. */
 static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
                          const uint8_t *hm, const int64_t *spans, int64_t ns, int masked,
                          int64_t n_active, const float *hadv, const float *hold,
-                         const float *href, const int32_t *htgt, double rate, row rows[3]) {
+                         const float *href, const int32_t *htgt, double rate, row rows[4]) {
     const bench_shape *sh = &w->sh;
     const int64_t N = w->N;
     int64_t sh_h[2] = {N, sh->H}, sh_w[2] = {sh->V, sh->H}, sh_n[1] = {N}, sh_s[2] = {N, 3};
@@ -202,14 +217,26 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
     pa.metrics = &tmet;
     sph_head_args pol = one;
     pol.dlogprob = pol.dentropy = NULL;
-    size_t wp = 0, wo = 0, wf = 0, wb = 0;
-    if (sph_policy_loss_workspace_size(ctx, &pol, &pa, &wp) != SPH_OK ||
+    const int nv = o->topk || o->sum_p2 ? 4 : 3;
+    int64_t sh_k[2] = {N, o->topk};
+    sph_tensor tki = {b->tki, d, 2, SPH_I64, sh_k, NULL, 0};
+    sph_tensor tkl = {b->tkl, d, 2, SPH_F32, sh_k, NULL, 0};
+    sph_tensor tsp = {b->sp2, d, 1, SPH_F32, sh_n, NULL, 0};
+    sph_head_args polx = pol, onex = one;
+    if (o->topk) {
+        polx.topk_ids = onex.topk_ids = &tki;
+        polx.topk_logprobs = onex.topk_logprobs = &tkl;
+    }
+    if (o->sum_p2) polx.sum_p2 = onex.sum_p2 = &tsp;
+    size_t wp = 0, wo = 0, wf = 0, wb = 0, wx = 0;
+    if ((nv == 4 && sph_policy_loss_workspace_size(ctx, &polx, &pa, &wx) != SPH_OK) ||
+        sph_policy_loss_workspace_size(ctx, &pol, &pa, &wp) != SPH_OK ||
         sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &one, &wo) != SPH_OK ||
         sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &f, &wf) != SPH_OK ||
         sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &bw, &wb) != SPH_OK)
         return sph_cli_fail("bench", 1, "workspace size: %s", sph_last_error());
     size_t need = wp > wo ? wp : wo;
-    need = need > wf ? need : wf, need = need > wb ? need : wb;
+    need = need > wf ? need : wf, need = need > wb ? need : wb, need = need > wx ? need : wx;
     if (grow_ws(ctx, b, need)) return sph_cli_fail("bench", 1, "workspace: %s", sph_last_error());
     sph_head_pass_info fi = SPH_HEAD_PASS_INFO_INIT, bi = SPH_HEAD_PASS_INFO_INIT;
     if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &one, &fi) != SPH_OK)
@@ -222,6 +249,13 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
     snprintf(rows[2].path, sizeof rows[2].path, "%s/%s", fi.path, bi.path);
     rows[0].mode = "policy", rows[1].mode = "one-pass", rows[2].mode = "general+loss";
     rows[0].peak = wp, rows[1].peak = wo, rows[2].peak = wf > wb ? wf : wb;
+    if (nv == 4) { /* the extras row: the path the one-pass forward takes with them */
+        sph_head_pass_info xi = SPH_HEAD_PASS_INFO_INIT;
+        if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &onex, &xi) != SPH_OK)
+            return sph_cli_fail("bench", 1, "describe: %s", sph_last_error());
+        snprintf(rows[3].path, sizeof rows[3].path, "%s", xi.path);
+        rows[3].peak = wx;
+    }
     /* the host loss's inputs: active rows and the seq-mean-token-mean weights */
     uint8_t *act = sph_cli_alloc(N, 1);
     double *c = sph_cli_alloc(N, 8);
@@ -241,8 +275,9 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
         S += n > 0;
     }
     for (int64_t i = 0; i < N; i++) c[i] /= S ? (double)S : 1.0;
-    const pstep q = {&pol, &one, &f, &bw, &pa, b, N, act, hadv, hold, href, c, hlp, hg, he};
-    for (int v = 0; v < 3 && !rc; v++) {
+    const pstep q = {&pol, &one, &f, &bw, &polx, &pa, b, N, act, hadv, hold, href, c, hlp, hg,
+                     he};
+    for (int v = 0; v < nv && !rc; v++) {
         if ((rc = cold_step(v, rows[v].peak, &q, &rows[v].first_ms))) break;
         for (int64_t r = -o->warmup; r < o->repeats; r++) {
             double t0 = sph_cli_now_s();
@@ -260,6 +295,16 @@ static int time_variants(sph_ctx_t ctx, const bopts *o, const work *w, pbufs *b,
     const double work6 = 6.0 * (double)n_active * (double)sh->H * (double)sh->V;
     rows[0].floor_ms = rows[1].floor_ms = work6 / (rate * 1e12) * 1e3;
     rows[2].floor_ms = rows[0].floor_ms * 8.0 / 6.0;
+    rows[3].floor_ms = rows[0].floor_ms;
+    if (nv == 4 && !rc) {
+        char k[24] = "";
+        if (o->topk) snprintf(k, sizeof k, "+topk%" PRId64, o->topk);
+        rows[3].extras = 1;
+        rows[3].extra_pct = 100.0 * (rows[3].ms / rows[0].ms - 1.0);
+        snprintf(rows[3].mode_buf, sizeof rows[3].mode_buf, "policy%s%s (%+.1f %%)", k,
+                 o->sum_p2 ? "+sum_p2" : "", rows[3].extra_pct);
+        rows[3].mode = rows[3].mode_buf;
+    }
 done:
     free(act), free(c), free(hlp), free(hg), free(he), free(t);
     return rc;
@@ -312,15 +357,20 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
                 href[i] = (float)(lv + 0.2 * sph_cli_rng_normal(&r));
                 hseq[i] = i / POL_SEQ;
             }
-            if (bench_upload(ctx, &b.h, hh, N * sh->H, es) || bench_upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
+            if (bench_upload(ctx, &b.h, hh, N * sh->H, es) ||
+                bench_upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
                 bench_upload(ctx, &b.tgt, ht, N, 4) || bench_upload(ctx, &b.adv, hadv, N, 4) ||
                 bench_upload(ctx, &b.old, hold, N, 4) || bench_upload(ctx, &b.ref, href, N, 4) ||
                 bench_upload(ctx, &b.seq, hseq, N, 8) || bench_upload(ctx, &b.g, hadv, N, 4) ||
                 bench_upload(ctx, &b.e, hadv, N, 4) || bench_upload(ctx, &b.mask, NULL, N, 1) ||
                 bench_upload(ctx, &b.lp, NULL, N, 4) || bench_upload(ctx, &b.ent, NULL, N, 4) ||
-                bench_upload(ctx, &b.st, NULL, N, 12) || bench_upload(ctx, &b.dh, NULL, N * sh->H, es) ||
+                bench_upload(ctx, &b.st, NULL, N, 12) ||
+                bench_upload(ctx, &b.dh, NULL, N * sh->H, es) ||
                 bench_upload(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
-                bench_upload(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4))
+                bench_upload(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4) ||
+                (o->topk && (bench_upload(ctx, &b.tki, NULL, N * o->topk, 8) ||
+                             bench_upload(ctx, &b.tkl, NULL, N * o->topk, 4))) ||
+                (o->sum_p2 && bench_upload(ctx, &b.sp2, NULL, N, 4)))
                 rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
         }
         /* every mask at every fraction (packed-rl once), and the dense point */
@@ -338,11 +388,11 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
                         break;
                     }
                 }
-                row rows[3];
+                row rows[4];
                 memset(rows, 0, sizeof rows);
                 rc = time_variants(ctx, o, w, &b, hm, spans, ns, masked, na, hadv, hold, href,
                                    ht, rate, rows);
-                for (int v = 0; v < 3 && !rc; v++)
+                for (int v = 0; v < (o->topk || o->sum_p2 ? 4 : 3) && !rc; v++)
                     emit(js, o, gpu, date, w, mask, act, na, &rows[v], rows[1].ms);
             }
         }

@@ -136,7 +136,21 @@ static int begin_fail(sph_cli_outset *s) {
     return 1;
 }
 
-int sph_cli_outset_begin(sph_cli_outset *s, const char *dir, const char *const *files) {
+/* Test hooks (tests/cli/test_outputs.sh only): SPH_CLI_TEST_WRITE_DELAY_MS pauses after each
+ * staged file, so that a signal sent once the first file shows lands while the set is being
+ * written, whatever the machine's speed (a polling test raced a fast write before);
+ * SPH_CLI_TEST_BEGIN_DELAY_MS pauses right after the placeholder target is made, so that a
+ * signal lands before the handlers are armed. */
+static void test_delay(const char *var) {
+    const char *v = getenv(var);
+    long ms = v ? strtol(v, NULL, 10) : 0;
+    if (ms <= 0 || ms > 10000) return;
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+static int outset_begin(sph_cli_outset *s, const char *dir, const char *const *files) {
     memset(s, 0, sizeof *s);
     s->lock_fd = -1;
     if (g_clean.armed)
@@ -146,9 +160,12 @@ int sph_cli_outset_begin(sph_cli_outset *s, const char *dir, const char *const *
         if (!S_ISDIR(st.st_mode))
             return sph_cli_err(s->err, sizeof s->err, "--outputs %s: not a directory", dir);
     } else if (errno == ENOENT) {
-        if (mkdir(dir, 0777) == 0) s->created_dir = 1;
-        else if (errno != EEXIST) /* EEXIST: a neighbour made it just now; the lock decides */
+        if (mkdir(dir, 0777) == 0) {
+            s->created_dir = 1;
+            test_delay("SPH_CLI_TEST_BEGIN_DELAY_MS");
+        } else if (errno != EEXIST) { /* EEXIST: a neighbour made it just now; the lock decides */
             return sph_cli_err(s->err, sizeof s->err, "--outputs %s: %s", dir, strerror(errno));
+        }
     } else {
         return sph_cli_err(s->err, sizeof s->err, "--outputs %s: %s", dir, strerror(errno));
     }
@@ -234,6 +251,19 @@ int sph_cli_outset_begin(sph_cli_outset *s, const char *dir, const char *const *
     return 0;
 }
 
+int sph_cli_outset_begin(sph_cli_outset *s, const char *dir, const char *const *files) {
+    /* A signal between the placeholder's mkdir and the handlers' arming would end the run
+     * with the placeholder left behind (test_outputs.sh's "SIGTERM while computing" caught it
+     * on a loaded machine): the three signals wait until begin is done. Armed, the handler
+     * then removes what begin made; failed, begin removed it itself and the default action
+     * follows. */
+    sigset_t old;
+    block_signals(&old);
+    const int r = outset_begin(s, dir, files);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
 /* Abort keeping the message that says why. */
 static int outset_fail(sph_cli_outset *s) {
     char keep[sizeof s->err];
@@ -278,18 +308,6 @@ static int outset_stage(sph_cli_outset *s, const char *file,
     return 0;
 }
 
-/* SPH_CLI_TEST_WRITE_DELAY_MS (tests only, tests/cli/test_outputs.sh): a pause after each
- * staged file, so that a signal sent once the first file shows lands while the set is being
- * written, whatever the machine's speed (a polling test raced a fast write before). */
-static void test_write_delay(void) {
-    const char *v = getenv("SPH_CLI_TEST_WRITE_DELAY_MS");
-    long ms = v ? strtol(v, NULL, 10) : 0;
-    if (ms <= 0 || ms > 10000) return;
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-    }
-}
-
 typedef struct npy_put {
     char kind;
     int bytes, ndim;
@@ -321,7 +339,7 @@ int sph_cli_outset_npy(sph_cli_outset *s, const char *name, char kind, int bytes
     }
     const npy_put n = {kind, bytes, ndim, shape, data};
     if (outset_stage(s, file, put_npy, &n)) return -1;
-    test_write_delay();
+    test_delay("SPH_CLI_TEST_WRITE_DELAY_MS");
     return 0;
 }
 

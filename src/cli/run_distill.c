@@ -49,8 +49,12 @@ const sph_cli_opt sph_cli_distill_opts[] = {
     {"--reduction", "mean|sum|none", SPH_OPT_CHOICE, O(red), 0, 0, 0, 0, k_reds, 0,
      "over the active rows (default mean); none: loss.json lists every row"},
     RUN_LOSS_HEAD_ROWS(dst_opts),
+    {"--num-tokens", "T", SPH_OPT_I64, O(num_tokens), 1, INT64_MAX, 0, 0, NULL, 0,
+     "reduction mean's divisor: a global batch's active rows (default: counted)"},
     {"--tp", "T", SPH_OPT_I64, O(tp), 1, 4096, 0, 0, NULL, 0,
-     "under mpirun: vocabulary shards (the world is one TP group)"},
+     "under mpirun: vocabulary shards (TP groups of T ranks)"},
+    {"--cp", "C", SPH_OPT_I64, O(cp), 1, 4096, 0, 0, NULL, 0,
+     "under mpirun: the rows cut into C pieces over a seq_comm group (CP)"},
     {NULL}};
 #undef O
 
@@ -233,7 +237,8 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     run_loss_bufs b;
     memset(&b, 0, sizeof b);
     int rc = 1;
-    sph_status s = run_loss_ctx(&ctx, &dev, wh->on_cuda, 0, wh->threads, wh->kernel, wh->tp);
+    sph_status s =
+        run_loss_ctx(&ctx, &dev, wh->on_cuda, wh->dev_id, wh->threads, wh->kernel, wh->tp);
     if (s) goto fail;
     /* the rank's vocabulary rows [v0, v0 + V) of the problem's (all of them unsharded) */
     const int64_t N = p->N, H = p->H, HT = p->HT, K = p->K, v0 = wh->v0;
@@ -266,6 +271,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     sph_distill_args d = SPH_DISTILL_ARGS_INIT;
     d.kind = (sph_distill_kind)o->kind, d.beta = o->beta, d.teacher_temperature = o->tt;
     d.reduction = (sph_reduction)o->red;
+    d.num_tokens = wh->num_tokens, d.seq_comm = wh->seq;
     d.teacher_hidden = T(B_TH), d.teacher_weight = T(B_TW);
     d.teacher_topk_ids = T(B_IDS), d.teacher_topk_logprobs = T(B_LP), d.loss = T(B_LOSS);
 #undef T
@@ -385,7 +391,7 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
 
 void dst_opts_defaults(dst_opts *o) {
     memset(o, 0, sizeof *o);
-    o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1;
+    o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1, o->cp = 1;
 }
 
 int sph_cli_run_distill(int argc, char **argv) {
@@ -410,12 +416,13 @@ int sph_cli_run_distill(int argc, char **argv) {
         goto out;
     }
     const int on_cuda = o.device == 1;
-    dst_where w = {on_cuda, o.kernel, o.threads, (int)o.repeats, NULL, 0, 0};
+    dst_where w = {on_cuda, o.kernel, o.threads, (int)o.repeats, NULL, 0, 0, NULL,
+                   o.num_tokens, 0};
     if ((rc = dst_run(&o, &p, &w, &r))) goto out;
     double err[3] = {0}, tol = 0;
     int passed = 1;
     if (o.check) {
-        dst_where wr = {0, "ref", 1, 0, NULL, 0, 0};
+        dst_where wr = {0, "ref", 1, 0, NULL, 0, 0, NULL, o.num_tokens, 0};
         if ((rc = dst_run(&o, &p, &wr, &ref))) goto out;
         /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
         tol = p.bits == 32 ? 1e-4 : (on_cuda ? 2e-2 : 1e-4);

@@ -5,8 +5,9 @@
  *
  *   run_distill.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                       against the float64 reference, loss.json and the .npy outputs
- *   dist/run_distill_dist.c  the same under mpirun: --tp (the world is one TP group of vocabulary
- *                       shards), checked against one process
+ *   dist/run_distill_dist.c  the same under mpirun: --tp T --cp C (vocabulary shards x row
+ *                       pieces of one seq_comm group; CPU over MPI or CUDA over NCCL), checked
+ *                       against one process
  */
 #ifndef SPH_CLI_RUN_DISTILL_H
 #define SPH_CLI_RUN_DISTILL_H
@@ -28,7 +29,7 @@ int sph_cli_run_distill(int argc, char **argv);
 typedef struct dst_opts {
     int device, dtype, kind, red, check, json, dtype_given, temperature_given;
     const char *inputs, *outputs, *kernel;
-    int64_t threads, repeats, tp;
+    int64_t threads, repeats, tp, cp, num_tokens;
     double beta, tt, temperature, softcap;
 } dst_opts;
 
@@ -58,7 +59,9 @@ typedef struct dst_result {
 void dst_result_free(dst_result *r);
 
 /* Where and how one call runs: tp NULL = one process (the whole vocabulary); else the rank's
- * vocabulary rows [v0, v0 + V_loc) and dhidden all-reduced over tp. */
+ * vocabulary rows [v0, v0 + V_loc) and dhidden all-reduced over tp. seq: the CP group
+ * (sph_distill_args.seq_comm) or NULL; num_tokens: reduction mean's divisor (0 = counted);
+ * dev_id: the CUDA device. */
 typedef struct dst_where {
     int on_cuda;
     const char *kernel;
@@ -66,6 +69,9 @@ typedef struct dst_where {
     int reps; /* timed calls after the warm-up */
     sph_comm_t tp;
     int64_t v0, V_loc;
+    sph_comm_t seq;
+    int64_t num_tokens;
+    int dev_id;
 } dst_where;
 
 /* One call; 0 or an exit code (message printed). */

@@ -4,9 +4,10 @@
  * docs/policy.md) on the .npy files of DIR, on the CPU or a CUDA device, in one call: logprob,
  * entropy, the loss, its metrics, dhidden and dweight. --check runs the float64 reference on
  * the same inputs and exits 1 when a relative error exceeds the tolerance; --outputs writes
- * loss.json (the metrics by name) and logprob, entropy, dhidden, dweight .npy, all of them or
- * none (after the check passed). Under mpirun, or with --tp / --cp / --dp, run_policy_dist.c
- * takes over.
+ * loss.json (the metrics by name) and logprob, entropy, dhidden, dweight .npy (and with --topk K
+ * / --sum-p2 the head's extras of the loss's rows: topk_ids, topk_logprobs, sum_p2 .npy, as
+ * `run` writes them), all of them or none (after the check passed). Under mpirun, or with
+ * --tp / --cp / --dp, run_policy_dist.c takes over.
  *
  * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
  * targets.npy (N) int, mask.npy (N) u1/b1 (optional: all rows), advantages.npy and
@@ -49,6 +50,11 @@ const sph_cli_opt sph_cli_policy_opts[] = {
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write loss.json, logprob entropy dhidden dweight .npy: all of them\n"
      "after the run (and --check) succeeded, or none"},
+    {"--topk", "K", SPH_OPT_I64, O(topk), 1, 256, 0, 0, NULL, 0,
+     "also the top-K ids and log-probs of the policy's distribution per\n"
+     "loss row (topk_ids.npy, topk_logprobs.npy; -1 / 0 on the others)"},
+    {"--sum-p2", NULL, SPH_OPT_FLAG, O(sum_p2), 0, 0, 0, 0, NULL, 0,
+     "also sum_j p_j^2 per loss row (sum_p2.npy)"},
     {"--policy-loss", "ppo|cispo|gspo", SPH_OPT_CHOICE, O(loss), 0, 0, 0, 0, k_losses, 0,
      "the policy-gradient term"},
     {"--clip-low", "E", SPH_OPT_F64, O(clip_low), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
@@ -198,8 +204,9 @@ int pol_problem_read(const pol_opts *o, pol_problem *p) {
 // ---- one run -------------------------------------------------------------------------------
 
 void pol_result_free(pol_result *r) {
-    free(r->lp), free(r->ent), free(r->dh), free(r->dw);
-    r->lp = r->ent = r->dh = r->dw = NULL;
+    free(r->lp), free(r->ent), free(r->dh), free(r->dw), free(r->tki), free(r->tkl), free(r->sp2);
+    r->lp = r->ent = r->dh = r->dw = r->tkl = r->sp2 = NULL;
+    r->tki = NULL;
 }
 
 sph_policy_args pol_args(const pol_opts *o) {
@@ -212,7 +219,7 @@ sph_policy_args pol_args(const pol_opts *o) {
 }
 
 enum { B_H, B_W, B_TGT, B_MASK, B_ADV, B_OLD, B_REF, B_ISW, B_SEQ, B_LP, B_ENT, B_DH, B_DW, B_MET,
-       B_TEMP, B_COUNT };
+       B_TEMP, B_TKI, B_TKL, B_SP2, B_COUNT };
 
 static sph_status pol_size(const run_loss_call *c, size_t *bytes) {
     return sph_policy_loss_workspace_size(c->ctx, c->head, c->loss, bytes);
@@ -232,7 +239,7 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     sph_status s = run_loss_ctx(&ctx, &dev, w->on_cuda, w->device_id, w->threads, w->kernel,
                                 w->tp);
     if (s) goto fail;
-    const int64_t N = p->N, H = p->H, V = p->V;
+    const int64_t N = p->N, H = p->H, V = p->V, TK = o->topk;
     const size_t es = (size_t)p->bits / 8;
     const sph_dtype in = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
     const run_loss_buf spec[B_COUNT] = {
@@ -244,7 +251,11 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
         {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},     {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1},
         {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32, 1},
-        {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32, 0}};
+        {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        /* the extras, outputs when asked for */
+        {NULL, (size_t)(N * TK) * 8, 2, N, TK, SPH_I64, TK > 0},
+        {NULL, (size_t)(N * TK) * 4, 2, N, TK, SPH_F32, TK > 0},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, o->sum_p2}};
     if ((s = run_loss_bufs_make(ctx, dev, spec, B_COUNT, &b))) goto fail;
 #define T(k) run_loss_tensor(&b, k)
     sph_head_args a = SPH_HEAD_ARGS_INIT;
@@ -255,6 +266,7 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     a.vocab_start = w->v0, a.vocab_total = w->V_total;
     a.allreduce_dhidden = w->tp != NULL; /* dhidden of the replicated rows: every shard's */
     a.logprob = T(B_LP), a.entropy = T(B_ENT), a.dhidden = T(B_DH), a.dweight = T(B_DW);
+    a.topk_ids = T(B_TKI), a.topk_logprobs = T(B_TKL), a.sum_p2 = T(B_SP2); /* the extras */
     sph_policy_args pa = pol_args(o);
     pa.advantages = T(B_ADV), pa.old_logprob = T(B_OLD), pa.ref_logprob = T(B_REF);
     pa.is_weight = T(B_ISW), pa.seq_id = T(B_SEQ), pa.metrics = T(B_MET);
@@ -275,6 +287,16 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
         (s = sph_ctx_memcpy(ctx, r->dh, b.buf[B_DH], spec[B_DH].bytes)) ||
         (s = sph_ctx_memcpy(ctx, r->dw, b.buf[B_DW], spec[B_DW].bytes)) ||
         (s = sph_ctx_memcpy(ctx, r->metrics, b.buf[B_MET], spec[B_MET].bytes)))
+        goto fail;
+    r->topk = TK;
+    if ((TK && (!(r->tki = sph_cli_alloc(N * TK, 8)) || !(r->tkl = sph_cli_alloc(N * TK, 4)))) ||
+        (o->sum_p2 && !(r->sp2 = sph_cli_alloc(N, 4)))) {
+        sph_cli_fail(CMD, 1, "out of memory");
+        goto done;
+    }
+    if ((TK && ((s = sph_ctx_memcpy(ctx, r->tki, b.buf[B_TKI], spec[B_TKI].bytes)) ||
+                (s = sph_ctx_memcpy(ctx, r->tkl, b.buf[B_TKL], spec[B_TKL].bytes)))) ||
+        (o->sum_p2 && (s = sph_ctx_memcpy(ctx, r->sp2, b.buf[B_SP2], spec[B_SP2].bytes))))
         goto fail;
     rc = 0;
     goto done;
@@ -306,6 +328,30 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
     return ok;
 }
 
+/* --check of the extras against the reference's (ref ran with K + 1 entries where it could:
+ * the K-th entry's gap to the next; K = V has none): ex[0] the top-K log-probs normwise (position by
+ * position: robust to the order of near-ties), ex[1] the ids that differ where the
+ * reference's log-probs leave a gap above tol to both neighbours, ex[2] sum_p2 normwise. */
+static int check_extras(const pol_result *got, const pol_result *ref, int64_t N, int64_t V,
+                        double tol, double ex[3]) {
+    ex[0] = ex[1] = ex[2] = 0;
+    const int64_t K = got->topk, KR = ref->topk;
+    double md = 0, mr = 1e-30;
+    for (int64_t i = 0; i < N && K; i++)
+        for (int64_t k = 0; k < K; k++) {
+            const double g = got->tkl[i * K + k], r = ref->tkl[i * KR + k], d = fabs(g - r);
+            md = isnan(d) ? INFINITY : (d > md ? d : md);
+            mr = fabs(r) > mr ? fabs(r) : mr;
+            const double gap = tol * (1 + fabs(r));
+            const int sep = (k == 0 || ref->tkl[i * KR + k - 1] - r > gap) &&
+                            (k + 1 < KR ? r - ref->tkl[i * KR + k + 1] > gap : KR >= V);
+            if (sep && got->tki[i * K + k] != ref->tki[i * KR + k]) ex[1]++;
+        }
+    ex[0] = md / mr;
+    if (got->sp2) ex[2] = run_loss_rel(got->sp2, ref->sp2, N, 1e-30);
+    return ex[0] <= tol && ex[1] == 0 && ex[2] <= tol;
+}
+
 char *pol_loss_json(const float *m) {
     char *s = NULL;
     size_t len = 0;
@@ -325,8 +371,9 @@ char *pol_loss_json(const float *m) {
     return s;
 }
 
-const char *const pol_out_files[] = {"loss.json", "logprob.npy", "entropy.npy", "dhidden.npy",
-                                     "dweight.npy", NULL};
+const char *const pol_out_files[] = {"loss.json",    "logprob.npy",       "entropy.npy",
+                                     "dhidden.npy",  "dweight.npy",       "topk_ids.npy",
+                                     "topk_logprobs.npy", "sum_p2.npy", NULL};
 
 int pol_outputs_begin(sph_cli_outset *s, const char *dir) {
     if (sph_cli_outset_begin(s, dir, pol_out_files)) return sph_cli_fail(CMD, 1, "%s", s->err);
@@ -337,19 +384,23 @@ int pol_write_outputs(sph_cli_outset *os, const pol_result *r, int64_t N, int64_
     sph_cli_outset s = *os; /* begun before the run; released here either way */
     memset(os, 0, sizeof *os);
     char *json = pol_loss_json(r->metrics);
-    const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H};
+    const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H}, nk[2] = {N, r->topk};
     int bad = !json || sph_cli_outset_text(&s, "loss.json", json) ||
               sph_cli_outset_npy(&s, "logprob", 'f', 4, 1, n1, r->lp) ||
               sph_cli_outset_npy(&s, "entropy", 'f', 4, 1, n1, r->ent) ||
               sph_cli_outset_npy(&s, "dhidden", 'f', 4, 2, nh, r->dh) ||
-              sph_cli_outset_npy(&s, "dweight", 'f', 4, 2, vh, r->dw);
+              sph_cli_outset_npy(&s, "dweight", 'f', 4, 2, vh, r->dw) ||
+              (r->tki && sph_cli_outset_npy(&s, "topk_ids", 'i', 8, 2, nk, r->tki)) ||
+              (r->tkl && sph_cli_outset_npy(&s, "topk_logprobs", 'f', 4, 2, nk, r->tkl)) ||
+              (r->sp2 && sph_cli_outset_npy(&s, "sum_p2", 'f', 4, 1, n1, r->sp2));
     int rc = run_loss_outputs_end(&s, json, bad);
     free(json);
     return rc;
 }
 
 static void report(const pol_opts *o, const pol_problem *p, const pol_result *r, int checked,
-                   int passed, const double err[5], double tol) {
+                   int passed, const double err[5], const double ex[3], double tol) {
+    const int extras = o->topk > 0 || o->sum_p2;
     int64_t act = 0;
     for (int64_t i = 0; i < p->N; i++) act += (!p->mask || p->mask[i]) && p->tgt[i] >= 0;
     const char *dt = p->bits == 32 ? "f32" : (p->is_bf16 ? "bf16" : "f16");
@@ -374,6 +425,12 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
                 printf(",\"%s\":", names[k]);
                 sph_cli_json_num(stdout, "%.3g", err[k]);
             }
+            if (extras) {
+                printf(",\"topk_logprobs\":");
+                sph_cli_json_num(stdout, "%.3g", ex[0]);
+                printf(",\"topk_ids_differing\":%lld,\"sum_p2\":", (long long)ex[1]);
+                sph_cli_json_num(stdout, "%.3g", ex[2]);
+            }
             printf("}");
         }
         printf("}\n");
@@ -390,6 +447,9 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
         printf("  check vs float64 reference: metrics %.2e logprob %.2e entropy %.2e dhidden %.2e "
                "dweight %.2e (tol %.0e): %s\n",
                err[0], err[1], err[2], err[3], err[4], tol, passed ? "PASS" : "FAIL");
+    if (checked && extras)
+        printf("  check of the extras: topk_logprobs %.2e, topk_ids differing at separated "
+               "ranks %lld, sum_p2 %.2e\n", ex[0], (long long)ex[1], ex[2]);
 }
 
 // ---- the command -----------------------------------------------------------------------------
@@ -432,16 +492,19 @@ int sph_cli_run_policy(int argc, char **argv) {
     const int on_cuda = o.device == 1;
     pol_where w = {on_cuda, 0, o.kernel, o.threads, (int)o.repeats, NULL, NULL, 0, 0, 0, 0};
     if ((rc = pol_run(&o, &p, &w, &r))) goto out;
-    double err[5] = {0}, tol = 0;
+    double err[5] = {0}, ex[3] = {0}, tol = 0;
     int passed = 1;
     if (o.check) {
         pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
-        if ((rc = pol_run(&o, &p, &wr, &ref))) goto out;
+        pol_opts oref = o; /* one more top-k entry where it can: the K-th's gap to the next */
+        if (o.topk && o.topk < 256 && o.topk < p.V) oref.topk = o.topk + 1;
+        if ((rc = pol_run(&oref, &p, &wr, &ref))) goto out;
         /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
         tol = p.bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
         passed = pol_compare(&r, &ref, p.N, p.H, p.V, tol, err);
+        if (o.topk || o.sum_p2) passed &= check_extras(&r, &ref, p.N, p.V, tol, ex);
     }
-    report(&o, &p, &r, o.check, passed, err, tol);
+    report(&o, &p, &r, o.check, passed, err, ex, tol);
     rc = passed ? 0 : 1;
     if (!rc && o.outputs) rc = pol_write_outputs(&os, &r, p.N, p.H, p.V);
     if (!rc && !o.json && o.outputs) printf("  outputs written to %s\n", o.outputs);

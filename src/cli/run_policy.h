@@ -31,6 +31,8 @@ typedef struct pol_opts {
     int device, dtype, loss, kl, agg, check, json;
     const char *inputs, *outputs, *kernel;
     int64_t threads, repeats, num_tokens, num_seqs, tp, cp, dp, gap;
+    int64_t topk; /* --topk K: the policy's top-K ids and log-probs (0: none) */
+    int sum_p2;   /* --sum-p2 */
     double clip_low, clip_high, clip_c, kl_coef, entropy_coef, norm_length, temperature,
         softcap;
     int dtype_given;
@@ -56,6 +58,9 @@ int pol_problem_read(const pol_opts *o, pol_problem *p);
 typedef struct pol_result {
     float metrics[SPH_POLICY_N_METRICS];
     float *lp, *ent, *dh, *dw;   /* (N), (N), (N, H), (V, H) */
+    int64_t topk;                /* K of tki / tkl (0: none) */
+    int64_t *tki;                /* (N, K) --topk's ids, or NULL */
+    float *tkl, *sp2;            /* (N, K) their log-probs, (N) --sum-p2's; or NULL */
     double ms;                   /* median time of one call */
     size_t ws_bytes;
     char describe[256];          /* the context's sph_ctx_describe line */

@@ -9,15 +9,18 @@
  *
  * Rows: with spans (host metadata) the chunks cover the spans' rows only, listed on the host
  * and copied up (so a masked batch given its spans costs its active rows); with a device
- * mask alone, R consecutive rows per chunk, the inactive ones gathered as zeros and discarded
- * (their count is not known on the host without a sync). The active flags are a device array
- * (the mask, the spans or all ones).
+ * mask alone, R consecutive rows per chunk over all N rows (6 N H V flops whatever the active
+ * fraction: the products' heights are host arguments, and the count of a device mask's
+ * active rows would need a host sync; docs/distill.md 4), the inactive ones gathered as zeros
+ * and discarded. The active flags are a device array (the mask, the spans or all ones).
  * Non-finite statistics of an active row: counted on the device (sph_ctx_nonfinite), the
  * pass returns SPH_OK with NaN in the outputs (spanhead.h, "Policies").
  * Workspace (exact): cuBLAS's 32 MiB, act (N), the chunk's hidden rows Hc (R H, the
  * inactive ones zeroed: their bytes are never read into a product) and the teacher's, Zs, Zt, D (half), records (R and P R), the
  * (loss, S) partials, saved listed logits (R K), dHc (R H), dW fp32 (V_loc H), loss rows (N),
- * a counter.
+ * a counter and the seq_comm group's counts.
+ * Reduction mean divides by num_tokens, or by the active rows counted on the device (k_count),
+ * summed over seq_comm's ranks by one 8-byte allgather on the stream when a group is given.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,7 +40,7 @@ typedef struct dlay {
     int64_t R, rw, P;
     int half;
     size_t o_cub, o_act, o_rows, o_hc, o_htc, o_zs, o_zt, o_db, o_rec, o_gath, o_part, o_gath2, o_sav, o_dhc, o_dw,
-        o_lrows, o_cnt, total;
+        o_lrows, o_cnt, o_cntg, total;
 } dlay;
 
 static size_t take(size_t *off, size_t bytes) {
@@ -80,6 +83,7 @@ static void make_layout(sph_ctx_t ctx, const sph_distill_plan *dp, dlay *L) {
     L->o_dw = take(&off, hp->dweight ? V * H * 4 : 0);
     L->o_lrows = take(&off, N * 8);
     L->o_cnt = take(&off, 8);
+    L->o_cntg = take(&off, dp->seq_comm ? 8 * (size_t)dp->seq_comm->size : 0);
     L->total = off;
 }
 
@@ -254,6 +258,15 @@ __global__ void k_count(ddev d) {
     for (int64_t i = threadIdx.x; i < d.N; i += DTHREADS) c += d.act[i];
     c = d_block_sum(c, sh);
     if (threadIdx.x == 0) *d.cnt = (long long)c;
+}
+
+/* Reduction mean's divisor: num_tokens, or the group's counts summed in rank order. */
+__global__ void k_set_count(long long *cnt, long long n) { *cnt = n; }
+
+__global__ void k_sum_counts(long long *cnt, const long long *all, int64_t P) {
+    long long t = 0;
+    for (int64_t r = 0; r < P; r++) t += all[r];
+    *cnt = t;
 }
 
 /* The chunk's rows [c0, c0 + nr) of src (row stride ld, cols elements of es bytes) into dst
@@ -585,6 +598,7 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     const sph_head_plan *hp = &dp->head;
     memset(r, 0, sizeof *r);
     r->ctx = ctx, r->dp = dp;
+    SPH_CUDA_RET(cudaSetDevice(ctx->device.id)); /* the context's device, not the caller's */
     make_layout(ctx, dp, &r->L);
     SPH_CHECK(bytes >= r->L.total && ws != NULL, SPH_ERR_WORKSPACE,
               "workspace: %zu bytes, expected >= %zu (sph_distill_loss_workspace_size)", bytes,
@@ -660,6 +674,19 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     SPH_CUDA_RET(cudaMemsetAsync(d.lrows, 0, (size_t)hp->N * 8, r->st));
     k_count<<<1, DTHREADS, 0, r->st>>>(d);
     SPH_LAUNCH_CHECK("k_count", r->st);
+    if (dp->reduction == SPH_REDUCTION_MEAN && dp->seq_comm && dp->seq_comm->size > 1) {
+        /* the group's active rows: one allgather of the 8-byte counts, on the stream (also
+         * with num_tokens, so that ranks differing only in it still meet in one collective) */
+        long long *all = (long long *)(b + r->L.o_cntg);
+        sph_status s = dp->seq_comm->ops->allgather(dp->seq_comm, d.cnt, all, 8, r->st);
+        if (s != SPH_OK) return sph_err_prefix(s, "distill: seq_comm: allgather: ");
+        k_sum_counts<<<1, 1, 0, r->st>>>(d.cnt, all, dp->seq_comm->size);
+        SPH_LAUNCH_CHECK("k_sum_counts", r->st);
+    }
+    if (dp->reduction == SPH_REDUCTION_MEAN && dp->num_tokens > 0) {
+        k_set_count<<<1, 1, 0, r->st>>>(d.cnt, (long long)dp->num_tokens);
+        SPH_LAUNCH_CHECK("k_set_count", r->st);
+    }
     if (hp->dweight)
         SPH_CUDA_RET(cudaMemsetAsync(d.dw32, 0, (size_t)(hp->V_loc * hp->H) * 4, r->st));
     if (d.rows && hp->dhidden && !hp->acc_dh && hp->N * hp->H > 0) { /* rows outside the list */

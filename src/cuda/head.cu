@@ -782,7 +782,22 @@ static sph_status cuda_support_forward(sph_ctx_t ctx, const sph_head_plan *p, vo
     if (p->N == 0) return p->one_pass ? grad_prologue(&c) : SPH_OK;
     SPH_TRY(sph_cuda_zero_rows_out(p, c.stream));
     float *part = (float *)(c.ws + lay.off_part), *recv = (float *)(c.ws + lay.off_recv);
-    SPH_TRY(sph_cuda_sample_forward(ctx, p, c.ws + lay.off_sample, part, recv, lay.comm_size));
+    float2 *mq = p->sum_p2 ? (float2 *)(c.ws + lay.off_xmq) : NULL;
+    if (mq) SPH_TRY(sph_cuda_extras_zero(p, c.stream)); /* rows outside the spans: 0 */
+    SPH_TRY(sph_cuda_sample_forward(ctx, p, c.ws + lay.off_sample, part, recv, mq,
+                                    lay.comm_size));
+    if (mq) { /* sum_p2 over the support: head_extras.cu's combine and finalize, span by span */
+        const float2 *xm;
+        const sph_cuda_xtk *xt;
+        const float *recs = lay.comm_size > 1 ? recv : part; /* sph_cuda_combine's choice */
+        SPH_TRY(sph_cuda_extras_combine(&c, 0, p->N, &xm, &xt));
+        for (int64_t k = 0; k < spans_count(p); k++) {
+            int64_t a, b;
+            spans_get(p, k, &a, &b);
+            SPH_TRY(sph_cuda_extras_finalize(&c, recs + a * SPH_PARTIAL_FIELDS, xm + a, NULL,
+                                             p->N, a, NULL, b - a));
+        }
+    }
     if (!p->one_pass) return SPH_OK;
     SPH_TRY(sph_cuda_sample_backward(ctx, p, c.ws + lay.off_sample, lay.sample_bytes));
     return grad_epilogue(&c); /* the TP all-reduce of dH */
@@ -845,9 +860,6 @@ static sph_status cuda_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
     SPH_TRY(need_device(p->sum_p2, "sum_p2"));
     SPH_TRY(need_device(p->topk_ids, "topk_ids"));
     SPH_TRY(need_device(p->topk_lp, "topk_logprobs"));
-    SPH_CHECK(!(p->sum_p2 && p->K > 0), SPH_ERR_UNSUPPORTED,
-              "sum_p2: not computed with candidates on CUDA yet (the CPU backend and the "
-              "reference compute it)");
     SPH_CHECK(!p->topk || p->V <= INT32_MAX, SPH_ERR_UNSUPPORTED,
               "topk_ids: vocab_total %lld exceeds the CUDA top-k's int32 ids", (long long)p->V);
     if (p->K > 0) SPH_TRY(sph_cuda_sample_check(p));

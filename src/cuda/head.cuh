@@ -247,8 +247,10 @@ sph_status sph_cuda_dh_fixed(sph_dtype dt, const void *D, int64_t ldD, const voi
 /* Sample-support mode (head_sample.cu). check: its limits (K, N * K), run by validation. */
 sph_status sph_cuda_sample_check(const sph_head_plan *p);
 size_t sph_cuda_sample_ws(const sph_head_plan *p, int grads);
+/* forward: records into part (recv: the TP group's), and with mq (N, NULL without sum_p2)
+ * each computed row's sum_p2 pair (m, q) over its candidates in this shard. */
 sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
-                                   float *part, float *recv, int64_t comm_size);
+                                   float *part, float *recv, float2 *mq, int64_t comm_size);
 sph_status sph_cuda_sample_backward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
                                     size_t ws_bytes);
 

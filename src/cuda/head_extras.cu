@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(XT) head_extras_finalize_kernel(xf_args a) {
             const float2 x = a.mq[r * a.rank_stride + k];
             if (x.y != 0.f || x.y != x.y) Q += x.y * expf(2.f * (x.x - m));
         }
-        a.sum_p2[i] = active ? Q / (s * s) : 0.f;
+        /* a support row with no candidate in any shard (S = 0) is empty: 0, as on the host */
+        a.sum_p2[i] = active && !(m == -INFINITY && s == 0.f) ? Q / (s * s) : 0.f;
     }
     if (!a.K) return;
     const int K = a.K;

@@ -362,6 +362,13 @@ static void place_sample(const sph_head_plan *p, sph_cuda_layout *lay) {
     lay->off_sample = off;
     lay->sample_bytes = sph_cuda_sample_ws(p, lay->grads);
     off += sph_ws_round(lay->sample_bytes);
+    /* the forward's sum_p2 over the candidates: (m, q) per row and the group's (extras) */
+    const int sp2 = p->sum_p2 && (!lay->grads || p->one_pass);
+    lay->off_xmq = off;
+    if (sp2) off += sph_ws_round((size_t)p->N * 8);
+    lay->off_xmq_recv = off;
+    if (sp2 && lay->comm_size > 1) off += sph_ws_round((size_t)lay->comm_size * p->N * 8);
+    lay->off_xtk = lay->off_xtk_recv = off;
     lay->total = off;
 }
 

@@ -5,7 +5,9 @@
  *
  *   forward : z_ik = transform(h_i . w_{c_ik}) by one warp per candidate (lanes over H,
  *             shuffle tree: a fixed order), then the row's partial record (head/plan.h) by one
- *             thread in candidate order, the TP combine and head.cu's finalize.
+ *             thread in candidate order, the TP combine and head.cu's finalize; with sum_p2
+ *             the same thread's (m, q = sum_k e^(2 (z_k - m))) of the row, which head.cu
+ *             hands to head_extras.cu's combine and finalize (Q / S^2 over the support).
  *   backward: du_ik = dz_ik / T * cap', dz = g (delta - q) + e q (mu - z) + gl q;
  *             dH_i = sum_k du_ik w_{c_ik} (k ascending), and dW by a deterministic scatter:
  *             (local id, i*K + k) pairs are radix-sorted by id (CUB, stable, so row order is
@@ -77,7 +79,7 @@ __device__ __forceinline__ void sample_logits(const sample_args &a, int64_t i, b
 }
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-    head_sample_fwd_kernel(sample_args a, float *part) {
+    head_sample_fwd_kernel(sample_args a, float *part, float2 *mq) {
     extern __shared__ __align__(16) unsigned char smem[];
     int64_t *loc = (int64_t *)smem;
     float *z = (float *)(loc + a.K), *th = z + a.K;
@@ -95,6 +97,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     float *rec = part + i * SPH_PARTIAL_FIELDS;
     rec[0] = m, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = 0.f;
+    if (!mq) return;
+    /* sum_p2's (m, q = sum e^(2 (z - m))) over the same candidates, with the final m (no
+     * rescaling); an empty row stays (-inf, 0), a NaN logit makes q NaN */
+    float q = 0.f;
+    for (int64_t k = 0; k < a.K; k++)
+        if (loc[k] >= 0) q += expf(2.f * (z[k] - m));
+    mq[i] = make_float2(m, q);
 }
 
 struct sample_bwd_args {
@@ -238,7 +247,7 @@ sph_status sph_cuda_sample_check(const sph_head_plan *p) {
 }
 
 sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *ws,
-                                              float *part, float *recv, int64_t comm_size) {
+                                   float *part, float *recv, float2 *mq, int64_t comm_size) {
     (void)ws;
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     sample_args a = make_args(p);
@@ -248,7 +257,7 @@ sph_status sph_cuda_sample_forward(sph_ctx_t ctx, const sph_head_plan *p, char *
         if (r1 <= r0) continue;
         a.r0 = r0;
         head_sample_fwd_kernel<<<(unsigned)(r1 - r0), SAMPLE_THREADS, smem_bytes(p->K, 0),
-                                 stream>>>(a, part);
+                                 stream>>>(a, part, mq);
         SPH_LAUNCH_CHECK("head_sample_fwd_kernel", stream);
     }
     const float *recs;

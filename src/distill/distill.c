@@ -166,6 +166,14 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     else
         SPH_TRY(sph_view_expect_dim(&lv, "loss", 0, 1, "1, reduction mean / sum"));
     dp->loss = lv.data;
+    SPH_CHECK(d->num_tokens >= 0, SPH_ERR_INVALID_ARG,
+              "distill.num_tokens: %lld, expected >= 1 (or 0 = count the active rows)",
+              (long long)d->num_tokens);
+    dp->num_tokens = d->num_tokens;
+    if (d->seq_comm) {
+        SPH_TRY(sph_comm_validate(ctx, d->seq_comm, "distill.seq_comm"));
+        dp->seq_comm = d->seq_comm;
+    }
     return SPH_OK;
 }
 
@@ -262,6 +270,52 @@ static sph_status check_data(sph_ctx_t ctx, const sph_distill_plan *dp) {
     return check_values(dp);
 }
 
+/* 1 when element k of a row of dtype dt is NaN or inf (half types by their exponent bits). */
+static int nonfinite_at(const void *row, sph_dtype dt, int64_t k) {
+    if (dt.bits == 32) return !isfinite(((const float *)row)[k]);
+    const uint16_t b = ((const uint16_t *)row)[k];
+    return dt.code == SPH_DTYPE_BFLOAT ? (b & 0x7F80) == 0x7F80 : (b & 0x7C00) == 0x7C00;
+}
+
+/* Host contexts, before anything is written: NaN / inf in an active row of hidden (or of the
+ * dense teacher's hidden) makes that row's statistics non-finite, which the sweep would find
+ * only at the row's chunk, after the dhidden rows of the earlier chunks were written. So such
+ * rows are refused here (N_active (H + H_T) reads, next to the sweep's 6 N_active H V flops).
+ * A non-finite weight needs no scan: every active row's statistics show it in the first
+ * chunk, before any write. What remains for the sweep: finite inputs whose logits overflow
+ * float (|h . w| / T beyond FLT_MAX), documented. */
+static sph_status check_finite_rows(sph_ctx_t ctx, const sph_distill_plan *dp) {
+    const sph_head_plan *hp = &dp->head;
+    if (!ctx->dev->host_memory || hp->N == 0) return SPH_OK;
+    uint8_t *act = sph_malloc((size_t)hp->N);
+    if (!act) return sph_err(SPH_ERR_ALLOC, "distill: out of host memory (N = %lld)", (long long)hp->N);
+    sph_head_active_rows(hp, act);
+    const size_t es = (size_t)hp->dtype.bits / 8, tes = dp->dense ? (size_t)dp->tdtype.bits / 8 : 0;
+    int64_t bad = 0, first = -1, first_t = -1;
+    for (int64_t i = 0; i < hp->N; i++) {
+        if (!act[i]) continue;
+        const char *h = (const char *)hp->hidden + (size_t)(i * hp->ld_h) * es;
+        int b = 0;
+        for (int64_t k = 0; k < hp->H && !b; k++) b = nonfinite_at(h, hp->dtype, k);
+        int bt = 0;
+        if (dp->dense) {
+            const char *t = (const char *)dp->th + (size_t)(i * dp->ld_th) * tes;
+            for (int64_t k = 0; k < dp->HT && !bt; k++) bt = nonfinite_at(t, dp->tdtype, k);
+        }
+        if (b || bt) {
+            if (first < 0) first = i, first_t = bt && !b;
+            bad++;
+        }
+    }
+    sph_free(act);
+    if (!bad) return SPH_OK;
+    sph_ctx_note_nonfinite(ctx, bad, first);
+    return sph_err(SPH_ERR_NONFINITE,
+                   "distill: %lld active rows with non-finite inputs (NaN or inf), the first "
+                   "row %lld (in %s[%lld, :]); nothing written", (long long)bad, (long long)first,
+                   first_t ? "teacher_hidden" : "hidden", (long long)first);
+}
+
 static sph_status plan_make(sph_ctx_t ctx, const sph_head_args *head, const sph_distill_args *d,
                             sph_distill_plan *dp) {
     sph_validator val;
@@ -284,10 +338,11 @@ sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head_args *h
 
 // ---- the TP group agrees on the call ------------------------------------------------------
 
-enum { DR_TAG, DR_KIND, DR_BETA, DR_TT, DR_RED, DR_DENSE, DR_HT, DR_K, DR_ROWS, DR_WORDS };
+enum { DR_TAG, DR_KIND, DR_BETA, DR_TT, DR_RED, DR_DENSE, DR_HT, DR_K, DR_TOKENS, DR_ROWS,
+       DR_WORDS };
 static const char *const g_dr_field[DR_WORDS] = {
     "validation", "kind", "beta", "teacher_temperature (0: the student's)", "reduction",
-    "teacher (dense or sparse, dloss given)", "H_T", "K",
+    "teacher (dense or sparse, dloss given, seq_comm given)", "H_T", "K", "num_tokens",
     "per-row inputs (teacher_topk_ids, teacher_topk_logprobs, dloss)"};
 #define DR_VALID INT64_C(0x3130545349445053) /* "SPDIST01" */
 
@@ -312,8 +367,8 @@ static sph_status distill_tp_agree(sph_ctx_t ctx, const sph_distill_plan *dp, sp
     if (local == SPH_OK) {
         mine[DR_TAG] = DR_VALID, mine[DR_KIND] = dp->kind, mine[DR_BETA] = bits_of(dp->beta);
         mine[DR_TT] = bits_of(dp->t_teacher), mine[DR_RED] = dp->reduction;
-        mine[DR_DENSE] = dp->dense | (dp->dloss != NULL) << 1, mine[DR_HT] = dp->HT;
-        mine[DR_K] = dp->K;
+        mine[DR_DENSE] = dp->dense | (dp->dloss != NULL) << 1 | (dp->seq_comm != NULL) << 2;
+        mine[DR_HT] = dp->HT, mine[DR_K] = dp->K, mine[DR_TOKENS] = dp->num_tokens;
         uint64_t h = UINT64_C(0xcbf29ce484222325);
         for (int64_t i = 0; !dp->dense && i < dp->N; i++) {
             h = fnv(h, (const char *)dp->ids + (size_t)(i * dp->ld_ids) * (dp->ids_i64 ? 8 : 4),
@@ -352,6 +407,64 @@ static sph_status distill_tp_agree(sph_ctx_t ctx, const sph_distill_plan *dp, sp
     return verdict;
 }
 
+// ---- reduction mean's divisor over the seq_comm group ---------------------------------------
+
+enum { DG_TAG, DG_RED, DG_TOKENS, DG_COUNT, DG_WORDS };
+#define DG_VALID INT64_C(0x3130514553445053) /* "SPDSEQ01" */
+
+/* Host contexts: dp->n_mean, the divisor of reduction mean: num_tokens, or the active rows of
+ * this call, or with a host seq_comm of every rank of the group (one allgather of
+ * (validity, reduction, num_tokens, rows counted), entered by every rank whose call names
+ * the group, even one that failed, so that the group fails together). A CUDA context counts
+ * on the device (src/cuda/distill.cu). */
+static sph_status distill_seq_count(sph_ctx_t ctx, const sph_distill_args *d,
+                                    sph_distill_plan *dp, sph_status local) {
+    if (!ctx->dev->host_memory) return local;
+    if (local == SPH_OK)
+        dp->n_mean = dp->num_tokens > 0 ? dp->num_tokens : sph_head_count_active(&dp->head);
+    sph_comm_t c = d && d->struct_size >= sizeof(sph_distill_args) ? d->seq_comm : NULL;
+    if (!c || !c->ops || c->size <= 1 || c->rank < 0 || c->rank >= c->size || c->device_buffers)
+        return local;
+    int64_t mine[DG_WORDS] = {0}, *all = sph_malloc((size_t)c->size * sizeof mine);
+    if (local == SPH_OK) {
+        mine[DG_TAG] = DG_VALID, mine[DG_RED] = dp->reduction, mine[DG_TOKENS] = dp->num_tokens;
+        mine[DG_COUNT] = sph_head_count_active(&dp->head);
+    }
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", sph_last_error());
+    if (!all)
+        return local != SPH_OK ? local
+                               : sph_err(SPH_ERR_ALLOC, "distill.seq_comm: no host memory for "
+                                                        "the group's records");
+    sph_status s = c->ops->allgather(c, mine, all, sizeof mine, NULL);
+    sph_status verdict = SPH_OK;
+    if (s != SPH_OK) verdict = sph_err_prefix(s, "distill.seq_comm: allgather: ");
+    int64_t total = 0;
+    for (int64_t r = 0; r < c->size && s == SPH_OK && verdict == SPH_OK; r++) {
+        const int64_t *a = all + r * DG_WORDS;
+        if (a[DG_TAG] != DG_VALID)
+            verdict = sph_err(SPH_ERR_INVALID_ARG,
+                              "distill.seq_comm: rank %lld of the group refused its "
+                              "distillation call (see that rank's message); every rank fails "
+                              "with it", (long long)r);
+        else if (a[DG_RED] != all[DG_RED] || a[DG_TOKENS] != all[DG_TOKENS])
+            verdict = sph_err(SPH_ERR_MISMATCH,
+                              "distill.seq_comm: rank %lld's call has %s %lld, rank 0's %lld: "
+                              "every rank of the group must pass the same reduction and "
+                              "num_tokens", (long long)r,
+                              a[DG_RED] != all[DG_RED] ? "reduction" : "num_tokens",
+                              (long long)(a[DG_RED] != all[DG_RED] ? a[DG_RED] : a[DG_TOKENS]),
+                              (long long)(a[DG_RED] != all[DG_RED] ? all[DG_RED]
+                                                                   : all[DG_TOKENS]));
+        else
+            total += a[DG_COUNT];
+    }
+    sph_free(all);
+    if (local != SPH_OK) return sph_err(local, "%s", saved);
+    if (verdict == SPH_OK && dp->num_tokens == 0) dp->n_mean = total;
+    return verdict;
+}
+
 // ---- the call -------------------------------------------------------------------------------
 
 static sph_status check_workspace(sph_ctx_t ctx, const sph_distill_backend *be,
@@ -379,8 +492,10 @@ static sph_status distill_loss(sph_ctx_t ctx, const sph_head_args *head,
     if (s == SPH_OK) s = check_workspace(ctx, be, &dp, ws, ws_bytes, &val);
     if (s == SPH_OK) s = sph_val_finish(&val);
     if (s == SPH_OK) s = check_data(ctx, &dp);
+    if (s == SPH_OK) s = check_finite_rows(ctx, &dp);
     s = sph_head_tp_agree(ctx, SPH_HEAD_FORWARD, s == SPH_OK ? &dp.head : NULL, s);
     s = distill_tp_agree(ctx, &dp, s);
+    s = distill_seq_count(ctx, d, &dp, s);
     SPH_TRY(s);
     return be->run(ctx, &dp, ws, ws_bytes);
 }

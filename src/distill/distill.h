@@ -36,13 +36,27 @@ typedef struct sph_distill_plan {
     const float *dloss; /* (N) or NULL */
     float *loss;        /* (1) or (N) */
     int64_t N;
+    /* reduction mean's divisor: num_tokens (0 = counted), the group whose active rows are
+     * counted (NULL: this call's), and on host contexts the divisor itself (distill.c sets it
+     * before the backend runs: num_tokens, or the rows counted over the group; CUDA counts on
+     * the device) */
+    int64_t num_tokens;
+    sph_comm_t seq_comm;
+    int64_t n_mean;
 } sph_distill_plan;
 
-/* The scale of row i's gradient: 1 / n_active (mean), 1 (sum), dloss_i or 1 (none). */
-static inline double sph_distill_row_scale(const sph_distill_plan *dp, int64_t i, int64_t n_act) {
-    if (dp->reduction == 0) return n_act > 0 ? 1.0 / (double)n_act : 0.0;
+/* The scale of row i's gradient: 1 / n_mean (mean; 0 when it is 0), 1 (sum), dloss_i or 1
+ * (none). */
+static inline double sph_distill_row_scale(const sph_distill_plan *dp, int64_t i) {
+    if (dp->reduction == 0) return dp->n_mean > 0 ? 1.0 / (double)dp->n_mean : 0.0;
     if (dp->reduction == 1) return 1.0;
     return dp->dloss ? (double)dp->dloss[i] : 1.0;
+}
+
+/* The reduced loss of the call's row losses' sum (mean / sum). */
+static inline double sph_distill_reduce(const sph_distill_plan *dp, double tot) {
+    if (dp->reduction == 0) return dp->n_mean > 0 ? tot / (double)dp->n_mean : 0.0;
+    return tot;
 }
 
 /* Backends. workspace: exact bytes; run: the whole call on a validated plan (host plans for

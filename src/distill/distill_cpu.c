@@ -282,7 +282,7 @@ static void dense_du(const run *r, int64_t c0, int64_t nr, const double *rec, co
     for (int64_t q = 0; q < nr; q++) {
         const double ls = rec[q * 4] + log(rec[q * 4 + 1]), S = sums[q * 2 + 1];
         const float it = ((const float *)at(r, r->L.o_it))[q];
-        const double c = sph_distill_row_scale(r->dp, r->rows[c0 + q], r->L.n_act) * it;
+        const double c = sph_distill_row_scale(r->dp, r->rows[c0 + q]) * it;
         float *x = zs + q * V;
         const float *a = zt + q * V;
         for (int64_t j = 0; j < V; j++) {
@@ -333,7 +333,7 @@ static void sparse_rows(const run *r, int64_t c0, int64_t nr, const double *rec,
         lrows[i] = loss;
         if (!grads) continue;
         const float it = ((const float *)at(r, r->L.o_it))[q];
-        const double c = sph_distill_row_scale(dp, i, r->L.n_act) * it;
+        const double c = sph_distill_row_scale(dp, i) * it;
         float *x = zs + q * V;
         for (int64_t j = 0; j < V; j++) {
             const double lq = (double)x[j] - lse;
@@ -472,8 +472,7 @@ static sph_status finish(const run *r) {
     } else {
         double tot = 0;
         for (int64_t i = 0; i < hp->N; i++) tot += lr[i];
-        if (dp->reduction == SPH_REDUCTION_MEAN) tot = r->L.n_act ? tot / (double)r->L.n_act : 0;
-        dp->loss[0] = (float)tot;
+        dp->loss[0] = (float)sph_distill_reduce(dp, tot);
     }
     return SPH_OK;
 }
@@ -493,12 +492,17 @@ sph_status sph_distill_cpu_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *
         int64_t count = 0, first = first_nonfinite(&r, c0, nr, rec, &count);
         if (first >= 0) {
             sph_ctx_note_nonfinite(ctx, count, first);
+            /* NaN / inf in an active hidden row was refused before the sweep (distill.c),
+             * and a non-finite weight shows in the first chunk: what reaches a later chunk
+             * here is finite inputs whose logits overflow float */
             return sph_err(SPH_ERR_NONFINITE,
                            "distill: %lld active rows with non-finite statistics (NaN / inf in "
-                           "the inputs or logits beyond float), the first row %lld; loss and "
-                           "dweight not written%s", (long long)count, (long long)first,
+                           "weight or teacher_weight, or logits beyond float), the first row "
+                           "%lld; loss and dweight not written%s", (long long)count,
+                           (long long)first,
                            c0 > 0 && hp->dhidden ? ", dhidden rows of the earlier chunks "
-                                                   "already written" : "");
+                                                   "already written (logits beyond float)"
+                                                 : "; nothing written");
         }
         if (dp->dense) {
             dense_partials(&r, nr, rec, part);

@@ -191,9 +191,7 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
         st = sph_err(SPH_ERR_ALLOC, "distill reference: out of host memory");
     if (st == SPH_OK) {
         sph_head_active_rows(hp, act);
-        int64_t n_act = 0;
-        for (int64_t i = 0; i < N; i++) n_act += act[i];
-        for (int64_t i = 0; i < N; i++) scale[i] = sph_distill_row_scale(dp, i, n_act);
+        for (int64_t i = 0; i < N; i++) scale[i] = sph_distill_row_scale(dp, i);
         for (int64_t i = 0; !dp->dense && i < N; i++)
             for (int64_t k = 0; k < K; k++) {
                 const int64_t id = dp->ids_i64 ? ((const int64_t *)dp->ids)[i * dp->ld_ids + k]
@@ -220,9 +218,7 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
             if (dp->reduction == SPH_REDUCTION_NONE)
                 for (int64_t i = 0; i < N; i++) dp->loss[i] = (float)rows[i];
             else
-                dp->loss[0] = (float)(dp->reduction == SPH_REDUCTION_MEAN
-                                          ? (n_act > 0 ? tot / (double)n_act : 0.0)
-                                          : tot);
+                dp->loss[0] = (float)sph_distill_reduce(dp, tot);
             for (int64_t i = 0; dh && i < N; i++)
                 for (int64_t k = 0; k < H; k++)
                     if (act[i] || !hp->acc_dh)

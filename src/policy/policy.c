@@ -139,20 +139,15 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     SPH_CHECK(up == NULL, SPH_ERR_INVALID_ARG,
               "head.%s: given to sph_policy_loss, expected NULL (the policy loss defines the "
               "upstream gradients)", up ? up : "");
-    SPH_CHECK(head->candidates == NULL, SPH_ERR_UNSUPPORTED,
-              "head.candidates: sample support is not available with the policy loss");
-    SPH_CHECK(!head->topk_ids && !head->topk_logprobs, SPH_ERR_UNSUPPORTED,
-              "head.%s: top-k is not available with the policy loss (take it from "
-              "sph_head_forward)", head->topk_ids ? "topk_ids" : "topk_logprobs");
-    /* the device policy loss runs its own sweeps around the head's (src/cuda/policy.cu) */
-    SPH_CHECK(!head->sum_p2 || ctx->dev->host_memory, SPH_ERR_UNSUPPORTED,
-              "head.sum_p2: not available with the policy loss on a device context (take it "
-              "from sph_head_forward)");
     SPH_CHECK(head->targets != NULL, SPH_ERR_INVALID_ARG,
               "head.targets: NULL, expected the (N) target ids (the loss needs logprob)");
     /* the generic checks now; the backend's (device pointers) once its buffers are bound;
-     * stats are optional here (NULL: the backend binds them to the workspace) */
+     * stats are optional here (NULL: the backend binds them to the workspace). The head's
+     * extras (sum_p2, topk_ids / topk_logprobs) are the head forward's outputs here too, by
+     * its rules (top-k with candidates is the head's error, first) */
     SPH_TRY(sph_head_plan_validate(ctx, SPH_HEAD_FORWARD, head, hp, val, SPH_PLAN_STATS_OPTIONAL));
+    SPH_CHECK(head->candidates == NULL, SPH_ERR_UNSUPPORTED,
+              "head.candidates: sample support is not available with the policy loss");
     const int64_t N = hp->N;
     pp->N = N;
     pp->device = ctx->device;

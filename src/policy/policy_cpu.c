@@ -17,8 +17,9 @@
  * The head's passes run through the context's table (ctx->head: the optimized CPU head).
  * Workspace: the head's (forward, or max of forward and backward for gspo) first, then
  * (64-byte aligned) act (N), c and rho (N doubles), g, e (N floats), logprob / entropy / stats
- * when the caller gave none, the group records (P N + N) and, with sequences, the sorted keys
- * (P N pairs) and per-group-row counts and sums (P N each).
+ * when the caller gave none (gspo: always, and its sum_p2 and top-k lists too, so that a
+ * refused backward leaves every output unwritten), the group records (P N + N) and, with
+ * sequences, the sorted keys (P N pairs) and per-group-row counts and sums (P N each).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -77,8 +78,8 @@ sph_status sph_policy_gather_host(const sph_policy_plan *pp, const void *send, v
 // ---- workspace ------------------------------------------------------------------------
 
 typedef struct cpu_layout {
-    size_t head, o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_lse, o_lm, o_mine, o_all,
-        o_keys, o_cnt, o_sum, total;
+    size_t head, o_act, o_c, o_rho, o_g, o_e, o_lp, o_ent, o_st, o_lse, o_lm, o_sp2, o_tki,
+        o_tkl, o_mine, o_all, o_keys, o_cnt, o_sum, total;
 } cpu_layout;
 
 static size_t take(size_t *off, size_t bytes) {
@@ -106,6 +107,11 @@ static sph_status layout_of(sph_ctx_t ctx, const sph_policy_plan *pp, cpu_layout
     L->o_st = take(&off, hp->stats && !own ? 0 : 3 * N * sizeof(float));
     L->o_lse = take(&off, own && hp->lse ? N * sizeof(float) : 0);
     L->o_lm = take(&off, own && hp->logit_mean ? N * sizeof(float) : 0);
+    /* gspo's extras likewise (compact (N, K) lists, copied into the caller's strides) */
+    const size_t K = (size_t)hp->topk;
+    L->o_sp2 = take(&off, own && hp->sum_p2 ? N * sizeof(float) : 0);
+    L->o_tki = take(&off, own ? N * K * sizeof(int64_t) : 0);
+    L->o_tkl = take(&off, own ? N * K * sizeof(float) : 0);
     L->o_mine = take(&off, N * sizeof(grow));
     L->o_all = take(&off, pp->group > 1 ? G * sizeof(grow) : 0);
     L->o_keys = take(&off, pp->need_seq ? G * sizeof(key) : 0);
@@ -265,13 +271,18 @@ static sph_status cpu_pass(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
     pp->g = AT(L.o_g);
     pp->e = AT(L.o_e);
     float *const out_lp = hp->logprob, *const out_ent = hp->entropy, *const out_st = hp->stats;
-    float *const out_lse = hp->lse, *const out_lm = hp->logit_mean;
+    float *const out_lse = hp->lse, *const out_lm = hp->logit_mean, *const out_sp2 = hp->sum_p2;
+    int64_t *const out_tki = hp->topk_ids;
+    float *const out_tkl = hp->topk_lp;
+    const int64_t ld_ti = hp->ld_ti, ld_tl = hp->ld_tl, K = hp->topk;
     const int own = pp->coef.loss == SPH_PM_GSPO;
     if (!hp->logprob || own) hp->logprob = AT(L.o_lp);
     if (!hp->entropy || own) hp->entropy = AT(L.o_ent);
     if (!hp->stats || own) hp->stats = AT(L.o_st);
     if (own && hp->lse) hp->lse = AT(L.o_lse);
     if (own && hp->logit_mean) hp->logit_mean = AT(L.o_lm);
+    if (own && hp->sum_p2) hp->sum_p2 = AT(L.o_sp2);
+    if (own && K) hp->topk_ids = AT(L.o_tki), hp->topk_lp = AT(L.o_tkl), hp->ld_ti = hp->ld_tl = K;
     pp->logp = hp->logprob;
     pp->ent = hp->entropy;
     cpu_run r;
@@ -307,6 +318,11 @@ static sph_status cpu_pass(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
         if (out_st && nb) memcpy(out_st, hp->stats, 3 * nb);
         if (out_lse && nb) memcpy(out_lse, hp->lse, nb);
         if (out_lm && nb) memcpy(out_lm, hp->logit_mean, nb);
+        if (out_sp2 && nb) memcpy(out_sp2, hp->sum_p2, nb);
+        for (int64_t i = 0; i < pp->N && K; i++) {
+            memcpy(out_tki + i * ld_ti, hp->topk_ids + i * K, (size_t)K * sizeof(int64_t));
+            memcpy(out_tkl + i * ld_tl, hp->topk_lp + i * K, (size_t)K * sizeof(float));
+        }
     }
     write_metrics(pp, &r);
     return SPH_OK;

@@ -3,8 +3,9 @@
 
   gen DIR SEED dense|sparse [--bf16] [--trows]   write hidden, weight, mask, teacher .npy
                                        files (and temperature.npy: one temperature per row)
-  check IN OUT KIND BETA RED [TT]      compare OUT's loss.json, dhidden.npy, dweight.npy with
-                                       the loss and gradients from the formulas (docs/distill.md)
+  check IN OUT KIND BETA RED [TT [NT]] compare OUT's loss.json, dhidden.npy, dweight.npy with
+                                       the loss and gradients from the formulas (docs/distill.md);
+                                       NT: reduction mean's divisor (--num-tokens; 0 = counted)
 """
 import json
 import sys
@@ -66,7 +67,7 @@ def term(kind, beta, lq, lp):
         return l, (1 - beta) * np.log(q / m)
 
 
-def check(ind, outd, kind, beta, red, tt):
+def check(ind, outd, kind, beta, red, tt, nt=0):
     h, w = load(ind, "hidden"), load(ind, "weight")
     mask = np.load(f"{ind}/mask.npy").astype(bool)
     N, V = h.shape[0], w.shape[0]
@@ -106,7 +107,7 @@ def check(ind, outd, kind, beta, red, tt):
         if has_tail:
             gj[tail] = g[-1]
         dz[i] = q * (gj - (q * gj).sum())
-    n = mask.sum()
+    n = nt if nt > 0 else mask.sum()
     sc = np.full(N, 1.0 / n if red == "mean" else 1.0)
     dz *= sc[:, None] / T
     want = {"mean": rows.sum() / n, "sum": rows.sum(), "none": rows}[red]
@@ -126,4 +127,6 @@ if __name__ == "__main__":
         gen(sys.argv[2], int(sys.argv[3]), sys.argv[4], "--bf16" in sys.argv, "--trows" in sys.argv)
         sys.exit(0)
     tt = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
-    sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6], tt))
+    nt = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+    sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6], tt,
+                   nt))

@@ -53,6 +53,23 @@ for t in dense sparse; do
     done
 done
 
+# --num-tokens: reduction mean over a global batch's T (larger than the active rows here)
+for t in dense sparse; do
+    if "$cli" run --distill reverse-kl --num-tokens 41 --inputs "$tmp/$t" --outputs "$tmp/nt$t" \
+        --check > "$tmp/log" 2>&1 && oracle check "$tmp/$t" "$tmp/nt$t" reverse-kl 0.5 mean 0 41; then
+        ok "$t --num-tokens 41"
+    else
+        bad "$t --num-tokens 41"; tail -3 "$tmp/log"
+    fi
+done
+out=$("$cli" run --distill jsd --num-tokens 0 --inputs "$tmp/dense" 2>&1)
+rc=$?
+if [[ $rc == 2 && $out == *"--num-tokens"* ]]; then
+    ok "--num-tokens 0 (exit 2, the option named)"
+else
+    bad "--num-tokens 0: exit $rc: $out"
+fi
+
 # --check --json, f32 and bf16, the reference kernels
 for d in dense sparse dense16 sparse16; do
     j=$("$cli" run --distill jsd --beta 0.4 --dtype bf16 --inputs "$tmp/$d" --check --json 2>&1)

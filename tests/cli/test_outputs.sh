@@ -93,6 +93,21 @@ rc=$?
 [ "$rc" -gt 128 ] && [ -z "$(ls -A "$par")" ] && ok "SIGTERM while computing: nothing left" \
     || bad "SIGTERM while computing: exit $rc, left '$(ls -A "$par")'"
 
+# between the placeholder's mkdir and the handlers' arming (a pause there, test hook): the
+# signal waits until begin is done, so nothing is left either (before, the default action
+# killed the run with the placeholder in place, which the check above hit on a loaded machine)
+par=$tmp/sig-begin
+mkdir -p "$par"
+SPH_CLI_TEST_BEGIN_DELAY_MS=600 "$cli" run --N 64 --H 16 --V 128 --outputs "$par/out" \
+    >/dev/null 2>&1 &
+pid=$!
+wait_for test -d "$par/out" || bad "sig-begin: the target's placeholder never appeared"
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -gt 128 ] && [ -z "$(ls -A "$par")" ] && ok "SIGTERM before the handlers are armed: nothing left" \
+    || bad "SIGTERM before the handlers are armed: exit $rc, left '$(ls -A "$par")'"
+
 # ---- two runs on one target ----------------------------------------------------------------
 # expected: what seed 1 alone writes
 "$cli" "${slow[@]}" --repeats 1 --seed 1 --outputs "$tmp/want" >/dev/null || bad "reference run failed"

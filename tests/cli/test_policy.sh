@@ -3,6 +3,7 @@
 # policy loss, exactly the flags of issue 14): every loss, KL and aggregation against an
 # independent NumPy float64 oracle (tests/cli/policy_oracle.py: loss.json's metrics by name,
 # logprob, entropy, dhidden, dweight), --check, --json, bf16 inputs, the reference kernels;
+# --topk K / --sum-p2 (issue 25) against a NumPy full sort of the logits;
 # bad input fails with its message and exit code (2 usage, 1 data) and leaves the outputs
 # directory as it was.
 set -uo pipefail
@@ -79,6 +80,61 @@ case_ "bf16 inputs" --dtype bf16 -- --policy-loss ppo $P --kl k3 --kl-coef 0.05 
 case_ "reference kernels" --kernel ref -- --policy-loss cispo $P --kl k1 --kl-coef 0.1 \
     --entropy-coef 0.01 --agg seq-mean-token-sum-norm --norm-length 64
 
+# ---- the head's extras through the loss (issue 25): --topk K / --sum-p2 write topk_ids.npy,
+# topk_logprobs.npy and sum_p2.npy of the loss's rows (mask and target >= 0; the others -1 / 0),
+# checked here against a NumPy float64 full sort of the logits, the loss's outputs as before
+extras_case() {
+    local name=$1 k=$2
+    shift 2
+    n=$((n + 1))
+    local out=$tmp/out$n
+    if ! "$cli" run --inputs "$tmp/in" --outputs "$out" "$@" ${xkernel[@]+"${xkernel[@]}"} \
+        --topk "$k" --sum-p2 --check \
+        >"$tmp/log" 2>&1 || ! grep -q "check of the extras" "$tmp/log"; then
+        bad "$name: run failed"; tail -5 "$tmp/log"; return
+    fi
+    if ! oracle check "$tmp/in" "$out" "$@" >"$tmp/olog" 2>&1; then
+        bad "$name: oracle (the loss's outputs)"; cat "$tmp/olog"; return
+    fi
+    if python3 - "$tmp/in" "$out" "$k" "$@" <<'PY' >"$tmp/olog" 2>&1; then ok "$name"; else bad "$name: extras"; cat "$tmp/olog"; fi
+import numpy as np, sys
+d, o, K = sys.argv[1], sys.argv[2], int(sys.argv[3])
+T = float(sys.argv[sys.argv.index("--temperature") + 1]) if "--temperature" in sys.argv else 1.0
+h, w = np.load(f"{d}/hidden.npy").astype(np.float64), np.load(f"{d}/weight.npy").astype(np.float64)
+t, m = np.load(f"{d}/targets.npy"), np.load(f"{d}/mask.npy")
+ids, lp, sp2 = np.load(f"{o}/topk_ids.npy"), np.load(f"{o}/topk_logprobs.npy"), np.load(f"{o}/sum_p2.npy")
+assert ids.dtype == np.int64 and lp.dtype == np.float32 and sp2.dtype == np.float32
+assert ids.shape == (len(t), K) and lp.shape == (len(t), K) and sp2.shape == (len(t),)
+z = h @ w.T / T
+lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+lpz = z - lse[:, None]
+for i in range(len(t)):
+    if not (m[i] and t[i] >= 0):
+        assert (ids[i] == -1).all() and (lp[i] == 0).all() and sp2[i] == 0, i
+        continue
+    order = sorted(range(z.shape[1]), key=lambda j: (-lpz[i, j], j))[:K]
+    want = lpz[i, order]
+    assert np.abs(lp[i] - want).max() <= 1e-4 * (1 + np.abs(want).max()), (i, lp[i], want)
+    assert np.abs(lp[i] - lpz[i, ids[i]]).max() <= 1e-4 * (1 + np.abs(want).max()), i
+    assert len(set(ids[i].tolist())) == K, i
+    gap = np.diff(np.concatenate([[np.inf], lpz[i, sorted(range(z.shape[1]), key=lambda j: (-lpz[i, j], j))], [-np.inf]]))
+    for k in range(K):
+        if -gap[k] > 1e-4 and -gap[k + 1] > 1e-4:
+            assert ids[i, k] == order[k], (i, k, ids[i], order)
+    p2 = (np.exp(lpz[i]) ** 2).sum()
+    assert abs(sp2[i] - p2) <= 1e-5 * p2, (i, sp2[i], p2)
+PY
+}
+xkernel=()
+extras_case "ppo --topk 5 --sum-p2" 5 --policy-loss ppo $P --kl k3 --kl-coef 0.05 --entropy-coef 0.01 \
+    --agg token-mean
+extras_case "gspo --topk 97 (= V) --sum-p2" 97 --policy-loss gspo $P --kl none --kl-coef 0 \
+    --entropy-coef 0 --agg seq-mean-token-mean --temperature 0.7
+xkernel=(--kernel ref)
+extras_case "cispo --topk 1 --sum-p2 (reference)" 1 --policy-loss cispo $P --kl k1 --kl-coef 0.1 \
+    --entropy-coef 0.01 --agg token-mean
+xkernel=()
+
 # ---- valid JSON always (issue 26 cases 13, 17): a loss that overflows float (an entropy bonus
 # of 3e38 on finite inputs) is null in --json and in loss.json, never a bare -inf; a full
 # standard output is reported once. (Should the library come to refuse such a loss, the run
@@ -135,6 +191,25 @@ else
     bad "bench --mode policy: $(cat "$tmp/err")"; cat "$tmp/bench.md"
 fi
 
+# bench --mode policy --topk K --sum-p2: a fourth row per point, the policy call with the extras
+if "$cli" bench --device cpu --mode policy --H 48 --V 300 --N 512 --active 0.5 --repeats 1 \
+    --warmup 0 --topk 8 --sum-p2 --json "$tmp/benchx.jsonl" >"$tmp/benchx.md" 2>"$tmp/err" &&
+    python3 - "$tmp/benchx.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+modes = [r["mode"].split(" ")[0] for r in rows]
+assert modes == ["policy", "one-pass", "general+loss", "policy+topk8+sum_p2"] * 2, modes
+x = [r for r in rows if r["mode"].startswith("policy+")]
+assert all(r["topk"] == 8 and r["sum_p2"] is True and r["ms"] > 0 for r in x), x
+assert all(abs(r["extra_pct"] - 100 * (r["ms"] / p["ms"] - 1)) < 0.5  # ms: 4 decimals
+           for r, p in zip(x, [r for r in rows if r["mode"] == "policy"])), x
+PY
+then
+    ok "bench --mode policy --topk --sum-p2"
+else
+    bad "bench --mode policy --topk: $(cat "$tmp/err")"; cat "$tmp/benchx.md"
+fi
+
 # ---- bad input: the message, the exit code, the outputs directory untouched -----------------
 mkdir -p "$tmp/keep" && echo keep >"$tmp/keep/loss.json"
 R=("$cli" run --inputs "$tmp/in" --outputs "$tmp/keep")
@@ -157,6 +232,10 @@ expect_rc 2 "--temperature: invalid argument: temperature: inf" -- "${R[@]}" --p
 expect_rc 2 "--kl-coef 'lots': expected a number" -- "${R[@]}" --policy-loss ppo --kl-coef lots
 expect_rc 2 "--threads: invalid argument: opts.num_threads is 100000" -- "${R[@]}" --policy-loss ppo --threads 100000
 expect_rc 2 "needs --norm-length" -- "${R[@]}" --policy-loss ppo --agg seq-mean-token-sum-norm
+expect_rc 2 "--topk" -- "${R[@]}" --policy-loss ppo --topk 0
+expect_rc 2 "--topk" -- "${R[@]}" --policy-loss ppo --topk 257
+expect_rc 1 "vocab_total" -- "${R[@]}" --policy-loss ppo --topk 98 --sum-p2
+expect_rc 2 "one process only" -- "${R[@]}" --policy-loss ppo --tp 2 --topk 3
 expect_rc 2 "needs --inputs" -- "$cli" run --policy-loss ppo
 cp -r "$tmp/in" "$tmp/noref" && rm "$tmp/noref/ref_logprob.npy" "$tmp/noref/seq_id.npy"
 expect_rc 1 "ref_logprob.npy is missing" -- "$cli" run --inputs "$tmp/noref" --outputs "$tmp/keep" \

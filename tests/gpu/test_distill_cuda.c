@@ -9,7 +9,9 @@
  * in hidden counted by sph_ctx_nonfinite; TP: 2 and 3 ranks in threads on one GPU, each with
  * its own context, stream and shard, combining through an in-process communicator on device
  * buffers (the ops table NCCL fills; allgather by device copies in rank order), against the
- * unsharded reference (dweight the rank's rows, all-reduced dhidden, bitwise equal losses).
+ * unsharded reference (dweight the rank's rows, all-reduced dhidden, bitwise equal losses);
+ * CP: rows split over 2-3 ranks of a seq_comm group on the same device communicator, the
+ * ranks' losses and gradients adding up to the one-call mean's; num_tokens on some cases.
  * Budgets: f32 1e-4 normwise (cuBLAS fp32 products),
  * bf16 2e-2 (dlogits rounded to bf16 for the gradient products, u = 2^-8, summed over V).
  * Skips (exit 77) without a CUDA device.
@@ -198,6 +200,7 @@ static void test_cases(void **state) {
                 if (v == 2) c.cap = 2.0, c.T = 1.2;
                 if (dense && v == 0) c.TT = 1.7;
                 if (n % 5 == 2) dc_trows(&c, &r, 0.5, 2.0); /* per-row temperatures */
+                if (n % 6 == 0) c.num_tokens = 3 * N + 1; /* a global batch's T */
                 ok &= gpu_case(&c, n % 3 ? 7 : 0, v == 2, n % 4 == 1, &r);
                 dc_free(&c);
             }
@@ -415,6 +418,137 @@ static void test_tp(void **state) {
     assert_true(ok);
 }
 
+// ---- CP: rows split over a seq_comm group of ranks in threads (device buffers) -------------
+
+typedef struct cpjob {
+    dgroup *g;
+    int64_t rank, ranks, r0, r1;
+    const dcase *full;
+    dcase shard;
+    sph_status st;
+    char err[256];
+} cpjob;
+
+static void *cprank(void *arg) {
+    cpjob *j = arg;
+    const dcase *f = j->full;
+    dcase *c = &j->shard;
+    struct sph_comm comm;
+    memset(&comm, 0, sizeof comm);
+    comm.backend = SPH_COMM_NCCL, comm.rank = j->rank, comm.size = j->ranks;
+    comm.ops = &g_ops, comm.device_buffers = 1, comm.impl = j->g;
+    const int64_t n = j->r1 - j->r0, es = (int64_t)hc_esize(f->dt);
+    *c = *f;
+    c->N = n, c->h = (char *)f->h + j->r0 * f->H * es;
+    if (f->dense) c->th = (char *)f->th + j->r0 * f->HT * es;
+    else c->ids = f->ids + j->r0 * f->K, c->lp = f->lp + j->r0 * f->K;
+    c->mask = f->mask ? f->mask + j->r0 : NULL, c->dloss = f->dloss + j->r0;
+    c->trows = f->trows ? f->trows + j->r0 : NULL;
+    c->loss = hc_alloc((size_t)n * 4), c->dh = hc_alloc((size_t)(n * f->H) * 4);
+    c->dw = hc_alloc((size_t)(f->V * f->H) * 4);
+    dc_wire(c, DC_DH | DC_DW | DC_DLOSS);
+    c->d.seq_comm = &comm;
+    dc_poison(c);
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    sph_ctx_opts o = SPH_CTX_OPTS_INIT;
+    o.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    o.stream = st, o.chunk_rows = 4;
+    sph_ctx_t g = NULL;
+    j->st = sph_ctx_create(&g, &o);
+    dmirror m;
+    memset(&m, 0, sizeof m);
+    if (j->st == SPH_OK) {
+        dm_make(g, c, &m);
+        j->st = dc_run_dev(g, c);
+        if (j->st == SPH_OK) dm_back(g, &m);
+    }
+    if (j->st != SPH_OK) {
+        snprintf(j->err, sizeof j->err, "%s", sph_last_error());
+        tp_group_abort(&j->g->sync);
+    }
+    dm_free(g, &m);
+    sph_ctx_destroy(g);
+    cudaStreamDestroy(st);
+    return NULL;
+}
+
+/* The group's losses summed (none: concatenated), dhidden rows concatenated and dweight summed
+ * against the one-call float64 oracle of all N rows (the mean over all their active rows). */
+static int gpu_cp_case(dcase *f, int64_t ranks) {
+    char cs[320], extra[64];
+    snprintf(extra, sizeof extra, "cuda,cp=%lld", (long long)ranks);
+    dc_case_str(f, extra, cs, sizeof cs);
+    dc_wire(f, DC_DH | DC_DW | DC_DLOSS);
+    dgroup grp;
+    memset(&grp, 0, sizeof grp);
+    grp.size = ranks;
+    tp_group_init(&grp.sync, ranks);
+    cpjob jobs[4];
+    pthread_t th[4];
+    for (int64_t k = 0; k < ranks; k++) {
+        memset(&jobs[k], 0, sizeof jobs[k]);
+        jobs[k].g = &grp, jobs[k].rank = k, jobs[k].ranks = ranks, jobs[k].full = f;
+        jobs[k].r0 = f->N * k / ranks, jobs[k].r1 = f->N * (k + 1) / ranks;
+        assert_int_equal(pthread_create(&th[k], NULL, cprank, &jobs[k]), 0);
+    }
+    for (int64_t k = 0; k < ranks; k++) pthread_join(th[k], NULL);
+    tp_group_destroy(&grp.sync);
+    int ok = 1;
+    for (int64_t k = 0; k < ranks; k++)
+        if (jobs[k].st != SPH_OK) {
+            print_error("%s: rank %lld: %s\n", cs, (long long)k, jobs[k].err);
+            ok = 0;
+        }
+    dexp x;
+    dc_expect(f, &x);
+    const double tol = f->dt.bits == 32 ? 1e-4 : 2e-2;
+    const size_t NH = (size_t)(f->N * f->H), NW = (size_t)(f->V * f->H);
+    float *loss = hc_alloc((size_t)f->N * 4), *dh = hc_alloc(NH * 4), *dw = hc_alloc(NW * 4);
+    double tot = 0;
+    for (size_t e = 0; e < NW; e++) dw[e] = 0;
+    for (int64_t k = 0; k < ranks && ok; k++) {
+        const cpjob *j = &jobs[k];
+        const size_t n = (size_t)(j->r1 - j->r0);
+        if (f->red == SPH_REDUCTION_NONE) memcpy(loss + j->r0, j->shard.loss, n * 4);
+        else tot += j->shard.loss[0];
+        memcpy(dh + j->r0 * f->H, j->shard.dh, n * (size_t)f->H * 4);
+        for (size_t e = 0; e < NW; e++) dw[e] += j->shard.dw[e];
+    }
+    if (ok) {
+        const float red = (float)tot;
+        ok &= f->red == SPH_REDUCTION_NONE
+                  ? check_close("loss rows", cs, loss, x.rows, (size_t)f->N, tol * 0.1, tol)
+                  : check_close("loss (summed over the ranks)", cs, &red, &x.red, 1, 1e-6, tol);
+        ok &= check_close("dhidden", cs, dh, x.dh, NH, tol * maxabs(x.dh, NH) + 1e-9, tol);
+        ok &= check_close("dweight (summed)", cs, dw, x.dw, NW, tol * maxabs(x.dw, NW) + 1e-9,
+                          tol);
+    }
+    for (int64_t k = 0; k < ranks; k++)
+        free(jobs[k].shard.loss), free(jobs[k].shard.dh), free(jobs[k].shard.dw);
+    free(loss), free(dh), free(dw);
+    dc_expect_free(&x);
+    return ok;
+}
+
+static void test_cp(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    int ok = 1, n = 0;
+    for (int dense = 0; dense <= 1; dense++)
+        for (int k = 0; k < 3; k++, n++) {
+            dcase c;
+            dc_init(&c, &r, 25, 16, 173, 12, 7, n % 2 ? SPH_BF16 : SPH_F32, dense, DC_PAD);
+            c.kind = g_kinds[k], c.beta = g_betas[k];
+            c.red = k == 2 ? SPH_REDUCTION_SUM : SPH_REDUCTION_MEAN;
+            dc_mask(&c, &r, 0.6);
+            ok &= gpu_cp_case(&c, 2 + n % 2);
+            dc_free(&c);
+        }
+    assert_true(ok);
+}
+
 int main(void) {
     if (sph_cuda_device_count() == 0) {
         printf("no CUDA device: skipping\n");
@@ -424,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_tp),
+        cmocka_unit_test(test_cp),
     };
     return test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

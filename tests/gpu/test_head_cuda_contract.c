@@ -6,11 +6,12 @@
  * sum p^2; topk_check.h's full-sort oracle): bf16 and f32, awkward vocabularies (613, 1601),
  * several vocabulary splits and row chunks (small chunk_bytes), masks with several spans
  * (gathered chunks), temperature and softcap, K = 1, 64, 256, one-pass (staged fp32 chunks and
- * the recomputing sweep), the batch-invariant mode; sum_p2 alone on the plain pass's path (the
- * fused statistics epilogue on sm_90a: staged E, the sweep, several splits, N = 1); inactive rows exactly 0 / (-1, 0); the
- * buffers poisoned before each run. Also: sum_p2 with candidates is refused on CUDA
- * (SPH_ERR_UNSUPPORTED naming it, nothing written). Skips (exit 77) without CUDA or without a
- * device.
+ * the recomputing sweep), the batch-invariant mode; sum_p2 alone, staged by default and under
+ * SPH_CUDA_FLAG_SUMP2_FUSED on the plain pass's path (the fused statistics epilogue on
+ * sm_90a: staged E, the sweep, several splits, N = 1); inactive rows exactly 0 / (-1, 0); the
+ * buffers poisoned before each run. Also sum_p2 with candidates (the support's softmax,
+ * head_sample.cu + head_extras.cu's finalize) against a float64 support oracle, masked and
+ * one-pass (test_sum_p2_support). Skips (exit 77) without CUDA or without a device.
  */
 #ifndef SPH_HAVE_CUDA
 #include <stdio.h>
@@ -197,37 +198,94 @@ static void test_extras_cuda(void **state) {
     assert_true(ok);
 }
 
-static void test_sum_p2_support_unsupported(void **state) {
-    (void)state;
+/* sum_j p_ij^2 of row i over its candidates (the support's softmax), float64. */
+static double indep_support_sum_p2(const hcase *c, int64_t i, double T, double cap) {
+    double m = -INFINITY, S = 0, Q = 0, *z = hc_alloc((size_t)c->K * 8);
+    int64_t n = 0;
+    for (int64_t k = 0; k < c->K; k++) {
+        const int64_t id = c->cand[i * c->K + k];
+        if (id < 0) continue;
+        const double u = hc_u(c, i, id - c->v0);
+        z[n] = (cap > 0 ? cap * tanh(u / cap) : u) / T;
+        if (z[n] > m) m = z[n];
+        n++;
+    }
+    for (int64_t k = 0; k < n; k++) S += exp(z[k] - m);
+    for (int64_t k = 0; k < n; k++) Q += exp(z[k] - m) / S * exp(z[k] - m) / S;
+    free(z);
+    return Q;
+}
+
+/* sum_p2 with candidates (sample support) on CUDA: against the float64 support oracle and
+ * the staged reference, forward-only and one-pass, masked (spans) or not, inactive rows
+ * exactly 0, sum_p2 poisoned before the run. */
+static int support_case(int64_t N, int64_t V, int64_t K, sph_dtype dt, int masked, int one_pass,
+                        double T, double cap, const char *kernel) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
     o.device = (sph_device){SPH_DEVICE_CUDA, 0};
+    o.force_kernel = kernel;
     sph_ctx_t g = NULL;
     expect_ok(sph_ctx_create(&g, &o));
     hcase c;
-    hc_init(&c, &g_rng, 33, 32, 96, 96, 0, 6, SPH_BF16);
-    hc_wire(&c, HC_LP | HC_ENT | HC_LSE);
+    hc_init(&c, &g_rng, N, 32, V, V, 0, K, dt);
+    if (masked) hc_mask_ragged(&c, &g_rng, 0.6);
+    hc_wire(&c, HC_LP | HC_ENT | HC_LSE | (masked ? HC_MASK | HC_SPANS : 0) |
+                    (one_pass ? HC_G | HC_E | HC_DH | HC_DW : 0));
+    c.a.temperature = T, c.a.softcap = cap;
     hc_poison(&c);
-    const size_t N = (size_t)c.N;
-    float *sp2 = hc_alloc(N * 4);
-    poison_f32(sp2, N);
-    void *dsp2 = dev_copy(g, sp2, N * 4);
+    float *sp2 = hc_alloc((size_t)N * 4);
+    poison_f32(sp2, (size_t)N);
+    void *dsp2 = dev_copy(g, sp2, (size_t)N * 4);
     int64_t sh[1];
-    sph_tensor ts = tensor1(dsp2, SPH_F32, sh, c.N);
+    sph_tensor ts = tensor1(dsp2, SPH_F32, sh, N);
     ts.device = (sph_device){SPH_DEVICE_CUDA, 0};
     mirror m;
     mirror_make(g, &c, &m);
     c.a.sum_p2 = &ts;
     size_t bytes = 0;
-    expect_status(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes),
-                  SPH_ERR_UNSUPPORTED, "sum_p2");
-    expect_status(sph_head_forward(g, &c.a, NULL, 0), SPH_ERR_UNSUPPORTED, "sum_p2");
+    expect_ok(sph_head_workspace_size(g, SPH_HEAD_FORWARD, &c.a, &bytes));
+    void *dws = NULL;
+    expect_ok(sph_ctx_malloc(g, bytes ? bytes : 1, &dws));
+    expect_ok(sph_ctx_memset(g, dws, 0xff, bytes ? bytes : 1)); /* poisoned scratch */
+    expect_ok(sph_head_forward(g, &c.a, dws, bytes));
+    expect_ok(sph_ctx_synchronize(g));
+    sph_ctx_free(g, dws);
     mirror_back(g, &m);
-    expect_ok(sph_ctx_memcpy(g, sp2, dsp2, N * 4));
-    for (size_t i = 0; i < N; i++) assert_true(isnan(c.lp[i]) && isnan(sp2[i]));
+    expect_ok(sph_ctx_memcpy(g, sp2, dsp2, (size_t)N * 4));
+    char cs[160];
+    snprintf(cs, sizeof cs, "cuda support sum_p2(kernel=%s,%s,N=%lld,V=%lld,K=%lld,mask=%d,"
+             "one_pass=%d,T=%g,cap=%g)", kernel ? kernel : "cuda", sph_dtype_name(dt),
+             (long long)N, (long long)V, (long long)K, masked, one_pass, T, cap);
+    const double tol = dt.bits == 32 ? TOL_CUDA_F32 : TOL_CUDA_HALF_ROWS;
+    uint8_t *act = hc_alloc((size_t)N);
+    hc_active(&c, act);
+    int ok = 1;
+    for (int64_t i = 0; i < N && ok; i++) {
+        const double want = act[i] ? indep_support_sum_p2(&c, i, T, cap) : 0;
+        const int good = act[i] ? fabs((double)sp2[i] - want) <= tol * want
+                                : sp2[i] == 0.0f && !signbit(sp2[i]);
+        if (!good) {
+            fprintf(stderr, "FAIL %s: row %lld (active %d): %.9g, oracle %.9g; seed %llu\n", cs,
+                    (long long)i, act[i], sp2[i], want, (unsigned long long)test_seed());
+            ok = 0;
+        }
+    }
+    free(act), free(sp2);
     sph_ctx_free(g, dsp2);
-    free(sp2);
     hc_free(&c);
     sph_ctx_destroy(g);
+    return ok;
+}
+
+static void test_sum_p2_support(void **state) {
+    (void)state;
+    int ok = 1;
+    ok &= support_case(33, 96, 6, SPH_BF16, 0, 0, 1.0, 0.0, NULL);
+    ok &= support_case(77, 613, 17, SPH_F32, 1, 0, 0.7, 0.0, NULL);
+    ok &= support_case(77, 613, 9, SPH_F32, 1, 1, 1.0, 3.0, NULL);
+    ok &= support_case(130, 1601, 64, SPH_BF16, 1, 1, 1.3, 0.0, NULL);
+    ok &= support_case(40, 300, 12, SPH_F32, 1, 0, 0.8, 0.0, "ref");
+    assert_true(ok);
 }
 
 int main(void) {
@@ -238,7 +296,7 @@ int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_extras_cuda),
-        cmocka_unit_test(test_sum_p2_support_unsupported),
+        cmocka_unit_test(test_sum_p2_support),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,8 +10,9 @@
  * one-pass; and with per-row temperatures (issue 25: against the reference alone, gradients
  * normwise). Full-vocabulary cases (scalar and per-row temperatures) also ask for issue 25's
  * extras (top-64 and sum_p2, merged over the ranks by their own allgathers), checked
- * against topk_check.h's float64 oracle and a dense sum p^2. A rank that fails makes its
- * peers' collectives fail at once (no wait for the test timeout).
+ * against topk_check.h's float64 oracle and a dense sum p^2; support cases for sum_p2 over
+ * the candidates (each rank's (m, q) of its own candidates, merged the same way). A rank
+ * that fails makes its peers' collectives fail at once (no wait for the test timeout).
  * Tune cache: a hand-written entry for this GPU changes the chunking (visible in the
  * workspace size) and results stay exact; a malformed file is ignored; sph_tune writes an
  * entry that a new context reads.
@@ -201,10 +202,10 @@ static void *rank_main(void *arg) {
     if (!K) {
         sph_ctx_malloc(ctx, (size_t)(N * 64) * 8, &dtki);
         sph_ctx_malloc(ctx, (size_t)(N * 64) * 4, &dtkl);
-        sph_ctx_malloc(ctx, (size_t)N * 4, &dsp2);
         sph_ctx_memset(ctx, dtkl, 0xff, (size_t)(N * 64) * 4);
-        sph_ctx_memset(ctx, dsp2, 0xff, (size_t)N * 4);
     }
+    sph_ctx_malloc(ctx, (size_t)N * 4, &dsp2); /* sum_p2: full vocabulary and support */
+    sph_ctx_memset(ctx, dsp2, 0xff, (size_t)N * 4);
     sph_tensor ttki = {dtki, d, 2, SPH_I64, sh_k, NULL, 0};
     sph_tensor ttkl = {dtkl, d, 2, SPH_F32, sh_k, NULL, 0};
     sph_tensor tsp2 = {dsp2, d, 1, SPH_F32, sh[2], NULL, 0};
@@ -231,7 +232,8 @@ static void *rank_main(void *arg) {
         f.logprob = a.logprob, f.entropy = a.entropy, f.lse = a.lse, f.logit_mean = a.logit_mean;
         a = f;
     }
-    if (!K) a.topk_ids = &ttki, a.topk_logprobs = &ttkl, a.sum_p2 = &tsp2;
+    if (!K) a.topk_ids = &ttki, a.topk_logprobs = &ttkl;
+    a.sum_p2 = &tsp2;
     size_t w1 = 0, w2 = 0;
     sph_status s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &w1);
     if (s == SPH_OK && !j->one_pass) s = sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &b, &w2);
@@ -259,8 +261,8 @@ static void *rank_main(void *arg) {
     if (!K) {
         sph_ctx_memcpy(ctx, j->tki, dtki, (size_t)(N * 64) * 8);
         sph_ctx_memcpy(ctx, j->tkl, dtkl, (size_t)(N * 64) * 4);
-        sph_ctx_memcpy(ctx, j->sp2, dsp2, (size_t)N * 4);
     }
+    sph_ctx_memcpy(ctx, j->sp2, dsp2, (size_t)N * 4);
     void *ps[] = {dh_, dw_, dt_, dc, dlp, dent, dlse, dlm, dst, dg, de, dgl, dgm, ddh, ddw, ws,
                   dtr, dtki, dtkl, dsp2};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
@@ -270,24 +272,30 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Issue 25's extras of one rank (top-64, sum_p2) against float64 over the whole vocabulary:
- * T 0.8 or the rows' own temperatures, softcap 6. */
+/* Issue 25's extras of one rank (top-64, sum_p2) against float64 over the whole vocabulary,
+ * or (support) sum_p2 over the row's candidates: T 0.8 or the rows' own temperatures,
+ * softcap 6. */
 static int extras_ok(const char *cs, int64_t r, const rank_job *j, const hcase *c,
                      const uint8_t *act, const float *trows, double ft) {
-    const int64_t N = c->N, V = c->V_loc;
-    int ok = check_topk_rows(cs, j->tki, j->tkl, 64, c, act, 0.8, trows, 6.0, ft, 1e-3);
+    const int64_t N = c->N, V = c->K ? c->K : c->V_loc;
+    int ok = c->K || check_topk_rows(cs, j->tki, j->tkl, 64, c, act, 0.8, trows, 6.0, ft, 1e-3);
     double md = 0, mr = 0;
     for (int64_t i = 0; i < N; i++) {
         const double T = trows ? (double)trows[i] : 0.8;
         double m = -INFINITY, S = 0, Q = 0;
+        /* column v: the vocabulary's, or (support) the row's candidate v (-1: padding) */
+#define COL(v) (c->K ? c->cand[i * c->K + (v)] : (v))
         for (int64_t v = 0; v < V; v++) {
-            const double z = 6.0 * tanh(hc_u(c, i, v) / 6.0) / T;
+            if (COL(v) < 0) continue;
+            const double z = 6.0 * tanh(hc_u(c, i, COL(v)) / 6.0) / T;
             if (z > m) m = z;
         }
         for (int64_t v = 0; v < V; v++) {
-            const double e = exp(6.0 * tanh(hc_u(c, i, v) / 6.0) / T - m);
+            if (COL(v) < 0) continue;
+            const double e = exp(6.0 * tanh(hc_u(c, i, COL(v)) / 6.0) / T - m);
             S += e, Q += e * e;
         }
+#undef COL
         const double ref = Q / (S * S), dd = fabs((double)j->sp2[i] - ref);
         if (!(dd <= md)) md = dd;
         if (ref > mr) mr = ref;
@@ -380,7 +388,7 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass, int tro
             const double gt = dt.bits == 16 ? TOL_CUDA_HALF_GRAD_NORM(dt) : TOL_CUDA_F32;
             ok &= hc_close_col("stats.mu", cs, j->stats + 2, 3, rows, 7, 6, N, ft);
             ok &= hc_close("dhidden (allreduced)", cs, j->dh, SPH_F32, rdh, SPH_F64, N * H, gt);
-            if (!K) ok &= extras_ok(cs, r, j, &c, act, g_trows, ft);
+            ok &= extras_ok(cs, r, j, &c, act, g_trows, ft);
             continue;
         }
         ok &= hc_close_col("entropy -sum p log p", cs, j->ent, 1, ind, HC_IND, 1, N, ft);
@@ -389,7 +397,7 @@ static int tp_case(int64_t ranks, int64_t K, sph_dtype dt, int one_pass, int tro
         ok &= hc_close_col("stats.mu", cs, j->stats + 2, 3, rows, 7, 6, N, ft);
         ok &= hc_check_grad("dhidden (allreduced)", cs, j->dh, SPH_F32, rdh, rdh, adh, zdh, N * H,
                             TOL_CUDA_F32, uD, etaD, TOL_ACC_CUDA, TOL_CUDA_MARGIN);
-        if (!K) ok &= extras_ok(cs, r, j, &c, act, NULL, ft);
+        ok &= extras_ok(cs, r, j, &c, act, NULL, ft);
     }
     if (ok && trows)
         ok &= hc_close("dweight (shards)", cs, dw_all, SPH_F32, rdw, SPH_F64, V * H,

@@ -11,7 +11,10 @@
  *     test synchronizes itself); determinism (two runs, bitwise);
  *   - the tie rules with ratio-1 ties built exactly (test_ties_built);
  *   - per-row temperatures (issue 25, test_temperature_rows): T_i in [0.25, 4] mixed, every
- *     loss, f32 and bf16, staged and recomputing paths.
+ *     loss, f32 and bf16, staged and recomputing paths;
+ *   - the head's extras through the loss (issue 25, test_extras): top-k and sum_p2 of the
+ *     loss's rows against topk_check.h's float64 oracle, the loss itself still against the
+ *     reference, on the +extras paths (staged fp32 chunks, the recomputing sweep).
  * Skips (exit 77) without a CUDA device.
  */
 #ifndef SPH_HAVE_CUDA
@@ -22,12 +25,13 @@ int main(void) {
 }
 #else
 #include "../parity/test_policy_case.h"
+#include "../parity/topk_check.h"
 
 static sph_rng g_rng;
 
 // ---- device copies of a case -------------------------------------------------------------
 
-#define NT 15
+#define NT 18
 typedef struct dcase {
     sph_tensor *host[NT], dev[NT];
     int64_t shp[NT][2];
@@ -76,6 +80,8 @@ static void dcase_make(sph_ctx_t g, const pcase *c, dcase *d) {
     one(g, d, 9, p[0], 0), one(g, d, 10, p[1], 0), one(g, d, 11, p[2], 0);
     one(g, d, 12, p[3], 0), one(g, d, 13, p[4], 1);
     one(g, d, 14, &d->a.temperature_rows, 0); /* per-row temperatures, when given */
+    one(g, d, 15, &d->a.topk_ids, 1), one(g, d, 16, &d->a.topk_logprobs, 1); /* the extras */
+    one(g, d, 17, &d->a.sum_p2, 1);
     /* seq_id: one more device buffer, kept in slot-free storage */
 }
 
@@ -143,6 +149,10 @@ typedef struct gcfg {
 
 /* Per-row temperatures in [0.25, 4] (temperature_rows) for the runs while set. */
 static int g_trows;
+/* The head's extras for the runs while set (issue 25): top-k with K = g_topk (0: none) and
+ * sum_p2, checked against topk_check.h's float64 oracle on the loss's rows. */
+static int64_t g_topk;
+static int g_sp2;
 
 static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg agg) {
     pcase c;
@@ -179,6 +189,18 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
         sph_ctx_destroy(rc);
         free(lp);
     }
+    const int64_t TK = g_topk;
+    int64_t *tki = hc_alloc((size_t)(N * TK + 1) * 8), sh_ti[2], sh_tl[2], sh_sp[1];
+    float *tkl = hc_alloc((size_t)(N * TK + 1) * 4), *sp2 = hc_alloc((size_t)N * 4 + 4);
+    sph_tensor tti = tensor2(tki, SPH_I64, sh_ti, N, TK), ttl = tensor2(tkl, SPH_F32, sh_tl, N, TK);
+    sph_tensor tsp = tensor1(sp2, SPH_F32, sh_sp, N);
+    if (TK) c.h.a.topk_ids = &tti, c.h.a.topk_logprobs = &ttl;
+    if (g_sp2) c.h.a.sum_p2 = &tsp;
+#define X_POISON()                                                                             \
+    do {                                                                                       \
+        for (int64_t q = 0; q < N * TK; q++) tki[q] = 0x5a5a5a5a5aLL;                          \
+        poison_f32(tkl, (size_t)(N * TK)), poison_f32(sp2, (size_t)N);                         \
+    } while (0)
     const size_t nh = (size_t)(N * H), nw = (size_t)(V * H);
     /* the reference on the host (float64; gradients from the same starting values) */
     float *dh0 = hc_alloc(nh * 4 + 4), *dw0 = hc_alloc(nw * 4 + 4);
@@ -201,6 +223,7 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
     int ok = 1;
     for (int rep = 0; rep < 2; rep++) {
         pc_poison(&c);
+        X_POISON();
         if (f->grads == 3) memcpy(c.h.dh, dh0, nh * 4), memcpy(c.h.dw, dw0, nw * 4);
         gpu_run(g, &c);
         if (rep == 0) {
@@ -215,10 +238,10 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
     char cs[240];
     snprintf(cs, sizeof cs,
              "policy_cuda(N=%lld,H=%lld,V=%lld,dtype=%s,mask=%d,chunk=%lld,grads=%d,opt=%d,"
-             "loss=%d,kl=%d,agg=%d,trows=%d)",
+             "loss=%d,kl=%d,agg=%d,trows=%d,topk=%lld,sum_p2=%d)",
              (long long)N, (long long)H, (long long)V, sph_dtype_name(f->dt), f->mask,
              (long long)f->chunk_bytes, f->grads, f->opt_outputs, (int)loss, (int)kl, (int)agg,
-             g_trows);
+             g_trows, (long long)g_topk, g_sp2);
     const int half = f->dt.bits == 16;
     /* tolerances.h: the per-row budgets, and the normwise half-gradient fallback (no A sums) */
     const double ftol = half ? TOL_CUDA_HALF_ROWS : TOL_CUDA_F32;
@@ -230,6 +253,17 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
         ok &= hc_close("dhidden", cs, c.h.dh, SPH_F32, rdh, SPH_F32, (int64_t)nh, gtol);
         ok &= hc_close("dweight", cs, c.h.dw, SPH_F32, rdw, SPH_F32, (int64_t)nw, gtol);
     }
+    if (TK || g_sp2) { /* the extras of the loss's rows (mask / spans, target >= 0) */
+        uint8_t *act = hc_alloc((size_t)N + 1);
+        hc_active(&c.h, act);
+        for (int64_t i = 0; i < N; i++) act[i] = act[i] && c.h.tgt[i] >= 0;
+        const double T = c.h.a.temperature, cap = c.h.a.softcap;
+        if (TK) ok &= check_topk_rows(cs, tki, tkl, TK, &c.h, act, T, trows, cap, ftol, 1e-3);
+        if (g_sp2) ok &= check_sum_p2_rows(cs, sp2, &c.h, act, T, trows, cap, ftol);
+        free(act);
+    }
+#undef X_POISON
+    free(tki), free(tkl), free(sp2);
     for (int64_t i = 0; i < N; i++)
         if (rlp[i] == 0.f && rent[i] == 0.f && (c.h.lp[i] != 0.f || c.h.ent[i] != 0.f)) {
             print_error("%s: row %lld inactive in the reference, not on the GPU\n", cs,
@@ -254,6 +288,31 @@ static void test_temperature_rows(void **state) {
             ok &= run_cfg(&cases[k], (sph_pg_loss)loss, (sph_kl_kind)((k + loss) % 4),
                           (sph_loss_agg)((k + 2 * loss) % 4));
     g_trows = 0;
+    assert_true(ok);
+}
+
+/* The head's extras through the policy loss (issue 25): top-k and sum_p2 of the loss's rows
+ * on the +extras paths (staged fp32 chunks by default, the recomputing sweep with a small
+ * budget), every loss, masks and spans, f32 / bf16, K 1 / 64 / 256, with the loss itself
+ * still against the reference. */
+static void test_extras(void **state) {
+    (void)state;
+    const gcfg cases[] = {
+        {700, 64, 1001, SPH_F32, 1, 0, 1, 0},      {700, 64, 1001, SPH_BF16, 1, 0, 1, 0},
+        {700, 64, 1001, SPH_BF16, 6, 4 << 20, 1, 0}, {900, 64, 999, SPH_BF16, 5, 0, 3, 1},
+        {300, 32, 257, SPH_F32, 3, 0, 0, 0},       {1, 16, 33, SPH_F32, 0, 0, 1, 0},
+    };
+    const int64_t Ks[3] = {64, 256, 1};
+    int ok = 1;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int loss = 0; loss < 3; loss++) {
+            g_topk = cases[k].V >= 256 ? Ks[(k + loss) % 3] : 7;
+            g_sp2 = (k + loss) % 4 != 3;
+            g_trows = k == 2 && loss == 1;
+            ok &= run_cfg(&cases[k], (sph_pg_loss)loss, (sph_kl_kind)((k + loss) % 4),
+                          (sph_loss_agg)((k + 2 * loss) % 4));
+        }
+    g_topk = 0, g_sp2 = 0, g_trows = 0;
     assert_true(ok);
 }
 
@@ -374,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_device),
         cmocka_unit_test(test_ties_built),
         cmocka_unit_test(test_temperature_rows),
+        cmocka_unit_test(test_extras),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
 # inputs and holds its vocabulary shard of weight / teacher_weight, rank 0 gathers, checks
 # against one process (--check: the float64 reference) and writes what one process writes;
 # the independent NumPy float64 oracle (tests/cli/distill_oracle.py) checks those files.
-# T = 2 and 3, dense and sparse teachers, every kind, every reduction, temperature.npy. The runner itself
+# T = 2 and 3, dense and sparse teachers, every kind, every reduction, temperature.npy; CP
+# (--cp 2 and 3, with --tp 2, --num-tokens) summed over the ranks. The runner itself
 # checks that every rank holds bitwise the same loss. Then the disagreeing cases: --tp not
 # matching the world, and ranks given different --beta (every rank fails with the option's
 # name, exit 2).
@@ -39,6 +40,26 @@ for t in dense sparse; do
             echo "FAIL np=$np $t $1 beta=$2 $3"; tail -5 "$tmp/log$n"; fails=$((fails + 1))
         fi
     done
+done
+# CP: the rows cut over a seq_comm group (--cp), alone and with TP (4 ranks), mean over all
+# the rows' active rows (or --num-tokens), the ranks' losses and gradients summed on rank 0
+for spec in "1 2 dense forward-kl mean 0" "1 3 sparse jsd mean 0" "2 2 dense jsd sum 0" \
+            "2 2 sparse reverse-kl mean 0" "1 2 sparse forward-kl none 0" "2 2 dense jsd mean 37"; do
+    set -- $spec
+    tp=$1 cp=$2 t=$3 kind=$4 red=$5 nt=$6
+    np=$((tp * cp))
+    n=$((n + 1))
+    out=$tmp/out$n
+    ntflag=$([[ $nt != 0 ]] && echo "--num-tokens $nt" || true)
+    if "$mpirun" --oversubscribe --allow-run-as-root -np $np "$cli" run --tp $tp --cp $cp \
+        --distill $kind --beta 0.3 --reduction $red $ntflag --inputs "$tmp/$t" --outputs "$out" \
+        --check > "$tmp/log$n" 2>&1 &&
+        "$py" "$here/../cli/distill_oracle.py" check "$tmp/$t" "$out" $kind 0.3 $red 0 $nt; then
+        echo "ok   np=$np tp=$tp cp=$cp $t $kind $red num_tokens=$nt"
+    else
+        echo "FAIL np=$np tp=$tp cp=$cp $t $kind $red num_tokens=$nt"; tail -5 "$tmp/log$n"
+        fails=$((fails + 1))
+    fi
 done
 # temperature.npy (one temperature per row) over 2 ranks
 mkdir -p "$tmp/trows"

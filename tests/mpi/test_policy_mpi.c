@@ -9,7 +9,9 @@
  *     reference's, each rank's dhidden rows match, dweight sums to the reference's;
  *   - with 4 ranks, both at once: 2 TP ranks x 2 sequence-group ranks.
  * Every loss (ppo, cispo, gspo) with a KL and the sequence-level aggregations; reference and
- * optimized kernels on the ranks.
+ * optimized kernels on the ranks. Every call also asks for the head's extras (issue 25: the
+ * top-12 ids and log-probs, K above a rank's V_loc with 4 TP ranks, and sum_p2): the same bits
+ * on every TP rank, and the reference's of the rank's rows.
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,7 +57,11 @@ static void prob_free(prob *p) {
 
 typedef struct outs {
     float *lp, *dh, *dw, met[SPH_POLICY_N_METRICS];
+    int64_t *tki; /* (n_pad, XK) the extras */
+    float *tkl, *sp2;
 } outs;
+
+#define XK 12 /* top-k of every call: above V_loc = 10 with 4 TP ranks of V = 41 */
 
 /* One policy call on rows [r0, r0 + n) (padded to n_pad rows with inactive ones) and vocabulary
  * rows [v0, v0 + V_loc) of p. */
@@ -81,6 +87,11 @@ static sph_status run(const prob *p, const char *kernel, sph_comm_t tp, sph_comm
     o->dw = malloc((size_t)(V_loc * H) * 4 + 4);
     poison_f32(o->lp, (size_t)n_pad), poison_f32(o->dh, (size_t)(n_pad * H));
     poison_f32(o->dw, (size_t)(V_loc * H)), poison_f32(o->met, SPH_POLICY_N_METRICS);
+    o->tki = malloc((size_t)(n_pad * XK) * 8 + 8), o->tkl = malloc((size_t)(n_pad * XK) * 4 + 4);
+    o->sp2 = malloc((size_t)n_pad * 4 + 4);
+    for (int64_t k = 0; k < n_pad * XK; k++) o->tki[k] = 0x5a5a5a5a5aLL;
+    poison_f32(o->tkl, (size_t)(n_pad * XK)), poison_f32(o->sp2, (size_t)n_pad);
+
     int64_t sh_h[2], sh_w[2], sh_n[1], sh_m[1], sh_dh[2], sh_dw[2];
     sph_tensor th = tensor2(h, SPH_F32, sh_h, n_pad, H);
     sph_tensor tw = tensor2(p->w + v0 * H, SPH_F32, sh_w, V_loc, H);
@@ -91,10 +102,15 @@ static sph_status run(const prob *p, const char *kernel, sph_comm_t tp, sph_comm
     sph_tensor tmet = tensor1(o->met, SPH_F32, sh_m, SPH_POLICY_N_METRICS);
     sph_tensor tdh = tensor2(o->dh, SPH_F32, sh_dh, n_pad, H);
     sph_tensor tdw = tensor2(o->dw, SPH_F32, sh_dw, V_loc, H);
+    int64_t sh_ti[2], sh_tl[2];
+    sph_tensor tti = tensor2(o->tki, SPH_I64, sh_ti, n_pad, XK);
+    sph_tensor ttl = tensor2(o->tkl, SPH_F32, sh_tl, n_pad, XK);
+    sph_tensor tsp = tensor1(o->sp2, SPH_F32, sh_n, n_pad);
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = &th, a.weight = &tw, a.targets = &tt, a.active_mask = &tm, a.logprob = &tl;
     a.vocab_start = v0, a.vocab_total = p->V;
     a.dhidden = &tdh, a.dweight = &tdw, a.allreduce_dhidden = tp != NULL;
+    a.topk_ids = &tti, a.topk_logprobs = &ttl, a.sum_p2 = &tsp;
     sph_policy_args pa = SPH_POLICY_ARGS_INIT;
     pa.loss = loss, pa.agg = agg, pa.kl = SPH_KL_K3, pa.kl_coef = 0.05, pa.entropy_coef = 0.02;
     pa.clip_high = 0.28, pa.clip_ratio_c = loss == SPH_PG_CISPO ? HUGE_VAL : 3.0;
@@ -115,7 +131,26 @@ static sph_status run(const prob *p, const char *kernel, sph_comm_t tp, sph_comm
     return st;
 }
 
-static void outs_free(outs *o) { free(o->lp), free(o->dh), free(o->dw); }
+static void outs_free(outs *o) {
+    free(o->lp), free(o->dh), free(o->dw), free(o->tki), free(o->tkl), free(o->sp2);
+}
+
+/* The extras of rows [0, n) against the reference's rows [r0, r0 + n): log-probs by position,
+ * ids where the reference's log-probs leave a gap above 1e-4 to both neighbours inside the
+ * list, rows without loss exactly (-1, 0). */
+static int extras_close(const outs *o, const outs *ref, int64_t r0, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < XK; k++) {
+            const float g = o->tkl[i * XK + k], *rl = ref->tkl + (r0 + i) * XK;
+            const int64_t id = o->tki[i * XK + k], rid = ref->tki[(r0 + i) * XK + k];
+            if (!(fabs((double)g - rl[k]) <= TOL_CPU_F32 * (1 + fabs(rl[k])))) return 0;
+            if (rid < 0 && (id != -1 || g != 0.0f)) return 0;
+            const int sep = rid >= 0 && (k == 0 || rl[k - 1] - rl[k] > 1e-4) && k + 1 < XK &&
+                            rl[k] - rl[k + 1] > 1e-4;
+            if (sep && id != rid) return 0;
+        }
+    return 1;
+}
 
 static int close_to(const float *got, const float *ref, int64_t n, double tol) {
     double mx = 0;
@@ -183,6 +218,21 @@ static void check(const prob *p, const char *kernel, int tp, sph_pg_loss loss,
              sum[SPH_METRIC_LOSS], (double)ref.met[SPH_METRIC_LOSS]);
     MT_CHECK(close_to(o.lp, ref.lp + r0, n, TOL_CPU_F32), "%s: logprob", cs);
     MT_CHECK(close_to(o.dh, ref.dh + r0 * p->H, n * p->H, TOL_CPU_F32), "%s: dhidden", cs);
+    MT_CHECK(extras_close(&o, &ref, r0, n), "%s: top-k", cs);
+    MT_CHECK(close_to(o.sp2, ref.sp2 + r0, n, TOL_CPU_F32), "%s: sum_p2", cs);
+    {   /* the extras: the same bits on every TP rank (a hash of them, gathered) */
+        uint64_t hx = 1469598103934665603ull, *hs = malloc((size_t)mt_size * 8);
+        const unsigned char *bufs[3] = {(const void *)o.tki, (const void *)o.tkl,
+                                        (const void *)o.sp2};
+        const size_t lens[3] = {(size_t)(n * XK) * 8, (size_t)(n * XK) * 4, (size_t)n * 4};
+        for (int b = 0; b < 3; b++)
+            for (size_t q = 0; q < lens[b]; q++) hx = (hx ^ bufs[b][q]) * 1099511628211ull;
+        MPI_Allgather(&hx, 1, MPI_UINT64_T, hs, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+        for (int t = 0; t < tp; t++)
+            MT_CHECK(hs[cp_rank * tp + t] == hx, "%s: extras of TP rank %d differ from rank %d's",
+                     cs, t, tp_rank);
+        free(hs);
+    }
     float *dw = malloc((size_t)((v1 - v0) * p->H) * 4 + 4);
     MPI_Allreduce(o.dw, dw, (int)((v1 - v0) * p->H), MPI_FLOAT, MPI_SUM, cpw);
     MT_CHECK(close_to(dw, ref.dw + v0 * p->H, (v1 - v0) * p->H, TOL_CPU_F32), "%s: dweight", cs);

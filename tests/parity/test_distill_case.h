@@ -18,6 +18,7 @@ typedef struct dcase {
     sph_dtype dt;
     int dense, kind, red;
     double beta, T, cap, TT;
+    int64_t num_tokens;    /* reduction mean's divisor (0: the active rows) */
     void *h, *w, *th, *tw; /* (N, H), (V, H) whole vocabulary, (N, HT), (V, HT) */
     int64_t *ids;          /* (N, K) */
     float *lp;             /* (N, K) */
@@ -149,6 +150,7 @@ static inline void dc_wire(dcase *c, unsigned what) {
     c->d = (sph_distill_args)SPH_DISTILL_ARGS_INIT;
     c->d.kind = (sph_distill_kind)c->kind, c->d.beta = c->beta, c->d.reduction = (sph_reduction)c->red;
     c->d.teacher_temperature = c->TT;
+    c->d.num_tokens = c->num_tokens;
     if (c->dense) {
         c->sh_th[0] = c->N, c->sh_th[1] = c->HT, c->sh_tw[0] = c->V_loc, c->sh_tw[1] = c->HT;
         c->t_th = (sph_tensor){.data = c->th, .device = cpu, .ndim = 2, .dtype = c->dt, .shape = c->sh_th};
@@ -222,8 +224,9 @@ static inline void dc_expect(const dcase *c, dexp *x) {
     }
     x->n_act = 0;
     for (int64_t i = 0; i < c->N; i++) x->n_act += !c->mask || c->mask[i];
+    const int64_t div = c->num_tokens > 0 ? c->num_tokens : x->n_act; /* mean's divisor */
     for (int64_t i = 0; i < c->N; i++)
-        scale[i] = c->red == SPH_REDUCTION_MEAN ? (x->n_act ? 1.0 / (double)x->n_act : 0)
+        scale[i] = c->red == SPH_REDUCTION_MEAN ? (div ? 1.0 / (double)div : 0)
                    : c->red == SPH_REDUCTION_SUM ? 1.0
                    : c->d.dloss                  ? (double)c->dloss[i]
                                                  : 1.0;
@@ -234,7 +237,7 @@ static inline void dc_expect(const dcase *c, dexp *x) {
     expect_ok(sph_distill_ref_f64(&in, x->rows, x->dh, x->dw));
     x->red = 0;
     for (int64_t i = 0; i < c->N; i++) x->red += x->rows[i];
-    if (c->red == SPH_REDUCTION_MEAN) x->red = x->n_act ? x->red / (double)x->n_act : 0;
+    if (c->red == SPH_REDUCTION_MEAN) x->red = div ? x->red / (double)div : 0;
     free(h), free(w), free(th), free(tw), free(lp), free(scale), free(trows);
 }
 

@@ -9,7 +9,7 @@
  * ids -1, log-probs exactly 0), bf16, temperature and softcap, one-pass and forward-only,
  * several chunks; tensor parallelism in threads (2 and 3 ranks, K above a rank's V_loc,
  * one combine per chunk in one-pass mode); and its validation (K = 0, K = 257, K > V, one
- * tensor alone, dtypes, shapes, aliasing, candidates, the policy loss, older struct_size,
+ * tensor alone, dtypes, shapes, aliasing, candidates, older struct_size,
  * the backward ignoring them: nothing written). Outputs are poisoned before each run.
  *
  * The check: log-probs position by position against the oracle's sorted log-probs (robust to
@@ -407,28 +407,7 @@ static void test_topk_validation(void **state) {
         c.a.topk_ids = &b.ti, c.a.topk_logprobs = &b.tl;
         ok &= expect_refused(ctx, &c, &b, K, SPH_ERR_INVALID_ARG, "candidates", "support");
         hc_free(&c);
-        /* the policy loss does not pass top-k through: refused naming it, nothing written */
-        hc_init(&c, &r, N, H, V, V, 0, 0, SPH_F32);
-        hc_wire(&c, HC_LP);
-        c.a.topk_ids = &b.ti, c.a.topk_logprobs = &b.tl;
-        {
-            int64_t shp[1];
-            sph_tensor adv = tensor1(c.g, SPH_F32, shp, N), old = tensor1(c.e, SPH_F32, shp, N);
-            sph_policy_args pol = SPH_POLICY_ARGS_INIT;
-            pol.advantages = &adv, pol.old_logprob = &old;
-            tk_poison(&b, N, K);
-            int64_t *p0 = hc_dup(b.ids, (size_t)(N * K) * 8);
-            size_t pb = 0;
-            sph_status ps = sph_policy_loss_workspace_size(ctx, &c.a, &pol, &pb);
-            if (ps != SPH_ERR_UNSUPPORTED || !strstr(sph_last_error(), "topk_ids") ||
-                memcmp(p0, b.ids, (size_t)(N * K) * 8)) {
-                fprintf(stderr, "FAIL topk with the policy loss: %s '%s'\n", sph_status_str(ps),
-                        sph_last_error());
-                ok = 0;
-            }
-            free(p0);
-        }
-        hc_free(&c);
+        /* (the policy loss passes top-k through: tests/parity/test_policy_extras.c) */
         /* an older struct that ends before topk_ids: accepted, the fields never read */
         hc_init(&c, &r, N, H, V, V, 0, 0, SPH_F32);
         hc_wire(&c, HC_OUTS);

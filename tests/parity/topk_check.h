@@ -7,7 +7,8 @@
  * returned id, both within lp_tol (1 + |lp|); ids in range and distinct in the row, and equal to
  * the oracle's wherever the oracle's gap to both neighbours exceeds gap_tol (below 1e-6: exact
  * ties too must come out lower id first); inactive rows exactly (-1, 0). check_topk_rows takes
- * per-row temperatures (trows, or NULL: T).
+ * per-row temperatures (trows, or NULL: T). check_sum_p2_rows: sum_p2 against the same
+ * oracle's sum_j e^(2 (z_j - lse)) (also tests/gpu/test_policy_cuda.c).
  */
 #ifndef SPH_TESTS_TOPK_CHECK_H
 #define SPH_TESTS_TOPK_CHECK_H
@@ -97,6 +98,33 @@ static inline int check_topk(const char *cs, const int64_t *ids, const float *lp
                              const hcase *f, const uint8_t *act, double T, double cap,
                              double lp_tol, double gap_tol) {
     return check_topk_rows(cs, ids, lp, K, f, act, T, NULL, cap, lp_tol, gap_tol);
+}
+
+/* sum_p2 against the float64 oracle of the full case f (V_loc = V): sum_j e^(2 (z_j - lse))
+ * of every active row within tol relative (NaN fails), exactly 0 on the other rows. */
+static inline int check_sum_p2_rows(const char *cs, const float *got, const hcase *f,
+                                    const uint8_t *act, double T, const float *trows, double cap,
+                                    double tol) {
+    zid *s = hc_alloc((size_t)f->V_loc * sizeof *s);
+    int ok = 1;
+    for (int64_t i = 0; i < f->N && ok; i++) {
+        double want = 0;
+        if (act[i]) {
+            double lse;
+            oracle_row(f, i, trows ? (double)trows[i] : T, cap, s, &lse);
+            for (int64_t j = 0; j < f->V_loc; j++) want += exp(2 * (s[j].z - lse));
+        }
+        const int good = act[i] ? fabs((double)got[i] - want) <= tol * want
+                                : got[i] == 0.0f && !signbit(got[i]);
+        if (!good) {
+            fprintf(stderr, "FAIL sum_p2 %s: row %lld (active %d): got %.9g, oracle %.9g; seed "
+                            "%llu\n",
+                    cs, (long long)i, act[i], got[i], want, (unsigned long long)test_seed());
+            ok = 0;
+        }
+    }
+    free(s);
+    return ok;
 }
 
 #endif /* SPH_TESTS_TOPK_CHECK_H */

@@ -45,6 +45,9 @@ int sph_cli_run_policy_main_dist(int argc, char **argv) {
     char msg[480] = "";
     int rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
     if (rc == 0) rc = pol_validate(&o, &pp, msg, sizeof msg);
+    if (rc == 0 && (o.topk || o.sum_p2)) /* the extras are gathered by one process only */
+        rc = 2 * sph_cli_err(msg, sizeof msg, "--topk / --sum-p2 with --policy-loss: one process "
+                                              "only (not under mpirun / --tp / --cp / --dp)");
     return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
 }
 
