@@ -73,6 +73,11 @@ int dist_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* 1 when every rank's ok is 1 (one all-reduce). */
 int dist_agree(int ok);
 
+/* This rank's GPU (--device cuda): its node-local rank modulo the devices it sees, so the
+ * ranks of a node spread over its GPUs (two may share one). 1, or 0 after dist_fail when it
+ * sees none (*dev_id 0). Collective over MPI_COMM_WORLD (the node split). */
+int dist_cuda_device(int *dev_id);
+
 /* The start of a loss's distributed form: MPI initialized (unless it is), this rank's place
  * in dist_rank / dist_size, and step 0, the ranks' agreement (sph_cli_dist_agree) on path,
  * verdict and options. Returns -1 to go on; else the exit code every rank returns, after

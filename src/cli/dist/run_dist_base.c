@@ -62,6 +62,17 @@ int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int ve
     return v == SPH_CLI_HELP ? 0 : v;
 }
 
+int dist_cuda_device(int *dev_id) {
+    MPI_Comm node;
+    int local = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    const int n_dev = sph_cuda_device_count();
+    *dev_id = n_dev > 0 ? local % n_dev : 0;
+    return n_dev > 0 || dist_fail("--device cuda: no CUDA device visible to this rank");
+}
+
 const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};
 
 #else

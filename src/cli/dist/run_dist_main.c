@@ -252,15 +252,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     int ok = 1;
     sph_ctx_opts io = SPH_CTX_OPTS_INIT;
     if (o.cuda) {
-        MPI_Comm node;
-        int local = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_free(&node);
-        int n_dev = sph_cuda_device_count();
-        if (n_dev < 1) ok = dist_fail("--device cuda: no CUDA device visible to this rank");
+        ok = dist_cuda_device(&io.device.id);
         io.device.type = SPH_DEVICE_CUDA;
-        io.device.id = n_dev > 0 ? local % n_dev : 0;
     }
     /* the SPH_CUDA_* A/B switches of the scripts under scripts/device */
     if (ok && sph_ctx_opts_apply_env(&io)) ok = dist_fail("%s", sph_last_error());

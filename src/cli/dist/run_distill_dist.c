@@ -85,14 +85,7 @@ static int make_groups(const dst_opts *o, const dst_problem *p, int64_t T, int64
     MPI_Comm_split(MPI_COMM_WORLD, (int)cp, (int)tp, tpm);
     MPI_Comm_split(MPI_COMM_WORLD, (int)tp, (int)cp, cpm);
     if (cuda) {
-        MPI_Comm node;
-        int lr = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &lr);
-        MPI_Comm_free(&node);
-        const int nd = sph_cuda_device_count();
-        *dev_id = nd > 0 ? lr % nd : 0;
-        ok = nd > 0 || dist_fail("--device cuda: no CUDA device");
+        ok = dist_cuda_device(dev_id);
         /* NCCL takes the calling thread's current device: a context on the rank's GPU
          * makes it current (held to the end) */
         sph_ctx_opts co = SPH_CTX_OPTS_INIT;

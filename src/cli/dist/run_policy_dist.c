@@ -216,16 +216,7 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
                    &d->cp_mpi);
     MPI_Comm_split(MPI_COMM_WORLD, (int)d->tp_rank, dist_rank, &d->shard_mpi); /* same shard */
     d->cuda = o->device == 1;
-    if (d->cuda) {
-        MPI_Comm node;
-        int lr = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &lr);
-        MPI_Comm_free(&node);
-        int nd = sph_cuda_device_count();
-        d->dev_id = nd > 0 ? lr % nd : 0;
-        ok = nd > 0 || dist_fail("--device cuda: no CUDA device");
-    }
+    if (d->cuda) ok = dist_cuda_device(&d->dev_id);
     sph_status s = SPH_OK;
     if (ok && T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
