@@ -26,8 +26,9 @@
 #define RUN_LOSS_HEAD_ROWS(T)                                                                  \
     SPH_CLI_ROW_DEVICE(T, "where to compute (default cpu)"),                                  \
     {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, SPH_CLI_OFF(T, dtype, int), 0, 0, 0, 0,        \
-     sph_cli_run_dtype_names, 0, "what uint16 hidden / weight bits hold (f4 / f2 files say it\n"      \
-                         "themselves)"},                                                       \
+     sph_cli_run_dtype_names, 0,                                                               \
+     "what uint16 hidden / weight bits hold (f4 / f2 files say it\n"                           \
+     "themselves)"},                                                                           \
     SPH_CLI_ROW_TEMPERATURE(T), SPH_CLI_ROW_SOFTCAP(T), SPH_CLI_ROW_THREADS(T),                \
     SPH_CLI_ROW_KERNEL(T),                                                                     \
     {"--repeats", "R", SPH_OPT_I64, SPH_CLI_OFF(T, repeats, int64_t), 1, RUN_LOSS_MAX_REPEATS,  \

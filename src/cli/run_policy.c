@@ -243,12 +243,18 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     const size_t es = (size_t)p->bits / 8;
     const sph_dtype in = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
     const run_loss_buf spec[B_COUNT] = {
-        {p->h, (size_t)(N * H) * es, 2, N, H, in, 0},   {p->w, (size_t)(V * H) * es, 2, V, H, in, 0},
-        {p->tgt, (size_t)N * 8, 1, N, 0, SPH_I64, 0},   {p->mask, (size_t)N, 1, N, 0, SPH_U8, 0},
-        {p->adv, (size_t)N * 4, 1, N, 0, SPH_F32, 0},   {p->old, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
-        {p->ref, (size_t)N * 4, 1, N, 0, SPH_F32, 0},   {p->isw, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
-        {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64, 0},   {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},
-        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},     {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
+        {p->h, (size_t)(N * H) * es, 2, N, H, in, 0},
+        {p->w, (size_t)(V * H) * es, 2, V, H, in, 0},
+        {p->tgt, (size_t)N * 8, 1, N, 0, SPH_I64, 0},
+        {p->mask, (size_t)N, 1, N, 0, SPH_U8, 0},
+        {p->adv, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->old, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->ref, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->isw, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64, 0},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},
+        {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1},
         {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32, 1},
         {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
@@ -438,7 +444,8 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
     }
     printf("run: policy loss %s (kl %s, agg %s), N=%lld H=%lld V=%lld active=%lld %s on %s\n",
            k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-           (long long)p->V, (long long)act, dt, r->describe[0] ? r->describe : sph_cli_device_names[o->device]);
+           (long long)p->V, (long long)act, dt,
+           r->describe[0] ? r->describe : sph_cli_device_names[o->device]);
     printf("  one call: %.3f ms (median of %lld), workspace %.3g MiB\n", r->ms,
            (long long)o->repeats, (double)r->ws_bytes / 1048576.0);
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++)

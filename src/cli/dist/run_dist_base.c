@@ -1,8 +1,9 @@
 /*
- * run_dist_base.c - what every file of the distributed runner shares (run_dist.h), with MPI:
- * this rank's place, its failure message and the ranks' agreement on a verdict. Kept apart from the runner
- * (run_dist_main.c) so that its steps (run_dist_batch.c, run_dist_head.c, run_dist_check.c) and the
- * policy runner use them without a circle through the runner.
+ * run_dist_base.c - what every file of the MPI harness shares (run_dist.h): this rank's
+ * place, its failure message, the ranks' agreement on a verdict, its GPU, and the start of a
+ * loss's distributed form (with MPI; without it, the losses' stub). Kept apart from the head's
+ * runner (run_dist_main.c) so that its steps (run_dist_batch.c, run_dist_head.c,
+ * run_dist_check.c) and the losses' runners use them without a circle through the runner.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,7 +52,8 @@ int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int ve
                     const char *msg, int argc, char **argv, void (*usage)(FILE *f)) {
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail("run", 1, "MPI_Init failed");
+    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS)
+        return sph_cli_fail("run", 1, "MPI_Init failed");
     MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &dist_size);
     /* step 0, the same first collective as the head runner's: path, verdicts, arguments */
