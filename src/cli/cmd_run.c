@@ -42,7 +42,9 @@ static const char k_about[] =
     "Forward + backward of the LM head (logprob, entropy, lse, logit_mean; dhidden,\n"
     "dweight). Default: a packed RL batch of prompts and responses with an entropy\n"
     "bonus (N=1024 H=256 V=4096), small enough to --check in seconds. With --policy-loss:\n"
-    "the fused RL policy loss (spanhead run --policy-loss ppo --help).";
+    "the fused RL policy loss (spanhead run --policy-loss ppo --help); with --distill: the\n"
+    "fused distillation loss (spanhead run --distill jsd --help); with --tp/--cp/--dp or\n"
+    "under mpirun: their MPI forms.";
 
 /* OpenMP workers that spin while the master runs serial code take half of an SMT core from
  * it (and from OpenBLAS); on this project's 2-vCPU machines that cost 2-4x on small shapes.
