@@ -9,8 +9,13 @@
      circle. Exceptions are listed in ALLOWED with their reason.
   3. No file in src/core names a symbol of src/head or src/policy (a function, type, macro or
      enum constant declared or defined there and not declared by core itself).
-  4. No circle inside src/cli: modules (a .c and its .h) that include each other's headers or
-     name each other's functions and objects, directly or around a loop.
+  4. No circle inside src/cli: modules (a .c and its .h, named by their path below src/cli:
+     `npy`, `dist/run_dist_main`) that include each other's headers or name each other's
+     functions and objects, directly or around a loop.
+  5. src/cli stands in three layers of its own (CLI_LAYERS): the front ends (main.c and the
+     commands, cmd_*.c) over the MPI verification harness (src/cli/dist/) over the toolbox and
+     the one-process runners (every other module). A module uses its own layer or a lower one
+     only: the harness never reaches back into a command, the toolbox never into the harness.
 
 Prints the longest functions and the folder graph; exits 1 listing every broken rule. Reads the
 files only (comments, strings and preprocessor lines are stripped before the braces are
@@ -332,30 +337,69 @@ def check(root, max_lines, list_all, show):
                 errors.append("%s:%d names %s, a symbol of src/head or src/policy" % (rel, ln,
                                                                                     sym))
 
-    # 4. no circle inside src/cli (modules: a file's stem), by includes and by named symbols
+    # 4. no circle inside src/cli (modules: a file's path below src/cli without its ending),
+    # by includes and by named symbols; 5. the CLI's own layers
     cli = {}
-    stem = lambda path: os.path.splitext(os.path.basename(path))[0]
+    why = {}
+    cli_root = os.path.join(root, "src", "cli")
+    module = lambda path: os.path.splitext(os.path.relpath(os.path.join(root, path),
+                                                           cli_root))[0].replace(os.sep, "/")
     for rel, (folder, code, incs) in t.files.items():
         if folder != "cli":
             continue
-        mod = stem(rel)
+        mod = module(rel)
         # a source file's uses (a header's prototypes are its interface: the includes cover it)
-        for sym in set(IDENT.findall(code)) if rel.endswith(".c") else ():
+        for sym in sorted(set(IDENT.findall(code))) if rel.endswith(".c") else ():
             where = defs_file.get(sym)
-            if where and t.files[where][0] == "cli" and stem(where) != mod:
-                cli.setdefault(mod, set()).add(stem(where))
-        for _, inc, angle in incs:
+            if where and t.files[where][0] == "cli" and module(where) != mod:
+                cli.setdefault(mod, set()).add(module(where))
+                why.setdefault((mod, module(where)), "%s names %s" % (rel, sym))
+        for line, inc, angle in incs:
             if angle:
                 continue
-            target = inc.split("/")[-1]
-            if inc.startswith("cli/") or "/" not in inc:
-                tmod = os.path.splitext(target)[0]
-                if tmod != mod and os.path.exists(os.path.join(root, "src", "cli", target)):
-                    cli.setdefault(mod, set()).add(tmod)
+            # as the compiler finds it: beside the file, then src/cli (the CLI's include
+            # path), then src
+            for base in (os.path.dirname(os.path.join(root, rel)), cli_root,
+                         os.path.join(root, "src")):
+                path = os.path.normpath(os.path.join(base, inc))
+                if os.path.exists(path):
+                    break
+            else:
+                continue
+            if os.path.commonpath([path, cli_root]) != cli_root:
+                continue
+            tmod = module(os.path.relpath(path, root))
+            if tmod != mod:
+                cli.setdefault(mod, set()).add(tmod)
+                why.setdefault((mod, tmod), "%s:%d includes %s" % (rel, line, inc))
     for cycle in cycles(cli):
         errors.append("src/cli: modules use each other around a circle: %s" %
                       " -> ".join(cycle + [cycle[0]]))
+    for a in sorted(cli):
+        for b in sorted(cli[a]):
+            if cli_layer(b) > cli_layer(a):
+                errors.append("src/cli: %s (%s) reaches up to %s (%s): %s" % (
+                    a, CLI_LAYER_NAMES[cli_layer(a)], b, CLI_LAYER_NAMES[cli_layer(b)],
+                    why[(a, b)]))
+    if show:
+        print("src/cli layers (modules that use a lower layer):")
+        for k in sorted(CLI_LAYER_NAMES, reverse=True):
+            mods = sorted(m for m in cli if cli_layer(m) == k)
+            print("  %d %-9s %s" % (k, CLI_LAYER_NAMES[k], " ".join(mods)))
     return errors
+
+
+# The layers inside src/cli (rule 5): the front ends over the MPI verification harness over
+# the toolbox and the one-process runners.
+CLI_LAYER_NAMES = {0: "toolbox", 1: "dist", 2: "front end"}
+
+
+def cli_layer(mod):
+    if mod == "main" or mod.startswith("cmd_"):
+        return 2
+    if mod.startswith("dist/"):
+        return 1
+    return 0
 
 
 def cycles(graph):

@@ -9,7 +9,9 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "util.h"
+#include "msg.h"
+#include "num.h"
+
 
 static void *at(void *dst, const sph_cli_opt *o) { return (char *)dst + o->off; }
 
@@ -176,6 +178,39 @@ static int take(const sph_cli_opt *o, const char *v, void *dst, char *err, size_
     return 2;
 }
 
+/* The walk over argv that sph_cli_parse and sph_cli_scan share: "-" (stdin) and negative
+ * numbers ("-3") are positional, "--" ends the options, "--name=value" carries its value. */
+static int positional(const char *a) {
+    return a[0] != '-' || a[1] == '\0' || (a[1] >= '0' && a[1] <= '9');
+}
+
+/* The row of table named by the option a ("--name" or "--name=value"), or the end row. */
+static const sph_cli_opt *row_of(const sph_cli_opt *table, const char *a, size_t *nl) {
+    const char *eq = strchr(a, '=');
+    *nl = eq ? (size_t)(eq - a) : strlen(a);
+    int k = 0;
+    for (; table[k].name; k++)
+        if (strlen(table[k].name) == *nl && !strncmp(table[k].name, a, *nl)) break;
+    return &table[k];
+}
+
+void sph_cli_scan(const sph_cli_opt *const *tables, int n_tables, int argc, char **argv,
+                  const char *const *names, int *given) {
+    for (int k = 0; names[k]; k++) given[k] = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
+        if (positional(a)) continue;
+        size_t nl = 0;
+        const sph_cli_opt *o = NULL;
+        for (int t = 0; t < n_tables && !(o && o->name); t++) o = row_of(tables[t], a, &nl);
+        if (!o) continue;
+        for (int k = 0; names[k]; k++)
+            if (strlen(names[k]) == nl && !strncmp(names[k], a, nl)) given[k] = 1;
+        if (o->name && o->kind != SPH_OPT_FLAG && !strchr(a, '=')) i++; /* its value */
+    }
+}
+
 int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
                   sph_cli_parsed *out, char *err, size_t errlen) {
     const char **pos = out->pos;
@@ -192,8 +227,7 @@ int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
             options_done = 1;
             continue;
         }
-        /* "-" (stdin) and negative numbers ("-3") are positional */
-        if (options_done || a[0] != '-' || a[1] == '\0' || (a[1] >= '0' && a[1] <= '9')) {
+        if (options_done || positional(a)) {
             if (!pos) {
                 sph_cli_err(err, errlen, "unexpected argument '%s' (see --help)", show(a).s);
                 return 2;
@@ -202,11 +236,9 @@ int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
             continue;
         }
         const char *eq = strchr(a, '=');
-        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
-        int k = 0;
-        for (; table[k].name; k++)
-            if (strlen(table[k].name) == nl && !strncmp(table[k].name, a, nl)) break;
-        const sph_cli_opt *o = &table[k];
+        size_t nl;
+        const sph_cli_opt *o = row_of(table, a, &nl);
+        const int k = (int)(o - table);
         if (!o->name) {
             char name[80];
             snprintf(name, sizeof name, "%.*s", (int)(nl < 64 ? nl : 64), a);

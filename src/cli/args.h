@@ -49,6 +49,12 @@ typedef struct sph_cli_opt {
     const char *help;            /* lines separated by '\n' */
 } sph_cli_opt;
 
+/* offsetof(T, f) where T's field f has type type, else a compile error (a negative array
+ * size): a row shared by several tables cannot write a value of another type into one of
+ * their options structs. */
+#define SPH_CLI_OFF(T, f, type) \
+    (offsetof(T, f) + 0 * sizeof(char[_Generic(((T *)0)->f, type: 1, default: -1)]))
+
 /* The row that ends a table. */
 #define SPH_CLI_OPT_END {.name = NULL}
 
@@ -66,6 +72,13 @@ typedef struct sph_cli_parsed {
  * -h/--help (anywhere), or 2 with a one-line message in err. "--" ends the options. */
 int sph_cli_parse(const sph_cli_opt *table, int argc, char **argv, void *dst,
                   sph_cli_parsed *out, char *err, size_t errlen);
+/* Walks argv[1 .. argc) as sph_cli_parse does (the same "--", "=" and positional rules) and
+ * sets given[k] to 1 for each names[k] (a NULL-terminated list) that appears as an option.
+ * Each option's arity comes from the first of tables[0 .. n_tables) that has it (one that
+ * none has is taken as a flag), so a value is never taken for an option: the choice of a
+ * runner before the runner's own parse. Validates nothing. */
+void sph_cli_scan(const sph_cli_opt *const *tables, int n_tables, int argc, char **argv,
+                  const char *const *names, int *given);
 /* Whether the option called name was given (name must be in the table). */
 int sph_cli_given(const sph_cli_opt *table, const sph_cli_parsed *p, const char *name);
 /* Prints usage: synopsis, description (may be NULL), the table's rows, the exit status line. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "rng.h"
 
 
 
@@ -48,6 +49,16 @@ int bench_point_mask(const bopts *o, const work *w, const char *mask, double *ac
  * rows' cold first calls make fresh contexts with them. */
 void bench_set_ctx_opts(const sph_ctx_opts *co);
 const sph_ctx_opts *bench_ctx_opts(void);
+
+/* count elements of elem bytes on ctx's device into *dst, copied from src unless it is NULL
+ * (bench_points.c): 0, or 1 when the size overflows or the library refuses. */
+int bench_upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem);
+
+/* Point wi's hidden (N, H) and weight (V, H) in the input dtype (bench_points.c): the stream
+ * r seeded from wi, so every mode of a point sees the same data; r goes on for the point's
+ * other draws. */
+void bench_fill_head(sph_cli_rng *r, int64_t wi, const bench_shape *sh, int64_t N, int bits,
+                     int bf16, void *hh, void *hw);
 
 /* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the
  * general path + the loss on the host at every point, the table on stdout, JSON lines to js

@@ -8,6 +8,10 @@
 #include <string.h>
 
 #include "bench.h"
+#include "msg.h"
+#include "num.h"
+#include "rng.h"
+#include "synth.h"
 
 
 // ---- response and fragmented masks -----------------------------------------------------------
@@ -208,3 +212,18 @@ int bench_js_errno;
 static sph_ctx_opts g_co;
 void bench_set_ctx_opts(const sph_ctx_opts *co) { g_co = *co; }
 const sph_ctx_opts *bench_ctx_opts(void) { return &g_co; }
+
+int bench_upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem) {
+    size_t bytes;
+    if (sph_cli_bytes(count, elem, &bytes)) return 1;
+    if (sph_ctx_malloc(ctx, bytes ? bytes : 1, dst) != SPH_OK) return 1;
+    if (src && sph_ctx_memcpy(ctx, *dst, src, bytes) != SPH_OK) return 1;
+    return 0;
+}
+
+void bench_fill_head(sph_cli_rng *r, int64_t wi, const bench_shape *sh, int64_t N, int bits,
+                     int bf16, void *hh, void *hw) {
+    sph_cli_rng_seed(r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
+    synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, r);
+    synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, r);
+}

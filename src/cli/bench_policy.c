@@ -31,7 +31,11 @@
 #include <time.h>
 
 #include "bench.h"
+#include "clock.h"
 #include "json_util.h"
+#include "msg.h"
+#include "num.h"
+#include "rng.h"
 #include "synth.h"
 
 #define POL_SEQ 2048 /* rows per sequence (the response mask's) */
@@ -47,14 +51,6 @@ static void pbufs_free(sph_ctx_t ctx, pbufs *b) {
     void **ps = (void **)b;
     for (size_t k = 0; k < offsetof(pbufs, ws_bytes) / sizeof(void *); k++) sph_ctx_free(ctx, ps[k]);
     memset(b, 0, sizeof *b);
-}
-
-static int put(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem) {
-    size_t bytes;
-    if (sph_cli_bytes(count, elem, &bytes)) return 1;
-    if (sph_ctx_malloc(ctx, bytes ? bytes : 1, dst) != SPH_OK) return 1;
-    if (src && sph_ctx_memcpy(ctx, *dst, src, bytes) != SPH_OK) return 1;
-    return 0;
 }
 
 static int grow_ws(sph_ctx_t ctx, pbufs *b, size_t need) {
@@ -351,9 +347,7 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
             rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
         } else {
             sph_cli_rng r;
-            sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-            synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-            synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+            bench_fill_head(&r, wi, sh, N, bits, bf16, hh, hw);
             /* log-probs of this data sit near -log V: old / ref around there, ratios near 1 */
             const double lv = -log((double)sh->V);
             for (int64_t i = 0; i < N; i++) {
@@ -363,18 +357,20 @@ int bench_policy(sph_ctx_t ctx, const bopts *o, const work *ws, int n_work, cons
                 href[i] = (float)(lv + 0.2 * sph_cli_rng_normal(&r));
                 hseq[i] = i / POL_SEQ;
             }
-            if (put(ctx, &b.h, hh, N * sh->H, es) || put(ctx, &b.w, hw, sh->V * sh->H, es) ||
-                put(ctx, &b.tgt, ht, N, 4) || put(ctx, &b.adv, hadv, N, 4) ||
-                put(ctx, &b.old, hold, N, 4) || put(ctx, &b.ref, href, N, 4) ||
-                put(ctx, &b.seq, hseq, N, 8) || put(ctx, &b.g, hadv, N, 4) ||
-                put(ctx, &b.e, hadv, N, 4) || put(ctx, &b.mask, NULL, N, 1) ||
-                put(ctx, &b.lp, NULL, N, 4) || put(ctx, &b.ent, NULL, N, 4) ||
-                put(ctx, &b.st, NULL, N, 12) || put(ctx, &b.dh, NULL, N * sh->H, es) ||
-                put(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
-                put(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4) ||
-                (o->topk && (put(ctx, &b.tki, NULL, N * o->topk, 8) ||
-                             put(ctx, &b.tkl, NULL, N * o->topk, 4))) ||
-                (o->sum_p2 && put(ctx, &b.sp2, NULL, N, 4)))
+            if (bench_upload(ctx, &b.h, hh, N * sh->H, es) ||
+                bench_upload(ctx, &b.w, hw, sh->V * sh->H, es) ||
+                bench_upload(ctx, &b.tgt, ht, N, 4) || bench_upload(ctx, &b.adv, hadv, N, 4) ||
+                bench_upload(ctx, &b.old, hold, N, 4) || bench_upload(ctx, &b.ref, href, N, 4) ||
+                bench_upload(ctx, &b.seq, hseq, N, 8) || bench_upload(ctx, &b.g, hadv, N, 4) ||
+                bench_upload(ctx, &b.e, hadv, N, 4) || bench_upload(ctx, &b.mask, NULL, N, 1) ||
+                bench_upload(ctx, &b.lp, NULL, N, 4) || bench_upload(ctx, &b.ent, NULL, N, 4) ||
+                bench_upload(ctx, &b.st, NULL, N, 12) ||
+                bench_upload(ctx, &b.dh, NULL, N * sh->H, es) ||
+                bench_upload(ctx, &b.dw, NULL, sh->V * sh->H, es) ||
+                bench_upload(ctx, &b.met, NULL, SPH_POLICY_N_METRICS, 4) ||
+                (o->topk && (bench_upload(ctx, &b.tki, NULL, N * o->topk, 8) ||
+                             bench_upload(ctx, &b.tkl, NULL, N * o->topk, 4))) ||
+                (o->sum_p2 && bench_upload(ctx, &b.sp2, NULL, N, 4)))
                 rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
         }
         /* every mask at every fraction (packed-rl once), and the dense point */

@@ -1,7 +1,9 @@
 /*
  * cli.h - the subcommands of the spanhead program. The CLI uses nothing but the public header
- * (plus cJSON, and BLAS to measure the CPU's dense GEMM rate) and one toolbox (util.h: numbers,
- * random numbers, 16-bit floats, progress, atomic outputs; args.h: option tables). Each
+ * (plus cJSON, and BLAS to measure the CPU's dense GEMM rate) and its toolbox, a header a
+ * concern (msg.h: messages; num.h: numbers and checked sizes; rng.h: random numbers; half.h:
+ * 16-bit floats; clock.h: time and the machine; progress.h; outset.h: atomic outputs; args.h:
+ * option tables), each included where it is used. Each
  * subcommand lives in its own file and returns the process exit code (0 success, 1 bad input
  * data or runtime failure, 2 usage error), printing a one-line message on failure.
  */
@@ -11,7 +13,6 @@
 #include "args.h"
 #include "opts.h"
 #include "spanhead.h"
-#include "util.h"
 
 int sph_cli_pack(int argc, char **argv);
 int sph_cli_layout(int argc, char **argv);

@@ -45,7 +45,12 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "clock.h"
 #include "json_util.h"
+#include "msg.h"
+#include "num.h"
+#include "progress.h"
+#include "rng.h"
 #include "synth.h"
 
 
@@ -101,14 +106,6 @@ static void bufs_free(sph_ctx_t ctx, dev_bufs *b) {
                   b->ws, b->tki, b->tkl, b->sp2, b->temp};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) sph_ctx_free(ctx, ps[k]);
     memset(b, 0, sizeof *b);
-}
-
-static int upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size_t elem) {
-    size_t bytes;
-    if (sph_cli_bytes(count, elem, &bytes)) return 1;
-    if (sph_ctx_malloc(ctx, bytes ? bytes : 1, dst) != SPH_OK) return 1;
-    if (src && sph_ctx_memcpy(ctx, *dst, src, bytes) != SPH_OK) return 1;
-    return 0;
 }
 
 typedef struct point {
@@ -513,22 +510,20 @@ static int stage_work(sph_ctx_t ctx, const bopts *o, const work *w, int wi, dev_
         rc = sph_cli_fail("bench", 1, "out of host memory for N = %" PRId64, N);
     } else {
         sph_cli_rng r;
-        sph_cli_rng_seed(&r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
-        synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, &r);
-        synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, &r);
+        bench_fill_head(&r, wi, sh, N, bits, bf16, hh, hw);
         for (int64_t i = 0; i < N; i++) ht[i] = (int32_t)sph_cli_rng_range(&r, 0, sh->V - 1);
         synth_fill_uniform(hg, N, 1.0, 32, 0, &r);
         for (int64_t i = 0; htr && i < N; i++) htr[i] = (float)(0.5 + sph_cli_rng_uniform(&r));
-        if ((htr && upload(ctx, &b->temp, htr, N, 4)) ||
-            upload(ctx, &b->h, hh, N * sh->H, es) || upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
-            upload(ctx, &b->tgt, ht, N, 4) || upload(ctx, &b->g, hg, N, 4) ||
-            upload(ctx, &b->e, hg, N, 4) || upload(ctx, &b->mask, NULL, N, 1) ||
-            upload(ctx, &b->lp, NULL, N, 4) || upload(ctx, &b->ent, NULL, N, 4) ||
-            upload(ctx, &b->st, NULL, N, 12) || upload(ctx, &b->dh, NULL, N * sh->H, es) ||
-            upload(ctx, &b->dw, NULL, sh->V * sh->H, es) ||
-            (o->topk && (upload(ctx, &b->tki, NULL, N * o->topk, 8) ||
-                         upload(ctx, &b->tkl, NULL, N * o->topk, 4))) ||
-            (o->sum_p2 && upload(ctx, &b->sp2, NULL, N, 4)))
+        if ((htr && bench_upload(ctx, &b->temp, htr, N, 4)) ||
+            bench_upload(ctx, &b->h, hh, N * sh->H, es) || bench_upload(ctx, &b->w, hw, sh->V * sh->H, es) ||
+            bench_upload(ctx, &b->tgt, ht, N, 4) || bench_upload(ctx, &b->g, hg, N, 4) ||
+            bench_upload(ctx, &b->e, hg, N, 4) || bench_upload(ctx, &b->mask, NULL, N, 1) ||
+            bench_upload(ctx, &b->lp, NULL, N, 4) || bench_upload(ctx, &b->ent, NULL, N, 4) ||
+            bench_upload(ctx, &b->st, NULL, N, 12) || bench_upload(ctx, &b->dh, NULL, N * sh->H, es) ||
+            bench_upload(ctx, &b->dw, NULL, sh->V * sh->H, es) ||
+            (o->topk && (bench_upload(ctx, &b->tki, NULL, N * o->topk, 8) ||
+                         bench_upload(ctx, &b->tkl, NULL, N * o->topk, 4))) ||
+            (o->sum_p2 && bench_upload(ctx, &b->sp2, NULL, N, 4)))
             rc = sph_cli_fail("bench", 1, "device buffers: %s", sph_last_error());
     }
     free(hh), free(hw), free(ht), free(hg), free(htr);

@@ -9,6 +9,8 @@
 
 #include "cli.h"
 #include "json_util.h"
+#include "msg.h"
+#include "num.h"
 
 
 /* options: sph_cli_layout_opts (opts.c) */

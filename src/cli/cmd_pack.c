@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "json_util.h"
+#include "msg.h"
 
 
 

@@ -23,8 +23,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
+#include "dist/run_dist.h"
+#include "msg.h"
+#include "progress.h"
 #include "run.h"
-#include "run_dist.h"
 #include "run_distill.h"
 #include "run_policy.h"
 #include "synth.h"
@@ -39,7 +42,9 @@ static const char k_about[] =
     "Forward + backward of the LM head (logprob, entropy, lse, logit_mean; dhidden,\n"
     "dweight). Default: a packed RL batch of prompts and responses with an entropy\n"
     "bonus (N=1024 H=256 V=4096), small enough to --check in seconds. With --policy-loss:\n"
-    "the fused RL policy loss (spanhead run --policy-loss ppo --help).";
+    "the fused RL policy loss (spanhead run --policy-loss ppo --help); with --distill: the\n"
+    "fused distillation loss (spanhead run --distill jsd --help); with --tp/--cp/--dp or\n"
+    "under mpirun: their MPI forms.";
 
 /* OpenMP workers that spin while the master runs serial code take half of an SMT core from
  * it (and from OpenBLAS); on this project's 2-vCPU machines that cost 2-4x on small shapes.
@@ -102,18 +107,58 @@ static int validate(run_opts *o, const sph_cli_parsed *pp) {
     return 0;
 }
 
-int sph_cli_run(int argc, char **argv) {
-    /* the fused distillation loss: its own options and runner (run_distill.c) */
-    if (sph_cli_run_wants_distill(argc, argv))
-        return sph_cli_run_wants_dist(argc, argv) ? sph_cli_run_distill_main_dist(argc, argv)
-                                                  : sph_cli_run_distill(argc, argv);
-    /* the fused RL policy loss has its own options and runner (run_policy.c) */
-    if (sph_cli_run_wants_policy(argc, argv)) {
-        if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_policy_main_dist(argc, argv);
-        prefer_passive_wait(argc, argv);
-        return sph_cli_run_policy(argc, argv);
+/* ---- the runners, and the one choice among them --------------------------------------- */
+
+static int run_head(int argc, char **argv);
+
+/* A runner per loss, each with its one-process form and its MPI form (src/cli/dist/); the
+ * option that names the loss picks it, none the head alone. */
+typedef struct run_mode {
+    const char *selector;                /* "--policy-loss", "--distill"; NULL: the head */
+    int (*one)(int argc, char **argv);   /* one process */
+    int (*dist)(int argc, char **argv);  /* --tp/--cp/--dp, or an MPI launch of several ranks */
+    int passive_wait;                    /* re-exec with OMP_WAIT_POLICY=passive first */
+} run_mode;
+
+static const run_mode k_modes[] = {
+    {NULL, run_head, sph_cli_run_dist, 1},
+    {"--policy-loss", sph_cli_run_policy, sph_cli_run_policy_main_dist, 1},
+    {"--distill", sph_cli_run_distill, sph_cli_run_distill_main_dist, 0},
+};
+
+/* Ranks of the MPI launch that started this process (1 when none did). Ranks given different
+ * arguments must still meet in one agreement, so a launch of several ranks is distributed
+ * whatever its arguments say. */
+static int launcher_ranks(void) {
+    static const char *const env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", NULL};
+    for (int k = 0; env[k]; k++) {
+        const char *v = getenv(env[k]);
+        if (v && atoi(v) > 1) return atoi(v);
     }
-    if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
+    return 1;
+}
+
+int sph_cli_run(int argc, char **argv) {
+    /* which runner: one walk of argv with the parser's own rules and every runner's table (a
+     * value is never taken for an option; "--" ends the options for all of them), then the
+     * runner parses its options once, with its table */
+    const sph_cli_opt *const tables[] = {sph_cli_run_opts, sph_cli_dist_opts,
+                                         sph_cli_policy_opts, sph_cli_distill_opts};
+    static const char *const names[] = {"--policy-loss", "--distill", "--tp", "--cp", "--dp",
+                                        NULL};
+    int given[5];
+    sph_cli_scan(tables, 4, argc, argv, names, given);
+    if (given[0] && given[1])
+        return sph_cli_fail(RUN_CMD, 2, "--policy-loss and --distill: one loss per run "
+                                        "(see --help of each)");
+    const run_mode *m = &k_modes[given[0] ? 1 : given[1] ? 2 : 0];
+    if (given[2] || given[3] || given[4] || launcher_ranks() > 1) return m->dist(argc, argv);
+    if (m->passive_wait) prefer_passive_wait(argc, argv);
+    return m->one(argc, argv);
+}
+
+/* The head alone in one process: synthetic or .npy inputs, timing, --check, --outputs. */
+static int run_head(int argc, char **argv) {
     run_opts o;
     memset(&o, 0, sizeof o);
     o.mask = -1, o.repeats = 3, o.active = 0.5, o.temperature = 1.0, o.seed = 1;
@@ -122,7 +167,6 @@ int sph_cli_run(int argc, char **argv) {
                                          &o, &pp, &done);
     if (done) return rc;
     if ((rc = validate(&o, &pp))) return rc;
-    prefer_passive_wait(argc, argv);
     const int on_cuda = o.device == RUN_CUDA;
     run_problem p;
     run_result r;

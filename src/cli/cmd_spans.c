@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "json_util.h"
+#include "msg.h"
 
 
 /* options: sph_cli_spans_opts (opts.c) */

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "msg.h"
+#include "progress.h"
 
 
 

@@ -6,14 +6,15 @@
  */
 #include "json_util.h"
 
-#include "util.h"
-
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "msg.h"
+#include "num.h"
 
 #define MAX_EXACT 9007199254740992.0 /* 2^53: larger texts round onto or past it */
 

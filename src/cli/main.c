@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "msg.h"
 
 static void usage(FILE *f) {
     fprintf(f,

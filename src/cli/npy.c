@@ -6,15 +6,14 @@
  */
 #include "npy.h"
 
-#include "util.h"
-
-
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "half.h"
 
 static int fail(char *err, size_t n, const char *name, const char *msg) {
     snprintf(err, n, "%s: %s", name, msg);
@@ -316,6 +315,22 @@ int npy_read(const char *path, npy_array *a, char *err, size_t err_len) {
     int rc = npy_read_stream(f, path, size, a, err, err_len);
     fclose(f);
     return rc;
+}
+
+int npy_read_in(const char *dir, const char *name, npy_array *a, char *err, size_t err_len) {
+    char path[4096];
+    memset(a, 0, sizeof *a);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= sizeof path) {
+        snprintf(err, err_len, "--inputs %s: path too long", dir);
+        return -1;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    return npy_read(path, a, err, err_len) ? -1 : 1;
 }
 
 // ---- writing ---------------------------------------------------------------------------------

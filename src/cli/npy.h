@@ -36,6 +36,9 @@ int npy_read_stream(FILE *f, const char *name, int64_t file_bytes, npy_array *a,
                     size_t err_len);
 /* Reads path into *a. Returns 0, or -1 with a message in err. */
 int npy_read(const char *path, npy_array *a, char *err, size_t err_len);
+/* DIR/name.npy of an --inputs folder, where present: 1 read into *a, 0 absent (no such
+ * file), -1 with a message in err (a path too long, a file that cannot be read or parsed). */
+int npy_read_in(const char *dir, const char *name, npy_array *a, char *err, size_t err_len);
 /* Writes the array (ndim <= NPY_MAX_NDIM) of the given kind/bytes; 0 or -1 with err. The
  * stream is not closed. */
 int npy_write_stream(FILE *f, char kind, int bytes, int ndim, const int64_t *shape,

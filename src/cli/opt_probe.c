@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "msg.h"
 #include "run.h"
 
 /* One CPU context of the run's threads and kernel (the options a context judges). */

@@ -10,6 +10,8 @@
 #include "synth.h"
 
 const char *const sph_cli_fp8_names[] = {"none", "blockwise", "mxfp8", NULL};
+const char *const sph_cli_device_names[] = {"cpu", "cuda", NULL};
+const char *const sph_cli_run_dtype_names[] = {"f32", "bf16", "f16", NULL};
 
 const bench_shape bench_shapes[5] = {
     {"A", 2048, 62080}, {"B", 4096, 37984}, {"C", 5120, 37984}, {"D", 2048, 151936},
@@ -180,12 +182,9 @@ const sph_cli_opt sph_cli_bench_opts[] = {
 
 // ---- run ---------------------------------------------------------------------------------------
 
-static const char *const k_run_devices[] = {"cpu", "cuda", NULL};
-static const char *const k_run_dtypes[] = {"f32", "bf16", "f16", NULL};
 #define O(f) offsetof(run_opts, f)
 const sph_cli_opt sph_cli_run_opts[] = {
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_run_devices, 0,
-     "where to compute (default cpu)"},
+    SPH_CLI_ROW_DEVICE(run_opts, "where to compute (default cpu)"),
     {"--N", "ROWS", SPH_OPT_COUNT, O(N), 1, INT64_MAX, 0, 0, NULL, 0, "tokens (rows of hidden)"},
     {"--H", "SIZE", SPH_OPT_COUNT, O(H), 1, INT64_MAX, 0, 0, NULL, 0, "hidden size"},
     {"--V", "ROWS", SPH_OPT_COUNT, O(V), 1, INT64_MAX, 0, 0, NULL, 0,
@@ -194,7 +193,7 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "full vocabulary (default V_loc)"},
     {"--vocab-start", "v0", SPH_OPT_I64, O(v0), 0, INT64_MAX, 0, 0, NULL, 0,
      "first id of this shard (default 0)"},
-    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_run_dtypes, 0,
+    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, sph_cli_run_dtype_names, 0,
      "input dtype (default f32); gradients are written in f32"},
     {"--mask", "PATTERN", SPH_OPT_CHOICE, O(mask), 0, 0, 0, 0, synth_mask_names, 0,
      "response|random|fragmented|all|none: active rows (default\n"
@@ -206,10 +205,8 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "(default 0: exact spans)"},
     {"--entropy", NULL, SPH_OPT_FLAG, O(entropy), 0, 0, 0, 0, NULL, 0,
      "also compute entropy and backpropagate an entropy bonus"},
-    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "tanh logit cap (default 0: off)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "softmax temperature, > 0 (default 1)"},
+    SPH_CLI_ROW_SOFTCAP(run_opts),
+    SPH_CLI_ROW_TEMPERATURE(run_opts),
     {"--one-pass", NULL, SPH_OPT_FLAG, O(one_pass), 0, 0, 0, 0, NULL, 0,
      "gradients from the forward sweep (no recompute)"},
     {"--support", "K", SPH_OPT_I64, O(K), 1, INT64_MAX, 0, 0, NULL, 0,
@@ -222,12 +219,10 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "<= the vocabulary; no gradient)"},
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0,
      "synthetic data seed (default 1)"},
-    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
-     "CPU threads (default 0: all; the library bounds it)"},
+    SPH_CLI_ROW_THREADS(run_opts),
     {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
      "timed runs after a warm-up, median reported (default 3)"},
-    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
-     "force a CPU kernel set: ref, generic, avx2, avx512"},
+    SPH_CLI_ROW_KERNEL(run_opts),
     {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
      "compare what was computed with the float64 reference; exit 1 if\n"
      "off (normwise 1e-4 for f32; the entropy and the gradients also get\n"
@@ -246,14 +241,12 @@ const sph_cli_opt sph_cli_run_opts[] = {
      "topk_logprobs topk_ids .npy (what\n"
      "was computed): all at once after the run (and --check) succeeded,\n"
      "or none"},
-    {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
-     "print the results and the check as one JSON object"},
+    SPH_CLI_ROW_JSON(run_opts),
     SPH_CLI_OPT_END};
 #undef O
 
 // ---- dist --------------------------------------------------------------------------------------
 
-static const char *const k_dist_devices[] = {"cpu", "cuda", NULL};
 static const char *const k_dist_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_dist_masks[] = {"rl", "dense", NULL};
 static const char *const k_dist_packs[] = {"ffd", "mffd", "balanced", NULL}; /* sph_pack_algo order */
@@ -265,8 +258,7 @@ const sph_cli_opt sph_cli_dist_opts[] = {
      "tensor-parallel size (default 1); T*C*D must equal the world size"},
     {"--cp", "C", SPH_OPT_I64, O(cp), 1, 1 << 20, 0, 0, NULL, 0, "context-parallel size (default 1)"},
     {"--dp", "D", SPH_OPT_I64, O(dp), 1, 1 << 20, 0, 0, NULL, 0, "data-parallel size (default 1)"},
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_dist_devices, 0,
-     "cuda: one GPU per rank, NCCL communicator (default cpu)"},
+    SPH_CLI_ROW_DEVICE(dopts, "cuda: one GPU per rank, NCCL communicator (default cpu)"),
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "rank 0 reads DIR/{hidden,weight,targets}.npy and optionally\n"
      "mask, lengths, dlogprob, dentropy, dlse, dlogit_mean,\n"
@@ -297,16 +289,14 @@ const sph_cli_opt sph_cli_dist_opts[] = {
     {"--seed", "S", SPH_OPT_I64, O(seed), 0, INT64_MAX, 0, 0, NULL, 0, "(default 1)"},
     {"--dtype", "f32|bf16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dist_dtypes, 0,
      "input dtype (default f32)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "softmax temperature, > 0 (default 1)"},
+    SPH_CLI_ROW_TEMPERATURE(dopts),
     {"--capacity", "N", SPH_OPT_COUNT, O(capacity), 1, INT64_MAX, 0, 0, NULL, 0,
      "tokens per bin (default: about two bins per DP rank)"},
     {"--pack", "ffd|mffd|balanced", SPH_OPT_CHOICE, O(pack), 0, 0, 0, 0, k_dist_packs, 0,
      "bin packing algorithm (default ffd)"},
     {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "span coalescing gap (default 0: exact spans)"},
-    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
-     "force the per-rank kernel (ref, generic, avx2, ...)"},
+    SPH_CLI_ROW_KERNEL(dopts),
     {"--atol", "a", SPH_OPT_F64, O(atol), 0, 0, 0, 1e30, NULL, 0,
      "pass if |got - ref| <= a + r |ref| (1e-4; bf16 on cuda 2e-2)"},
     {"--rtol", "r", SPH_OPT_F64, O(rtol), 0, 0, 0, 1e30, NULL, 0, "(see --atol)"},

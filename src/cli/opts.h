@@ -112,6 +112,34 @@ typedef struct bopts {
     int modes; /* 1 general, 2 one-pass, 3 both (4: policy, bench_policy.c) */
 } bopts;
 
+// ---- rows shared by the run tables, one per concept ------------------------------------------
+
+/* The head's options as every runner of `spanhead run` takes them (the head alone, its MPI
+ * form, each loss), defined once: a table places the row with its options struct T, whose
+ * field of that name has the row's type (SPH_CLI_OFF). */
+extern const char *const sph_cli_device_names[];    /* cpu, cuda */
+extern const char *const sph_cli_run_dtype_names[]; /* f32, bf16, f16 (RUN_F32 ...) */
+
+#define SPH_CLI_ROW_DEVICE(T, help)                                                            \
+    {"--device", "cpu|cuda", SPH_OPT_CHOICE, SPH_CLI_OFF(T, device, int), 0, 0, 0, 0,           \
+     sph_cli_device_names, 0, help}
+#define SPH_CLI_ROW_TEMPERATURE(T)                                                             \
+    {"--temperature", "T", SPH_OPT_F64, SPH_CLI_OFF(T, temperature, double), 0, 0, 0, 0, NULL,  \
+     SPH_OPTF_ANY, "softmax temperature, > 0 (default 1)"}
+#define SPH_CLI_ROW_SOFTCAP(T)                                                                 \
+    {"--softcap", "C", SPH_OPT_F64, SPH_CLI_OFF(T, softcap, double), 0, 0, 0, 0, NULL,          \
+     SPH_OPTF_ANY, "tanh logit cap (default 0: off)"}
+#define SPH_CLI_ROW_THREADS(T)                                                                 \
+    {"--threads", "N", SPH_OPT_I64, SPH_CLI_OFF(T, threads, int64_t), 0, INT32_MAX, 0, 0, NULL, \
+     0, "CPU threads (default 0: all; the library bounds it)"}
+#define SPH_CLI_ROW_KERNEL(T)                                                                  \
+    {"--kernel", "NAME", SPH_OPT_STR, SPH_CLI_OFF(T, kernel, const char *), 0, 0, 0, 0, NULL,   \
+     0, "force a kernel set: ref, generic, avx2, avx512 (each rank's\n"                        \
+        "under mpirun)"}
+#define SPH_CLI_ROW_JSON(T)                                                                    \
+    {"--json", NULL, SPH_OPT_FLAG, SPH_CLI_OFF(T, json, int), 0, 0, 0, 0, NULL, 0,              \
+     "print the result and the check as one JSON object"}
+
 // ---- the tables ------------------------------------------------------------------------------
 
 extern const sph_cli_opt sph_cli_layout_opts[], sph_cli_pack_opts[], sph_cli_spans_opts[],

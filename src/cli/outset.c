@@ -1,5 +1,5 @@
 /*
- * outset.c - atomic output sets (see util.h): a run's files appear together, from one run, or
+ * outset.c - atomic output sets (see outset.h): a run's files appear together, from one run, or
  * not at all, whatever a signal or a neighbour does.
  *
  * The scheme, taken in sph_cli_outset_begin before any work:
@@ -37,9 +37,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "msg.h"
 #include "npy.h"
 #include "outset.h"
-#include "util.h"
 
 #define OUT_PATH 4096
 

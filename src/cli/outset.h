@@ -1,7 +1,7 @@
 /*
  * outset.h - atomic output sets of the CLI (outset.c): the files of one run appear together, or
- * not at all. (Apart from util.h, so that the toolbox below it names nothing of the .npy
- * writer the sets use.)
+ * not at all. (A module of its own over npy.c, so that the toolbox below it, msg.c and
+ * num.c, names nothing of the .npy writer the sets use.)
  */
 #ifndef SPH_CLI_OUTSET_H
 #define SPH_CLI_OUTSET_H

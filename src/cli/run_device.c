@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "run.h"
 
 static sph_status put(run_device *d, int k, const void *host, size_t bytes, int ndim, int64_t n0,

@@ -1,13 +1,12 @@
 /*
  * run_distill.h - `spanhead run --distill ...`: the fused distillation loss (sph_distill_loss,
- * docs/distill.md) of the CLI. cmd_run.c dispatches here with one line:
- *
- *     if (sph_cli_run_wants_distill(argc, argv)) return sph_cli_run_distill(argc, argv);
+ * docs/distill.md) of the CLI. cmd_run.c dispatches here when --distill is given: to
+ * sph_cli_run_distill_main_dist under mpirun or with --tp, else to sph_cli_run_distill.
  *
  *   run_distill.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                       against the float64 reference, loss.json and the .npy outputs
- *   run_distill_dist.c  the same under mpirun: --tp T --cp C (vocabulary shards x row pieces
- *                       of one seq_comm group; CPU over MPI or CUDA over NCCL), checked
+ *   dist/run_distill_dist.c  the same under mpirun: --tp T --cp C (vocabulary shards x row
+ *                       pieces of one seq_comm group; CPU over MPI or CUDA over NCCL), checked
  *                       against one process
  */
 #ifndef SPH_CLI_RUN_DISTILL_H
@@ -17,13 +16,11 @@
 #include <stdio.h>
 
 #include "cli.h"
-#include "util.h"
+#include "outset.h"
 
 /* The options of `run --distill` (run_distill.c). */
 extern const sph_cli_opt sph_cli_distill_opts[];
 
-/* 1 when argv (argv[0] = "run") has --distill. */
-int sph_cli_run_wants_distill(int argc, char **argv);
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_distill(int argc, char **argv);
 
@@ -79,8 +76,6 @@ typedef struct dst_where {
 
 /* One call; 0 or an exit code (message printed). */
 int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *w, dst_result *r);
-/* max |got - ref| / max(|ref|, floor) (normwise), NaN -> inf */
-double dst_rel(const float *got, const float *ref, int64_t n, double floor);
 extern const char *const dst_out_files[];
 /* Writes loss.json, dhidden.npy, dweight.npy into the begun set and publishes it. */
 int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *p,
@@ -88,12 +83,7 @@ int dst_write_outputs(sph_cli_outset *os, const dst_opts *o, const dst_problem *
 void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, int checked,
                 int passed, const double err[3], double tol);
 void dst_usage(FILE *f);
-/* The distributed form (run_distill_dist.c), under an MPI launcher or with --tp: o as far as
- * this rank parsed it, rc its verdict (0, or 2 with msg, or SPH_CLI_HELP). */
-int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
-/* The defaults of the options (run_distill.c); the distributed entry (run_distill_dist.c),
- * called by cmd_run.c under mpirun or with --tp. */
+/* The defaults of the options. */
 void dst_opts_defaults(dst_opts *o);
-int sph_cli_run_distill_main_dist(int argc, char **argv);
 
 #endif

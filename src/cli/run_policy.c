@@ -15,26 +15,24 @@
  * aggregations and gspo), ref_logprob.npy (N) (required with --kl k1|k2|k3), is_weight.npy (N)
  * (optional).
  */
-#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "json_util.h"
+#include "msg.h"
 #include "npy.h"
+#include "num.h"
 #include "run.h"
+#include "run_loss.h"
 #include "run_policy.h"
-#include "util.h"
 
 #define CMD "run"
 
-static const char *const k_devices[] = {"cpu", "cuda", NULL};
-static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_losses[] = {"ppo", "cispo", "gspo", NULL};
 static const char *const k_kls[] = {"none", "k1", "k2", "k3", NULL};
 static const char *const k_aggs[] = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
@@ -80,26 +78,9 @@ const sph_cli_opt sph_cli_policy_opts[] = {
      "tokens of the global batch (default: the active rows)"},
     {"--num-seqs", "S", SPH_OPT_COUNT, O(num_seqs), 1, INT64_MAX, 0, 0, NULL, 0,
      "sequences of the global batch (default: those with an active row)"},
-    {"--device", "cpu|cuda", SPH_OPT_CHOICE, O(device), 0, 0, 0, 0, k_devices, 0,
-     "where to compute (default cpu)"},
-    {"--dtype", "f32|bf16|f16", SPH_OPT_CHOICE, O(dtype), 0, 0, 0, 0, k_dtypes, 0,
-     "what uint16 hidden / weight bits hold (f4 / f2 files say it themselves)"},
-    {"--temperature", "T", SPH_OPT_F64, O(temperature), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "softmax temperature (default 1)"},
-    {"--softcap", "C", SPH_OPT_F64, O(softcap), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "tanh logit cap (default 0: off)"},
+    RUN_LOSS_HEAD_ROWS(pol_opts),
     {"--gap", "G", SPH_OPT_I64, O(gap), 0, INT64_MAX, 0, 0, NULL, 0,
      "span coalescing gap of mask.npy (default 0)"},
-    {"--threads", "N", SPH_OPT_I64, O(threads), 0, INT32_MAX, 0, 0, NULL, 0,
-     "CPU threads (default 0: all; the library bounds it)"},
-    {"--kernel", "NAME", SPH_OPT_STR, O(kernel), 0, 0, 0, 0, NULL, 0,
-     "force a kernel set: ref, generic, avx2, avx512"},
-    {"--repeats", "R", SPH_OPT_I64, O(repeats), 1, 1000, 0, 0, NULL, 0,
-     "timed calls after a warm-up, median reported (default 1)"},
-    {"--check", NULL, SPH_OPT_FLAG, O(check), 0, 0, 0, 0, NULL, 0,
-     "compare with the float64 reference; exit 1 if off"},
-    {"--json", NULL, SPH_OPT_FLAG, O(json), 0, 0, 0, 0, NULL, 0,
-     "print the result and the check as one JSON object"},
     {"--tp", "T", SPH_OPT_I64, O(tp), 1, 4096, 0, 0, NULL, 0,
      "under mpirun: vocabulary shards (run_policy_dist.c)"},
     {"--cp", "C", SPH_OPT_I64, O(cp), 1, 4096, 0, 0, NULL, 0,
@@ -121,13 +102,6 @@ void pol_usage(FILE *f) {
     sph_cli_usage(f, k_synopsis, k_about, sph_cli_policy_opts, SPH_CLI_EXIT_STATUS);
 }
 
-int sph_cli_run_wants_policy(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strncmp(argv[i], "--policy-loss", 13) && (argv[i][13] == 0 || argv[i][13] == '='))
-            return 1;
-    return 0;
-}
-
 // ---- inputs ------------------------------------------------------------------------------
 
 void pol_problem_free(pol_problem *p) {
@@ -136,31 +110,11 @@ void pol_problem_free(pol_problem *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* DIR/name.npy when present: 1 read, 0 absent, -1 error (printed). */
-static int read_npy(const char *dir, const char *name, npy_array *a) {
-    char path[4096], err[512];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= sizeof path) {
-        sph_cli_fail(CMD, 1, "--inputs %s: path too long", dir);
-        return -1;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        if (errno == ENOENT) return 0;
-        sph_cli_fail(CMD, 1, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (npy_read(path, a, err, sizeof err)) {
-        sph_cli_fail(CMD, 1, "%s", err);
-        return -1;
-    }
-    return 1;
-}
-
 /* A per-row float vector (f4, or f8 converted), finite: the library refuses NaN on active
  * rows with its own message; here the file must at least be a float vector of N. */
 static int row_f32(const char *dir, const char *name, int64_t N, int required, float **out) {
     npy_array a = {0};
-    int r = read_npy(dir, name, &a);
+    int r = run_loss_read(dir, name, &a);
     if (r < 0) return 1;
     if (r == 0) {
         if (!required) return 0;
@@ -185,7 +139,7 @@ static int row_f32(const char *dir, const char *name, int64_t N, int required, f
 
 static int row_i64(const char *dir, const char *name, int64_t N, int64_t **out) {
     npy_array a = {0};
-    int r = read_npy(dir, name, &a);
+    int r = run_loss_read(dir, name, &a);
     if (r <= 0) return r < 0;
     int rc = 1;
     if (a.kind != 'i' || (a.bytes != 4 && a.bytes != 8)) {
@@ -267,57 +221,49 @@ sph_policy_args pol_args(const pol_opts *o) {
 enum { B_H, B_W, B_TGT, B_MASK, B_ADV, B_OLD, B_REF, B_ISW, B_SEQ, B_LP, B_ENT, B_DH, B_DW, B_MET,
        B_TEMP, B_TKI, B_TKL, B_SP2, B_COUNT };
 
+static sph_status pol_size(const run_loss_call *c, size_t *bytes) {
+    return sph_policy_loss_workspace_size(c->ctx, c->head, c->loss, bytes);
+}
+
+static sph_status pol_call(const run_loss_call *c, void *ws, size_t bytes) {
+    return sph_policy_loss(c->ctx, c->head, c->loss, ws, bytes);
+}
+
 int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_result *r) {
     memset(r, 0, sizeof *r);
-    const char *kernel = w->kernel;
-    const int reps = w->reps;
-    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
-    co.device.type = w->on_cuda ? SPH_DEVICE_CUDA : SPH_DEVICE_CPU;
-    co.device.id = w->on_cuda ? w->device_id : 0;
-    co.num_threads = (int)w->threads;
-    co.force_kernel = kernel;
-    co.tp_comm = w->tp;
     sph_ctx_t ctx = NULL;
-    void *buf[B_COUNT] = {0}, *ws = NULL;
-    int64_t sh[B_COUNT][2];
-    sph_tensor t[B_COUNT];
-    double *times = NULL;
+    sph_device dev;
+    run_loss_bufs b;
+    memset(&b, 0, sizeof b);
     int rc = 1;
-    sph_status s = sph_ctx_create(&ctx, &co);
+    sph_status s = run_loss_ctx(&ctx, &dev, w->on_cuda, w->device_id, w->threads, w->kernel,
+                                w->tp);
     if (s) goto fail;
     const int64_t N = p->N, H = p->H, V = p->V, TK = o->topk;
     const size_t es = (size_t)p->bits / 8;
     const sph_dtype in = p->bits == 32 ? SPH_F32 : (p->is_bf16 ? SPH_BF16 : SPH_F16);
-    const struct {
-        const void *host;
-        size_t bytes;
-        int ndim;
-        int64_t n0, n1;
-        sph_dtype dt;
-    } spec[B_COUNT] = {
-        {p->h, (size_t)(N * H) * es, 2, N, H, in},   {p->w, (size_t)(V * H) * es, 2, V, H, in},
-        {p->tgt, (size_t)N * 8, 1, N, 0, SPH_I64},   {p->mask, (size_t)N, 1, N, 0, SPH_U8},
-        {p->adv, (size_t)N * 4, 1, N, 0, SPH_F32},   {p->old, (size_t)N * 4, 1, N, 0, SPH_F32},
-        {p->ref, (size_t)N * 4, 1, N, 0, SPH_F32},   {p->isw, (size_t)N * 4, 1, N, 0, SPH_F32},
-        {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64},   {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},
-        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32},     {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32},
-        {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32},
-        {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32},
-        {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32},
-        {NULL, (size_t)(N * TK) * 8, 2, N, TK, SPH_I64},
-        {NULL, (size_t)(N * TK) * 4, 2, N, TK, SPH_F32},
-        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32}};
-    const int is_out[B_COUNT] = {[B_LP] = 1, [B_ENT] = 1, [B_DH] = 1, [B_DW] = 1, [B_MET] = 1,
-                                 [B_TKI] = TK > 0, [B_TKL] = TK > 0, [B_SP2] = o->sum_p2};
-    for (int k = 0; k < B_COUNT; k++) {
-        if (!spec[k].host && !is_out[k]) continue; /* an absent optional input or extra */
-        if ((s = sph_ctx_malloc(ctx, spec[k].bytes ? spec[k].bytes : 1, &buf[k]))) goto fail;
-        if (spec[k].host && (s = sph_ctx_memcpy(ctx, buf[k], spec[k].host, spec[k].bytes)))
-            goto fail;
-        sh[k][0] = spec[k].n0, sh[k][1] = spec[k].n1;
-        t[k] = (sph_tensor){buf[k], co.device, spec[k].ndim, spec[k].dt, sh[k], NULL, 0};
-    }
-#define T(k) (buf[k] ? &t[k] : NULL)
+    const run_loss_buf spec[B_COUNT] = {
+        {p->h, (size_t)(N * H) * es, 2, N, H, in, 0},
+        {p->w, (size_t)(V * H) * es, 2, V, H, in, 0},
+        {p->tgt, (size_t)N * 8, 1, N, 0, SPH_I64, 0},
+        {p->mask, (size_t)N, 1, N, 0, SPH_U8, 0},
+        {p->adv, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->old, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->ref, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->isw, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->seq, (size_t)N * 8, 1, N, 0, SPH_I64, 0},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, 1},
+        {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
+        {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1},
+        {NULL, SPH_POLICY_N_METRICS * 4, 1, SPH_POLICY_N_METRICS, 0, SPH_F32, 1},
+        {p->temp, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        /* the extras, outputs when asked for */
+        {NULL, (size_t)(N * TK) * 8, 2, N, TK, SPH_I64, TK > 0},
+        {NULL, (size_t)(N * TK) * 4, 2, N, TK, SPH_F32, TK > 0},
+        {NULL, (size_t)N * 4, 1, N, 0, SPH_F32, o->sum_p2}};
+    if ((s = run_loss_bufs_make(ctx, dev, spec, B_COUNT, &b))) goto fail;
+#define T(k) run_loss_tensor(&b, k)
     sph_head_args a = SPH_HEAD_ARGS_INIT;
     a.hidden = T(B_H), a.weight = T(B_W), a.targets = T(B_TGT), a.active_mask = T(B_MASK);
     a.temperature = o->temperature, a.softcap = o->softcap;
@@ -334,46 +280,36 @@ int pol_run(const pol_opts *o, const pol_problem *p, const pol_where *w, pol_res
     if (w->num_tokens > 0) pa.num_tokens = w->num_tokens;
     if (w->num_seqs > 0) pa.num_seqs = w->num_seqs;
 #undef T
-    if ((s = sph_policy_loss_workspace_size(ctx, &a, &pa, &r->ws_bytes))) goto fail;
-    if ((s = sph_ctx_malloc(ctx, r->ws_bytes ? r->ws_bytes : 1, &ws))) goto fail;
-    if (!(times = malloc(sizeof(double) * (size_t)(reps + 1)))) goto oom;
-    for (int k = -1; k < reps; k++) { /* k = -1: warm-up (and the only call of the check) */
-        double t0 = sph_cli_now_s();
-        if ((s = sph_policy_loss(ctx, &a, &pa, ws, r->ws_bytes))) goto fail;
-        if ((s = sph_ctx_synchronize(ctx))) goto fail;
-        if (k >= 0) times[k] = sph_cli_now_s() - t0;
-    }
-    r->ms = reps > 0 ? 1e3 * sph_cli_median(times, reps) : 0;
+    const run_loss_call c = {ctx, &a, &pa, pol_size, pol_call};
+    if ((s = run_loss_timed(&c, w->reps, &r->ws_bytes, &r->ms))) goto fail;
     snprintf(r->describe, sizeof r->describe, "%s", sph_ctx_describe(ctx));
     if (!(r->lp = sph_cli_alloc(N, 4)) || !(r->ent = sph_cli_alloc(N, 4)) ||
-        !(r->dh = sph_cli_alloc(N * H, 4)) || !(r->dw = sph_cli_alloc(V * H, 4)))
-        goto oom;
-    if ((s = sph_ctx_memcpy(ctx, r->lp, buf[B_LP], spec[B_LP].bytes)) ||
-        (s = sph_ctx_memcpy(ctx, r->ent, buf[B_ENT], spec[B_ENT].bytes)) ||
-        (s = sph_ctx_memcpy(ctx, r->dh, buf[B_DH], spec[B_DH].bytes)) ||
-        (s = sph_ctx_memcpy(ctx, r->dw, buf[B_DW], spec[B_DW].bytes)) ||
-        (s = sph_ctx_memcpy(ctx, r->metrics, buf[B_MET], spec[B_MET].bytes)))
+        !(r->dh = sph_cli_alloc(N * H, 4)) || !(r->dw = sph_cli_alloc(V * H, 4))) {
+        sph_cli_fail(CMD, 1, "out of memory");
+        goto done;
+    }
+    if ((s = sph_ctx_memcpy(ctx, r->lp, b.buf[B_LP], spec[B_LP].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->ent, b.buf[B_ENT], spec[B_ENT].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->dh, b.buf[B_DH], spec[B_DH].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->dw, b.buf[B_DW], spec[B_DW].bytes)) ||
+        (s = sph_ctx_memcpy(ctx, r->metrics, b.buf[B_MET], spec[B_MET].bytes)))
         goto fail;
     r->topk = TK;
     if ((TK && (!(r->tki = sph_cli_alloc(N * TK, 8)) || !(r->tkl = sph_cli_alloc(N * TK, 4)))) ||
-        (o->sum_p2 && !(r->sp2 = sph_cli_alloc(N, 4))))
-        goto oom;
-    if ((TK && ((s = sph_ctx_memcpy(ctx, r->tki, buf[B_TKI], spec[B_TKI].bytes)) ||
-                (s = sph_ctx_memcpy(ctx, r->tkl, buf[B_TKL], spec[B_TKL].bytes)))) ||
-        (o->sum_p2 && (s = sph_ctx_memcpy(ctx, r->sp2, buf[B_SP2], spec[B_SP2].bytes))))
+        (o->sum_p2 && !(r->sp2 = sph_cli_alloc(N, 4)))) {
+        sph_cli_fail(CMD, 1, "out of memory");
+        goto done;
+    }
+    if ((TK && ((s = sph_ctx_memcpy(ctx, r->tki, b.buf[B_TKI], spec[B_TKI].bytes)) ||
+                (s = sph_ctx_memcpy(ctx, r->tkl, b.buf[B_TKL], spec[B_TKL].bytes)))) ||
+        (o->sum_p2 && (s = sph_ctx_memcpy(ctx, r->sp2, b.buf[B_SP2], spec[B_SP2].bytes))))
         goto fail;
     rc = 0;
     goto done;
-oom:
-    sph_cli_fail(CMD, 1, "out of memory");
-    goto done;
 fail:
-    sph_cli_fail(CMD, 1, "%s%s: %s", kernel && !strcmp(kernel, "ref") ? "reference: " : "",
-                 sph_status_str(s), sph_last_error());
+    run_loss_fail_status(w->kernel, s);
 done:
-    free(times);
-    for (int k = 0; k < B_COUNT; k++) sph_ctx_free(ctx, buf[k]);
-    sph_ctx_free(ctx, ws);
+    run_loss_bufs_free(ctx, &b);
     sph_ctx_destroy(ctx);
     if (rc) pol_result_free(r);
     return rc;
@@ -381,30 +317,18 @@ done:
 
 // ---- check, outputs, report ------------------------------------------------------------------
 
-/* max |got - ref| / max(|ref|, floor) (normwise), NaN -> inf */
-static double rel(const float *got, const float *ref, int64_t n, double floor) {
-    double md = 0, mr = floor;
-    for (int64_t k = 0; k < n; k++) {
-        double d = fabs((double)got[k] - (double)ref[k]);
-        if (isnan(d)) return INFINITY;
-        md = d > md ? d : md;
-        mr = fabs((double)ref[k]) > mr ? fabs((double)ref[k]) : mr;
-    }
-    return md / mr;
-}
-
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]) {
     /* metrics one by one (they mix counts with losses of very different scales) */
     err[0] = 0;
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
-        double e = rel(&got->metrics[k], &ref->metrics[k], 1, 1e-3);
+        double e = run_loss_rel(&got->metrics[k], &ref->metrics[k], 1, 1e-3);
         err[0] = e > err[0] ? e : err[0];
     }
-    err[1] = rel(got->lp, ref->lp, N, 1e-30);
-    err[2] = rel(got->ent, ref->ent, N, 1e-30);
-    err[3] = rel(got->dh, ref->dh, N * H, 1e-30);
-    err[4] = rel(got->dw, ref->dw, V * H, 1e-30);
+    err[1] = run_loss_rel(got->lp, ref->lp, N, 1e-30);
+    err[2] = run_loss_rel(got->ent, ref->ent, N, 1e-30);
+    err[3] = run_loss_rel(got->dh, ref->dh, N * H, 1e-30);
+    err[4] = run_loss_rel(got->dw, ref->dw, V * H, 1e-30);
     int ok = 1;
     for (int k = 0; k < 5; k++) ok &= err[k] <= tol;
     return ok;
@@ -430,7 +354,7 @@ static int check_extras(const pol_result *got, const pol_result *ref, int64_t N,
             if (sep && got->tki[i * K + k] != ref->tki[i * KR + k]) ex[1]++;
         }
     ex[0] = md / mr;
-    if (got->sp2) ex[2] = rel(got->sp2, ref->sp2, N, 1e-30);
+    if (got->sp2) ex[2] = run_loss_rel(got->sp2, ref->sp2, N, 1e-30);
     return ex[0] <= tol && ex[1] == 0 && ex[2] <= tol;
 }
 
@@ -465,8 +389,6 @@ int pol_outputs_begin(sph_cli_outset *s, const char *dir) {
 int pol_write_outputs(sph_cli_outset *os, const pol_result *r, int64_t N, int64_t H, int64_t V) {
     sph_cli_outset s = *os; /* begun before the run; released here either way */
     memset(os, 0, sizeof *os);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", s.dir ? s.dir : "");
     char *json = pol_loss_json(r->metrics);
     const int64_t n1[1] = {N}, nh[2] = {N, H}, vh[2] = {V, H}, nk[2] = {N, r->topk};
     int bad = !json || sph_cli_outset_text(&s, "loss.json", json) ||
@@ -477,14 +399,9 @@ int pol_write_outputs(sph_cli_outset *os, const pol_result *r, int64_t N, int64_
               (r->tki && sph_cli_outset_npy(&s, "topk_ids", 'i', 8, 2, nk, r->tki)) ||
               (r->tkl && sph_cli_outset_npy(&s, "topk_logprobs", 'f', 4, 2, nk, r->tkl)) ||
               (r->sp2 && sph_cli_outset_npy(&s, "sum_p2", 'f', 4, 1, n1, r->sp2));
+    int rc = run_loss_outputs_end(&s, json, bad);
     free(json);
-    if (bad) {
-        if (!json) sph_cli_outset_abort(&s);
-        return sph_cli_fail(CMD, 1, "%s (nothing was written to %s)", json ? s.err : "out of memory",
-                            dir);
-    }
-    if (sph_cli_outset_commit(&s)) return sph_cli_fail(CMD, 1, "%s", s.err);
-    return 0;
+    return rc;
 }
 
 static void report(const pol_opts *o, const pol_problem *p, const pol_result *r, int checked,
@@ -497,7 +414,7 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
         printf("{\"policy_loss\":\"%s\",\"kl\":\"%s\",\"agg\":\"%s\",\"N\":%lld,\"H\":%lld,"
                "\"V\":%lld,\"active\":%lld,\"dtype\":\"%s\",\"device\":\"%s\",\"ms\":",
                k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-               (long long)p->V, (long long)act, dt, k_devices[o->device]);
+               (long long)p->V, (long long)act, dt, sph_cli_device_names[o->device]);
         /* non-finite numbers as null (json_util.h): a diverged loss still prints valid JSON */
         sph_cli_json_num(stdout, "%.6g", r->ms);
         printf(",\"workspace_bytes\":%zu,\"metrics\":{", r->ws_bytes);
@@ -527,7 +444,8 @@ static void report(const pol_opts *o, const pol_problem *p, const pol_result *r,
     }
     printf("run: policy loss %s (kl %s, agg %s), N=%lld H=%lld V=%lld active=%lld %s on %s\n",
            k_losses[o->loss], k_kls[o->kl], k_aggs[o->agg], (long long)p->N, (long long)p->H,
-           (long long)p->V, (long long)act, dt, r->describe[0] ? r->describe : k_devices[o->device]);
+           (long long)p->V, (long long)act, dt,
+           r->describe[0] ? r->describe : sph_cli_device_names[o->device]);
     printf("  one call: %.3f ms (median of %lld), workspace %.3g MiB\n", r->ms,
            (long long)o->repeats, (double)r->ws_bytes / 1048576.0);
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++)

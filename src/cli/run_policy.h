@@ -1,12 +1,12 @@
 /*
  * run_policy.h - `spanhead run --policy-loss ...`: the fused RL policy loss (sph_policy_loss,
- * docs/policy.md) of the CLI. cmd_run.c dispatches here before anything else: to
- * sph_cli_run_policy_main_dist under mpirun or with --tp/--cp/--dp (sph_cli_run_wants_dist),
- * else to sph_cli_run_policy.
+ * docs/policy.md) of the CLI. cmd_run.c dispatches here when --policy-loss is given: to
+ * sph_cli_run_policy_main_dist under mpirun or with --tp/--cp/--dp, else to
+ * sph_cli_run_policy.
  *
  *   run_policy.c       options, the .npy inputs, one process on the CPU or a GPU, --check
  *                      against the float64 reference, loss.json and the .npy outputs
- *   run_policy_dist.c  the same under mpirun: --tp (vocabulary shards), --cp (rows of the
+ *   dist/run_policy_dist.c  the same under mpirun: --tp (vocabulary shards), --cp (rows of the
  *                      sequences split across ranks: the library's sequence group), --dp
  *                      (whole sequences per rank, the global num_tokens / num_seqs)
  */
@@ -22,14 +22,8 @@
 /* The options of `run --policy-loss` (run_policy.c). */
 extern const sph_cli_opt sph_cli_policy_opts[];
 
-/* 1 when argv (argv[0] = "run") has --policy-loss. */
-int sph_cli_run_wants_policy(int argc, char **argv);
 /* The command; returns the exit code (0 ok, 1 bad data / failure / failed --check, 2 usage). */
 int sph_cli_run_policy(int argc, char **argv);
-/* The command under mpirun (run_policy_dist.c): every rank parses and validates, and every
- * verdict, a usage error or --help included, goes to the ranks' agreement instead of ending
- * this rank alone. */
-int sph_cli_run_policy_main_dist(int argc, char **argv);
 
 /* ---- shared by run_policy.c and run_policy_dist.c ---------------------------------------- */
 
@@ -97,17 +91,13 @@ char *pol_loss_json(const float *metrics);
 /* The comparison of a run with the reference's: max relative errors, 1 when within tol. */
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]);
-/* The distributed form (run_policy_dist.c), for --tp/--cp/--dp or an MPI launcher: o as far
- * as this rank parsed it, rc its verdict (0, 1 or 2 with msg, or SPH_CLI_HELP), which the
- * ranks' agreement judges before anything else. */
-int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
 /* The options' defaults, and what the parser cannot judge alone (0, or an exit code with
  * msg), run_policy.c. */
 void pol_opts_defaults(pol_opts *o);
 int pol_validate(pol_opts *o, const sph_cli_parsed *pp, char *msg, size_t n);
 /* The usage of `run --policy-loss` on f. */
 void pol_usage(FILE *f);
-/* The output set of dir begun (before any work: util.h); 0 or an exit code (printed). */
+/* The output set of dir begun (before any work: outset.h); 0 or an exit code (printed). */
 int pol_outputs_begin(sph_cli_outset *s, const char *dir);
 /* Writes loss.json and the .npy outputs into the set and publishes it; 0 or an exit code. */
 int pol_write_outputs(sph_cli_outset *s, const pol_result *r, int64_t N, int64_t H, int64_t V);

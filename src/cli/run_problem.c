@@ -12,7 +12,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "clock.h"
+#include "half.h"
+#include "msg.h"
 #include "npy.h"
+#include "num.h"
+#include "rng.h"
 #include "run.h"
 #include "synth.h"
 
@@ -160,19 +165,10 @@ static int synth_problem(const run_opts *o, run_problem *p) {
 
 /* Reads DIR/name.npy when present: 1 read, 0 absent, -1 error (message printed). */
 static int read_opt(const char *dir, const char *name, npy_array *a) {
-    char path[4096], err[512];
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        if (errno == ENOENT) return 0;
-        sph_cli_fail(RUN_CMD, 1, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (npy_read(path, a, err, sizeof err)) {
-        sph_cli_fail(RUN_CMD, 1, "%s", err);
-        return -1;
-    }
-    return 1;
+    char err[512];
+    const int r = npy_read_in(dir, name, a, err, sizeof err);
+    if (r < 0) sph_cli_fail(RUN_CMD, 1, "%s", err);
+    return r;
 }
 
 static int expect_shape(const char *name, const npy_array *a, int ndim, const int64_t *shape) {

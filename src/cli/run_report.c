@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
+#include "half.h"
 #include "json_util.h"
+#include "msg.h"
 #include "run.h"
 
 const char *const run_out_names[RUN_N_OUT] = {"logprob", "entropy", "lse", "logit_mean",

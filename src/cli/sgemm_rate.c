@@ -6,6 +6,9 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "clock.h"
+#include "num.h"
+#include "rng.h"
 
 /* cblas.h's declaration, so the CLI needs no BLAS header (CblasRowMajor 101, NoTrans 111,
  * Trans 112). */

@@ -6,6 +6,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
+#include "rng.h"
+
 const char *const synth_mask_names[] = {"response", "random", "fragmented", "all", "none", NULL};
 
 void synth_mask(int pattern, int64_t N, double frac, sph_cli_rng *r, uint8_t *mask,

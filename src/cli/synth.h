@@ -1,7 +1,7 @@
 /*
  * synth.h - seeded synthetic inputs for `spanhead run` and the benchmarks: loss-mask patterns
  * (a packed RL batch of prompts and responses, random, fragmented, all, none) and random
- * tensors in the input dtype. Random numbers come from the toolbox's splitmix64 (util.h), so
+ * tensors in the input dtype. Random numbers come from the toolbox's splitmix64 (rng.h), so
  * every stream is reproducible from its seed alone.
  */
 #ifndef SPH_CLI_SYNTH_H
@@ -9,7 +9,8 @@
 
 #include <stdint.h>
 
-#include "util.h"
+#include "rng.h"
+
 
 /* The mask patterns of synth_mask, in order (for option tables). */
 extern const char *const synth_mask_names[];

@@ -217,6 +217,32 @@ for c in pack layout spans run bench tune "run --tp 1" "run --policy-loss ppo"; 
     fi
 done
 
+# ---- `spanhead run` picks its runner from the options as the parser reads them -------------
+# (issue 27 item 5: the old sniffers looked for --policy-loss / --distill / --tp anywhere in
+# argv, past "--" and inside other options' values, and disagreed with each other on "--")
+for c in "run --distill jsd"; do
+    if out=$("$cli" $c --help 2>&1) && [[ $out == "usage: spanhead run --inputs DIR [--outputs DIR] --distill"* ]]; then
+        echo "ok   help-$c"
+    else
+        echo "FAIL help-$c: $(head -1 <<<"$out")"; fails=$((fails + 1))
+    fi
+done
+# "--" ends the options for the choice too: --help before it is the head runner's help
+if out=$("$cli" run --help -- --policy-loss ppo 2>&1) && [[ $(head -1 <<<"$out") == "usage: spanhead run [options]" ]]; then
+    echo "ok   dispatch-dashdash-help"
+else
+    echo "FAIL dispatch-dashdash-help: $(head -1 <<<"$out")"; fails=$((fails + 1))
+fi
+# a value that looks like --tp is the value of --kernel: the one-process head runner judges it
+expect_err dispatch-value-not-option 2 "spanhead run: --kernel: invalid argument: force_kernel: '--tp' is unknown" \
+    "$cli" run --kernel --tp
+if grep -qF "rank" "$tmp/err"; then
+    echo "FAIL dispatch-value-not-option: the distributed runner took it ($(cat "$tmp/err"))"; fails=$((fails + 1))
+fi
+expect_err dispatch-two-losses 2 "--policy-loss and --distill: one loss per run" \
+    "$cli" run --policy-loss ppo --distill jsd --inputs "$tmp"
+expect_err dispatch-dashdash-loss 2 "unexpected argument '--policy-loss'" "$cli" run --N 4 --H 4 --V 4 -- --policy-loss ppo
+
 # ---- JSON and text inputs --------------------------------------------------------------------
 printf '[10,20] [30,40]' >"$tmp/trail.json"
 expect_err json-trailing 1 "byte 8: data after the JSON document ('[30,40]')" "$cli" pack --capacity 64 "$tmp/trail.json"

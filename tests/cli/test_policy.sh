@@ -201,7 +201,11 @@ modes = [r["mode"].split(" ")[0] for r in rows]
 assert modes == ["policy", "one-pass", "general+loss", "policy+topk8+sum_p2"] * 2, modes
 x = [r for r in rows if r["mode"].startswith("policy+")]
 assert all(r["topk"] == 8 and r["sum_p2"] is True and r["ms"] > 0 for r in x), x
-assert all(abs(r["extra_pct"] - 100 * (r["ms"] / p["ms"] - 1)) < 0.5  # ms: 4 decimals
+# ms are printed to 4 decimals (+-5e-5 each), so the recomputed share is off by up to
+# 100 * 5e-5 * (a + b) / b^2 (a timing spike of the extras' row over a fast policy row makes
+# that more than half a point: a seed of make test had 7539.2 % against 7539.9 %)
+assert all(abs(r["extra_pct"] - 100 * (r["ms"] / p["ms"] - 1))
+           < 0.05 + 100 * 5e-5 * (r["ms"] + p["ms"]) / (p["ms"] - 5e-5) ** 2
            for r, p in zip(x, [r for r in rows if r["mode"] == "policy"])), x
 PY
 then

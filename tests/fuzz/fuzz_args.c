@@ -4,6 +4,8 @@
  * arguments separated by NUL bytes. Whatever argv holds, the parser must return 0, --help or
  * a usage error (2) whose message is one line that names the offending option (a table name,
  * or the argument itself for an unknown one); a parsed value lies inside its row's bounds.
+ * The walk that picks `run`'s runner (sph_cli_scan) sees, on any argv the table parses, exactly
+ * the options the parse saw, and walks any argv over all the tables without a fault.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +113,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (rc == 0) {
         check_values(t, &p, &dst);
         CHECK(p.n_pos == 0 || p.pos != NULL);
+        /* the runner's choice and the runner's parse read argv the same way */
+        const char *names[65];
+        int n = 0, seen[64];
+        for (; t[n].name && n < 64; n++) names[n] = t[n].name;
+        names[n] = NULL;
+        sph_cli_scan(&t, 1, argc, argv, names, seen);
+        for (int k = 0; k < n; k++) CHECK(seen[k] == p.given[k]);
+    }
+    {
+        static const char *const sel[] = {"--policy-loss", "--distill", "--tp", "--cp", "--dp", NULL};
+        int seen[5];
+        sph_cli_scan(k_tables, (int)(sizeof k_tables / sizeof k_tables[0]), argc, argv, sel, seen);
+        for (int k = 0; k < 5; k++) CHECK(seen[k] == 0 || seen[k] == 1);
     }
     if (data[0] & 0x40) { /* the help text of the table */
         FILE *devnull = fopen("/dev/null", "w");

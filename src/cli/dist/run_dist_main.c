@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
 #include "run.h"
 #include "run_dist.h"
 
@@ -91,11 +92,11 @@ static int parse_and_agree(int argc, char **argv, dopts *o) {
     if (rc == 0) /* temperature, kernel: the library's verdict (opt_probe.c) */
         rc = sph_cli_probe_head("run", o->temperature, 0, 0, o->kernel, msg, sizeof msg);
     /* `spanhead run` without --tp/--cp/--dp under a multi-rank launch lands here too */
-    int dist_args = 0;
-    for (int i = 1; i < argc; i++)
-        dist_args |= !strncmp(argv[i], "--tp", 4) || !strncmp(argv[i], "--cp", 4) ||
-                     !strncmp(argv[i], "--dp", 4);
-    const char *hint = dist_args ? NULL : " (started by mpirun with several ranks, this is the "
+    static const char *const dist_names[] = {"--tp", "--cp", "--dp", NULL};
+    const sph_cli_opt *const table[] = {sph_cli_dist_opts};
+    int given[3];
+    sph_cli_scan(table, 1, argc, argv, dist_names, given);
+    const char *hint = given[0] || given[1] || given[2] ? NULL : " (started by mpirun with several ranks, this is the "
                                           "distributed runner: spanhead run --tp 1 --help)";
     int v = sph_cli_dist_agree(SPH_CLI_PATH_HEAD, sph_cli_dist_opts, o, rc, msg, hint, argc, argv);
     if (v == SPH_CLI_HELP) {
@@ -251,15 +252,8 @@ int sph_cli_run_dist(int argc, char **argv) {
     int ok = 1;
     sph_ctx_opts io = SPH_CTX_OPTS_INIT;
     if (o.cuda) {
-        MPI_Comm node;
-        int local = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_free(&node);
-        int n_dev = sph_cuda_device_count();
-        if (n_dev < 1) ok = dist_fail("--device cuda: no CUDA device visible to this rank");
+        ok = dist_cuda_device(&io.device.id);
         io.device.type = SPH_DEVICE_CUDA;
-        io.device.id = n_dev > 0 ? local % n_dev : 0;
     }
     /* the SPH_CUDA_* A/B switches of the scripts under scripts/device */
     if (ok && sph_ctx_opts_apply_env(&io)) ok = dist_fail("%s", sph_last_error());

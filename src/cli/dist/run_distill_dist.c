@@ -25,9 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
+#include "num.h"
 #include "run_dist.h"
 #include "run_distill.h"
-#include "util.h"
+#include "run_loss.h"
 
 #define CMD "run"
 
@@ -51,36 +53,11 @@ int sph_cli_run_distill_main_dist(int argc, char **argv) {
 
 int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv) {
     (void)o, (void)argc, (void)argv;
-    if (rc == SPH_CLI_HELP) {
-        dst_usage(stdout);
-        return 0;
-    }
-    if (rc) return sph_cli_fail(CMD, rc, "%s", msg);
-    return sph_cli_fail(CMD, 1, "--tp/--cp need MPI, and this spanhead was built without it "
-                                "(install Open MPI and reconfigure)");
+    return dist_loss_no_mpi(rc, msg, dst_usage, "--tp/--cp");
 }
 
 #else
 #include <mpi.h>
-
-static int g_rank, g_size;
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "spanhead run (rank %d): ", g_rank);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 0;
-}
-
-static int agree(int ok) {
-    int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return all;
-}
 
 /* Rank (cp, tp)'s view of the problem: rows [r0, r1) of p (pointers into p's arrays; the
  * weights whole, the call takes its shard). */
@@ -108,20 +85,13 @@ static int make_groups(const dst_opts *o, const dst_problem *p, int64_t T, int64
     MPI_Comm_split(MPI_COMM_WORLD, (int)cp, (int)tp, tpm);
     MPI_Comm_split(MPI_COMM_WORLD, (int)tp, (int)cp, cpm);
     if (cuda) {
-        MPI_Comm node;
-        int lr = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &lr);
-        MPI_Comm_free(&node);
-        const int nd = sph_cuda_device_count();
-        *dev_id = nd > 0 ? lr % nd : 0;
-        ok = nd > 0 || fail("--device cuda: no CUDA device");
+        ok = dist_cuda_device(dev_id);
         /* NCCL takes the calling thread's current device: a context on the rank's GPU
          * makes it current (held to the end) */
         sph_ctx_opts co = SPH_CTX_OPTS_INIT;
         co.device = (sph_device){SPH_DEVICE_CUDA, *dev_id};
         if (ok && sph_ctx_create(devctx, &co))
-            ok = fail("--device cuda: device %d: %s", *dev_id, sph_last_error());
+            ok = dist_fail("--device cuda: device %d: %s", *dev_id, sph_last_error());
     }
     if (ok && T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
@@ -130,7 +100,7 @@ static int make_groups(const dst_opts *o, const dst_problem *p, int64_t T, int64
         cfg.temperature = o->temperature;
         sph_status s = cuda ? sph_comm_create_nccl_mpi(tpc, tpm, &cfg)
                             : sph_comm_create_mpi(tpc, tpm, &cfg);
-        if (s) ok = fail("TP communicator: %s", sph_last_error());
+        if (s) ok = dist_fail("TP communicator: %s", sph_last_error());
     }
     if (ok && C > 1) {
         /* the sequence group needs no configuration of its own: a placeholder one (each rank
@@ -139,7 +109,7 @@ static int make_groups(const dst_opts *o, const dst_problem *p, int64_t T, int64
         cfg.tp = C, cfg.vocab_total = C, cfg.vocab_start = cp, cfg.vocab_local = 1;
         sph_status s = cuda ? sph_comm_create_nccl_mpi(sqc, cpm, &cfg)
                             : sph_comm_create_mpi(sqc, cpm, &cfg);
-        if (s) ok = fail("CP (sequence-group) communicator: %s", sph_last_error());
+        if (s) ok = dist_fail("CP (sequence-group) communicator: %s", sph_last_error());
     }
     return ok;
 }
@@ -155,18 +125,18 @@ static int gather(const dst_opts *o, const dst_problem *p, int64_t T, int64_t cp
     const int64_t n = r1 - r0, nl = none ? n : 1;
     /* every TP rank of a CP rank holds the same loss bits (the combine is in rank order) */
     float *l0 = sph_cli_alloc(nl ? nl : 1, 4);
-    int ok = l0 != NULL || fail("out of memory");
+    int ok = l0 != NULL || dist_fail("out of memory");
     if (ok) memcpy(l0, r->loss, (size_t)nl * 4);
     if (T > 1 && ok) MPI_Bcast(l0, (int)nl, MPI_FLOAT, 0, tpm);
     ok = ok && (!memcmp(l0, r->loss, (size_t)nl * 4) ||
-                fail("the loss differs from TP rank 0's (every rank of the TP group must hold "
+                dist_fail("the loss differs from TP rank 0's (every rank of the TP group must hold "
                      "the same bits)"));
     free(l0);
-    if (!agree(ok)) return 0;
+    if (!dist_agree(ok)) return 0;
     const int64_t NL = none ? p->N : 1, NH = p->N * p->H, NW = p->V * p->H;
-    double *buf = sph_cli_calloc(NL + NH + NW, 8), *sum = g_rank ? NULL : sph_cli_calloc(NL + NH + NW, 8);
-    ok = (buf && (g_rank || sum)) || fail("out of memory for the gathered outputs");
-    if (!agree(ok)) {
+    double *buf = sph_cli_calloc(NL + NH + NW, 8), *sum = dist_rank ? NULL : sph_cli_calloc(NL + NH + NW, 8);
+    ok = (buf && (dist_rank || sum)) || dist_fail("out of memory for the gathered outputs");
+    if (!dist_agree(ok)) {
         free(buf), free(sum);
         return 0;
     }
@@ -182,9 +152,9 @@ static int gather(const dst_opts *o, const dst_problem *p, int64_t T, int64_t cp
         off += k;
     }
     free(buf);
-    if (!g_rank) {
+    if (!dist_rank) {
         g->loss = sph_cli_alloc(NL, 4), g->dh = sph_cli_alloc(NH, 4), g->dw = sph_cli_alloc(NW, 4);
-        ok = (g->loss && g->dh && g->dw) || fail("out of memory for the gathered outputs");
+        ok = (g->loss && g->dh && g->dw) || dist_fail("out of memory for the gathered outputs");
         for (int64_t k = 0; ok && k < NL; k++) g->loss[k] = (float)sum[k];
         for (int64_t k = 0; ok && k < NH; k++) g->dh[k] = (float)sum[NL + k];
         for (int64_t k = 0; ok && k < NW; k++) g->dw[k] = (float)sum[NL + NH + k];
@@ -192,23 +162,14 @@ static int gather(const dst_opts *o, const dst_problem *p, int64_t T, int64_t cp
         memcpy(g->describe, r->describe, sizeof g->describe);
     }
     free(sum);
-    return agree(ok);
+    return dist_agree(ok);
 }
 
 int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, int argc,
                              char **argv) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail(CMD, 1, "MPI_Init failed");
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    int v = sph_cli_dist_agree(SPH_CLI_PATH_DISTILL, sph_cli_distill_opts, o, verdict, msg, NULL,
-                               argc, argv);
-    if (v) {
-        if (v == SPH_CLI_HELP && !g_rank) dst_usage(stdout);
-        MPI_Finalize();
-        return v == SPH_CLI_HELP ? 0 : v;
-    }
+    int v = dist_loss_begin(SPH_CLI_PATH_DISTILL, sph_cli_distill_opts, o, verdict, msg, argc,
+                            argv, dst_usage);
+    if (v >= 0) return v;
     const int64_t T = o->tp, C = o->cp;
     int rc = 1, ok = 1;
     dst_problem p;
@@ -220,35 +181,35 @@ int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, in
     sph_comm_t tpc = NULL, sqc = NULL;
     sph_ctx_t devctx = NULL;
     MPI_Comm tpm = MPI_COMM_NULL, cpm = MPI_COMM_NULL;
-    if (T * C != g_size) {
-        if (!g_rank)
+    if (T * C != dist_size) {
+        if (!dist_rank)
             sph_cli_fail(CMD, 2, "--tp %lld --cp %lld needs %lld ranks, but mpirun started %d "
                                  "(mpirun -np %lld)", (long long)T, (long long)C,
-                         (long long)(T * C), g_size, (long long)(T * C));
+                         (long long)(T * C), dist_size, (long long)(T * C));
         rc = 2;
         goto out;
     }
-    const int64_t tp = g_rank % T, cp = g_rank / T;
+    const int64_t tp = dist_rank % T, cp = dist_rank / T;
     /* 1. the problem: every rank reads it; rank 0 begins the output set before any work */
     ok = dst_problem_read(o, &p) == 0;
-    if (ok && !g_rank && o->outputs && sph_cli_outset_begin(&os, o->outputs, dst_out_files))
-        ok = fail("%s", os.err);
-    if (!agree(ok)) goto out;
+    if (ok && !dist_rank && o->outputs && sph_cli_outset_begin(&os, o->outputs, dst_out_files))
+        ok = dist_fail("%s", os.err);
+    if (!dist_agree(ok)) goto out;
     /* 2. this rank's rows and vocabulary rows, its groups and its call */
     const int64_t r0 = p.N * cp / C, r1 = p.N * (cp + 1) / C;
     const int64_t v0 = p.V * tp / T, v1 = p.V * (tp + 1) / T;
     int dev_id = 0;
-    if (!agree(make_groups(o, &p, T, C, cp, tp, v0, v1, &tpm, &cpm, &tpc, &sqc, &dev_id,
+    if (!dist_agree(make_groups(o, &p, T, C, cp, tp, v0, v1, &tpm, &cpm, &tpc, &sqc, &dev_id,
                            &devctx)))
         goto out;
     const dst_problem q = rows_of(&p, r0, r1);
     dst_where w = {o->device == 1, o->kernel, o->threads, (int)o->repeats, tpc, v0, v1 - v0,
                    sqc, o->num_tokens, dev_id};
-    if (!agree(dst_run(o, &q, &w, &r) == 0)) goto out;
+    if (!dist_agree(dst_run(o, &q, &w, &r) == 0)) goto out;
     /* 3. the TP copies checked, the results gathered to rank 0 as one process's */
     if (!gather(o, &p, T, cp, tp, r0, r1, v0, v1, tpm, &r, &g)) goto out;
     int passed = 1;
-    if (!g_rank) {
+    if (!dist_rank) {
         double err[3] = {0}, tol = 0;
         const int nl = o->red == 2 ? (int)p.N : 1;
         if (o->check) {
@@ -257,9 +218,9 @@ int sph_cli_run_distill_dist(const dst_opts *o, int verdict, const char *msg, in
             if (ok) {
                 /* f32 well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
                 tol = p.bits == 32 ? 1e-4 : (o->device == 1 ? 2e-2 : 1e-4);
-                err[0] = dst_rel(g.loss, ref.loss, nl, 1e-6);
-                err[1] = dst_rel(g.dh, ref.dh, p.N * p.H, 1e-30);
-                err[2] = dst_rel(g.dw, ref.dw, p.V * p.H, 1e-30);
+                err[0] = run_loss_rel(g.loss, ref.loss, nl, 1e-6);
+                err[1] = run_loss_rel(g.dh, ref.dh, p.N * p.H, 1e-30);
+                err[2] = run_loss_rel(g.dw, ref.dw, p.V * p.H, 1e-30);
                 passed = err[0] <= tol && err[1] <= tol && err[2] <= tol;
             }
         }

@@ -1,12 +1,13 @@
 /*
  * run_dist.h - the distributed form of `spanhead run` (tensor, context and data parallel
- * under mpirun). cmd_run.c dispatches here with one line:
- *
- *     if (sph_cli_run_wants_dist(argc, argv)) return sph_cli_run_dist(argc, argv);
+ * under mpirun): the MPI verification harness, src/cli/dist/. cmd_run.c enters it (the head's
+ * sph_cli_run_dist, the losses' sph_cli_run_policy_main_dist and
+ * sph_cli_run_distill_main_dist) when --tp, --cp or --dp is given or an MPI launcher started
+ * several ranks; nothing below cmd_run.c names a file of this folder (check_layout.py rule 5).
  *
  * The rest of this header is shared by the runner's files only:
  *   run_dist_main.c   options, the agreement of all ranks on them, the command's phases
- *   run_dist_base.c   what the others share: sph_cli_run_wants_dist, the ranks, dist_fail,
+ *   run_dist_base.c   what the others share: the ranks, dist_fail,
  *                     dist_agree
  *   run_dist_batch.c  the global batch (synthetic or --inputs), its broadcast, and each
  *                     rank's share: bins, packed layout, CP-local rows
@@ -19,19 +20,31 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "outset.h"
-
-/* 1 when argv (argv[0] = "run") asks for a distributed run: any of --tp, --cp, --dp, or a
- * process started by an MPI launcher with more than one rank (so that ranks given different
- * arguments still meet in one agreement instead of some of them waiting forever). */
-int sph_cli_run_wants_dist(int argc, char **argv);
+#include "run_distill.h"
+#include "run_policy.h"
 
 /* `spanhead run --tp T --cp C --dp D [...]` under `mpirun -np T*C*D`. Returns the exit code:
  * 0 PASS (or no check requested), 1 FAIL or runtime error, 2 usage error. Every rank returns
  * the same code. */
 int sph_cli_run_dist(int argc, char **argv);
+
+/* The losses under mpirun (run_policy_dist.c, run_distill_dist.c): every rank parses and
+ * validates, and every verdict, a usage error or --help included, goes to the ranks'
+ * agreement instead of ending this rank alone. */
+int sph_cli_run_policy_main_dist(int argc, char **argv);
+int sph_cli_run_distill_main_dist(int argc, char **argv);
+/* Their distributed forms: o as far as this rank parsed it, rc its verdict (0, 1 or 2 with
+ * msg, or SPH_CLI_HELP), which the ranks' agreement judges before anything else. */
+int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv);
+int sph_cli_run_distill_dist(const dst_opts *o, int rc, const char *msg, int argc, char **argv);
+
+/* Without MPI, what a loss's distributed form does: its --help, its usage error, or the
+ * message that `needs` (--tp, --tp/--cp/--dp) needs MPI. Returns the exit code. */
+int dist_loss_no_mpi(int rc, const char *msg, void (*usage)(FILE *f), const char *needs);
 
 #ifdef SPH_HAVE_MPI
 
@@ -59,6 +72,18 @@ extern int dist_rank, dist_size;
 int dist_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* 1 when every rank's ok is 1 (one all-reduce). */
 int dist_agree(int ok);
+
+/* This rank's GPU (--device cuda): its node-local rank modulo the devices it sees, so the
+ * ranks of a node spread over its GPUs (two may share one). 1, or 0 after dist_fail when it
+ * sees none (*dev_id 0). Collective over MPI_COMM_WORLD (the node split). */
+int dist_cuda_device(int *dev_id);
+
+/* The start of a loss's distributed form: MPI initialized (unless it is), this rank's place
+ * in dist_rank / dist_size, and step 0, the ranks' agreement (sph_cli_dist_agree) on path,
+ * verdict and options. Returns -1 to go on; else the exit code every rank returns, after
+ * rank 0 printed the usage (every rank asked for --help) and MPI was finalized. */
+int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int verdict,
+                    const char *msg, int argc, char **argv, void (*usage)(FILE *f));
 
 /* ---- the global batch --------------------------------------------------------------------- */
 

@@ -30,9 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msg.h"
+#include "num.h"
 #include "run_dist.h"
 #include "run_policy.h"
-#include "util.h"
 
 #define CMD "run"
 
@@ -54,37 +55,11 @@ int sph_cli_run_policy_main_dist(int argc, char **argv) {
 
 int sph_cli_run_policy_dist(const pol_opts *o, int rc, const char *msg, int argc, char **argv) {
     (void)o, (void)argc, (void)argv;
-    if (rc == SPH_CLI_HELP) {
-        pol_usage(stdout);
-        return 0;
-    }
-    if (rc) return sph_cli_fail(CMD, rc, "%s", msg);
-    return sph_cli_fail(CMD, 1, "--tp/--cp/--dp need MPI, and this spanhead was built without "
-                                "it (install Open MPI and reconfigure)");
+    return dist_loss_no_mpi(rc, msg, pol_usage, "--tp/--cp/--dp");
 }
 
 #else
 #include <mpi.h>
-
-static int g_rank, g_size;
-
-/* A failure on this rank (printed with the rank); returns 0 for `ok = fail(...)`. */
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "spanhead run (rank %d): ", g_rank);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 0;
-}
-
-static int agree(int ok) {
-    int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return all;
-}
 
 /* Broadcasts n bytes from rank 0 in pieces below INT_MAX. */
 static void bcast(void *p, size_t n) {
@@ -101,7 +76,7 @@ static int share_problem(pol_problem *p, int ok0) {
                        !!p->isw, p->n_spans, ok0, !!p->temp};
     MPI_Bcast(hdr, 12, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (!hdr[10]) return 0;
-    if (g_rank) {
+    if (dist_rank) {
         memset(p, 0, sizeof *p);
         p->N = hdr[0], p->H = hdr[1], p->V = hdr[2], p->bits = (int)hdr[3];
         p->is_bf16 = (int)hdr[4], p->n_spans = hdr[9];
@@ -118,7 +93,7 @@ static int share_problem(pol_problem *p, int ok0) {
     int ok = p->h && p->w && p->tgt && p->adv && p->old && (!hdr[5] || (p->mask && p->spans)) &&
              (!hdr[6] || p->seq) && (!hdr[7] || p->ref) && (!hdr[8] || p->isw) &&
              (!hdr[11] || p->temp);
-    if (!agree(ok || fail("out of memory for the problem"))) return 0;
+    if (!dist_agree(ok || dist_fail("out of memory for the problem"))) return 0;
     const size_t es = (size_t)p->bits / 8;
     bcast(p->h, (size_t)(p->N * p->H) * es), bcast(p->w, (size_t)(p->V * p->H) * es);
     bcast(p->tgt, (size_t)p->N * 8), bcast(p->adv, (size_t)p->N * 4);
@@ -173,14 +148,14 @@ static int local_problem(const pol_problem *p, int64_t a, int64_t b, int64_t n, 
     if (!q->h || !q->w || !q->tgt || !q->adv || !q->old || (p->mask && !q->mask) ||
         (p->seq && !q->seq) || (p->ref && !q->ref) || (p->isw && !q->isw) ||
         (p->temp && !q->temp))
-        return fail("out of memory for the local problem");
+        return dist_fail("out of memory for the local problem");
     if (q->V > 0) memcpy(q->w, (const char *)p->w + (size_t)(v0 * p->H) * es,
                          (size_t)(q->V * p->H) * es);
     for (int64_t k = 0; k < n; k++) copy_row(p, a + k < b ? a + k : -1, q, k);
     if (q->mask) {
         q->spans = sph_cli_alloc(n + 2, 16);
         if (!q->spans || sph_spans_from_mask(q->mask, n, 0, q->spans, &q->n_spans))
-            return fail("spans of the local rows: %s", sph_last_error());
+            return dist_fail("spans of the local rows: %s", sph_last_error());
     }
     return 1;
 }
@@ -200,7 +175,7 @@ static int dp_blocks(const pol_problem *p, int64_t D, int64_t *cut) {
         if (p->seq[i] == p->seq[i - 1]) continue;
         for (int64_t j = 0; j < i - 1; j++)
             if (p->seq[j] == p->seq[i])
-                return fail("--dp %lld: the rows of sequence %lld are not contiguous (rows %lld "
+                return dist_fail("--dp %lld: the rows of sequence %lld are not contiguous (rows %lld "
                             "and %lld): data parallelism gives whole sequences to ranks",
                             (long long)D, (long long)p->seq[i], (long long)j, (long long)i);
     }
@@ -239,18 +214,9 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
                    &d->tp_mpi);
     MPI_Comm_split(MPI_COMM_WORLD, (int)(d->dp_rank * T + d->tp_rank), (int)d->cp_rank,
                    &d->cp_mpi);
-    MPI_Comm_split(MPI_COMM_WORLD, (int)d->tp_rank, g_rank, &d->shard_mpi); /* same shard */
+    MPI_Comm_split(MPI_COMM_WORLD, (int)d->tp_rank, dist_rank, &d->shard_mpi); /* same shard */
     d->cuda = o->device == 1;
-    if (d->cuda) {
-        MPI_Comm node;
-        int lr = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &lr);
-        MPI_Comm_free(&node);
-        int nd = sph_cuda_device_count();
-        d->dev_id = nd > 0 ? lr % nd : 0;
-        ok = nd > 0 || fail("--device cuda: no CUDA device");
-    }
+    if (d->cuda) ok = dist_cuda_device(&d->dev_id);
     sph_status s = SPH_OK;
     if (ok && T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
@@ -260,7 +226,7 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
         cfg.temperature = o->temperature;
         s = d->cuda ? sph_comm_create_nccl_mpi(&d->tpc, &d->tp_mpi, &cfg)
                     : sph_comm_create_mpi(&d->tpc, &d->tp_mpi, &cfg);
-        if (s) ok = fail("TP communicator: %s", sph_last_error());
+        if (s) ok = dist_fail("TP communicator: %s", sph_last_error());
     }
     if (ok && C > 1) {
         /* a sequence group needs no configuration of its own: a placeholder one (each rank a
@@ -269,7 +235,7 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
         cfg.tp = C, cfg.vocab_total = C, cfg.vocab_start = d->cp_rank, cfg.vocab_local = 1;
         s = d->cuda ? sph_comm_create_nccl_mpi(&d->sqc, &d->cp_mpi, &cfg)
                     : sph_comm_create_mpi(&d->sqc, &d->cp_mpi, &cfg);
-        if (s) ok = fail("sequence-group communicator: %s", sph_last_error());
+        if (s) ok = dist_fail("sequence-group communicator: %s", sph_last_error());
     }
     return ok;
 }
@@ -279,7 +245,7 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
 static int check_tp_copies(const pol_dist *d, const pol_problem *q, const pol_result *r,
                            float **mets_out) {
     const int64_t T = d->T;
-    float *mets = g_rank ? NULL : sph_cli_alloc((int64_t)g_size * SPH_POLICY_N_METRICS, 4);
+    float *mets = dist_rank ? NULL : sph_cli_alloc((int64_t)dist_size * SPH_POLICY_N_METRICS, 4);
     *mets_out = mets;
     MPI_Gather(r->metrics, SPH_POLICY_N_METRICS, MPI_FLOAT, mets, SPH_POLICY_N_METRICS,
                MPI_FLOAT, 0, MPI_COMM_WORLD);
@@ -287,16 +253,16 @@ static int check_tp_copies(const pol_dist *d, const pol_problem *q, const pol_re
     if (lp0) memcpy(lp0, r->lp, (size_t)q->N * 4);
     MPI_Bcast(lp0, (int)q->N, MPI_FLOAT, 0, d->tp_mpi);
     int ok = memcmp(lp0, r->lp, (size_t)q->N * 4) == 0 ||
-             fail("logprob differs from TP rank 0's (the statistics combine in rank order: "
+             dist_fail("logprob differs from TP rank 0's (the statistics combine in rank order: "
                   "every rank must hold the same bits)");
     free(lp0);
     int same = 1;
-    if (!g_rank)
-        for (int k = 0; k < g_size; k++)
+    if (!dist_rank)
+        for (int k = 0; k < dist_size; k++)
             same &= !memcmp(mets + k * SPH_POLICY_N_METRICS,
                             mets + (k - k % T) * SPH_POLICY_N_METRICS, SPH_POLICY_N_METRICS * 4);
     MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!same && !g_rank) fail("the metrics of the TP ranks of a group differ");
+    if (!same && !dist_rank) dist_fail("the metrics of the TP ranks of a group differ");
     return ok & same;
 }
 
@@ -305,7 +271,7 @@ static int check_tp_copies(const pol_dist *d, const pol_problem *q, const pol_re
 static int global_result(const pol_opts *o, const pol_problem *p, const pol_dist *d,
                          const pol_result *r, const float *mets, pol_result *g) {
     double sum[SPH_POLICY_N_METRICS] = {0};
-    for (int k = 0; k < g_size; k += (int)d->T)
+    for (int k = 0; k < dist_size; k += (int)d->T)
         for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) sum[m] += mets[k * SPH_POLICY_N_METRICS + m];
     for (int m = 0; m <= SPH_METRIC_PPO_KL; m++) g->metrics[m] = (float)sum[m];
     /* the counts of the whole batch (seqs: 0 where the call groups no sequences) */
@@ -315,7 +281,7 @@ static int global_result(const pol_opts *o, const pol_problem *p, const pol_dist
     memcpy(g->describe, r->describe, sizeof g->describe);
     g->lp = sph_cli_calloc(p->N, 4), g->ent = sph_cli_calloc(p->N, 4);
     g->dh = sph_cli_calloc(p->N * p->H, 4), g->dw = sph_cli_calloc(p->V * p->H, 4);
-    return (g->lp && g->ent && g->dh && g->dw) || fail("out of memory for the gathered outputs");
+    return (g->lp && g->ent && g->dh && g->dw) || dist_fail("out of memory for the gathered outputs");
 }
 
 /* 5c. per-row outputs and dhidden (every rank with tp_rank 0 sends its real rows), dweight
@@ -324,15 +290,15 @@ static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_
                           const pol_result *r, pol_result *g) {
     const int64_t T = d->T, r0 = d->r0;
     const int64_t real = d->r1 > r0 ? d->r1 - r0 : 0;
-    for (int src = 1; src < g_size; src++) {
+    for (int src = 1; src < dist_size; src++) {
         if (src % T) continue;
-        if (g_rank == src) {
+        if (dist_rank == src) {
             int64_t hdr[2] = {r0, real};
             MPI_Send(hdr, 2, MPI_INT64_T, 0, 1, MPI_COMM_WORLD);
             MPI_Send(r->lp, (int)real, MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
             MPI_Send(r->ent, (int)real, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
             MPI_Send(r->dh, (int)(real * p->H), MPI_FLOAT, 0, 4, MPI_COMM_WORLD);
-        } else if (!g_rank) {
+        } else if (!dist_rank) {
             int64_t hdr[2];
             MPI_Recv(hdr, 2, MPI_INT64_T, src, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             MPI_Recv(g->lp + hdr[0], (int)hdr[1], MPI_FLOAT, src, 2, MPI_COMM_WORLD,
@@ -343,17 +309,17 @@ static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         }
     }
-    if (!g_rank) {
+    if (!dist_rank) {
         memcpy(g->lp + r0, r->lp, (size_t)real * 4), memcpy(g->ent + r0, r->ent, (size_t)real * 4);
         memcpy(g->dh + r0 * p->H, r->dh, (size_t)(real * p->H) * 4);
     }
     float *dw = sph_cli_alloc(q->V * p->H, 4);
-    int ok = dw != NULL || fail("out of memory");
+    int ok = dw != NULL || dist_fail("out of memory");
     int shard_rank = 0;
     MPI_Comm_rank(d->shard_mpi, &shard_rank);
     MPI_Reduce(r->dw, dw, (int)(q->V * p->H), MPI_FLOAT, MPI_SUM, 0, d->shard_mpi);
     if (shard_rank == 0) { /* world rank tp_rank: cp = dp = 0 */
-        if (g_rank) {
+        if (dist_rank) {
             MPI_Send(dw, (int)(q->V * p->H), MPI_FLOAT, 0, 5, MPI_COMM_WORLD);
         } else {
             memcpy(g->dw, dw, (size_t)(q->V * p->H) * 4);
@@ -399,19 +365,9 @@ static int report(const pol_opts *o, const pol_problem *p, const pol_dist *d,
 
 int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int argc,
                             char **argv) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) return sph_cli_fail(CMD, 1, "MPI_Init failed");
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    /* step 0, the same first collective as the head runner's: path, verdicts, arguments */
-    int v = sph_cli_dist_agree(SPH_CLI_PATH_POLICY, sph_cli_policy_opts, o, verdict, msg, NULL,
-                               argc, argv);
-    if (v) {
-        if (v == SPH_CLI_HELP && !g_rank) pol_usage(stdout);
-        MPI_Finalize();
-        return v == SPH_CLI_HELP ? 0 : v;
-    }
+    int v = dist_loss_begin(SPH_CLI_PATH_POLICY, sph_cli_policy_opts, o, verdict, msg, argc,
+                            argv, pol_usage);
+    if (v >= 0) return v;
     pol_dist d;
     memset(&d, 0, sizeof d);
     d.T = o->tp, d.C = o->cp, d.D = o->dp;
@@ -424,24 +380,24 @@ int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int
     memset(&ref, 0, sizeof ref), memset(&g, 0, sizeof g);
     sph_cli_outset os;
     memset(&os, 0, sizeof os);
-    if (T * C * D != g_size) {
-        if (!g_rank)
+    if (T * C * D != dist_size) {
+        if (!dist_rank)
             sph_cli_fail(CMD, 2, "--tp %lld --cp %lld --dp %lld needs %lld ranks, but mpirun "
                                  "started %d (mpirun -np %lld)",
-                         (long long)T, (long long)C, (long long)D, (long long)(T * C * D), g_size,
+                         (long long)T, (long long)C, (long long)D, (long long)(T * C * D), dist_size,
                          (long long)(T * C * D));
         rc = 2;
         goto out;
     }
-    d.tp_rank = g_rank % T, d.cp_rank = (g_rank / T) % C, d.dp_rank = g_rank / (T * C);
+    d.tp_rank = dist_rank % T, d.cp_rank = (dist_rank / T) % C, d.dp_rank = dist_rank / (T * C);
     /* 1. the problem */
-    if (!g_rank) /* the outputs' set (lock, names, staging) before any work */
+    if (!dist_rank) /* the outputs' set (lock, names, staging) before any work */
         ok = pol_problem_read(o, &p) == 0 && (!o->outputs || !pol_outputs_begin(&os, o->outputs));
     if (!share_problem(&p, ok)) goto out;
     /* 2-3. this rank's rows and vocabulary rows */
     int64_t *cut = sph_cli_alloc(D + 1, 8);
     ok = cut != NULL && dp_blocks(&p, D, cut);
-    if (!agree(ok)) {
+    if (!dist_agree(ok)) {
         free(cut);
         goto out;
     }
@@ -453,22 +409,22 @@ int sph_cli_run_policy_dist(const pol_opts *o, int verdict, const char *msg, int
     free(cut);
     /* every CP rank of a DP block passes the same row count; DP blocks may differ */
     d.v0 = p.V * d.tp_rank / T, d.v1 = p.V * (d.tp_rank + 1) / T;
-    if (!agree(local_problem(&p, d.r0, d.r1 > d.r0 ? d.r1 : d.r0, n, d.v0, d.v1, &q))) goto out;
-    if (!agree(make_groups(o, &p, &d))) goto out;
+    if (!dist_agree(local_problem(&p, d.r0, d.r1 > d.r0 ? d.r1 : d.r0, n, d.v0, d.v1, &q))) goto out;
+    if (!dist_agree(make_groups(o, &p, &d))) goto out;
     /* the rank's call */
     pol_where w = {d.cuda, d.dev_id, o->kernel, o->threads, (int)o->repeats, d.tpc, d.sqc, d.v0,
                    p.V, D > 1 ? (o->num_tokens ? o->num_tokens : d.Tg) : 0,
                    D > 1 ? (o->num_seqs ? o->num_seqs : d.Sg) : 0};
-    if (!agree(pol_run(o, &q, &w, &r) == 0)) goto out;
+    if (!dist_agree(pol_run(o, &q, &w, &r) == 0)) goto out;
     /* 5. the TP copies, then the global result on rank 0 */
     float *mets = NULL;
     ok = check_tp_copies(&d, &q, &r, &mets);
-    if (!g_rank) ok &= global_result(o, &p, &d, &r, mets, &g);
+    if (!dist_rank) ok &= global_result(o, &p, &d, &r, mets, &g);
     free(mets);
-    if (!agree(ok)) goto out;
-    if (!agree(gather_outputs(&p, &q, &d, &r, &g))) goto out;
+    if (!dist_agree(ok)) goto out;
+    if (!dist_agree(gather_outputs(&p, &q, &d, &r, &g))) goto out;
     /* rank 0: the check, the report, the outputs */
-    int code = g_rank ? 0 : report(o, &p, &d, &g, &ref, &os);
+    int code = dist_rank ? 0 : report(o, &p, &d, &g, &ref, &os);
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     rc = code;
 out:

@@ -11,7 +11,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "clock.h"
+#include "half.h"
 #include "npy.h"
+#include "num.h"
+#include "rng.h"
 #include "run_dist.h"
 
 void dist_batch_free(batch *b) {

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
+#include "half.h"
+#include "num.h"
 #include "run_dist.h"
 /* A device copy of host data (CPU: a host copy, so both paths free the same way). */
 static int dput(const dev *d, const void *host, size_t bytes, void **out) {

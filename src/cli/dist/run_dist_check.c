@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "num.h"
 #include "run_dist.h"
 
 static void *xcalloc(size_t n, size_t sz) {
