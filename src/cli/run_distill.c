@@ -389,6 +389,17 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
                err[0], err[1], err[2], tol, passed ? "PASS" : "FAIL");
 }
 
+int dst_opts_finish(dst_opts *o, const sph_cli_parsed *pp, char *msg, size_t n) {
+    o->dtype_given = sph_cli_given(sph_cli_distill_opts, pp, "--dtype");
+    o->temperature_given = sph_cli_given(sph_cli_distill_opts, pp, "--temperature");
+    if (!o->inputs) return 2 * sph_cli_err(msg, n, "--distill needs --inputs DIR (see --help)");
+    /* 0 is the library's "unset" (the student's temperature): here that is leaving it out */
+    if (sph_cli_given(sph_cli_distill_opts, pp, "--teacher-temperature") && o->tt == 0)
+        return 2 * sph_cli_err(msg, n, "--teacher-temperature: 0, expected T > 0 (leave it out "
+                                       "for the student's temperature)");
+    return 0;
+}
+
 void dst_opts_defaults(dst_opts *o) {
     memset(o, 0, sizeof *o);
     o->beta = 0.5, o->temperature = 1.0, o->repeats = 1, o->tp = 1, o->cp = 1;
@@ -403,9 +414,8 @@ int sph_cli_run_distill(int argc, char **argv) {
     rc = sph_cli_parse_or_exit(CMD, k_synopsis, k_about, sph_cli_distill_opts, argc, argv, &o,
                                &pp, &done);
     if (done) return rc;
-    o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
-    o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
-    if (!o.inputs) return sph_cli_fail(CMD, 2, "--distill needs --inputs DIR (see --help)");
+    char msg[480];
+    if (dst_opts_finish(&o, &pp, msg, sizeof msg)) return sph_cli_fail(CMD, 2, "%s", msg);
     dst_problem p;
     dst_result r, ref;
     sph_cli_outset os;

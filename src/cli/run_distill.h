@@ -85,5 +85,8 @@ void dst_report(const dst_opts *o, const dst_problem *p, const dst_result *r, in
 void dst_usage(FILE *f);
 /* The defaults of the options. */
 void dst_opts_defaults(dst_opts *o);
+/* After the parse: the given flags, and the usage errors the table cannot state (no --inputs,
+ * an explicit --teacher-temperature 0). 0, or 2 with the message in msg. */
+int dst_opts_finish(dst_opts *o, const sph_cli_parsed *pp, char *msg, size_t n);
 
 #endif

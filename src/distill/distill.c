@@ -151,8 +151,9 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     SPH_TRY(teacher(val, d, dp));
     if (d->dloss) {
         SPH_CHECK(d->reduction == SPH_REDUCTION_NONE, SPH_ERR_INVALID_ARG,
-                  "dloss: given with reduction %d, expected NULL (dloss is the upstream "
-                  "gradient of reduction none's per-row losses)", (int)d->reduction);
+                  "dloss: given with reduction %s, expected NULL (dloss is the upstream "
+                  "gradient of reduction none's per-row losses)",
+                  d->reduction == SPH_REDUCTION_MEAN ? "mean (0)" : "sum (1)");
         sph_view v;
         SPH_TRY(sph_val_rows(val, d->dloss, "dloss", hp->N, SPH_VAL_IN, SPH_DT_F32, &v));
         dp->dloss = v.data;

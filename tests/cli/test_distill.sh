@@ -98,6 +98,8 @@ expect_rc() {
 mkdir -p "$tmp/keep" && echo old > "$tmp/keep/loss.json"
 expect_rc 1 "distill.beta: 1.5" -- "$cli" run --distill jsd --beta 1.5 --inputs "$tmp/sparse" --outputs "$tmp/keep"
 expect_rc 1 "teacher_temperature" -- "$cli" run --distill forward-kl --teacher-temperature -1 --inputs "$tmp/dense" --outputs "$tmp/keep"
+# 0 is the C API's "unset": given on the command line it is a usage error, not the student's T
+expect_rc 2 "--teacher-temperature: 0, expected T > 0" -- "$cli" run --distill forward-kl --teacher-temperature 0 --inputs "$tmp/dense" --outputs "$tmp/keep"
 expect_rc 2 "needs --inputs" -- "$cli" run --distill jsd
 expect_rc 2 "" -- "$cli" run --distill kl --inputs "$tmp/dense"
 expect_rc 1 "give one" -- "$cli" run --distill jsd --temperature 2 --inputs "$tmp/denseT"

@@ -108,7 +108,7 @@ static void bad_inputs(const char *kernel) {
     CASE(0, c.lp[0] = NAN, SPH_ERR_INVALID_ARG, "teacher_topk_logprobs[0, 0]");
     CASE(0, c.lp[0] = -INFINITY, SPH_ERR_INVALID_ARG, "teacher_topk_logprobs[0, 0]");
     CASE(0, c.lp[0] = -0.1f; c.lp[2] = -0.5f, SPH_ERR_INVALID_ARG, "sum to");
-    CASE(0, c.d.dloss = &c.t_loss, SPH_ERR_INVALID_ARG, "dloss: given with reduction");
+    CASE(0, c.d.dloss = &c.t_loss, SPH_ERR_INVALID_ARG, "dloss: given with reduction mean (0)");
     /* the head's fields the loss does not take */
     CASE(0, c.a.targets = &c.t_loss, SPH_ERR_INVALID_ARG, "head.targets");
     CASE(0, c.a.logprob = &c.t_loss, SPH_ERR_INVALID_ARG, "head.logprob");

@@ -75,8 +75,11 @@ int dist_agree(int ok);
 
 /* This rank's GPU (--device cuda): its node-local rank modulo the devices it sees, so the
  * ranks of a node spread over its GPUs (two may share one). 1, or 0 after dist_fail when it
- * sees none (*dev_id 0). Collective over MPI_COMM_WORLD (the node split). */
-int dist_cuda_device(int *dev_id);
+ * sees none (*dev_id 0). Collective over MPI_COMM_WORLD (the node split). With hold, also a
+ * context on that GPU (*hold; the caller destroys it at the end): it makes the GPU the
+ * thread's current device, which NCCL's communicators initialize on
+ * (sph_comm_create_nccl_mpi), so it must exist before them. */
+int dist_cuda_device(int *dev_id, sph_ctx_t *hold);
 
 /* The start of a loss's distributed form: MPI initialized (unless it is), this rank's place
  * in dist_rank / dist_size, and step 0, the ranks' agreement (sph_cli_dist_agree) on path,

@@ -64,7 +64,7 @@ int dist_loss_begin(int path, const sph_cli_opt *table, const void *opts, int ve
     return v == SPH_CLI_HELP ? 0 : v;
 }
 
-int dist_cuda_device(int *dev_id) {
+int dist_cuda_device(int *dev_id, sph_ctx_t *hold) {
     MPI_Comm node;
     int local = 0;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &node);
@@ -72,7 +72,13 @@ int dist_cuda_device(int *dev_id) {
     MPI_Comm_free(&node);
     const int n_dev = sph_cuda_device_count();
     *dev_id = n_dev > 0 ? local % n_dev : 0;
-    return n_dev > 0 || dist_fail("--device cuda: no CUDA device visible to this rank");
+    if (n_dev <= 0) return dist_fail("--device cuda: no CUDA device visible to this rank");
+    if (!hold) return 1;
+    sph_ctx_opts co = SPH_CTX_OPTS_INIT;
+    co.device = (sph_device){SPH_DEVICE_CUDA, *dev_id};
+    if (sph_ctx_create(hold, &co))
+        return dist_fail("--device cuda: device %d: %s", *dev_id, sph_last_error());
+    return 1;
 }
 
 const char *const dist_field_names[NF] = {"logprob", "entropy", "lse", "logit_mean"};

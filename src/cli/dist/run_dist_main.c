@@ -252,7 +252,7 @@ int sph_cli_run_dist(int argc, char **argv) {
     int ok = 1;
     sph_ctx_opts io = SPH_CTX_OPTS_INIT;
     if (o.cuda) {
-        ok = dist_cuda_device(&io.device.id);
+        ok = dist_cuda_device(&io.device.id, NULL);
         io.device.type = SPH_DEVICE_CUDA;
     }
     /* the SPH_CUDA_* A/B switches of the scripts under scripts/device */

@@ -41,11 +41,7 @@ int sph_cli_run_distill_main_dist(int argc, char **argv) {
     sph_cli_parsed pp = {0};
     char msg[480] = "";
     int rc = sph_cli_parse(sph_cli_distill_opts, argc, argv, &o, &pp, msg, sizeof msg);
-    if (rc == 0) {
-        o.dtype_given = sph_cli_given(sph_cli_distill_opts, &pp, "--dtype");
-        o.temperature_given = sph_cli_given(sph_cli_distill_opts, &pp, "--temperature");
-        if (!o.inputs) rc = 2 * sph_cli_err(msg, sizeof msg, "--distill needs --inputs DIR");
-    }
+    if (rc == 0) rc = dst_opts_finish(&o, &pp, msg, sizeof msg);
     return sph_cli_run_distill_dist(&o, rc, msg, argc, argv);
 }
 
@@ -85,13 +81,7 @@ static int make_groups(const dst_opts *o, const dst_problem *p, int64_t T, int64
     MPI_Comm_split(MPI_COMM_WORLD, (int)cp, (int)tp, tpm);
     MPI_Comm_split(MPI_COMM_WORLD, (int)tp, (int)cp, cpm);
     if (cuda) {
-        ok = dist_cuda_device(dev_id);
-        /* NCCL takes the calling thread's current device: a context on the rank's GPU
-         * makes it current (held to the end) */
-        sph_ctx_opts co = SPH_CTX_OPTS_INIT;
-        co.device = (sph_device){SPH_DEVICE_CUDA, *dev_id};
-        if (ok && sph_ctx_create(devctx, &co))
-            ok = dist_fail("--device cuda: device %d: %s", *dev_id, sph_last_error());
+        ok = dist_cuda_device(dev_id, devctx); /* held to the end: NCCL's current device */
     }
     if (ok && T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;

@@ -201,6 +201,7 @@ typedef struct pol_dist {
     int64_t r0, r1, v0, v1; /* this rank's rows [r0, r1) and vocabulary rows [v0, v1) */
     int64_t Tg, Sg;         /* tokens and sequences of the global batch */
     int cuda, dev_id;
+    sph_ctx_t hold; /* --device cuda: a context on the rank's GPU before NCCL (its device) */
     MPI_Comm tp_mpi, cp_mpi, shard_mpi;
     sph_comm_t tpc, sqc;
 } pol_dist;
@@ -216,7 +217,7 @@ static int make_groups(const pol_opts *o, const pol_problem *p, pol_dist *d) {
                    &d->cp_mpi);
     MPI_Comm_split(MPI_COMM_WORLD, (int)d->tp_rank, dist_rank, &d->shard_mpi); /* same shard */
     d->cuda = o->device == 1;
-    if (d->cuda) ok = dist_cuda_device(&d->dev_id);
+    if (d->cuda) ok = dist_cuda_device(&d->dev_id, &d->hold);
     sph_status s = SPH_OK;
     if (ok && T > 1) {
         sph_comm_config cfg = SPH_COMM_CONFIG_INIT;
@@ -432,6 +433,7 @@ out:
     sph_cli_outset_abort(&os);
     sph_comm_destroy(d.tpc);
     sph_comm_destroy(d.sqc);
+    sph_ctx_destroy(d.hold);
     if (d.tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.tp_mpi);
     if (d.cp_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.cp_mpi);
     if (d.shard_mpi != MPI_COMM_NULL) MPI_Comm_free(&d.shard_mpi);
