@@ -43,6 +43,12 @@ if [ -z "${NO_CHECKS:-}" ]; then
   for t in ${GPU_TESTS-"$B"/bin/gpu_test_*}; do
     SPH_TEST_SKIP_HUGE=1 step "$(basename "$t")" $LIMIT "$t" &
   done
+  SPANHEAD_LIB=$B/lib/libspanhead.so.0 PYTHONPATH=$root/python SPANHEAD_CLI=$S \
+    step pytest_gpu $LIMIT python3 -m pytest -q -rs -p no:cacheprovider --tb=short \
+    python/tests/test_torch_cuda.py python/tests/test_policy_cuda.py python/tests/test_temp_rows.py \
+    python/tests/test_topk.py python/tests/test_distill_cuda.py python/tests/test_torch_onepass.py \
+    python/tests/test_contract.py python/tests/test_entry_points.py \
+    python/tests/test_policy_extras.py &
   wait
 fi
 P="--shape A,E --N 16K --active 1 --mask response"
@@ -56,6 +62,7 @@ SPH_HOST_TRACE=1 step trace_B1K 40 $S bench --shape B --N 1K --active 0.25 --mod
 SPH_HOST_TRACE=1 PYTHONPATH=$root/python SPANHEAD_LIB=$B/lib/libspanhead.so.0 \
   step trace_torch 60 python3 bench/cuda/torch_overhead.py --points tiny:64:1.0 --iters 30 --out "$R/torch_overhead.md"
 cat "$R/machine.txt"; sort -k2 "$R/steps.txt"
+tail -4 "$R/pytest_gpu.log" 2>/dev/null
 for f in "$R"/gpu_test_*.log; do
   [ -f "$f" ] || continue
   if grep -q "FAIL\|Error\|error:" "$f" 2>/dev/null && ! grep -q "^\[  PASSED  \]" "$f"; then
