@@ -60,6 +60,12 @@ int bench_upload(sph_ctx_t ctx, void **dst, const void *src, int64_t count, size
 void bench_fill_head(sph_cli_rng *r, int64_t wi, const bench_shape *sh, int64_t N, int bits,
                      int bf16, void *hh, void *hw);
 
+/* The end of a result row's JSON object, as every mode writes it (bench_points.c): with
+ * extras the --topk / --sum-p2 fields and the extra time in %, then peak_extra_bytes, path
+ * and first_call_ms (the caller closes the object). */
+void bench_json_run_tail(FILE *f, const bopts *o, int extras, double extra_pct, size_t peak,
+                         const char *path, double first_ms);
+
 /* --mode policy (bench_policy.c): the fused policy loss, the one-pass weighted loss and the
  * general path + the loss on the host at every point, the table on stdout, JSON lines to js
  * (or NULL). 0 or an exit code. */

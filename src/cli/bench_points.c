@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "json_util.h"
 #include "msg.h"
 #include "num.h"
 #include "rng.h"
@@ -226,4 +227,16 @@ void bench_fill_head(sph_cli_rng *r, int64_t wi, const bench_shape *sh, int64_t 
     sph_cli_rng_seed(r, 0x9E3779B97F4A7C15ull + (uint64_t)wi);
     synth_fill_uniform(hh, N * sh->H, 1.0, bits, bf16, r);
     synth_fill_uniform(hw, sh->V * sh->H, 0.05, bits, bf16, r);
+}
+
+void bench_json_run_tail(FILE *f, const bopts *o, int extras, double extra_pct, size_t peak,
+                         const char *path, double first_ms) {
+    if (extras) {
+        fprintf(f, ",\"topk\":%" PRId64 ",\"sum_p2\":%s,\"extra_pct\":", o->topk,
+                o->sum_p2 ? "true" : "false");
+        sph_cli_json_num(f, "%.3f", extra_pct);
+    }
+    fprintf(f, ",\"peak_extra_bytes\":%zu,\"path\":", peak);
+    sph_cli_json_str(f, path);
+    fputs(",\"first_call_ms\":", f), sph_cli_json_num(f, "%.3f", first_ms);
 }

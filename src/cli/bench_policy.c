@@ -120,14 +120,7 @@ static void emit(FILE *js, const bopts *o, const char *gpu, const char *date, co
     fputs(",\"floor_ms\":", js), sph_cli_json_num(js, "%.4f", rw->floor_ms);
     fputs(",\"ratio\":", js), sph_cli_json_num(js, "%.4f", rw->ms / rw->floor_ms);
     fputs(",\"vs_one_pass\":", js), sph_cli_json_num(js, "%.4f", rw->ms / one_ms);
-    if (rw->extras) {
-        fprintf(js, ",\"topk\":%" PRId64 ",\"sum_p2\":%s,\"extra_pct\":", o->topk,
-                o->sum_p2 ? "true" : "false");
-        sph_cli_json_num(js, "%.3f", rw->extra_pct);
-    }
-    fprintf(js, ",\"peak_extra_bytes\":%zu,\"path\":", rw->peak);
-    sph_cli_json_str(js, rw->path);
-    fputs(",\"first_call_ms\":", js), sph_cli_json_num(js, "%.3f", rw->first_ms);
+    bench_json_run_tail(js, o, rw->extras, rw->extra_pct, rw->peak, rw->path, rw->first_ms);
     fputs(",\"loss\":\"ppo clip 0.2/0.28 c 3, k3 0.001, entropy 0.001, seq-mean-token-mean\"}\n",
           js);
     if (fflush(js) != 0 && !bench_js_errno) bench_js_errno = errno ? errno : EIO;

@@ -310,14 +310,7 @@ static void emit(FILE *const js[2], const bopts *o, const char *gpu, const char 
             fprintf(f, ",\"%s\":", nums[j].name);
             sph_cli_json_num(f, nums[j].fmt, nums[j].v);
         }
-        if (p->extras) {
-            fprintf(f, ",\"topk\":%" PRId64 ",\"sum_p2\":%s,\"extra_pct\":", o->topk,
-                    o->sum_p2 ? "true" : "false");
-            sph_cli_json_num(f, "%.3f", p->extra_pct);
-        }
-        fprintf(f, ",\"peak_extra_bytes\":%zu,\"path\":", p->peak);
-        sph_cli_json_str(f, p->path);
-        fputs(",\"first_call_ms\":", f), sph_cli_json_num(f, "%.3f", p->first_ms);
+        bench_json_run_tail(f, o, p->extras, p->extra_pct, p->peak, p->path, p->first_ms);
         fputs("}\n", f);
         if (fflush(f) != 0 && !bench_js_errno) bench_js_errno = errno ? errno : EIO;
     }
