@@ -59,6 +59,15 @@ static void probe_fill(probe_bufs *b, sph_head_args *a) {
     a->logprob = &b->t_lp, a->stats = &b->t_st;
 }
 
+/* The context of the run's threads and kernel, and the one-row problem with its temperature
+ * and softcap: what every probe starts from. */
+static sph_status probe_start(int64_t threads, const char *kernel, double temperature,
+                              double softcap, sph_ctx_t *ctx, probe_bufs *b, sph_head_args *a) {
+    probe_fill(b, a);
+    a->temperature = temperature, a->softcap = softcap;
+    return probe_ctx(threads, kernel, ctx);
+}
+
 /* The option behind the library's argument name, which its message starts with. */
 static const char *option_of(const char *m) {
     static const char *const map[][2] = {
@@ -85,12 +94,10 @@ static int refused(const char *cmd, sph_status s, char *msg, size_t n) {
 int sph_cli_probe_head(const char *cmd, double temperature, double softcap, int64_t threads,
                        const char *kernel, char *msg, size_t n) {
     sph_ctx_t ctx = NULL;
-    sph_status s = probe_ctx(threads, kernel, &ctx);
-    if (s) return refused(cmd, s, msg, n);
     probe_bufs b;
     sph_head_args a;
-    probe_fill(&b, &a);
-    a.temperature = temperature, a.softcap = softcap;
+    sph_status s = probe_start(threads, kernel, temperature, softcap, &ctx, &b, &a);
+    if (s) return refused(cmd, s, msg, n);
     size_t bytes = 0;
     s = sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &a, &bytes);
     sph_ctx_destroy(ctx);
@@ -101,12 +108,10 @@ int sph_cli_probe_policy(const char *cmd, const sph_policy_args *pol, double tem
                          double softcap, int64_t threads, const char *kernel, char *msg,
                          size_t n) {
     sph_ctx_t ctx = NULL;
-    sph_status s = probe_ctx(threads, kernel, &ctx);
-    if (s) return refused(cmd, s, msg, n);
     probe_bufs b;
     sph_head_args a;
-    probe_fill(&b, &a);
-    a.temperature = temperature, a.softcap = softcap;
+    sph_status s = probe_start(threads, kernel, temperature, softcap, &ctx, &b, &a);
+    if (s) return refused(cmd, s, msg, n);
     a.entropy = &b.t_ent, a.dhidden = &b.t_dh, a.dweight = &b.t_dw;
     sph_policy_args pa = *pol;
     pa.num_tokens = pa.num_seqs = 0; /* counts: judged against the real batch */
