@@ -285,7 +285,8 @@ static void *cp_main(void *arg) {
     c->trows = f->trows ? f->trows + j->r0 : NULL;
     c->dloss = f->dloss + j->r0;
     c->v0 = f->V * j->tp / j->T, c->V_loc = f->V * (j->tp + 1) / j->T - c->v0;
-    c->loss = hc_alloc((size_t)n * 4), c->dh = hc_alloc((size_t)(n * f->H) * 4);
+    /* (mean / sum write one float even on a rank of no rows) */
+    c->loss = hc_alloc((size_t)(n > 0 ? n : 1) * 4), c->dh = hc_alloc((size_t)(n * f->H) * 4);
     c->dw = hc_alloc((size_t)(c->V_loc * f->H) * 4);
     c->num_tokens = j->num_tokens;
     dc_wire(c, DC_DH | DC_DW | DC_DLOSS);
