@@ -338,8 +338,8 @@ int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t
  * the K-th entry's gap to the next; K = V has none): ex[0] the top-K log-probs normwise (position by
  * position: robust to the order of near-ties), ex[1] the ids that differ where the
  * reference's log-probs leave a gap above tol to both neighbours, ex[2] sum_p2 normwise. */
-static int check_extras(const pol_result *got, const pol_result *ref, int64_t N, int64_t V,
-                        double tol, double ex[3]) {
+int pol_check_extras(const pol_result *got, const pol_result *ref, int64_t N, int64_t V,
+                     double tol, double ex[3]) {
     ex[0] = ex[1] = ex[2] = 0;
     const int64_t K = got->topk, KR = ref->topk;
     double md = 0, mr = 1e-30;
@@ -356,6 +356,10 @@ static int check_extras(const pol_result *got, const pol_result *ref, int64_t N,
     ex[0] = md / mr;
     if (got->sp2) ex[2] = run_loss_rel(got->sp2, ref->sp2, N, 1e-30);
     return ex[0] <= tol && ex[1] == 0 && ex[2] <= tol;
+}
+
+int64_t pol_ref_topk(const pol_opts *o, int64_t V) {
+    return o->topk && o->topk < 256 && o->topk < V ? o->topk + 1 : o->topk;
 }
 
 char *pol_loss_json(const float *m) {
@@ -504,12 +508,12 @@ int sph_cli_run_policy(int argc, char **argv) {
     if (o.check) {
         pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
         pol_opts oref = o; /* one more top-k entry where it can: the K-th's gap to the next */
-        if (o.topk && o.topk < 256 && o.topk < p.V) oref.topk = o.topk + 1;
+        oref.topk = pol_ref_topk(&o, p.V);
         if ((rc = pol_run(&oref, &p, &wr, &ref))) goto out;
         /* f32: well under 1e-4; bf16 / f16 on the GPU round dlogits to the input dtype */
         tol = p.bits == 32 ? 1e-4 : (on_cuda ? 1e-2 : 1e-4);
         passed = pol_compare(&r, &ref, p.N, p.H, p.V, tol, err);
-        if (o.topk || o.sum_p2) passed &= check_extras(&r, &ref, p.N, p.V, tol, ex);
+        if (o.topk || o.sum_p2) passed &= pol_check_extras(&r, &ref, p.N, p.V, tol, ex);
     }
     report(&o, &p, &r, o.check, passed, err, ex, tol);
     rc = passed ? 0 : 1;

@@ -88,6 +88,13 @@ sph_policy_args pol_args(const pol_opts *o);
 extern const char *const pol_metric_names[SPH_POLICY_N_METRICS];
 /* loss.json text of the metrics (the first 7: loss .. ppo_kl), malloc'ed. */
 char *pol_loss_json(const float *metrics);
+/* --check of the extras (--topk / --sum-p2) against the reference's, run with
+ * pol_ref_topk(o, V) entries (one more where it can: the K-th entry's gap to the next): ex[0]
+ * the top-K log-probs normwise, ex[1] the ids that differ where the reference separates them,
+ * ex[2] sum_p2 normwise; 1 when within tol. */
+int pol_check_extras(const pol_result *got, const pol_result *ref, int64_t N, int64_t V,
+                     double tol, double ex[3]);
+int64_t pol_ref_topk(const pol_opts *o, int64_t V);
 /* The comparison of a run with the reference's: max relative errors, 1 when within tol. */
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]);

@@ -240,8 +240,9 @@ expect_rc 2 "--topk" -- "${R[@]}" --policy-loss ppo --topk 0
 expect_rc 2 "--topk" -- "${R[@]}" --policy-loss ppo --topk 257
 expect_rc 1 "vocab_total" -- "${R[@]}" --policy-loss ppo --topk 98 --sum-p2
 # (the MPI runner as a singleton: Open MPI's allocations outlive MPI_Finalize, so a sanitizer
-# build checks this one for memory errors but not for leaks, as test_distill.sh does)
-expect_rc 2 "one process only" -- env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+# build checks this one for memory errors but not for leaks, as test_distill.sh does); the
+# extras under mpirun itself: tests/mpi/policy_io.sh
+expect_rc 2 "needs 2 ranks" -- env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
     "${R[@]}" --policy-loss ppo --tp 2 --topk 3
 expect_rc 2 "needs --inputs" -- "$cli" run --policy-loss ppo
 cp -r "$tmp/in" "$tmp/noref" && rm "$tmp/noref/ref_logprob.npy" "$tmp/noref/seq_id.npy"

@@ -45,9 +45,6 @@ int sph_cli_run_policy_main_dist(int argc, char **argv) {
     char msg[480] = "";
     int rc = sph_cli_parse(sph_cli_policy_opts, argc, argv, &o, &pp, msg, sizeof msg);
     if (rc == 0) rc = pol_validate(&o, &pp, msg, sizeof msg);
-    if (rc == 0 && (o.topk || o.sum_p2)) /* the extras are gathered by one process only */
-        rc = 2 * sph_cli_err(msg, sizeof msg, "--topk / --sum-p2 with --policy-loss: one process "
-                                              "only (not under mpirun / --tp / --cp / --dp)");
     return sph_cli_run_policy_dist(&o, rc, msg, argc, argv);
 }
 
@@ -282,14 +279,20 @@ static int global_result(const pol_opts *o, const pol_problem *p, const pol_dist
     memcpy(g->describe, r->describe, sizeof g->describe);
     g->lp = sph_cli_calloc(p->N, 4), g->ent = sph_cli_calloc(p->N, 4);
     g->dh = sph_cli_calloc(p->N * p->H, 4), g->dw = sph_cli_calloc(p->V * p->H, 4);
-    return (g->lp && g->ent && g->dh && g->dw) || dist_fail("out of memory for the gathered outputs");
+    /* the head's extras of the loss's rows (every TP rank of a group holds the same, merged) */
+    g->topk = o->topk;
+    const int tk_ok = !o->topk || ((g->tki = sph_cli_calloc(p->N * o->topk, 8)) &&
+                                   (g->tkl = sph_cli_calloc(p->N * o->topk, 4)));
+    const int sp_ok = !o->sum_p2 || (g->sp2 = sph_cli_calloc(p->N, 4));
+    return (g->lp && g->ent && g->dh && g->dw && tk_ok && sp_ok) ||
+           dist_fail("out of memory for the gathered outputs");
 }
 
 /* 5c. per-row outputs and dhidden (every rank with tp_rank 0 sends its real rows), dweight
  * (each shard summed over its CP x DP ranks, then the shards) to rank 0's g. Returns ok. */
 static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_dist *d,
                           const pol_result *r, pol_result *g) {
-    const int64_t T = d->T, r0 = d->r0;
+    const int64_t T = d->T, r0 = d->r0, K = r->topk;
     const int64_t real = d->r1 > r0 ? d->r1 - r0 : 0;
     for (int src = 1; src < dist_size; src++) {
         if (src % T) continue;
@@ -299,6 +302,9 @@ static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_
             MPI_Send(r->lp, (int)real, MPI_FLOAT, 0, 2, MPI_COMM_WORLD);
             MPI_Send(r->ent, (int)real, MPI_FLOAT, 0, 3, MPI_COMM_WORLD);
             MPI_Send(r->dh, (int)(real * p->H), MPI_FLOAT, 0, 4, MPI_COMM_WORLD);
+            if (r->tki) MPI_Send(r->tki, (int)(real * K), MPI_INT64_T, 0, 6, MPI_COMM_WORLD);
+            if (r->tkl) MPI_Send(r->tkl, (int)(real * K), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+            if (r->sp2) MPI_Send(r->sp2, (int)real, MPI_FLOAT, 0, 8, MPI_COMM_WORLD);
         } else if (!dist_rank) {
             int64_t hdr[2];
             MPI_Recv(hdr, 2, MPI_INT64_T, src, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -308,11 +314,23 @@ static int gather_outputs(const pol_problem *p, const pol_problem *q, const pol_
                      MPI_STATUS_IGNORE);
             MPI_Recv(g->dh + hdr[0] * p->H, (int)(hdr[1] * p->H), MPI_FLOAT, src, 4,
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            if (g->tki)
+                MPI_Recv(g->tki + hdr[0] * K, (int)(hdr[1] * K), MPI_INT64_T, src, 6,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            if (g->tkl)
+                MPI_Recv(g->tkl + hdr[0] * K, (int)(hdr[1] * K), MPI_FLOAT, src, 7,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            if (g->sp2)
+                MPI_Recv(g->sp2 + hdr[0], (int)hdr[1], MPI_FLOAT, src, 8, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
         }
     }
     if (!dist_rank) {
         memcpy(g->lp + r0, r->lp, (size_t)real * 4), memcpy(g->ent + r0, r->ent, (size_t)real * 4);
         memcpy(g->dh + r0 * p->H, r->dh, (size_t)(real * p->H) * 4);
+        if (g->tki) memcpy(g->tki + r0 * K, r->tki, (size_t)(real * K) * 8);
+        if (g->tkl) memcpy(g->tkl + r0 * K, r->tkl, (size_t)(real * K) * 4);
+        if (g->sp2) memcpy(g->sp2 + r0, r->sp2, (size_t)real * 4);
     }
     float *dw = sph_cli_alloc(q->V * p->H, 4);
     int ok = dw != NULL || dist_fail("out of memory");
@@ -345,8 +363,10 @@ static int report(const pol_opts *o, const pol_problem *p, const pol_dist *d,
         printf("  %-18s %.9g\n", pol_metric_names[m], (double)g->metrics[m]);
     if (o->check) {
         pol_where wr = {0, 0, "ref", 1, 0, NULL, NULL, 0, 0, 0, 0};
-        double err[5];
-        if (pol_run(o, p, &wr, ref)) {
+        pol_opts oref = *o; /* one more top-k entry where it can (pol_check_extras) */
+        oref.topk = pol_ref_topk(o, p->V);
+        double err[5], ex[3] = {0};
+        if (pol_run(&oref, p, &wr, ref)) {
             code = 1;
         } else {
             const double tol = p->bits == 32 ? 1e-4 : (d->cuda ? 1e-2 : 1e-4);
@@ -354,6 +374,13 @@ static int report(const pol_opts *o, const pol_problem *p, const pol_dist *d,
             printf("  check vs one process (float64 reference): metrics %.2e logprob %.2e "
                    "entropy %.2e dhidden %.2e dweight %.2e (tol %.0e): %s\n",
                    err[0], err[1], err[2], err[3], err[4], tol, pass ? "PASS" : "FAIL");
+            if (o->topk || o->sum_p2) {
+                const int xp = pol_check_extras(g, ref, p->N, p->V, tol, ex);
+                printf("  check of the extras: topk_logprobs %.2e, topk_ids differing at "
+                       "separated ranks %lld, sum_p2 %.2e: %s\n", ex[0], (long long)ex[1], ex[2],
+                       xp ? "PASS" : "FAIL");
+                pass &= xp;
+            }
             code = !pass;
         }
     }
