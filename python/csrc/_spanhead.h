@@ -162,6 +162,11 @@ SPH_PY_HIDDEN int consume_spans(PyObject *obj, consumed *sp, const int64_t **spa
                                 int64_t *n_spans);
 SPH_PY_HIDDEN int consume_workspace(PyObject *alloc, size_t bytes, const char *what,
                                     PyObject **cap, consumed *ws, void **ptr, size_t *wbytes);
+/* The head's scalar arguments, passed alike by head, policy_loss and distill_loss: vocab_start,
+ * vocab_total, temperature, softcap (Python objects, checked as arg_i64 / arg_double do) and
+ * the accumulate / allreduce flags, into a. 0, or -1 with an exception set. */
+SPH_PY_HIDDEN int head_scalars(sph_head_args *a, PyObject *v0, PyObject *vt, PyObject *temp,
+                               PyObject *cap, int acc_dh, int acc_dw, int allred);
 
 /* ---- handles (handles.c) --------------------------------------------------------------- */
 

@@ -36,12 +36,9 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
                           &acc_dw, &allred, &PyTuple_Type, &cfg, &comm_obj))
         return NULL;
     sph_policy_args p = SPH_POLICY_ARGS_INIT;
-    int64_t v0, vt;
-    double temp, softcap;
+    sph_head_args a = SPH_HEAD_ARGS_INIT;
     int loss, kl, agg;
-    if (arg_i64(v0_obj, "vocab_start", &v0) < 0 || arg_i64(vt_obj, "vocab_total", &vt) < 0 ||
-        arg_double(temp_obj, "temperature", &temp) < 0 ||
-        arg_double(cap_obj, "softcap", &softcap) < 0)
+    if (head_scalars(&a, v0_obj, vt_obj, temp_obj, cap_obj, acc_dh, acc_dw, allred) < 0)
         return NULL;
     if (PyTuple_Size(cfg) != 11) {
         PyErr_SetString(PyExc_TypeError, "policy_loss: expected an 11-tuple configuration");
@@ -81,10 +78,7 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
     PyObject *res = NULL, *ws_cap = NULL;
     int have[P_COUNT];
     if (consume_slots(tensors, P_COUNT, names, is_output, 0, slots, have) < 0) goto done;
-    const int64_t *spans;
-    int64_t n_spans;
-    if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
-    sph_head_args a = SPH_HEAD_ARGS_INIT;
+    if (consume_spans(spans_obj, &sp, &a.spans, &a.n_spans) < 0) goto done;
 #define T(i) (have[i] ? &slots[i].t : NULL)
     a.hidden = T(P_HIDDEN);
     a.weight = T(P_WEIGHT);
@@ -106,15 +100,6 @@ PyObject *py_policy_loss(PyObject *self, PyObject *args) {
     p.seq_id = T(P_SEQ);
     p.metrics = T(P_METRICS);
 #undef T
-    a.vocab_start = v0;
-    a.vocab_total = vt;
-    a.temperature = temp;
-    a.softcap = softcap;
-    a.spans = spans;
-    a.n_spans = n_spans;
-    a.accumulate_dhidden = acc_dh;
-    a.accumulate_dweight = acc_dw;
-    a.allreduce_dhidden = allred;
     size_t bytes = 0;
     sph_status s = lib.sph_policy_loss_workspace_size(ctx, &a, &p, &bytes);
     if (s) {

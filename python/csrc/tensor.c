@@ -201,6 +201,19 @@ static int head_slot_written(int i, int pass) {
     return slot_is_output(i) && !(i == S_STATS && pass == SPH_HEAD_BACKWARD);
 }
 
+int head_scalars(sph_head_args *a, PyObject *v0, PyObject *vt, PyObject *temp, PyObject *cap,
+                 int acc_dh, int acc_dw, int allred) {
+    if (arg_i64(v0, "vocab_start", &a->vocab_start) < 0 ||
+        arg_i64(vt, "vocab_total", &a->vocab_total) < 0 ||
+        arg_double(temp, "temperature", &a->temperature) < 0 ||
+        arg_double(cap, "softcap", &a->softcap) < 0)
+        return -1;
+    a->accumulate_dhidden = acc_dh;
+    a->accumulate_dweight = acc_dw;
+    a->allreduce_dhidden = allred;
+    return 0;
+}
+
 PyObject *py_head(PyObject *self, PyObject *args) {
     PyObject *ctx_obj, *tensors, *spans_obj, *alloc, *v0_obj, *vt_obj, *temp_obj, *cap_obj;
     int pass, acc_dh, acc_dw, allred;
@@ -208,11 +221,8 @@ PyObject *py_head(PyObject *self, PyObject *args) {
                           &spans_obj, &alloc, &v0_obj, &vt_obj, &temp_obj, &cap_obj, &acc_dh,
                           &acc_dw, &allred))
         return NULL;
-    int64_t v0, vt;
-    double temp, softcap;
-    if (arg_i64(v0_obj, "vocab_start", &v0) < 0 || arg_i64(vt_obj, "vocab_total", &vt) < 0 ||
-        arg_double(temp_obj, "temperature", &temp) < 0 ||
-        arg_double(cap_obj, "softcap", &softcap) < 0)
+    sph_head_args a = SPH_HEAD_ARGS_INIT;
+    if (head_scalars(&a, v0_obj, vt_obj, temp_obj, cap_obj, acc_dh, acc_dw, allred) < 0)
         return NULL;
     NEED(sph_head_workspace_size);
     if (pass == SPH_HEAD_FORWARD) NEED(sph_head_forward);
@@ -231,11 +241,7 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     int have[S_COUNT];
     if (consume_slots(tensors, S_COUNT, slot_names, head_slot_written, pass, slots, have) < 0)
         goto done;
-    const int64_t *spans = NULL;
-    int64_t n_spans = 0;
-    if (consume_spans(spans_obj, &sp, &spans, &n_spans) < 0) goto done;
-
-    sph_head_args a = SPH_HEAD_ARGS_INIT;
+    if (consume_spans(spans_obj, &sp, &a.spans, &a.n_spans) < 0) goto done;
 #define T(i) (have[i] ? &slots[i].t : NULL)
     a.hidden = T(S_HIDDEN);
     a.weight = T(S_WEIGHT);
@@ -258,15 +264,6 @@ PyObject *py_head(PyObject *self, PyObject *args) {
     a.topk_ids = T(S_TOPKI);
     a.topk_logprobs = T(S_TOPKL);
 #undef T
-    a.vocab_start = v0;
-    a.vocab_total = vt;
-    a.temperature = temp;
-    a.softcap = softcap;
-    a.spans = spans;
-    a.n_spans = n_spans;
-    a.accumulate_dhidden = acc_dh;
-    a.accumulate_dweight = acc_dw;
-    a.allreduce_dhidden = allred;
 
     size_t bytes = 0;
     sph_status s = lib.sph_head_workspace_size(ctx, (sph_head_pass)pass, &a, &bytes);
