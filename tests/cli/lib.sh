@@ -1,8 +1,26 @@
-# lib.sh - helpers shared by the CLI tests (sourced): a temp dir, a failure count,
-# expect_json and expect_fail.
+# lib.sh - helpers shared by the CLI tests (sourced): a temp dir, a failure count, ok / bad,
+# expect_rc, expect_json and expect_fail.
 fails=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+
+# expect_rc CODE NEEDLE -- command...: exit code and a substring of stdout+stderr
+expect_rc() {
+    local want=$1 needle=$2
+    shift 3
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc -ne $want ]]; then
+        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
+    fi
+    if [[ -n $needle && $out != *"$needle"* ]]; then
+        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
+    fi
+    ok "$* (exit $rc)"
+}
 
 # expect_json NAME EXPECTED_JSON CMD...: stdout must equal EXPECTED_JSON exactly (key order too)
 expect_json() {

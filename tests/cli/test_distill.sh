@@ -7,11 +7,7 @@
 set -uo pipefail
 cli=${1:?usage: test_distill.sh path/to/spanhead}
 here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh" # tmp, fails, ok, bad, expect_rc
 if ! python3 -c 'import numpy' 2>/dev/null; then
     echo "skipped: numpy is not installed"
     exit 77
@@ -80,21 +76,6 @@ for d in dense sparse dense16 sparse16; do
     fi
 done
 
-# expect_rc CODE NEEDLE -- command...
-expect_rc() {
-    local want=$1 needle=$2
-    shift 3
-    local out rc
-    out=$("$@" 2>&1)
-    rc=$?
-    if [[ $rc -ne $want ]]; then
-        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
-    fi
-    if [[ -n $needle && $out != *"$needle"* ]]; then
-        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
-    fi
-    ok "$* (exit $rc)"
-}
 mkdir -p "$tmp/keep" && echo old > "$tmp/keep/loss.json"
 expect_rc 1 "distill.beta: 1.5" -- "$cli" run --distill jsd --beta 1.5 --inputs "$tmp/sparse" --outputs "$tmp/keep"
 expect_rc 1 "teacher_temperature" -- "$cli" run --distill forward-kl --teacher-temperature -1 --inputs "$tmp/dense" --outputs "$tmp/keep"

@@ -9,11 +9,7 @@
 set -uo pipefail
 cli=${1:?usage: test_policy.sh path/to/spanhead}
 here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh" # tmp, fails, ok, bad, expect_rc
 if ! python3 -c 'import numpy' 2>/dev/null; then
     echo "skipped: numpy is not installed"
     exit 77
@@ -23,22 +19,6 @@ seed=${SPH_TEST_SEED:-$RANDOM}
 echo "test_policy: seed $seed"
 oracle gen "$tmp/in" "$seed" || exit 1
 oracle gen "$tmp/in16" "$seed" --bf16 || exit 1
-
-# expect_rc CODE NEEDLE -- command...: exit code and a substring of stdout+stderr
-expect_rc() {
-    local want=$1 needle=$2
-    shift 3
-    local out rc
-    out=$("$@" 2>&1)
-    rc=$?
-    if [[ $rc -ne $want ]]; then
-        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
-    fi
-    if [[ -n $needle && $out != *"$needle"* ]]; then
-        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
-    fi
-    ok "$* (exit $rc)"
-}
 
 # case NAME [--dtype D] [--kernel K] -- policy flags...: run, --check, then the oracle
 n=0

@@ -5,27 +5,7 @@
 # with a clear message and the documented exit code (2 usage, 1 runtime).
 set -uo pipefail
 cli=${1:?usage: test_run.sh path/to/spanhead}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
-
-# expect_rc CODE NEEDLE -- command...: exit code and a substring of stdout+stderr
-expect_rc() {
-    local want=$1 needle=$2
-    shift 3
-    local out rc
-    out=$("$@" 2>&1)
-    rc=$?
-    if [[ $rc -ne $want ]]; then
-        bad "$* -> exit $rc, expected $want"; echo "$out" | tail -5; return
-    fi
-    if [[ -n $needle && $out != *"$needle"* ]]; then
-        bad "$* -> output lacks '$needle'"; echo "$out" | tail -5; return
-    fi
-    ok "$* (exit $rc)"
-}
+. "$(dirname "$0")/lib.sh" # tmp, fails, ok, bad, expect_rc
 
 # ---- synthetic runs, each checked against the float64 reference -------------------------
 expect_rc 0 "check passed" -- "$cli" run --check
