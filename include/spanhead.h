@@ -304,9 +304,10 @@ typedef enum sph_cuda_flag {
     SPH_CUDA_FLAG_DW32_BETA0 = 1u << 15,   /* the fp32 dW accumulator written by the first
                                                chunk's dW GEMM (beta 0) instead of zeroed first
                                                by a memset (SPH_CUDA_DW32BZ=1) */
-    SPH_CUDA_FLAG_SUMP2_FUSED = 1u << 16   /* issue 25: sum_p2 (without top-k) inside the
-                                               fused sm_90a statistics epilogue instead of the
-                                               staged cuBLAS path (SPH_CUDA_SUMP2FUSED=1) */
+    SPH_CUDA_FLAG_EXTRAS_STAGED = 1u << 16  /* issue 25's extras (sum_p2, top-k) from staged
+                                               fp32 logits (the cuBLAS path and one more
+                                               kernel) instead of inside the fused sm_90a
+                                               statistics epilogue (SPH_CUDA_EXTRAS=staged) */
 } sph_cuda_flag;
 
 typedef struct sph_ctx_opts {

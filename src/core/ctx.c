@@ -53,7 +53,7 @@ sph_cpu_isa sph_cpu_isa_detect(void) {
                 SPH_CUDA_FLAG_PINGPONG | SPH_CUDA_FLAG_COOPERATIVE | SPH_CUDA_FLAG_NO_STORE16 |    \
                 SPH_CUDA_FLAGS_ONEPASS | SPH_CUDA_FLAG_E_TWO_CHUNKS | SPH_CUDA_FLAG_DH_SPLITK |    \
                 SPH_CUDA_FLAG_E2D_OVERLAP | SPH_CUDA_FLAG_DW32_BETA0 |                       \
-                SPH_CUDA_FLAG_SUMP2_FUSED))
+                SPH_CUDA_FLAG_EXTRAS_STAGED))
 
 /* The SPH_CUDA_* variables of the benchmark scripts, the values each takes and the switches
  * each value sets; a value clears the switches of the variable's other values. */
@@ -75,7 +75,7 @@ static const struct env_switch {
     {"SPH_CUDA_DHSPLITK", {"0", "1"}, {0, SPH_CUDA_FLAG_DH_SPLITK}},
     {"SPH_CUDA_E2DOVL", {"0", "1"}, {0, SPH_CUDA_FLAG_E2D_OVERLAP}},
     {"SPH_CUDA_DW32BZ", {"0", "1"}, {0, SPH_CUDA_FLAG_DW32_BETA0}},
-    {"SPH_CUDA_SUMP2FUSED", {"0", "1"}, {0, SPH_CUDA_FLAG_SUMP2_FUSED}},
+    {"SPH_CUDA_EXTRAS", {"staged", "fused"}, {SPH_CUDA_FLAG_EXTRAS_STAGED, 0}},
     {"SPH_CUDA_ONEPASS",
      {"e", "f32", "recompute", "auto"},
      {SPH_CUDA_FLAG_ONEPASS_E, SPH_CUDA_FLAG_ONEPASS_F32, SPH_CUDA_FLAG_ONEPASS_RECOMPUTE, 0}},

@@ -173,6 +173,17 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
     float *Tq = c->lay->tile_q ? (float *)(c->ws + c->lay->off_Tq) : NULL;
     float2 *mq = Tq ? (float2 *)(c->ws + c->lay->off_xmq) + ch->k0 : NULL;
     e.tile_q = Tq;
+    const sph_cuda_layout *lay = c->lay;
+    if (lay->tk_fused) {
+        /* top-k in the same epilogue: candidates per row, folded in after the kernel */
+        if (!merge) SPH_TRY(sph_cuda_topk_fused_begin(c, ch));
+        e.tk_cand = c->ws + lay->off_tkc;
+        e.tk_n = (int *)(c->ws + lay->off_tkn);
+        e.tk_tau = (int *)(c->ws + lay->off_tkt);
+        e.tk_slots = (int *)(c->ws + lay->off_tks);
+        e.tk_cap = (int)lay->tk_cap;
+        e.tk_ks = (int)lay->tk_ks;
+    }
     if (with_e) {
         /* staged E of the chunk (whole-shard rows) where its D will be */
         e.E = c->ws + c->lay->off_D;
@@ -185,6 +196,10 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
     SPH_TRY(sph_cuda_sm90_reduce_tiles(T, Tq, (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N,
                                        ch->rows, recs, mq, merge, c->stream));
     sph_trace_mark("cuda: reduce tiles");
+    if (lay->tk_fused) {
+        SPH_TRY(sph_cuda_topk_fused_merge(c, ch, c0, w, hp, ld, merge));
+        sph_trace_mark("cuda: top-k merge");
+    }
     return SPH_OK;
 }
 

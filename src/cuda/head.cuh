@@ -60,6 +60,9 @@ typedef struct sph_cuda_layout {
                         * epilogues (no staged L): FUSED, STAGED_E, RECOMPUTE where they can */
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int tile_q;        /* fused forward with sum_p2: the epilogue's q per row and tile too */
+    int tk_fused;      /* fused forward with top-k: the epilogue's candidates */
+    int64_t tk_ks;     /* ... its slots per row (a power of two >= max(K, 8)) */
+    int64_t tk_cap;    /* ... its candidates per row before the row overflows */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int store16;        /* fused epilogues write D / E with 16-byte stores */
     int64_t e_rows;     /* staged E: rows per chunk the budget allows */
@@ -77,6 +80,9 @@ typedef struct sph_cuda_layout {
     /* the forward's extras (issue 25, head_extras.cu): sum_p2's (m, q) per row and the
      * top-k lists (K entries per row), and their TP receive buffers */
     size_t off_xmq, off_xmq_recv, off_xtk, off_xtk_recv;
+    /* the fused top-k (head_extras.cu): candidates (R, tk_cap), slots (R, tk_ks), the
+     * threshold and the candidate count (R each) */
+    size_t off_tkc, off_tks, off_tkt, off_tkn;
     size_t total;
 } sph_cuda_layout;
 
@@ -95,10 +101,10 @@ extern "C" {
  * 128 x 256 output tiles already fill the SMs, else enough for ~2 waves, at most 8 and at
  * least 2048 columns each. */
 int64_t sph_cuda_dh_splits(int64_t rows, int64_t H, int64_t w, int sms);
-/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu). They read the
- * staged fp32 logits, so a pass with them takes the cuBLAS / staged path (no fused
- * epilogue), except sum_p2 alone under SPH_CUDA_FLAG_SUMP2_FUSED: it rides in the fused
- * statistics epilogue where the pass is fused (the layout's tile_q). */
+/* The pass computes the forward's extras (sum_p2, top-k: head_extras.cu). They ride in the
+ * fused statistics epilogue where the pass is fused (the layout's tile_q, tk_fused), else
+ * head_extras.cu reads the staged fp32 logits; SPH_CUDA_FLAG_EXTRAS_STAGED forces the staged
+ * form (the cuBLAS / staged path, no fused epilogue). */
 static inline int sph_cuda_extras(const sph_head_plan *p, sph_head_pass pass) {
     return pass == SPH_HEAD_FORWARD && p->K == 0 && (p->sum_p2 != NULL || p->topk > 0);
 }
@@ -199,6 +205,14 @@ sph_status sph_cuda_extras_combine(pass_ctx *c, int64_t k0, int64_t rows, const 
 sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2 *mq0,
                                     const sph_cuda_xtk *tk0, int64_t rank_stride, int64_t r0,
                                     const int64_t *rowmap, int64_t rows);
+/* The fused top-k (head_extras.cu): the chunk rows' candidate count, threshold
+ * and slots emptied before its first split's statistics kernel; after each split's, the
+ * candidates (or, for a row that overflowed its buffer, the logits of the tiles that can
+ * hold its top K, recomputed from hp (rows of stride ld) and the split's W columns) folded
+ * into the rows' lists. */
+sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch);
+sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, int64_t w,
+                                     const void *hp, int64_t ld, int merge);
 /* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);
  * row k is global row rowmap[k] or r0 + k. Non-finite active rows are counted in nf (the
  * context's sph_cuda_state.nf; NULL: not counted). */

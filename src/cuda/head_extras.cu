@@ -27,6 +27,7 @@
 #include "comm/comm.h"
 #include "cuda/head.cuh"
 #include "cuda/head_math.cuh"
+#include "cuda/head_sm90.cuh"
 
 #define XT 256              /* threads per row */
 #define XS 2048             /* sort size: the list (XK) + the candidate buffer */
@@ -60,6 +61,68 @@ __device__ void x_sort(float *sz, int *sid) {
         }
 }
 
+/* The K-best list of one row in shared memory (sz / sid: the list in [0, XK), candidates in
+ * [XK, XS)), used by every thread of the block: xl_begin, then per batch of at most `need`
+ * offers xl_room, the offers, a barrier; xl_end sorts and writes the K entries. */
+struct x_list {
+    float *sz;
+    int *sid;
+    int *ncand;
+    float thr;
+    int thr_id; /* the K-th entry; -1: the list is not full (everything enters) */
+    int K;
+};
+
+__device__ void xl_begin(x_list &l, const sph_cuda_xtk *seed) {
+    for (int t = threadIdx.x; t < XS; t += XT) {
+        const bool in = seed && t < l.K;
+        l.sz[t] = in ? seed[t].z : -INFINITY;
+        l.sid[t] = in ? seed[t].id : -1;
+    }
+    if (threadIdx.x == 0) *l.ncand = 0;
+    __syncthreads();
+    l.thr = l.sz[l.K - 1], l.thr_id = l.sid[l.K - 1];
+}
+
+/* Room for `need` more candidates, else the list and the candidates merged first (every
+ * thread reads the count before any adds to it). */
+__device__ void xl_room(x_list &l, int need) {
+    const int nc = *l.ncand;
+    __syncthreads();
+    if (nc > XS - XK - need) {
+        x_sort(l.sz, l.sid);
+        for (int t = l.K + threadIdx.x; t < XS; t += XT) l.sz[t] = -INFINITY, l.sid[t] = -1;
+        __syncthreads();
+        if (threadIdx.x == 0) *l.ncand = 0;
+        l.thr = l.sz[l.K - 1], l.thr_id = l.sid[l.K - 1];
+        __syncthreads();
+    }
+}
+
+/* z enters the candidates when it beats the list's K-th entry (NaN never). */
+__device__ __forceinline__ void xl_offer(x_list &l, float z, int id) {
+    if (z == z && (l.thr_id < 0 || z > l.thr || (z == l.thr && id < l.thr_id))) {
+        const int pos = atomicAdd(l.ncand, 1);
+        l.sz[XK + pos] = z, l.sid[XK + pos] = id;
+    }
+}
+
+/* After the last batch's barrier: the K best to out (ncand is uniform here). */
+__device__ void xl_end(x_list &l, sph_cuda_xtk *out) {
+    if (*l.ncand > 0) x_sort(l.sz, l.sid);
+    for (int t = threadIdx.x; t < l.K; t += XT) {
+        out[t].z = l.sz[t];
+        out[t].id = l.sid[t];
+    }
+}
+
+#define X_LIST_SHARED(l, K_)                                                                  \
+    __shared__ float l##_sz[XS];                                                              \
+    __shared__ int l##_sid[XS];                                                               \
+    __shared__ int l##_n;                                                                     \
+    x_list l;                                                                                 \
+    l.sz = l##_sz, l.sid = l##_sid, l.ncand = &l##_n, l.K = (K_), l.thr = 0.f, l.thr_id = -1
+
 struct x_args {
     const float *L;
     int64_t ldL, w, r0;
@@ -76,40 +139,13 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
     const int64_t r = blockIdx.x, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
     const float *row = a.L + r * a.ldL;
     const float inv_t = row_inv_t(a.trows, i, a.inv_t); /* the row's 1 / T, as the stats' */
-    __shared__ float sz[XS];
-    __shared__ int sid[XS];
-    __shared__ int ncand;
     __shared__ float red_m[XT / 32], red_q[XT / 32];
     const int K = a.K;
-    float thr = 0.f;
-    int thr_id = -1; /* the K-th entry; -1: the list is not full (everything enters) */
-    if (K) {
-        for (int t = threadIdx.x; t < XS; t += XT) {
-            const bool seed = a.merge && t < K;
-            sz[t] = seed ? a.tk[r * K + t].z : -INFINITY;
-            sid[t] = seed ? a.tk[r * K + t].id : -1;
-        }
-        if (threadIdx.x == 0) ncand = 0;
-        __syncthreads();
-        thr = sz[K - 1], thr_id = sid[K - 1];
-    }
+    X_LIST_SHARED(l, K ? K : 1);
+    if (K) xl_begin(l, a.merge ? a.tk + r * K : NULL);
     float m = -INFINITY, q = 0.f;
-    const int cap_c = XS - XK; /* candidate slots */
     for (int64_t base = 0; base < a.w; base += 4 * XT) {
-        if (K) {
-            /* room for a whole tile of candidates, else merge first (every thread reads the
-             * count before any adds to it) */
-            const int nc = ncand;
-            __syncthreads();
-            if (nc > cap_c - 4 * XT) {
-                x_sort(sz, sid);
-                for (int t = K + threadIdx.x; t < XS; t += XT) sz[t] = -INFINITY, sid[t] = -1;
-                __syncthreads();
-                if (threadIdx.x == 0) ncand = 0;
-                thr = sz[K - 1], thr_id = sid[K - 1];
-                __syncthreads();
-            }
-        }
+        if (K) xl_room(l, 4 * XT);
         for (int e = 0; e < 4; e++) {
             const int64_t c = base + e * XT + threadIdx.x; /* coalesced per e */
             if (c >= a.w) break;
@@ -122,21 +158,11 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
                     q += expf(2.f * (z - m));
                 }
             }
-            const int id = a.col_g0 + (int)c;
-            if (K && z == z && (thr_id < 0 || z > thr || (z == thr && id < thr_id))) {
-                const int pos = atomicAdd(&ncand, 1);
-                sz[XK + pos] = z, sid[XK + pos] = id;
-            }
+            if (K) xl_offer(l, z, a.col_g0 + (int)c);
         }
-        if (K) __syncthreads(); /* the tile's candidates, before the room check */
+        if (K) __syncthreads(); /* the batch's candidates, before the room check */
     }
-    if (K) {
-        if (ncand > 0) x_sort(sz, sid); /* ncand is uniform here (after the barrier) */
-        for (int t = threadIdx.x; t < K; t += XT) {
-            a.tk[r * K + t].z = sz[t];
-            a.tk[r * K + t].id = sid[t];
-        }
-    }
+    if (K) xl_end(l, a.tk + r * K);
     if (!a.mq) return;
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -155,6 +181,111 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
         m = pm, q = pq;
     }
     a.mq[r] = make_float2(m, q);
+}
+
+/* ---- the fused top-k (not EXTRAS_STAGED): the sm_90a statistics epilogue's candidates -
+ * Per chunk row: the epilogue (head_sm90.cu epi_topk) appends every logit z >= the row's
+ * threshold to the row's candidate buffer, raises the row's slot (split column mod ks) to z
+ * and the threshold to the minimum of the slots: ks >= K slots over disjoint columns, so at
+ * least K of the row's logits are >= that minimum and the threshold never passes the row's
+ * K-th largest logit; every logit of the top K is a candidate. After each split,
+ * head_topk_merge_kernel folds the candidates into the row's list (seeded with the earlier
+ * splits' list) exactly as the staged kernel does, empties the buffer and raises the
+ * threshold to the list's K-th entry. A row whose candidates overflowed the buffer (count
+ * > cap) recomputes instead the logits of the split's tiles whose maximum (the tile record's
+ * m) reaches the threshold (every other tile's logits are below the K-th largest), one
+ * column per thread, fp32 dot products: slow, and only for rows the threshold could not
+ * prune (e.g. logits increasing along the vocabulary). */
+__global__ void head_topk_reset_kernel(int64_t rows, int ks, int *n, int *tau, int *slots) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * ks) return;
+    const int ninf = sph_tk_enc(-INFINITY);
+    slots[t] = ninf;
+    if (t % ks == 0) n[t / ks] = 0, tau[t / ks] = ninf;
+}
+
+struct tkm_args {
+    const sph_cuda_xtk *cand;
+    int *n, *tau;
+    sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
+    int K, cap, merge;
+    /* the overflow's recompute: the split's tile records, h rows, W columns */
+    const float *tile_recs;
+    int64_t n_tiles, w, H, ld_h, ld_w, r0;
+    const void *hp, *wp;
+    const int64_t *rowmap;
+    const float *trows;
+    int col_g0;
+    float inv_t, cap_s, inv_cap;
+};
+
+template <typename T> __device__ __forceinline__ float dot8(uint4 a, uint4 b);
+template <> __device__ __forceinline__ float dot8<__nv_bfloat16>(uint4 a, uint4 b) {
+    const __nv_bfloat162 *x = (const __nv_bfloat162 *)&a, *y = (const __nv_bfloat162 *)&b;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 u = __bfloat1622float2(x[k]), v = __bfloat1622float2(y[k]);
+        s = fmaf(u.x, v.x, s);
+        s = fmaf(u.y, v.y, s);
+    }
+    return s;
+}
+template <> __device__ __forceinline__ float dot8<__half>(uint4 a, uint4 b) {
+    const __half2 *x = (const __half2 *)&a, *y = (const __half2 *)&b;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 u = __half22float2(x[k]), v = __half22float2(y[k]);
+        s = fmaf(u.x, v.x, s);
+        s = fmaf(u.y, v.y, s);
+    }
+    return s;
+}
+
+template <typename T> __global__ void __launch_bounds__(XT) head_topk_merge_kernel(tkm_args a) {
+    const int64_t r = blockIdx.x;
+    const int K = a.K;
+    X_LIST_SHARED(l, K);
+    xl_begin(l, a.merge ? a.tk + r * K : NULL);
+    const int n = a.n[r];
+    if (n <= a.cap) {
+        const sph_cuda_xtk *cand = a.cand + r * a.cap;
+        for (int base = 0; base < n; base += 4 * XT) {
+            xl_room(l, 4 * XT);
+            for (int e = 0; e < 4; e++) {
+                const int c = base + e * XT + threadIdx.x;
+                if (c >= n) break;
+                const sph_cuda_xtk x = cand[c];
+                xl_offer(l, x.z, x.id);
+            }
+            __syncthreads();
+        }
+    } else {
+        const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
+        const float it = row_inv_t(a.trows, i, a.inv_t);
+        const float tau = sph_tk_dec(a.tau[r]);
+        const uint4 *h = (const uint4 *)((const T *)a.hp + r * a.ld_h);
+        for (int64_t t = 0; t < a.n_tiles; t++) {
+            const float mx = a.tile_recs[(r * a.n_tiles + t) * SPH_PARTIAL_FIELDS];
+            if (!(mx >= tau)) continue; /* block-uniform */
+            xl_room(l, XT);
+            const int64_t c = t * SPH_SM90_TILE_N + threadIdx.x;
+            if (c < a.w) {
+                const uint4 *wr = (const uint4 *)((const T *)a.wp + c * a.ld_w);
+                float acc = 0.f;
+                for (int64_t k = 0; k < a.H / 8; k++) acc += dot8<T>(__ldg(h + k), __ldg(wr + k));
+                xl_offer(l, transform(acc, it, a.cap_s, a.inv_cap), a.col_g0 + (int)c);
+            }
+            __syncthreads();
+        }
+    }
+    xl_end(l, a.tk + r * K);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a.n[r] = 0;
+        if (l.sid[K - 1] >= 0) atomicMax(a.tau + r, sph_tk_enc(l.sz[K - 1]));
+    }
 }
 
 /* The ranks' (m, q) and lists of rows [0, rows) (rank r's at + r * rank_stride rows) into the
@@ -317,5 +448,53 @@ sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2
     a.ld_tl = p->ld_tl;
     head_extras_finalize_kernel<<<(unsigned)rows, XT, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_extras_finalize_kernel", c->stream);
+    return SPH_OK;
+}
+
+sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch) {
+    const sph_cuda_layout *lay = c->lay;
+    const int64_t n = ch->rows * lay->tk_ks;
+    if (n <= 0) return SPH_OK;
+    head_topk_reset_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(
+        ch->rows, (int)lay->tk_ks, (int *)(c->ws + lay->off_tkn), (int *)(c->ws + lay->off_tkt),
+        (int *)(c->ws + lay->off_tks));
+    SPH_LAUNCH_CHECK("head_topk_reset_kernel", c->stream);
+    return SPH_OK;
+}
+
+sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, int64_t w,
+                                     const void *hp, int64_t ld, int merge) {
+    const sph_head_plan *p = c->p;
+    const sph_cuda_layout *lay = c->lay;
+    if (ch->rows <= 0) return SPH_OK;
+    tkm_args a;
+    memset(&a, 0, sizeof a);
+    a.cand = (const sph_cuda_xtk *)(c->ws + lay->off_tkc);
+    a.n = (int *)(c->ws + lay->off_tkn);
+    a.tau = (int *)(c->ws + lay->off_tkt);
+    a.tk = (sph_cuda_xtk *)(c->ws + lay->off_xtk) + ch->k0 * p->topk;
+    a.K = (int)p->topk;
+    a.cap = (int)lay->tk_cap;
+    a.merge = merge;
+    a.tile_recs = (const float *)(c->ws + lay->off_T);
+    a.n_tiles = (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
+    a.w = w;
+    a.H = p->H;
+    a.ld_h = ld;
+    a.ld_w = p->ld_w;
+    a.r0 = ch->r0;
+    a.hp = hp;
+    a.wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
+    a.rowmap = ch->rowmap;
+    a.trows = p->temp_rows;
+    a.col_g0 = (int)(p->v0 + c0);
+    a.inv_t = (float)(1.0 / p->temperature);
+    a.cap_s = (float)p->softcap;
+    a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
+    if (c->dk == DT_BF16)
+        head_topk_merge_kernel<__nv_bfloat16><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
+    else
+        head_topk_merge_kernel<__half><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
+    SPH_LAUNCH_CHECK("head_topk_merge_kernel", c->stream);
     return SPH_OK;
 }

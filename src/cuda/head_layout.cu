@@ -51,7 +51,8 @@ typedef struct pass_facts {
     int half_dw, half_dh; /* half-precision gradient outputs (fp32 accumulators) */
     int can_fuse;         /* the sm_90a fused kernels can run this pass's operands */
     int extras;           /* the forward's extras (sum_p2, top-k) */
-    int extras_staged;    /* ... that read staged logits (top-k; sum_p2 without SUMP2_FUSED) */
+    int extras_staged;    /* ... that read staged logits (EXTRAS_STAGED) */
+    int64_t tk_row;       /* the fused top-k's bytes per chunk row (0: none) */
     int64_t max_span;     /* the longest row range a chunk walks (M when gathered) */
     int64_t n_spans;
     int64_t chunk_bytes;  /* the context's budget (1 GiB by default) */
@@ -66,6 +67,21 @@ typedef struct staged_e {
     int inplace;    /* E_TWO_CHUNKS: two chunks, no fp32 dW accumulator */
     int64_t budget; /* its own budget */
 } staged_e;
+
+/* The fused top-k (head_extras.cu): slots per row, a power of two >= max(K, 8), and
+ * candidates per row before it overflows (~2048 from the tiles that start before any
+ * threshold exists, ~ks ln(ks) ln(V / 2048) after; tests set it small). */
+static int64_t topk_slots(int64_t K) {
+    int64_t ks = 8;
+    while (ks < K) ks *= 2;
+    return ks;
+}
+static int64_t topk_cap(const sph_cuda_state *st, int64_t K) {
+    return st->topk_cap > 0 ? st->topk_cap : 2048 + 32 * topk_slots(K);
+}
+static int64_t topk_row_bytes(const sph_cuda_state *st, int64_t K) {
+    return topk_cap(st, K) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(K) * 4 + 8;
+}
 
 static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
                           sph_cuda_layout *lay, pass_facts *f) {
@@ -95,11 +111,14 @@ static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass p
     f->half_dh = lay->grads && p->dhidden && dt_kind(p->dh_dtype) != DT_F32;
     /* The sm_90a fused epilogues: the forward keeps no logits (a record per row and 256
      * columns instead), the backward stages only the half-precision dlogits. Decided from the
-     * user's tensors, so every chunk of the pass takes the same kernels. The extras read the
-     * staged fp32 logits: no fused epilogue beside them (but sum_p2 alone rides in it under
-     * SUMP2_FUSED). */
+     * user's tensors, so every chunk of the pass takes the same kernels. The extras ride in
+     * the fused statistics epilogue (sum_p2's q, top-k's candidates), unless EXTRAS_STAGED
+     * asks for them from staged fp32 logits: then no fused epilogue beside them. */
     f->extras = sph_cuda_extras(p, pass);
-    f->extras_staged = f->extras && (p->topk > 0 || !st->sump2_fused);
+    f->extras_staged = f->extras && ((p->topk > 0 && !st->topk_fused) ||
+                                     (p->sum_p2 && !st->sump2_fused));
+    f->tk_row = f->extras && p->topk > 0 && !f->extras_staged ? topk_row_bytes(st, p->topk)
+                                                               : 0;
     f->can_fuse = !lay->bi && f->dk != DT_F32 && !st->no_fused && !f->extras_staged &&
                   sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
                                             p->H) &&
@@ -136,7 +155,7 @@ static int staged_e_fits(sph_ctx_t ctx, const sph_head_plan *p, const sph_cuda_l
                           nt * (SPH_PARTIAL_FIELDS + (p->sum_p2 ? 1 : 0)) * 4 +
                           (lay->gather ? p->H * ((int64_t)dt_size(f->dk) + (p->dhidden ? 4 : 0))
                                        : 0) +
-                          64; /* per-row share of the 256-byte region rounding */
+                          f->tk_row + 64; /* per-row share of the 256-byte region rounding */
     int64_t re = rows_all;
     int inplace = 0;
     if (f->base_fixed + rows_all * row_e > be) re = (be - f->base_fixed - f->row_fixed) / row_e;
@@ -196,11 +215,12 @@ typedef struct row_cost {
     int64_t dh_rowx; /* per chunk row beyond the logits: the fp32 dH row, the gathered h row */
     int64_t dw_col;  /* vocabulary-outer: the split's fp32 dW accumulator, per column */
     int tile_recs;   /* fused statistics: floats per 256 columns (a record, + sum_p2's q) */
+    int64_t tk_row;  /* fused statistics with top-k: its buffers' bytes per row */
 } row_cost;
 
 static int64_t row_bytes(const row_cost *k, int64_t vs) {
     return round_up(vs, 8) * k->bpe + k->dh_rowx +
-           (vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * k->tile_recs * 4;
+           (vs + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N * k->tile_recs * 4 + k->tk_row;
 }
 static int64_t rows_for(const row_cost *k, int64_t vs) {
     return (k->budget - vs * k->dw_col) / row_bytes(k, vs);
@@ -267,6 +287,9 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
     if (k.budget < chunk_bytes / 8)
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     lay->tile_q = lay->fused && f->extras && p->sum_p2;
+    lay->tk_fused = lay->fused && f->tk_row > 0;
+    if (lay->tk_fused) lay->tk_ks = topk_slots(p->topk), lay->tk_cap = topk_cap(st, p->topk);
+    k.tk_row = lay->tk_fused ? f->tk_row : 0;
     k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
                       ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)
                       : 0;
@@ -385,6 +408,14 @@ static void place_buffers(const sph_head_plan *p, const pass_facts *f, sph_cuda_
     if (tile_recs) off += sph_ws_round((size_t)R * lay->n_tiles * SPH_PARTIAL_FIELDS * 4);
     lay->off_Tq = off;
     if (tile_recs && lay->tile_q) off += sph_ws_round((size_t)R * lay->n_tiles * 4);
+    lay->off_tkc = off;
+    if (lay->tk_fused) off += sph_ws_round((size_t)R * lay->tk_cap * sizeof(sph_cuda_xtk));
+    lay->off_tks = off;
+    if (lay->tk_fused) off += sph_ws_round((size_t)R * lay->tk_ks * 4);
+    lay->off_tkt = off;
+    if (lay->tk_fused) off += sph_ws_round((size_t)R * 4);
+    lay->off_tkn = off;
+    if (lay->tk_fused) off += sph_ws_round((size_t)R * 4);
     lay->off_D = off;
     if (lay->grads && f->dk != DT_F32) off += sph_ws_round((size_t)R * lay->ldL * 2);
     lay->off_part = off;

@@ -150,4 +150,14 @@ __device__ __forceinline__ float load_kind(const void *base, int kind, int64_t k
     return __half2float(((const __half *)base)[k]);
 }
 
+/* The fused top-k's ordered-int encoding of a float: signed int order = float order (-0
+ * below +0), so atomicMax keeps the larger value; sph_tk_dec inverts it. */
+__device__ __forceinline__ int sph_tk_enc(float f) {
+    const int i = __float_as_int(f);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float sph_tk_dec(int i) {
+    return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff);
+}
+
 #endif

@@ -274,6 +274,7 @@ struct epi_row_args {
     int64_t t;                    /* target (global vocabulary index; < 0 ignored) */
     float lse, mu, g, eg, gl, gmV; /* dlogits: statistics and upstream gradients */
     float it;                      /* the row's 1 / T (row_inv_t) */
+    float tau;                     /* top-k: the row's candidate threshold (ep.tk_tau) */
     bool active;
 };
 
@@ -283,12 +284,75 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
     const int64_t i = epi_row(ep, rr, R);
     a.t = load_target(ep.tgt, ep.tgt_i64, i);
     a.it = row_inv_t(ep.trows, i, ep.inv_t);
-    if (!(EPI & SPH_SM90_EPI_DLOGITS)) return;
+    if (!(EPI & SPH_SM90_EPI_DLOGITS)) {
+        a.tau = ep.tk_cand && rr < R ? sph_tk_dec(__ldcg(ep.tk_tau + rr)) : INFINITY;
+        return;
+    }
     a.active = !ep.mask || ep.mask[i];
     a.lse = ep.stats[i * 3 + 1], a.mu = ep.stats[i * 3 + 2];
     a.g = ep.g && a.t >= 0 ? ep.g[i] : 0.f; /* ignored target: no gradient through it */
     a.eg = ep.e ? ep.e[i] : 0.f, a.gl = ep.gl ? ep.gl[i] : 0.f;
     a.gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
+}
+
+/* The fused top-k's part of one row of the tile (ep.tk_cand, head_sm90.cuh): the row's
+ * logits z >= tau (finite or -inf; NaN never) become candidates, counted per thread, offset by
+ * a quad scan and one atomicAdd per quad; each raises its slot; a quad that emitted reads the
+ * slots back and raises the row's threshold to their minimum. Rows past R emit nothing. */
+__device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
+                                         const sph_sm90_epi &ep, float tau, int64_t rr,
+                                         int64_t R, int64_t cb, int lim) {
+    const int q4 = threadIdx.x & 3;
+    int n = 0;
+    if (rr < R) {
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * j + e < lim && acc[4 * j + 2 * hf + e] >= tau) n++;
+    }
+    int incl = n;
+    int x = __shfl_up_sync(0xffffffffu, incl, 1, 4);
+    if (q4 >= 1) incl += x;
+    x = __shfl_up_sync(0xffffffffu, incl, 2, 4);
+    if (q4 >= 2) incl += x;
+    const int total = __shfl_sync(0xffffffffu, incl, 3, 4);
+    /* the shuffles below take every lane: a quad without candidates runs them idle */
+    if (__all_sync(0xffffffffu, total == 0)) return;
+    int base = 0;
+    if (q4 == 0 && total > 0) base = atomicAdd(ep.tk_n + rr, total);
+    base = __shfl_sync(0xffffffffu, base, 0, 4);
+    int pos = base + incl - n;
+    sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
+    int *slots = ep.tk_slots + rr * ep.tk_ks;
+    const int ks1 = ep.tk_ks - 1;
+    if (n) {
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float z = acc[4 * j + 2 * hf + e];
+                if (8 * j + e < lim && z >= tau) {
+                    const int64_t c = cb + 8 * j + e; /* the split's column */
+                    if (pos < ep.tk_cap) {
+                        sph_cuda_xtk v;
+                        v.z = z;
+                        v.id = (int)(ep.col_g0 + c);
+                        cand[pos] = v;
+                    }
+                    pos++;
+                    atomicMax(slots + ((int)c & ks1), sph_tk_enc(z));
+                }
+            }
+    }
+    /* the slots back (this thread's quarter): their minimum is a valid threshold */
+    const int per = ep.tk_ks / 4;
+    int mn = 0x7fffffff;
+    if (total > 0)
+        for (int k = 0; k < per; k++) mn = min(mn, __ldcg(slots + q4 * per + k));
+    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
+    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
+    if (q4 == 0 && total > 0 && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
 }
 
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
@@ -298,7 +362,7 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
  * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
  * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
  * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
-template <bool CAP, int ESTORE, bool Q2>
+template <bool CAP, int ESTORE, bool Q2, bool TK>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
@@ -321,6 +385,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (TK) epi_topk(acc, hf, ep, ra[hf].tau, rr, R, cb, lim);
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -377,37 +442,40 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
     }
 }
 
+template <int ESTORE, bool Q2, bool TK>
+__device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+    if (ep.cap > 0.f) epi_stats_t<true, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_t<false, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+}
+template <int ESTORE, bool TK>
+__device__ __forceinline__ void epi_stats_q(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+    if (ep.tile_q) epi_stats_c<ESTORE, true, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_c<ESTORE, false, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+}
+template <int ESTORE>
+__device__ __forceinline__ void epi_stats_k(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+    if (ep.tk_cand) epi_stats_q<ESTORE, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_q<ESTORE, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+}
+
+/* The general forward's epilogue (statistics) and the one-pass forward's (statistics and E),
+ * each with or without sum_p2's q and the top-k's candidates. */
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                           int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.tile_q) {
-        if (ep.cap > 0.f) epi_stats_t<true, 0, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 0, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    } else {
-        if (ep.cap > 0.f) epi_stats_t<true, 0, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 0, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    }
-}
-
-/* The one-pass forward's epilogue: statistics and E. */
-template <bool Q2>
-__device__ __forceinline__ void epi_stats_e_q(float (&acc)[128], const sph_sm90_epi &ep,
-                                              const epi_row_args (&ra)[2], int64_t r,
-                                              int64_t cb, int64_t tile_n, int64_t n_n,
-                                              int64_t R, int64_t Vs) {
-    if (ep.store16) {
-        if (ep.cap > 0.f) epi_stats_t<true, 2, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 2, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    } else {
-        if (ep.cap > 0.f) epi_stats_t<true, 1, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-        else epi_stats_t<false, 1, Q2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    }
+    epi_stats_k<0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
 }
 __device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.tile_q) epi_stats_e_q<true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_e_q<false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    if (ep.store16) epi_stats_k<2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+    else epi_stats_k<1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -897,6 +965,12 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: tile_recs is NULL");
     SPH_CHECK(!(mode & SPH_SM90_EPI_DLOGITS) || (epi->D && epi->stats), SPH_ERR_INTERNAL,
               "logits_sm90: D or stats is NULL");
+    SPH_CHECK(!epi->tk_cand ||
+                  ((mode & SPH_SM90_EPI_STATS) && epi->tk_n && epi->tk_tau && epi->tk_slots &&
+                   epi->tk_cap > 0 && epi->tk_ks >= 8 && epi->tk_ks <= 256 &&
+                   (epi->tk_ks & (epi->tk_ks - 1)) == 0),
+              SPH_ERR_INTERNAL, "logits_sm90: top-k candidates without their buffers (ks %d)",
+              epi->tk_ks);
     const int pp = pingpong_on(H, epi->schedule);
     const int64_t bm = pp ? sm90_cfg<true>::BM : sm90_cfg<false>::BM;
     const int64_t n_tiles = ((R + bm - 1) / bm) * ((Vs + SM90_BN - 1) / SM90_BN);

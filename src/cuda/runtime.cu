@@ -84,7 +84,14 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
     st->dh_splitk = (fl & SPH_CUDA_FLAG_DH_SPLITK) != 0;
     st->e2d_overlap = (fl & SPH_CUDA_FLAG_E2D_OVERLAP) != 0;
     st->dw32_beta0 = (fl & SPH_CUDA_FLAG_DW32_BETA0) != 0;
-    st->sump2_fused = (fl & SPH_CUDA_FLAG_SUMP2_FUSED) != 0;
+    st->sump2_fused = (fl & SPH_CUDA_FLAG_EXTRAS_STAGED) == 0;
+    st->topk_fused = st->sump2_fused;
+    {
+        /* test hook: a small candidate buffer drives the fused top-k's overflow path */
+        const char *cap = getenv("SPH_TEST_TOPK_CAP");
+        st->topk_cap = cap && *cap ? strtoll(cap, NULL, 10) : 0;
+        if (st->topk_cap < 0) st->topk_cap = 0;
+    }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));
     if (e == cudaSuccess) e = cudaMemset(st->nf, 0, sizeof(unsigned long long));

@@ -57,7 +57,10 @@ typedef struct sph_cuda_state {
                                         (STAGED_E, STAGED_F32, RECOMPUTE), AUTO: the rules */
     int no_store16;                  /* NO_STORE16: 4-byte pair stores in the fused epilogues */
     int e_two_chunks;                /* E_TWO_CHUNKS: staged E in 2 chunks, no fp32 dW acc. */
-    int sump2_fused;                 /* SUMP2_FUSED: sum_p2 in the statistics epilogue */
+    int sump2_fused;                 /* sum_p2 in the statistics epilogue (not EXTRAS_STAGED) */
+    int topk_fused;                  /* (not EXTRAS_STAGED) top-k there too */
+    int64_t topk_cap;                /* tests only (SPH_TEST_TOPK_CAP): the fused top-k's
+                                        candidates per row (0: the layout's rule) */
     int dh_splitk;                   /* DH_SPLITK: dH of short chunks split over V (fp32) */
     int e2d_overlap;                 /* E2D_OVERLAP: e2d per row block on a side stream */
     cudaStream_t side;               /* E2D_OVERLAP: the side stream (NULL until first use) */

@@ -6,9 +6,12 @@
  * sum p^2; topk_check.h's full-sort oracle): bf16 and f32, awkward vocabularies (613, 1601),
  * several vocabulary splits and row chunks (small chunk_bytes), masks with several spans
  * (gathered chunks), temperature and softcap, K = 1, 64, 256, one-pass (staged fp32 chunks and
- * the recomputing sweep), the batch-invariant mode; sum_p2 alone, staged by default and under
- * SPH_CUDA_FLAG_SUMP2_FUSED on the plain pass's path (the fused statistics epilogue on
- * sm_90a: staged E, the sweep, several splits, N = 1); inactive rows exactly 0 / (-1, 0); the
+ * the recomputing sweep), the batch-invariant mode; sum_p2 alone on the plain pass's path by
+ * default (the fused statistics epilogue on sm_90a: staged E, the sweep, several splits,
+ * N = 1) and staged under SPH_CUDA_FLAG_EXTRAS_STAGED; top-k by default on the plain pass's
+ * path too (its candidates in the same epilogue: K = 1, 7, 64, 256, splits,
+ * spans, staged E, the sweep, rows at tile edges, and the overflow's recompute through a
+ * candidate buffer shrunk by SPH_TEST_TOPK_CAP); inactive rows exactly 0 / (-1, 0); the
  * buffers poisoned before each run. Also sum_p2 with candidates (the support's softmax,
  * head_sample.cu + head_extras.cu's finalize) against a float64 support oracle, masked and
  * one-pass (test_sum_p2_support). Skips (exit 77) without CUDA or without a device.
@@ -56,6 +59,7 @@ typedef struct xcase {
     uint32_t flags;
     int64_t chunk_bytes;
     double T, cap;
+    int64_t tk_cap; /* > 0: SPH_TEST_TOPK_CAP for this context (the fused top-k's overflow) */
 } xcase;
 
 static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
@@ -73,7 +77,11 @@ static int run_case(const xcase *x) {
     o.batch_invariant = x->bi;
     o.cuda_flags = x->flags;
     sph_ctx_t g = NULL;
+    char capv[32];
+    snprintf(capv, sizeof capv, "%lld", (long long)x->tk_cap);
+    if (x->tk_cap > 0) setenv("SPH_TEST_TOPK_CAP", capv, 1);
     expect_ok(sph_ctx_create(&g, &o));
+    unsetenv("SPH_TEST_TOPK_CAP");
     hcase c;
     hc_init(&c, &g_rng, x->N, x->H, x->V, x->V, 0, 0, x->dt);
     if (x->masked) hc_mask_ragged(&c, &g_rng, 0.6);
@@ -118,22 +126,21 @@ static int run_case(const xcase *x) {
     expect_ok(sph_ctx_memcpy(g, ids, dids, (size_t)(N * K) * 8));
     char cs[200];
     snprintf(cs, sizeof cs, "cuda(kernel=%s,path=%s,%s,N=%lld,V=%lld,K=%lld,sp2=%d,mask=%d,"
-                            "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g)",
+                            "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g,tk_cap=%lld)",
              x->kernel ? x->kernel : "cuda", info.path, sph_dtype_name(x->dt), (long long)N,
              (long long)x->V, (long long)K, x->sp2, x->masked, x->one_pass, x->bi, x->flags,
-             (long long)x->chunk_bytes, x->T, x->cap);
+             (long long)x->chunk_bytes, x->T, x->cap, (long long)x->tk_cap);
     int ok = 1;
     if (!x->kernel && !strstr(info.path, "+extras")) {
         fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
         ok = 0;
     }
-    /* SUMP2_FUSED: sum_p2 alone rides in the plain pass's kernels (the fused statistics
-     * epilogue where the plain pass is fused): the same path word, plus the extras */
+    /* the extras ride in the plain pass's kernels (the fused statistics epilogue where the
+     * plain pass is fused) unless EXTRAS_STAGED: the same path word, plus the extras */
     char want[sizeof plain.path + 8];
     snprintf(want, sizeof want, "%s+extras", plain.path);
-    if (!x->kernel && x->sp2 && !K && (x->flags & SPH_CUDA_FLAG_SUMP2_FUSED) &&
-        strcmp(info.path, want)) {
-        fprintf(stderr, "FAIL %s: sum_p2 alone took path %s, the plain pass %s\n", cs, info.path,
+    if (!x->kernel && !(x->flags & SPH_CUDA_FLAG_EXTRAS_STAGED) && strcmp(info.path, want)) {
+        fprintf(stderr, "FAIL %s: the extras took path %s, the plain pass %s\n", cs, info.path,
                 plain.path);
         ok = 0;
     }
@@ -168,30 +175,47 @@ static int run_case(const xcase *x) {
 static void test_extras_cuda(void **state) {
     (void)state;
     const uint32_t F32S = SPH_CUDA_FLAG_ONEPASS_F32, RECOMP = SPH_CUDA_FLAG_ONEPASS_RECOMPUTE,
-                   SF = SPH_CUDA_FLAG_SUMP2_FUSED;
+                   ES = SPH_CUDA_FLAG_EXTRAS_STAGED, E = SPH_CUDA_FLAG_ONEPASS_E;
     const xcase cases[] = {
-        /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap */
-        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0},
-        {NULL, SPH_F32, 77, 40, 613, 1, 1, 1, 0, 0, 0, 40 * 1024, 1.0, 3.0},
-        {NULL, SPH_F32, 77, 40, 613, 200, 0, 0, 0, 0, 0, 0, 0.6, 0.0},
-        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, F32S, 64 * 1024, 1.0, 0.0},
-        {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP, 0, 0.8, 2.5},
-        {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, 0, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, 0, 0, 1.0, 0.0},
-        /* sum_p2 alone: staged by default; under SUMP2_FUSED the fused statistics epilogue
-         * (sm_90a) or the plain pass's kernels: several splits (small budget), gathered
-         * spans, staged E, the sweep, N = 1, the batch-invariant mode */
-        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, 0, 0, 0.9, 0.0},
-        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, SF, 96 * 1024, 0.7, 0.0},
-        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, SF, 0, 1.3, 3.0},
-        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, SF, 0, 0.8, 0.0},
-        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, SF | RECOMP, 0, 1.0, 2.5},
-        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, SF, 0, 1.0, 0.0},
-        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, SF, 0, 1.0, 0.0},
-        {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0},
-        {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0},
+        /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap,
+         * tk_cap */
+        /* top-k and sum_p2 staged (EXTRAS_STAGED) */
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, ES, 96 * 1024, 0.7, 0.0, 0},
+        {NULL, SPH_F32, 77, 40, 613, 1, 1, 1, 0, 0, ES, 40 * 1024, 1.0, 3.0, 0},
+        {NULL, SPH_F32, 77, 40, 613, 200, 0, 0, 0, 0, ES, 0, 0.6, 0.0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, F32S | ES, 64 * 1024, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP | ES, 0, 0.8, 2.5, 0},
+        {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, ES, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, ES, 0, 1.0, 0.0, 0},
+        /* sum_p2 alone: the fused statistics epilogue (sm_90a) or the plain pass's kernels by
+         * default: several splits (small budget), gathered spans, staged E, the sweep, N = 1,
+         * the batch-invariant mode; staged under EXTRAS_STAGED */
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, ES, 0, 0.9, 0.0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0},
+        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0},
+        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, 0, 0, 0.8, 0.0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, RECOMP, 0, 1.0, 2.5, 0},
+        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, 0, 0, 1.0, 0.0, 0},
+        /* top-k by default: the candidates of the fused statistics epilogue; K 1 .. 256,
+         * with and without sum_p2, splits (small budget), spans, temperature and softcap,
+         * staged E and the sweep, 129 / 257 rows (a row past a 128-row tile), N = 1; a wide
+         * vocabulary (more tiles than the first wave); the overflow's recompute (tk_cap
+         * 1, 100: every row, or most, overflow) */
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 129, 64, 1601, 256, 0, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0},
+        {NULL, SPH_F16, 257, 72, 613, 1, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, E, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 130, 64, 1601, 64, 1, 0, 1, 0, RECOMP, 0, 0.8, 2.5, 0},
+        {NULL, SPH_BF16, 1, 64, 1601, 9, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 0, 0, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 200, 64, 9000, 64, 0, 1, 0, 0, 0, 0, 0.9, 0.0, 100},
+        {NULL, SPH_F16, 65, 64, 1601, 33, 1, 0, 1, 0, E, 200 * 1024, 1.0, 0.0, 1},
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0},
+        {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0},
+        {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0},
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);

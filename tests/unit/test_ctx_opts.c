@@ -15,7 +15,7 @@ static const char *g_vars[] = {"SPH_CUDA_GATHER",    "SPH_CUDA_SQUARE",   "SPH_C
                                "SPH_CUDA_COLOUTER",  "SPH_CUDA_SM90",     "SPH_CUDA_BWD_DENSE",
                                "SPH_CUDA_PINGPONG",  "SPH_CUDA_STORE16",  "SPH_CUDA_ONEPASS",
                                "SPH_CUDA_E2CHUNK",   "SPH_CUDA_DHSPLITK", "SPH_CUDA_E2DOVL",
-                               "SPH_CUDA_DW32BZ"};
+                               "SPH_CUDA_DW32BZ",    "SPH_CUDA_EXTRAS"};
 #define N_VARS (sizeof g_vars / sizeof g_vars[0])
 
 static void clear_env(void) {
@@ -93,6 +93,8 @@ static void test_apply_env(void **state) {
         {"SPH_CUDA_E2DOVL", "0", 0},
         {"SPH_CUDA_DW32BZ", "1", SPH_CUDA_FLAG_DW32_BETA0},
         {"SPH_CUDA_DW32BZ", "0", 0},
+        {"SPH_CUDA_EXTRAS", "staged", SPH_CUDA_FLAG_EXTRAS_STAGED},
+        {"SPH_CUDA_EXTRAS", "fused", 0},
         {"SPH_CUDA_FUSED", "1", 0},
         {"SPH_CUDA_BWD_DENSE", "0", 0},
         {"SPH_CUDA_GATHER", "", 0},

@@ -37,7 +37,7 @@ int main(void) {
 static sph_cuda_state g_state;
 static sph_rng g_rng;
 /* issue 23's switches for the next layouts (E_TWO_CHUNKS, DH_SPLITK): fake_ctx sets them */
-static int g_e2, g_dhk, g_nogather, g_sump2;
+static int g_e2, g_dhk, g_nogather, g_extras_staged;
 static int64_t g_chunk_rows; /* the context's chunk_rows (0: automatic) */
 static int g_acc_dw;         /* the plans accumulate into dW */
 static sph_dtype g_dw_dt;    /* dW's dtype when set (bits != 0), else the case's gdt */
@@ -51,7 +51,7 @@ static struct sph_ctx fake_ctx(int64_t chunk_bytes, int assume_sm90) {
     g_state.e_two_chunks = g_e2;
     g_state.dh_splitk = g_dhk;
     g_state.no_gather = g_nogather;
-    g_state.sump2_fused = g_sump2;
+    g_state.sump2_fused = g_state.topk_fused = !g_extras_staged;
     c.device.type = SPH_DEVICE_CUDA;
     c.chunk_bytes = chunk_bytes;
     c.chunk_rows = g_chunk_rows;
@@ -477,10 +477,11 @@ static void test_issue23(void **state) {
     }
 }
 
-/* issue 25's extras: under SUMP2_FUSED sum_p2 alone keeps the fused path (its q in the
- * statistics epilogue); otherwise, and with top-k, the forward takes the staged cuBLAS path (top-k reads the fp32 logits),
- * one-pass its staged fp32 chunks or the sweep, never staged E; their
- * buffers ((m, q), N x K lists, x TP size received) come on top of the same layout. */
+/* issue 25's extras. By default they keep the plain (fused) path: sum_p2's q in the
+ * statistics epilogue, top-k's candidate buffers (R x cap entries, R x ks slots, a threshold
+ * and a count per row) inside the budget. Under EXTRAS_STAGED they take the staged cuBLAS path
+ * (the forward on cuBLAS, one-pass on its staged fp32 chunks or the sweep, never staged E).
+ * The rows' (m, q), N x K lists and the TP receive buffers come on top of the same layout. */
 static void test_extras(void **state) {
     (void)state;
     const int64_t N = 4096, H = 2048, V = 62080, K = 64;
@@ -492,15 +493,10 @@ static void test_extras(void **state) {
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &plain), SPH_OK);
         assert_true(plain.fused); /* bf16 on (assumed) sm_90a: the fused epilogue */
         assert_int_equal(plain.tile_q, 0);
-        /* SUMP2_FUSED: sum_p2 alone rides in the fused statistics epilogue: the plain path,
-         * its tiles' q (R x n_tiles floats) beside the records, the rows' (m, q); without
-         * the switch it takes the staged path like top-k */
+        assert_int_equal(plain.tk_fused, 0);
+        /* sum_p2 alone rides in the fused statistics epilogue: the plain path, its tiles' q
+         * (R x n_tiles floats) beside the records, the rows' (m, q) */
         p.sum_p2 = FAKE(9);
-        c = fake_ctx(0, 1);
-        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
-        assert_false(x.fused);
-        assert_int_equal(x.tile_q, 0);
-        g_sump2 = 1;
         c = fake_ctx(0, 1);
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
         assert_true(x.fused);
@@ -509,12 +505,57 @@ static void test_extras(void **state) {
         assert_true(x.off_Tq >= x.off_T + (size_t)(x.R * x.n_tiles * SPH_PARTIAL_FIELDS) * 4);
         assert_true(x.off_D >= x.off_Tq + (size_t)(x.R * x.n_tiles) * 4);
         assert_true(x.off_xmq_recv >= x.off_xmq + (size_t)N * 8);
-        p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
-        c = fake_ctx(0, 1); /* top-k: staged whatever SUMP2_FUSED says */
+        g_extras_staged = 1; /* EXTRAS_STAGED: the staged path like top-k */
+        c = fake_ctx(0, 1);
         assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
-        g_sump2 = 0;
+        g_extras_staged = 0;
         assert_false(x.fused);
         assert_int_equal(x.tile_q, 0);
+        p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
+        /* top-k: the plain path with the candidates' buffers; K sets the slots (a power of
+         * two >= max(K, 8)) and the candidates per row (2048 + 32 slots) */
+        const int64_t ks_of[4][2] = {{1, 8}, {K, 64}, {K + 1, 128}, {256, 256}};
+        for (int q = 0; q < 4; q++) {
+            p.topk = ks_of[q][0], p.ld_ti = p.ld_tl = p.topk;
+            c = fake_ctx(0, 1);
+            assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
+            assert_true(x.fused);
+            assert_int_equal(x.path, plain.path);
+            assert_int_equal(x.tile_q, 1);
+            assert_int_equal(x.tk_fused, 1);
+            assert_int_equal(x.tk_ks, ks_of[q][1]);
+            assert_int_equal(x.tk_cap, 2048 + 32 * ks_of[q][1]);
+            assert_true(x.R >= 1 && x.R <= plain.R);
+            assert_true(x.off_tkc >= x.off_Tq + (size_t)(x.R * x.n_tiles) * 4);
+            assert_true(x.off_tks >= x.off_tkc + (size_t)(x.R * x.tk_cap) * sizeof(sph_cuda_xtk));
+            assert_true(x.off_tkt >= x.off_tks + (size_t)(x.R * x.tk_ks) * 4);
+            assert_true(x.off_tkn >= x.off_tkt + (size_t)x.R * 4);
+            assert_true(x.off_D >= x.off_tkn + (size_t)x.R * 4);
+            assert_true(x.total >= x.off_xtk + (size_t)(N * p.topk) * sizeof(sph_cuda_xtk));
+            assert_true((int64_t)x.total <= x.budget || x.R == 1);
+        }
+        /* a budget the candidates fill: fewer rows per chunk, the workspace still inside it */
+        {
+            sph_cuda_layout y;
+            p.topk = K, p.ld_ti = p.ld_tl = K;
+            c = fake_ctx((int64_t)48 << 20, 1);
+            assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &y), SPH_OK);
+            c = fake_ctx((int64_t)48 << 20, 1);
+            p.topk = 0;
+            sph_cuda_layout z;
+            assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &z), SPH_OK);
+            assert_int_equal(y.tk_fused, 1);
+            assert_true(y.R < z.R || pass == 2);
+            assert_true((int64_t)y.total <= y.budget);
+        }
+        p.topk = K, p.ld_ti = p.ld_tl = K;
+        g_extras_staged = 1; /* EXTRAS_STAGED: top-k staged */
+        c = fake_ctx(0, 1);
+        assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_FORWARD, &x), SPH_OK);
+        g_extras_staged = 0;
+        assert_false(x.fused);
+        assert_int_equal(x.tile_q, 0);
+        assert_int_equal(x.tk_fused, 0);
         /* the path: cuBLAS for the forward, staged fp32 chunks or the sweep for one-pass */
         if (pass == 0) assert_int_equal(x.path, SPH_CUDA_PATH_CUBLAS);
         else assert_true(x.path == SPH_CUDA_PATH_STAGED_F32 ||
@@ -528,6 +569,7 @@ static void test_extras(void **state) {
             c = fake_ctx(0, 1);
             assert_int_equal(sph_cuda_head_layout(&c, &p, SPH_HEAD_BACKWARD, &b), SPH_OK);
             assert_int_equal(b.off_xtk_recv, 0);
+            assert_int_equal(b.tk_fused, 0);
         }
     }
 }
