@@ -30,7 +30,7 @@
 #include "cuda/head_sm90.cuh"
 
 #define XT 256              /* threads per row */
-#define XS 2048             /* sort size: the list (XK) + the candidate buffer */
+#define XS 2048             /* sort size: the list (K entries) + the candidate buffer */
 #define XK SPH_HEAD_TOPK_MAX /* list capacity (K <= 256) */
 
 /* Better: larger z, then the lower id; empty (id < 0) is worst. */
@@ -61,8 +61,8 @@ __device__ void x_sort(float *sz, int *sid) {
         }
 }
 
-/* The K-best list of one row in shared memory (sz / sid: the list in [0, XK), candidates in
- * [XK, XS)), used by every thread of the block: xl_begin, then per batch of at most `need`
+/* The K-best list of one row in shared memory (sz / sid: the list in [0, K), candidates in
+ * [K, XS)), used by every thread of the block: xl_begin, then per batch of at most `need`
  * offers xl_room, the offers, a barrier; xl_end sorts and writes the K entries. */
 struct x_list {
     float *sz;
@@ -89,7 +89,7 @@ __device__ void xl_begin(x_list &l, const sph_cuda_xtk *seed) {
 __device__ void xl_room(x_list &l, int need) {
     const int nc = *l.ncand;
     __syncthreads();
-    if (nc > XS - XK - need) {
+    if (nc > XS - l.K - need) {
         x_sort(l.sz, l.sid);
         for (int t = l.K + threadIdx.x; t < XS; t += XT) l.sz[t] = -INFINITY, l.sid[t] = -1;
         __syncthreads();
@@ -103,7 +103,7 @@ __device__ void xl_room(x_list &l, int need) {
 __device__ __forceinline__ void xl_offer(x_list &l, float z, int id) {
     if (z == z && (l.thr_id < 0 || z > l.thr || (z == l.thr && id < l.thr_id))) {
         const int pos = atomicAdd(l.ncand, 1);
-        l.sz[XK + pos] = z, l.sid[XK + pos] = id;
+        l.sz[l.K + pos] = z, l.sid[l.K + pos] = id;
     }
 }
 

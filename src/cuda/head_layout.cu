@@ -69,18 +69,28 @@ typedef struct staged_e {
 } staged_e;
 
 /* The fused top-k (head_extras.cu): slots per row, a power of two >= max(K, 8), and
- * candidates per row before it overflows (~2048 from the tiles that start before any
- * threshold exists, ~ks ln(ks) ln(V / 2048) after; tests set it small). */
+ * candidates per row before it overflows: the columns of the tiles a row has in flight before
+ * any threshold exists (~264 tiles of 64 rows x 256 columns run at once on 132 SMs, over at
+ * most 32 row tiles of the raster group: ~2300 columns from 2048 rows up, more below), plus
+ * ~2 ks ln(ks) per doubling of the columns seen after that (the threshold is the minimum of
+ * the slots), with room to spare; never more than the shard's columns (then no row can
+ * overflow). Tests set it small (SPH_TEST_TOPK_CAP). */
 static int64_t topk_slots(int64_t K) {
     int64_t ks = 8;
     while (ks < K) ks *= 2;
     return ks;
 }
-static int64_t topk_cap(const sph_cuda_state *st, int64_t K) {
-    return st->topk_cap > 0 ? st->topk_cap : 2048 + 32 * topk_slots(K);
+static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
+    if (st->topk_cap > 0) return st->topk_cap;
+    int64_t row_tiles = (M + 63) / 64;
+    if (row_tiles < 1) row_tiles = 1;
+    if (row_tiles > 32) row_tiles = 32;
+    const int64_t first = 256 * ((264 + row_tiles - 1) / row_tiles);
+    const int64_t cap = first + 2048 + 32 * topk_slots(p->topk), all = round_up(p->V_loc, 8);
+    return cap < all ? cap : all;
 }
-static int64_t topk_row_bytes(const sph_cuda_state *st, int64_t K) {
-    return topk_cap(st, K) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(K) * 4 + 8;
+static int64_t topk_row_bytes(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
+    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(p->topk) * 4 + 8;
 }
 
 static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
@@ -117,7 +127,7 @@ static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass p
     f->extras = sph_cuda_extras(p, pass);
     f->extras_staged = f->extras && ((p->topk > 0 && !st->topk_fused) ||
                                      (p->sum_p2 && !st->sump2_fused));
-    f->tk_row = f->extras && p->topk > 0 && !f->extras_staged ? topk_row_bytes(st, p->topk)
+    f->tk_row = f->extras && p->topk > 0 && !f->extras_staged ? topk_row_bytes(st, p, lay->M)
                                                                : 0;
     f->can_fuse = !lay->bi && f->dk != DT_F32 && !st->no_fused && !f->extras_staged &&
                   sph_cuda_sm90_operands_ok(p->dtype, p->hidden, p->ld_h, p->weight, p->ld_w,
@@ -288,7 +298,7 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     lay->tile_q = lay->fused && f->extras && p->sum_p2;
     lay->tk_fused = lay->fused && f->tk_row > 0;
-    if (lay->tk_fused) lay->tk_ks = topk_slots(p->topk), lay->tk_cap = topk_cap(st, p->topk);
+    if (lay->tk_fused) lay->tk_ks = topk_slots(p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
     k.tk_row = lay->tk_fused ? f->tk_row : 0;
     k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
                       ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)

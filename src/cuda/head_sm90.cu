@@ -47,6 +47,7 @@
 
 #define SM90_BN 256 /* columns per tile: one m64n256k16 per warpgroup and k step */
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
+#define SM90_TK_EVERY 128 /* the fused top-k: a row's slots read back per this many candidates */
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
 
@@ -278,16 +279,19 @@ struct epi_row_args {
     bool active;
 };
 
+/* The top-k's threshold of a row, read after the tile's main loop was issued (the tiles that
+ * finished meanwhile raised it): INFINITY for rows past R or without top-k. */
+__device__ __forceinline__ float epi_row_tau(const sph_sm90_epi &ep, int64_t rr, int64_t R) {
+    return ep.tk_cand && rr < R ? sph_tk_dec(__ldcg(ep.tk_tau + rr)) : INFINITY;
+}
+
 template <int EPI>
 __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr, int64_t R,
                                              epi_row_args &a) {
     const int64_t i = epi_row(ep, rr, R);
     a.t = load_target(ep.tgt, ep.tgt_i64, i);
     a.it = row_inv_t(ep.trows, i, ep.inv_t);
-    if (!(EPI & SPH_SM90_EPI_DLOGITS)) {
-        a.tau = ep.tk_cand && rr < R ? sph_tk_dec(__ldcg(ep.tk_tau + rr)) : INFINITY;
-        return;
-    }
+    if (!(EPI & SPH_SM90_EPI_DLOGITS)) return; /* the top-k's tau: epi_row_tau */
     a.active = !ep.mask || ep.mask[i];
     a.lse = ep.stats[i * 3 + 1], a.mu = ep.stats[i * 3 + 2];
     a.g = ep.g && a.t >= 0 ? ep.g[i] : 0.f; /* ignored target: no gradient through it */
@@ -345,14 +349,29 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
                 }
             }
     }
-    /* the slots back (this thread's quarter): their minimum is a valid threshold */
+    /* the slots back (this thread's quarter) when the row's count crossed a multiple of
+     * SM90_TK_EVERY: their minimum is a valid threshold. Every quad reading them at every
+     * tile with candidates (nearly all of them: ~ks ln(ks) candidates per doubling of the
+     * columns seen) cost more than the candidates it saved (run 30). */
+    const bool look = total > 0 && base / SM90_TK_EVERY != (base + total) / SM90_TK_EVERY;
     const int per = ep.tk_ks / 4;
     int mn = 0x7fffffff;
-    if (total > 0)
-        for (int k = 0; k < per; k++) mn = min(mn, __ldcg(slots + q4 * per + k));
+    if (look) {
+        if (per >= 4) {
+            const int4 *s4 = (const int4 *)(slots + q4 * per);
+#pragma unroll 4
+            for (int k = 0; k < per / 4; k++) {
+                const int4 v = __ldcg(s4 + k);
+                mn = min(mn, min(min(v.x, v.y), min(v.z, v.w)));
+            }
+        } else {
+            const int2 v = __ldcg((const int2 *)(slots + q4 * per));
+            mn = min(v.x, v.y);
+        }
+    }
     mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
     mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
-    if (q4 == 0 && total > 0 && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
+    if (q4 == 0 && look && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
 }
 
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
@@ -755,6 +774,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         }
         /* the other warpgroup's next tile may start (when there is one) */
         if (PP && k + gridDim.x < n_tiles) order_arrive(1 + c);
+        if (EPI & SPH_SM90_EPI_STATS) { /* under the last k tile's wgmma */
+            ra[0].tau = epi_row_tau(ep, r, R);
+            ra[1].tau = epi_row_tau(ep, r + 8, R);
+        }
         wgmma_wait<0>();
         acc_fence(acc);
         mbar_arrive(SM90_EMPTY((it - 1) % C::STAGES)); /* the tile's last stage */

@@ -524,7 +524,7 @@ static void test_extras(void **state) {
             assert_int_equal(x.tile_q, 1);
             assert_int_equal(x.tk_fused, 1);
             assert_int_equal(x.tk_ks, ks_of[q][1]);
-            assert_int_equal(x.tk_cap, 2048 + 32 * ks_of[q][1]);
+            assert_int_equal(x.tk_cap, 256 * 9 + 2048 + 32 * ks_of[q][1]); /* 4096 rows */
             assert_true(x.R >= 1 && x.R <= plain.R);
             assert_true(x.off_tkc >= x.off_Tq + (size_t)(x.R * x.n_tiles) * 4);
             assert_true(x.off_tks >= x.off_tkc + (size_t)(x.R * x.tk_cap) * sizeof(sph_cuda_xtk));
