@@ -40,11 +40,11 @@ __device__ __forceinline__ bool x_better(float za, int ia, float zb, int ib) {
     return za > zb || (za == zb && ia < ib);
 }
 
-/* Sorts sz/sid[0 .. XS) best first (bitonic, in shared memory). */
-__device__ void x_sort(float *sz, int *sid) {
-    for (int k = 2; k <= XS; k <<= 1)
+/* Sorts sz/sid[0 .. n) best first (bitonic, in shared memory; n a power of two <= XS). */
+__device__ void x_sort_n(float *sz, int *sid, int n) {
+    for (int k = 2; k <= n; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = threadIdx.x; t < XS; t += XT) {
+            for (int t = threadIdx.x; t < n; t += XT) {
                 const int u = t ^ j;
                 if (u <= t) continue;
                 const bool first = (t & k) == 0; /* this block sorts best first */
@@ -60,6 +60,7 @@ __device__ void x_sort(float *sz, int *sid) {
             __syncthreads();
         }
 }
+__device__ void x_sort(float *sz, int *sid) { x_sort_n(sz, sid, XS); }
 
 /* The K-best list of one row in shared memory (sz / sid: the list in [0, K), candidates in
  * [K, XS)), used by every thread of the block: xl_begin, then per batch of at most `need`
@@ -219,62 +220,155 @@ struct tkm_args {
     float inv_t, cap_s, inv_cap;
 };
 
-template <typename T> __device__ __forceinline__ float dot8(uint4 a, uint4 b);
-template <> __device__ __forceinline__ float dot8<__nv_bfloat16>(uint4 a, uint4 b) {
-    const __nv_bfloat162 *x = (const __nv_bfloat162 *)&a, *y = (const __nv_bfloat162 *)&b;
+/* sum of the 8 products of two 16-byte vectors of bf16 / f16 pairs, in fp32 */
+__device__ __forceinline__ float2 pair_f32(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+__device__ __forceinline__ float2 pair_f32(__half2 x) { return __half22float2(x); }
+template <typename T2> __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    const T2 *x = (const T2 *)&a, *y = (const T2 *)&b;
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const float2 u = __bfloat1622float2(x[k]), v = __bfloat1622float2(y[k]);
-        s = fmaf(u.x, v.x, s);
-        s = fmaf(u.y, v.y, s);
-    }
-    return s;
-}
-template <> __device__ __forceinline__ float dot8<__half>(uint4 a, uint4 b) {
-    const __half2 *x = (const __half2 *)&a, *y = (const __half2 *)&b;
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 u = __half22float2(x[k]), v = __half22float2(y[k]);
+        const float2 u = pair_f32(x[k]), v = pair_f32(y[k]);
         s = fmaf(u.x, v.x, s);
         s = fmaf(u.y, v.y, s);
     }
     return s;
 }
 
-template <typename T> __global__ void __launch_bounds__(XT) head_topk_merge_kernel(tkm_args a) {
+/* The K best of a row's n candidates and its earlier list (seed, K entries, or NULL) into l,
+ * by radix selection: four 8-bit histogram passes over the entries' ordered keys find the
+ * K-th largest z (T); the entries with z >= T (K plus the ties at T, as a rule) are gathered
+ * and sorted (a bitonic sort of the next power of two), so the list is the staged kernel's:
+ * z descending, equal z the lower id. NaN and empty (id < 0) entries never enter. Keys are
+ * cached in shared memory up to XC entries, read again from the buffer beyond. More than
+ * XS - K entries at T (massive ties): the batched merge of xl_room / xl_offer instead. Leaves
+ * l's list in l.sz / l.sid [0, K) and *l.ncand 0. */
+#define XC 4096
+__device__ __forceinline__ unsigned tk_key(float z) {
+    return (unsigned)sph_tk_enc(z) ^ 0x80000000u; /* unsigned order = float order */
+}
+__device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_cuda_xtk *seed) {
+    __shared__ unsigned su[XC];
+    __shared__ unsigned hist[256];
+    __shared__ int bin_s, need_s, cnt_s;
+    const int K = l.K, m = n + (seed ? K : 0);
+    const bool cached = m <= XC;
+    /* entry e: a candidate (e < n) or the seed's entry e - n; key 0 = never (NaN, empty) */
+    auto load = [&](int e, float &z, int &id) {
+        const sph_cuda_xtk x = e < n ? cand[e] : seed[e - n];
+        z = x.z, id = x.id;
+    };
+    auto key_of = [&](int e) -> unsigned {
+        if (cached) return su[e];
+        float z;
+        int id;
+        load(e, z, id);
+        return id >= 0 && z == z ? tk_key(z) : 0u;
+    };
+    if (cached)
+        for (int e = threadIdx.x; e < m; e += XT) {
+            float z;
+            int id;
+            load(e, z, id);
+            su[e] = id >= 0 && z == z ? tk_key(z) : 0u; /* -inf keys 0x007fffff > 0 */
+        }
+    unsigned prefix = 0, mask = 0;
+    int need = K;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += XT) hist[b] = 0;
+        __syncthreads();
+        for (int e = threadIdx.x; e < m; e += XT) {
+            const unsigned u = key_of(e);
+            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int acc = 0, b = 255;
+            for (; b > 0; b--) {
+                if (acc + (int)hist[b] >= need) break;
+                acc += (int)hist[b];
+            }
+            bin_s = b, need_s = need - acc; /* fewer than K entries in all: bin 0, need > 0 */
+        }
+        __syncthreads();
+        prefix |= (unsigned)bin_s << shift, mask |= 0xffu << shift, need = need_s;
+        __syncthreads(); /* bin_s / need_s read before the next pass's thread 0 writes them */
+    }
+    /* T = prefix (or, with fewer than K valid entries, a lower bound of them all) */
+    const unsigned T = prefix;
+    if (threadIdx.x == 0) cnt_s = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < m; e += XT) {
+        const unsigned u = key_of(e);
+        if (u && u >= T) atomicAdd(&cnt_s, 1);
+    }
+    __syncthreads();
+    const int c = cnt_s;
+    if (c <= XS) {
+        if (threadIdx.x == 0) *l.ncand = 0;
+        __syncthreads();
+        for (int e = threadIdx.x; e < m; e += XT) {
+            const unsigned u = key_of(e);
+            if (u && u >= T) {
+                float z;
+                int id;
+                load(e, z, id);
+                const int pos = atomicAdd(l.ncand, 1);
+                l.sz[pos] = z, l.sid[pos] = id;
+            }
+        }
+        int n2 = 1;
+        while (n2 < c || n2 < K) n2 <<= 1;
+        __syncthreads();
+        for (int t = c + threadIdx.x; t < n2; t += XT) l.sz[t] = -INFINITY, l.sid[t] = -1;
+        __syncthreads();
+        x_sort_n(l.sz, l.sid, n2);
+        if (threadIdx.x == 0) *l.ncand = 0;
+        __syncthreads();
+        return;
+    }
+    /* massive ties: the batched merge over every entry */
+    for (int base = 0; base < m; base += 4 * XT) {
+        xl_room(l, 4 * XT);
+        for (int q = 0; q < 4; q++) {
+            const int e = base + q * XT + threadIdx.x;
+            if (e >= m) break;
+            float z;
+            int id;
+            load(e, z, id);
+            xl_offer(l, z, id);
+        }
+        __syncthreads();
+    }
+    if (*l.ncand > 0) x_sort(l.sz, l.sid);
+    __syncthreads();
+    if (threadIdx.x == 0) *l.ncand = 0;
+    __syncthreads();
+}
+
+/* T2: the operands' element pair (__nv_bfloat162, __half2), for the overflow's recompute */
+template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_kernel(tkm_args a) {
     const int64_t r = blockIdx.x;
     const int K = a.K;
     X_LIST_SHARED(l, K);
-    xl_begin(l, a.merge ? a.tk + r * K : NULL);
     const int n = a.n[r];
+    xl_begin(l, a.merge && n > a.cap ? a.tk + r * K : NULL);
     if (n <= a.cap) {
-        const sph_cuda_xtk *cand = a.cand + r * a.cap;
-        for (int base = 0; base < n; base += 4 * XT) {
-            xl_room(l, 4 * XT);
-            for (int e = 0; e < 4; e++) {
-                const int c = base + e * XT + threadIdx.x;
-                if (c >= n) break;
-                const sph_cuda_xtk x = cand[c];
-                xl_offer(l, x.z, x.id);
-            }
-            __syncthreads();
-        }
+        tk_select(l, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL);
     } else {
         const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
         const float it = row_inv_t(a.trows, i, a.inv_t);
         const float tau = sph_tk_dec(a.tau[r]);
-        const uint4 *h = (const uint4 *)((const T *)a.hp + r * a.ld_h);
+        const uint4 *h = (const uint4 *)((const char *)a.hp + r * a.ld_h * 2);
         for (int64_t t = 0; t < a.n_tiles; t++) {
             const float mx = a.tile_recs[(r * a.n_tiles + t) * SPH_PARTIAL_FIELDS];
             if (!(mx >= tau)) continue; /* block-uniform */
             xl_room(l, XT);
             const int64_t c = t * SPH_SM90_TILE_N + threadIdx.x;
             if (c < a.w) {
-                const uint4 *wr = (const uint4 *)((const T *)a.wp + c * a.ld_w);
+                const uint4 *wr = (const uint4 *)((const char *)a.wp + c * a.ld_w * 2);
                 float acc = 0.f;
-                for (int64_t k = 0; k < a.H / 8; k++) acc += dot8<T>(__ldg(h + k), __ldg(wr + k));
+                for (int64_t k = 0; k < a.H / 8; k++) acc += dot8<T2>(__ldg(h + k), __ldg(wr + k));
                 xl_offer(l, transform(acc, it, a.cap_s, a.inv_cap), a.col_g0 + (int)c);
             }
             __syncthreads();
@@ -492,9 +586,9 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.cap_s = (float)p->softcap;
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
     if (c->dk == DT_BF16)
-        head_topk_merge_kernel<__nv_bfloat16><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
+        head_topk_merge_kernel<__nv_bfloat162><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
     else
-        head_topk_merge_kernel<__half><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
+        head_topk_merge_kernel<__half2><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_topk_merge_kernel", c->stream);
     return SPH_OK;
 }

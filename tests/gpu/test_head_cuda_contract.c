@@ -60,6 +60,8 @@ typedef struct xcase {
     int64_t chunk_bytes;
     double T, cap;
     int64_t tk_cap; /* > 0: SPH_TEST_TOPK_CAP for this context (the fused top-k's overflow) */
+    int ties;       /* every weight row a copy of row 0: each row's logits all equal (the
+                       fused top-k's massive ties: the lowest K ids, every candidate at T) */
 } xcase;
 
 static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
@@ -84,6 +86,10 @@ static int run_case(const xcase *x) {
     unsetenv("SPH_TEST_TOPK_CAP");
     hcase c;
     hc_init(&c, &g_rng, x->N, x->H, x->V, x->V, 0, 0, x->dt);
+    if (x->ties)
+        for (int64_t j = 1; j < c.V_loc; j++)
+            for (int64_t k = 0; k < c.H; k++)
+                hc_set(c.w, x->dt, j * c.H + k, hc_get(c.w, x->dt, k));
     if (x->masked) hc_mask_ragged(&c, &g_rng, 0.6);
     hc_wire(&c, HC_OUTS | (x->masked ? HC_MASK | HC_SPANS : 0) |
                     (x->one_pass ? HC_UPS | HC_DH | HC_DW : 0));
@@ -178,44 +184,46 @@ static void test_extras_cuda(void **state) {
                    ES = SPH_CUDA_FLAG_EXTRAS_STAGED, E = SPH_CUDA_FLAG_ONEPASS_E;
     const xcase cases[] = {
         /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap,
-         * tk_cap */
+         * tk_cap, ties */
         /* top-k and sum_p2 staged (EXTRAS_STAGED) */
-        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, ES, 96 * 1024, 0.7, 0.0, 0},
-        {NULL, SPH_F32, 77, 40, 613, 1, 1, 1, 0, 0, ES, 40 * 1024, 1.0, 3.0, 0},
-        {NULL, SPH_F32, 77, 40, 613, 200, 0, 0, 0, 0, ES, 0, 0.6, 0.0, 0},
-        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, F32S | ES, 64 * 1024, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP | ES, 0, 0.8, 2.5, 0},
-        {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, ES, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, ES, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, ES, 96 * 1024, 0.7, 0.0, 0, 0},
+        {NULL, SPH_F32, 77, 40, 613, 1, 1, 1, 0, 0, ES, 40 * 1024, 1.0, 3.0, 0, 0},
+        {NULL, SPH_F32, 77, 40, 613, 200, 0, 0, 0, 0, ES, 0, 0.6, 0.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, F32S | ES, 64 * 1024, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 64, 1, 1, 1, 0, RECOMP | ES, 0, 0.8, 2.5, 0, 0},
+        {NULL, SPH_F16, 130, 64, 1601, 64, 1, 0, 1, 0, ES, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 97, 64, 1601, 64, 1, 1, 0, 1, ES, 0, 1.0, 0.0, 0, 0},
         /* sum_p2 alone: the fused statistics epilogue (sm_90a) or the plain pass's kernels by
          * default: several splits (small budget), gathered spans, staged E, the sweep, N = 1,
          * the batch-invariant mode; staged under EXTRAS_STAGED */
-        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, ES, 0, 0.9, 0.0, 0},
-        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0},
-        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0},
-        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, 0, 0, 0.8, 0.0, 0},
-        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, RECOMP, 0, 1.0, 2.5, 0},
-        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, 0, 0, 1.0, 0.0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 1, 0, 0, ES, 0, 0.9, 0.0, 0, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 300, 72, 1601, 0, 1, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0, 0},
+        {NULL, SPH_F16, 257, 64, 613, 0, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 1601, 0, 1, 1, 1, 0, 0, 0, 0.8, 0.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 0, 1, 0, 1, 0, RECOMP, 0, 1.0, 2.5, 0, 0},
+        {NULL, SPH_BF16, 1, 64, 1601, 0, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 97, 64, 1601, 0, 1, 1, 0, 1, 0, 0, 1.0, 0.0, 0, 0},
         /* top-k by default: the candidates of the fused statistics epilogue; K 1 .. 256,
          * with and without sum_p2, splits (small budget), spans, temperature and softcap,
          * staged E and the sweep, 129 / 257 rows (a row past a 128-row tile), N = 1; a wide
          * vocabulary (more tiles than the first wave); the overflow's recompute (tk_cap
-         * 1, 100: every row, or most, overflow) */
-        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 129, 64, 1601, 256, 0, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0},
-        {NULL, SPH_F16, 257, 72, 613, 1, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0},
-        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, E, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 130, 64, 1601, 64, 1, 0, 1, 0, RECOMP, 0, 0.8, 2.5, 0},
-        {NULL, SPH_BF16, 1, 64, 1601, 9, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 0, 0, 0, 0, 1.0, 0.0, 0},
-        {NULL, SPH_BF16, 200, 64, 9000, 64, 0, 1, 0, 0, 0, 0, 0.9, 0.0, 100},
-        {NULL, SPH_F16, 65, 64, 1601, 33, 1, 0, 1, 0, E, 200 * 1024, 1.0, 0.0, 1},
-        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0},
-        {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0},
-        {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0},
+         * 1, 100: every row, or most, overflow); all logits of a row equal (massive ties) */
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 129, 64, 1601, 256, 0, 1, 0, 0, 0, 96 * 1024, 0.7, 0.0, 0, 0},
+        {NULL, SPH_F16, 257, 72, 613, 1, 1, 1, 0, 0, 0, 0, 1.3, 3.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 613, 7, 1, 1, 1, 0, E, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 130, 64, 1601, 64, 1, 0, 1, 0, RECOMP, 0, 0.8, 2.5, 0, 0},
+        {NULL, SPH_BF16, 1, 64, 1601, 9, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 0, 0, 0, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 200, 64, 9000, 64, 0, 1, 0, 0, 0, 0, 0.9, 0.0, 100, 0},
+        {NULL, SPH_F16, 65, 64, 1601, 33, 1, 0, 1, 0, E, 200 * 1024, 1.0, 0.0, 1, 0},
+        {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 70, 64, 5000, 64, 0, 1, 0, 0, 0, 0, 1.0, 0.0, 0, 1},
+        {NULL, SPH_BF16, 70, 64, 5000, 256, 1, 0, 1, 0, E, 0, 0.8, 0.0, 0, 1},
+        {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0, 0},
+        {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0, 0},
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);

@@ -52,7 +52,7 @@ step() { # name timeout cmd...
   echo "$v $name rc=$rc $(( $(date +%s) - s )) s (t=$(( $(date +%s) - t0 )))" >> "$R/steps.txt"
 }
 if [ -z "${NO_CHECKS:-}" ]; then
-  for t in ${GPU_TESTS-"$B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp $B/bin/gpu_test_policy_cuda"}; do
+  for t in ${GPU_TESTS-$B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp $B/bin/gpu_test_policy_cuda}; do
     SPH_TEST_SKIP_HUGE=1 step "$(basename "$t")" $LIMIT "$t" &
   done
   step memcheck_contract $LIMIT /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
