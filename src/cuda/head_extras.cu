@@ -277,9 +277,16 @@ __device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += XT) hist[b] = 0;
         __syncthreads();
-        for (int e = threadIdx.x; e < m; e += XT) {
-            const unsigned u = key_of(e);
-            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+        /* every thread runs the loop's rounds (the shuffles below take the whole warp) */
+        for (int e0 = 0; e0 < m; e0 += XT) {
+            const int e = e0 + threadIdx.x;
+            const unsigned u = e < m ? key_of(e) : 0u;
+            const bool in = u && (u & mask) == prefix;
+            /* the keys share their top bits: one atomic per distinct bin and warp, not per key */
+            const unsigned bin = in ? (u >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (in && (threadIdx.x & 31) == __ffs(peers) - 1)
+                atomicAdd(&hist[bin], (unsigned)__popc(peers));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
