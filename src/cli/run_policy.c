@@ -319,10 +319,13 @@ done:
 
 int pol_compare(const pol_result *got, const pol_result *ref, int64_t N, int64_t H, int64_t V,
                 double tol, double err[5]) {
-    /* metrics one by one (they mix counts with losses of very different scales) */
+    /* metrics one by one (they mix counts with losses of very different scales), each
+     * relative to max(|ref|, 1e-2): a loss near 0 is a sum of O(1) per-token terms of both
+     * signs, whose fp32 rounding (~1e-7 each) stays; with a 1e-3 floor a pg_loss of 1.7e-3
+     * over 38 tokens failed at 1.8e-4 (mpi_run_policy_io, seed 7957) */
     err[0] = 0;
     for (int k = 0; k < SPH_POLICY_N_METRICS; k++) {
-        double e = run_loss_rel(&got->metrics[k], &ref->metrics[k], 1, 1e-3);
+        double e = run_loss_rel(&got->metrics[k], &ref->metrics[k], 1, 1e-2);
         err[0] = e > err[0] ? e : err[0];
     }
     err[1] = run_loss_rel(got->lp, ref->lp, N, 1e-30);

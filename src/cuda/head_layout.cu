@@ -145,6 +145,14 @@ static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass p
                     (lay->gather ? (int64_t)sph_ws_round((size_t)lay->M * 8) : 0) +
                     (int64_t)sph_ws_round((size_t)p->N * SPH_PARTIAL_FIELDS * 4) *
                         (1 + (lay->comm_size > 1 ? lay->comm_size : 0));
+    if (f->extras) {
+        /* the extras' rows (place_buffers): (m, q) and the K-entry lists of every row, and
+         * the TP group's copies */
+        const int64_t g = 1 + (lay->comm_size > 1 ? lay->comm_size : 0);
+        if (p->sum_p2) f->base_fixed += g * (int64_t)sph_ws_round((size_t)p->N * 8);
+        f->base_fixed +=
+            g * (int64_t)sph_ws_round((size_t)p->N * p->topk * sizeof(sph_cuda_xtk));
+    }
 }
 
 // ---- step 1: the path --------------------------------------------------------------------
