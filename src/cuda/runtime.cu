@@ -90,7 +90,7 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         /* test hook: a small candidate buffer drives the fused top-k's overflow path */
         const char *cap = getenv("SPH_TEST_TOPK_CAP");
         st->topk_cap = cap && *cap ? strtoll(cap, NULL, 10) : 0;
-        if (st->topk_cap < 0) st->topk_cap = 0;
+        if (st->topk_cap < 0 || st->topk_cap > (1 << 30)) st->topk_cap = 0;
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));
