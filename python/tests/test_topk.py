@@ -22,8 +22,9 @@ def oracle(h, w, T, cap):
     z = (cap * np.tanh(u / cap) if cap else u) / T
     m = z.max(1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(1, keepdims=True)))[:, 0]
-    ids = np.broadcast_to(np.arange(z.shape[1]), z.shape)
-    order = np.lexsort((ids, -z), axis=1)
+    # a stable sort of -z: equal z keep the lower id first (np.lexsort over a broadcast id
+    # array put the higher id first on NumPy 2.5.2, the device image's, at exact ties)
+    order = np.argsort(-z, axis=1, kind="stable")
     return order, np.take_along_axis(z, order, 1) - lse[:, None]
 
 

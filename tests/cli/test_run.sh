@@ -143,7 +143,7 @@ h, w = np.load(f"{d}/in/hidden.npy").astype(np.float64), np.load(f"{d}/in/weight
 m = np.load(f"{d}/in/mask.npy").astype(bool)
 z = 4 * np.tanh(h @ w.T / 4) / 0.7
 lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
-order = np.lexsort((np.broadcast_to(np.arange(z.shape[1]), z.shape), -z), axis=1)[:, :10]
+order = np.argsort(-z, axis=1, kind="stable")[:, :10]  # equal z: the lower id first
 ref_lp = np.take_along_axis(z, order, 1) - lse[:, None]
 ids, lp = np.load(f"{d}/outtk/topk_ids.npy"), np.load(f"{d}/outtk/topk_logprobs.npy")
 assert ids.dtype == np.int64 and lp.dtype == np.float32 and ids.shape == lp.shape == (len(m), 9)
