@@ -176,13 +176,14 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
     const sph_cuda_layout *lay = c->lay;
     if (lay->tk_fused) {
         /* top-k in the same epilogue: candidates per row, folded in after the kernel */
-        if (!merge) SPH_TRY(sph_cuda_topk_fused_begin(c, ch));
+        if (!merge) SPH_TRY(sph_cuda_topk_fused_begin(c, ch, hp, ld, c0, w));
         e.tk_cand = c->ws + lay->off_tkc;
         e.tk_n = (int *)(c->ws + lay->off_tkn);
         e.tk_tau = (int *)(c->ws + lay->off_tkt);
         e.tk_slots = (int *)(c->ws + lay->off_tks);
         e.tk_cap = (int)lay->tk_cap;
         e.tk_ks = (int)lay->tk_ks;
+        e.tk_k = (int)p->topk;
     }
     if (with_e) {
         /* staged E of the chunk (whole-shard rows) where its D will be */

@@ -61,7 +61,7 @@ typedef struct sph_cuda_layout {
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int tile_q;        /* fused forward with sum_p2: the epilogue's q per row and tile too */
     int tk_fused;      /* fused forward with top-k: the epilogue's candidates */
-    int64_t tk_ks;     /* ... its slots per row (a power of two >= max(K, 8)) */
+    int64_t tk_ks;     /* ... its slots per row (2 x the power of two >= max(K, 8)) */
     int64_t tk_cap;    /* ... its candidates per row before the row overflows */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int store16;        /* fused epilogues write D / E with 16-byte stores */
@@ -181,6 +181,7 @@ typedef struct pass_ctx {
     size_t es;
     int64_t it_k, it_pos;  /* chunk iterator: span index, next row */
     int64_t gathered_k0;   /* the chunk whose rows hg holds (-1: none) */
+    int tk_seeded;         /* the fused top-k: this split's thresholds came from a sample */
 } pass_ctx;
 
 /* Launchers of head_kernels.cu (asynchronous on the pass's stream; a launch error comes back
@@ -205,12 +206,14 @@ sph_status sph_cuda_extras_combine(pass_ctx *c, int64_t k0, int64_t rows, const 
 sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2 *mq0,
                                     const sph_cuda_xtk *tk0, int64_t rank_stride, int64_t r0,
                                     const int64_t *rowmap, int64_t rows);
-/* The fused top-k (head_extras.cu): the chunk rows' candidate count, threshold
- * and slots emptied before its first split's statistics kernel; after each split's, the
- * candidates (or, for a row that overflowed its buffer, the logits of the tiles that can
- * hold its top K, recomputed from hp (rows of stride ld) and the split's W columns) folded
- * into the rows' lists. */
-sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch);
+/* The fused top-k (head_extras.cu): the chunk rows' candidate count, threshold and slots
+ * emptied before its first split's statistics kernel (columns [c0, c0 + w) of the shard,
+ * rows hp of stride ld), the thresholds seeded from a strided sample of the split's columns
+ * where the split is wide; after each split's kernel, the candidates (or, for a row that
+ * overflowed its buffer or whose seed proved too high, the logits of the tiles that can hold
+ * its top K, recomputed from hp and the split's W columns) folded into the rows' lists. */
+sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
+                                     int64_t c0, int64_t w);
 sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, int64_t w,
                                      const void *hp, int64_t ld, int merge);
 /* Finalize rows [0, rows) whose records start at rec0 (rank r's at rec0 + r * rank_stride);

@@ -187,16 +187,18 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
 /* ---- the fused top-k (not EXTRAS_STAGED): the sm_90a statistics epilogue's candidates -
  * Per chunk row: the epilogue (head_sm90.cu epi_topk) appends every logit z >= the row's
  * threshold to the row's candidate buffer, raises the row's slot (split column mod ks) to z
- * and the threshold to the minimum of the slots: ks >= K slots over disjoint columns, so at
- * least K of the row's logits are >= that minimum and the threshold never passes the row's
- * K-th largest logit; every logit of the top K is a candidate. After each split,
- * head_topk_merge_kernel folds the candidates into the row's list (seeded with the earlier
- * splits' list) exactly as the staged kernel does, empties the buffer and raises the
+ * and, now and then, the threshold to a value K of the slots reach: each slot holds one
+ * column's logit, no two the same column, so at least K of the row's logits are >= it and
+ * the threshold never passes the row's K-th largest logit; every logit of the top K is a
+ * candidate. Before split 0 the thresholds may be seeded from a sample (below). After each
+ * split, head_topk_merge_kernel folds the candidates into the row's list (seeded with the
+ * earlier splits' list) exactly as the staged kernel does, empties the buffer and raises the
  * threshold to the list's K-th entry. A row whose candidates overflowed the buffer (count
  * > cap) recomputes instead the logits of the split's tiles whose maximum (the tile record's
  * m) reaches the threshold (every other tile's logits are below the K-th largest), one
  * column per thread, fp32 dot products: slow, and only for rows the threshold could not
- * prune (e.g. logits increasing along the vocabulary). */
+ * prune (e.g. logits increasing along the vocabulary); a row with fewer than K candidates
+ * after a seed (the seed was too high) recomputes every tile. */
 __global__ void head_topk_reset_kernel(int64_t rows, int ks, int *n, int *tau, int *slots) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * ks) return;
@@ -210,6 +212,7 @@ struct tkm_args {
     int *n, *tau;
     sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
     int K, cap, merge;
+    int seeded; /* the split's thresholds were seeded: fewer than K candidates = a seed too high */
     /* the overflow's recompute: the split's tile records, h rows, W columns */
     const float *tile_recs;
     int64_t n_tiles, w, H, ld_h, ld_w, r0;
@@ -359,13 +362,17 @@ template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_ker
     const int K = a.K;
     X_LIST_SHARED(l, K);
     const int n = a.n[r];
-    xl_begin(l, a.merge && n > a.cap ? a.tk + r * K : NULL);
-    if (n <= a.cap) {
+    /* recompute: the row overflowed its buffer, or its seed was above its K-th largest logit
+     * (a threshold that never passes it leaves at least K candidates; the split is wider than
+     * K where there is a seed), then from no threshold at all */
+    const bool low = a.seeded && n < K, redo = n > a.cap || low;
+    xl_begin(l, a.merge && redo ? a.tk + r * K : NULL);
+    if (!redo) {
         tk_select(l, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL);
     } else {
         const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
         const float it = row_inv_t(a.trows, i, a.inv_t);
-        const float tau = sph_tk_dec(a.tau[r]);
+        const float tau = low ? -INFINITY : sph_tk_dec(a.tau[r]);
         const uint4 *h = (const uint4 *)((const char *)a.hp + r * a.ld_h * 2);
         for (int64_t t = 0; t < a.n_tiles; t++) {
             const float mx = a.tile_recs[(r * a.n_tiles + t) * SPH_PARTIAL_FIELDS];
@@ -385,6 +392,7 @@ template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_ker
     __syncthreads();
     if (threadIdx.x == 0) {
         a.n[r] = 0;
+        if (low) a.tau[r] = sph_tk_enc(-INFINITY); /* the seed, too high, goes */
         if (l.sid[K - 1] >= 0) atomicMax(a.tau + r, sph_tk_enc(l.sz[K - 1]));
     }
 }
@@ -552,14 +560,157 @@ sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2
     return SPH_OK;
 }
 
-sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch) {
+/* ---- the fused top-k's seed: before split 0's statistics kernel, the rows' thresholds
+ * from a strided sample of m of the split's columns (a thin cuBLAS GEMM into the candidate
+ * buffer's memory): per row the K-th largest sample logit, less the rounding both products
+ * may differ by, transformed. K of the row's logits are then >= it, so it is a threshold, as
+ * long as the margin covers the difference between cuBLAS's and the wgmma kernel's value of
+ * the same logit: both are fp32 sums of exact bf16 / f16 products, each within H u
+ * sum_k |h_k w_k| <= H u |h| |w| of the exact dot product (u = 2^-24; twice that for the
+ * tensor cores' truncating accumulation, and the two sides: 4 H u |h| max_j |w_j|). Nothing
+ * rests on it: a row whose seed was too high has fewer than K candidates at the end of the
+ * split, which the merge sees and recomputes (head_topk_merge_kernel), so the list is the
+ * same with or without the seed. Without it the tiles a row has in flight before any
+ * threshold (~2300 columns) emit every logit (run 30); with it ~m / 16 of them. */
+#define SEED_T 128 /* threads per row of the seed kernel */
+static int64_t topk_seed_cols(int64_t K) {
+    int64_t k2 = 8;
+    while (k2 < K) k2 *= 2;
+    return k2 * 16 > 1024 ? k2 * 16 : 1024; /* K-th of m: the 1/16 quantile; m / 128 <= 32 */
+}
+
+/* max_j |w_j| over the m sampled columns (W rows at w + j stride ld_w), into *out (the float's
+ * bits: non-negative floats order as unsigned ints; NaN, above every finite, poisons it). */
+__global__ void head_topk_wnorm_kernel(const void *w, int kind, int64_t stride_ld, int64_t H,
+                                       int m, unsigned *out) {
+    const int j = (int)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = threadIdx.x % 32;
+    if (j >= m) return;
+    float s = 0.f;
+    for (int64_t k = lane; k < H; k += 32) {
+        const float x = load_kind(w, kind, (int64_t)j * stride_ld + k);
+        s = fmaf(x, x, s);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) atomicMax(out, __float_as_uint(sqrtf(s)));
+}
+
+struct tks_args {
+    const float *S; /* (rows, m) sample logits */
+    int m, K, kind;
+    const unsigned *wmax;
+    const void *hp;
+    int64_t ld_h, H, r0;
+    const int64_t *rowmap;
+    const float *trows;
+    float inv_t, cap, inv_cap, bias;
+    int *tau;
+};
+
+/* One row per block: the K-th largest of the row's m sample logits (a bitwise search over
+ * their ordered keys, the top 24 bits: a lower bound of it within 2^-15 relative), less the
+ * margin, transformed; the row's threshold (reset to -inf) set to it. Fewer than K ordered
+ * samples (NaN) or a non-finite seed: no seed. */
+__global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
+    const int64_t r = blockIdx.x, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
+    __shared__ int red[SEED_T / 32];
+    __shared__ float redf[SEED_T / 32];
+    const int per = a.m / SEED_T, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned u[32];
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const float z = k < per ? a.S[r * a.m + k * SEED_T + threadIdx.x] : NAN;
+        u[k] = z == z ? tk_key(z) : 0u;
+    }
+    /* the block's count of keys >= T (every thread gets it) */
+    auto count = [&](unsigned T) -> int {
+        int n = 0;
+#pragma unroll
+        for (int k = 0; k < 32; k++) n += u[k] >= T;
+        n = __reduce_add_sync(0xffffffffu, n);
+        __syncthreads();
+        if (lane == 0) red[warp] = n;
+        __syncthreads();
+        int t = 0;
+        for (int w = 0; w < SEED_T / 32; w++) t += red[w];
+        return t;
+    };
+    unsigned T = 0;
+    for (int b = 31; b >= 8; b--)
+        if (count(T | (1u << b)) >= a.K) T |= 1u << b;
+    /* |h_i| */
+    float hh = 0.f;
+    for (int64_t k = threadIdx.x; k < a.H; k += SEED_T) {
+        const float x = load_kind(a.hp, a.kind, r * a.ld_h + k);
+        hh = fmaf(x, x, hh);
+    }
+    for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
+    if (lane == 0) redf[warp] = hh;
+    __syncthreads();
+    if (threadIdx.x != 0 || T == 0) return; /* T 0: fewer than K ordered samples */
+    hh = 0.f;
+    for (int w = 0; w < SEED_T / 32; w++) hh += redf[w];
+    const int e = (int)(T ^ 0x80000000u);
+    const float zk = sph_tk_dec(e); /* <= the K-th largest sample logit */
+    const float margin = 4.f * (float)a.H * 5.9604645e-8f * sqrtf(hh) * __uint_as_float(*a.wmax);
+    float seed = transform(zk - margin, row_inv_t(a.trows, i, a.inv_t), a.cap, a.inv_cap);
+    seed -= fabsf(seed) * 1e-6f; /* the transform's own rounding (tanhf is not exact) */
+    seed += a.bias;               /* tests only (SPH_TEST_TOPK_SEED) */
+    if (!(fabsf(zk) < INFINITY) || !(seed > -INFINITY) || seed != seed) return;
+    a.tau[r] = sph_tk_enc(seed);
+}
+
+sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
+                                     int64_t c0, int64_t w) {
     const sph_cuda_layout *lay = c->lay;
+    const sph_head_plan *p = c->p;
     const int64_t n = ch->rows * lay->tk_ks;
+    c->tk_seeded = 0;
     if (n <= 0) return SPH_OK;
     head_topk_reset_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(
         ch->rows, (int)lay->tk_ks, (int *)(c->ws + lay->off_tkn), (int *)(c->ws + lay->off_tkt),
         (int *)(c->ws + lay->off_tks));
     SPH_LAUNCH_CHECK("head_topk_reset_kernel", c->stream);
+    /* the seed: where the split is wide (8 x the sample), the sample and one float fit in the
+     * candidate buffer, and cuBLAS's leading dimension in an int */
+    const int64_t m = topk_seed_cols(p->topk), stride = w / m;
+    if (c->st->topk_seed_off || w < 8 * m || m + 4 > 2 * lay->tk_cap ||
+        stride * p->ld_w > INT32_MAX || (c->dk != DT_BF16 && c->dk != DT_F16))
+        return SPH_OK;
+    float *S = (float *)(c->ws + lay->off_tkc);
+    unsigned *wmax = (unsigned *)(S + ch->rows * m);
+    const int kind = c->dk == DT_BF16 ? 1 : 2;
+    const char *wp = (const char *)p->weight + (size_t)c0 * p->ld_w * c->es;
+    SPH_CUDA_RET(cudaMemsetAsync(wmax, 0, sizeof *wmax, c->stream));
+    head_topk_wnorm_kernel<<<(unsigned)((m + 7) / 8), 256, 0, c->stream>>>(
+        wp, kind, stride * p->ld_w, p->H, (int)m, wmax);
+    SPH_LAUNCH_CHECK("head_topk_wnorm_kernel", c->stream);
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType_t t = dt_cuda(c->dk);
+    SPH_CUBLAS_RET(cublasGemmEx(c->st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)ch->rows,
+                                (int)p->H, &one, wp, t, (int)(stride * p->ld_w), hp, t, (int)ld,
+                                &zero, S, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    tks_args a;
+    memset(&a, 0, sizeof a);
+    a.S = S;
+    a.m = (int)m;
+    a.K = (int)p->topk;
+    a.kind = kind;
+    a.wmax = wmax;
+    a.hp = hp;
+    a.ld_h = ld;
+    a.H = p->H;
+    a.r0 = ch->r0;
+    a.rowmap = ch->rowmap;
+    a.trows = p->temp_rows;
+    a.inv_t = (float)(1.0 / p->temperature);
+    a.cap = (float)p->softcap;
+    a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
+    a.bias = c->st->topk_seed_bias;
+    a.tau = (int *)(c->ws + lay->off_tkt);
+    head_topk_seed_kernel<<<(unsigned)ch->rows, SEED_T, 0, c->stream>>>(a);
+    SPH_LAUNCH_CHECK("head_topk_seed_kernel", c->stream);
+    c->tk_seeded = 1;
     return SPH_OK;
 }
 
@@ -577,6 +728,8 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.K = (int)p->topk;
     a.cap = (int)lay->tk_cap;
     a.merge = merge;
+    a.seeded = c->tk_seeded;
+    c->tk_seeded = 0; /* the seed is split 0's */
     a.tile_recs = (const float *)(c->ws + lay->off_T);
     a.n_tiles = (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;
     a.w = w;

@@ -68,17 +68,19 @@ typedef struct staged_e {
     int64_t budget; /* its own budget */
 } staged_e;
 
-/* The fused top-k (head_extras.cu): slots per row, a power of two >= max(K, 8), and
- * candidates per row before it overflows: the columns of the tiles a row has in flight before
- * any threshold exists (~264 tiles of 64 rows x 256 columns run at once on 132 SMs, over at
- * most 32 row tiles of the raster group: ~2300 columns from 2048 rows up, more below), plus
- * ~2 ks ln(ks) per doubling of the columns seen after that (the threshold is the minimum of
- * the slots), with room to spare; never more than the shard's columns (then no row can
- * overflow). Tests set it small (SPH_TEST_TOPK_CAP). */
+/* The fused top-k (head_extras.cu): slots per row, twice the power of two >= max(K, 8) (the
+ * epilogue's threshold is a value K of them reach: with 2 K slots, the row's top K collide in
+ * few of them), and candidates per row before it overflows: the columns of the tiles a row
+ * has in flight before the epilogue raised its threshold (~264 tiles of 64 rows x 256 columns
+ * run at once on 132 SMs, over at most 32 row tiles of the raster group: ~2300 columns from
+ * 2048 rows up, more below; the seed from a sample, when there is one, cuts that to a few
+ * hundred, but it may fail), plus ~2 ks ln(ks) per doubling of the columns seen after that,
+ * with room to spare; never more than the shard's columns (then no row can overflow). Tests
+ * set it small (SPH_TEST_TOPK_CAP). */
 static int64_t topk_slots(int64_t K) {
     int64_t ks = 8;
     while (ks < K) ks *= 2;
-    return ks;
+    return 2 * ks;
 }
 static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
     if (st->topk_cap > 0) return st->topk_cap;
@@ -86,7 +88,7 @@ static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_
     if (row_tiles < 1) row_tiles = 1;
     if (row_tiles > 32) row_tiles = 32;
     const int64_t first = 256 * ((264 + row_tiles - 1) / row_tiles);
-    const int64_t cap = first + 2048 + 32 * topk_slots(p->topk), all = round_up(p->V_loc, 8);
+    const int64_t cap = first + 2048 + 16 * topk_slots(p->topk), all = round_up(p->V_loc, 8);
     return cap < all ? cap : all;
 }
 static int64_t topk_row_bytes(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {

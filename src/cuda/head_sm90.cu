@@ -34,6 +34,7 @@
 #include <cuda.h> /* CUtensorMap and its enums only: the encoder is fetched at run time */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,7 @@
 
 #define SM90_BN 256 /* columns per tile: one m64n256k16 per warpgroup and k step */
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
-#define SM90_TK_EVERY 128 /* the fused top-k: a row's slots read back per this many candidates */
+#define SM90_TK_EVERY 64 /* the fused top-k: a row's slots read back per this many candidates */
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
 
@@ -349,29 +350,56 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
                 }
             }
     }
-    /* the slots back (this thread's quarter) when the row's count crossed a multiple of
-     * SM90_TK_EVERY: their minimum is a valid threshold. Every quad reading them at every
-     * tile with candidates (nearly all of them: ~ks ln(ks) candidates per doubling of the
-     * columns seen) cost more than the candidates it saved (run 30). */
+    /* the slots back when the row's count crossed a multiple of SM90_TK_EVERY (reading them
+     * at every tile with candidates cost more than the candidates it saved, run 30). Each slot
+     * holds one column's logit, no two the same column, so any value at least K of them
+     * reach is a valid threshold: their minimum (tk_ks >= K of them), and better, the largest
+     * of 15 probes evenly between that and their maximum that K of them reach (two passes
+     * over this thread's quarter, counts quad-summed). A threshold at the slots' K-th largest
+     * instead of their minimum, with twice K slots, leaves ~3x fewer candidates per doubling
+     * of the columns seen (notes/cuda-notes.md, v20). */
     const bool look = total > 0 && base / SM90_TK_EVERY != (base + total) / SM90_TK_EVERY;
-    const int per = ep.tk_ks / 4;
-    int mn = 0x7fffffff;
+    if (!__any_sync(0xffffffffu, look)) return;
+    const int per = ep.tk_ks / 4; /* tk_ks >= 16 (head_layout.cu topk_slots) */
+    const int4 *s4 = (const int4 *)(slots + q4 * per);
+    int hi = INT_MIN, lo = INT_MAX;
     if (look) {
-        if (per >= 4) {
-            const int4 *s4 = (const int4 *)(slots + q4 * per);
 #pragma unroll 4
-            for (int k = 0; k < per / 4; k++) {
-                const int4 v = __ldcg(s4 + k);
-                mn = min(mn, min(min(v.x, v.y), min(v.z, v.w)));
-            }
-        } else {
-            const int2 v = __ldcg((const int2 *)(slots + q4 * per));
-            mn = min(v.x, v.y);
+        for (int k = 0; k < per / 4; k++) {
+            const int4 v = __ldcg(s4 + k);
+            hi = max(hi, max(max(v.x, v.y), max(v.z, v.w)));
+            lo = min(lo, min(min(v.x, v.y), min(v.z, v.w)));
         }
     }
-    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
-    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
-    if (q4 == 0 && look && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
+    const float flo = fmaxf(tau, sph_tk_dec(lo)), d = (sph_tk_dec(hi) - flo) * (1.f / 16.f);
+    int best = sph_tk_enc(flo);
+    const bool probe = look && flo > -INFINITY && d > 0.f && d < INFINITY; /* quad-uniform */
+    if (__any_sync(0xffffffffu, probe)) {
+        constexpr int P = 15;
+        int key[P], cnt[P];
+#pragma unroll
+        for (int p = 0; p < P; p++) key[p] = sph_tk_enc(fmaf((float)(p + 1), d, flo)), cnt[p] = 0;
+        if (probe) {
+#pragma unroll 2
+            for (int k = 0; k < per / 4; k++) {
+                const int4 v = __ldcg(s4 + k);
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    cnt[p] += (v.x >= key[p]) + (v.y >= key[p]) + (v.z >= key[p]) + (v.w >= key[p]);
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            cnt[p] += __shfl_xor_sync(0xffffffffu, cnt[p], 1);
+            cnt[p] += __shfl_xor_sync(0xffffffffu, cnt[p], 2);
+            if (probe && cnt[p] >= ep.tk_k) best = max(best, key[p]);
+        }
+    }
+    if (q4 == 0 && look && sph_tk_dec(best) > tau) atomicMax(ep.tk_tau + rr, best);
 }
 
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64

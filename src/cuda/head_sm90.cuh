@@ -85,15 +85,17 @@ typedef struct sph_sm90_epi {
     float *tile_q; /* SPH_SM90_EPI_STATS: sum_p2's q = sum exp(2 (z - m)) per row and tile
                       (tile_q[r * n_tiles + tile], m the record's), or NULL: not computed */
     /* SPH_SM90_EPI_STATS with top-k (head_extras.cu's fused top-k), or tk_cand NULL: per chunk
-     * row r, the logits z >= the row's threshold dec(tk_tau[r]) (read before the tile's main
-     * loop) go to tk_cand[r * tk_cap + atomicAdd(tk_n[r])] as (z, global id) while the slot
-     * count allows, each z raising slot (split column & (tk_ks - 1)) of the row
-     * (tk_slots[r * tk_ks + .]) to it; a quad that emitted reads the row's slots back and
-     * raises the threshold to their minimum (tk_ks elements of the row are >= it, so the row's
-     * K-th largest is too, K <= tk_ks). Ordered-int encoding (sph_tk_enc). */
+     * row r, the logits z >= the row's threshold dec(tk_tau[r]) (read after the tile's main
+     * loop was issued; seeded from a sample before split 0) go to
+     * tk_cand[r * tk_cap + atomicAdd(tk_n[r])] as (z, global id) while the count allows, each
+     * z raising slot (split column & (tk_ks - 1)) of the row (tk_slots[r * tk_ks + .]) to it;
+     * a quad whose candidates took the row's count across a multiple of SM90_TK_EVERY reads
+     * the row's slots back and raises the threshold to a value at least tk_k of them reach
+     * (each slot is one column's logit and no two share a column, so the row's K-th largest
+     * does too, K = tk_k <= tk_ks). Ordered-int encoding (sph_tk_enc). */
     void *tk_cand;
     int *tk_n, *tk_tau, *tk_slots;
-    int tk_cap, tk_ks;
+    int tk_cap, tk_ks, tk_k;
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */

@@ -91,6 +91,12 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         const char *cap = getenv("SPH_TEST_TOPK_CAP");
         st->topk_cap = cap && *cap ? strtoll(cap, NULL, 10) : 0;
         if (st->topk_cap < 0 || st->topk_cap > (1 << 30)) st->topk_cap = 0;
+        /* test hook: the sampled seed off, or biased up (a seed above the row's K-th largest
+         * logit must be caught and the row recomputed) */
+        const char *sd = getenv("SPH_TEST_TOPK_SEED");
+        st->topk_seed_off = sd && !strcmp(sd, "off");
+        st->topk_seed_bias = sd && *sd && !st->topk_seed_off ? strtof(sd, NULL) : 0.f;
+        if (!(st->topk_seed_bias >= 0.f)) st->topk_seed_bias = 0.f;
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));

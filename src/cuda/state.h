@@ -61,6 +61,9 @@ typedef struct sph_cuda_state {
     int topk_fused;                  /* (not EXTRAS_STAGED) top-k there too */
     int64_t topk_cap;                /* tests only (SPH_TEST_TOPK_CAP): the fused top-k's
                                         candidates per row (0: the layout's rule) */
+    int topk_seed_off;               /* tests only (SPH_TEST_TOPK_SEED=off): no sampled seed */
+    float topk_seed_bias;            /* tests only (SPH_TEST_TOPK_SEED=<x>): added to every
+                                        seed (inf: every seed fails, the rows recompute) */
     int dh_splitk;                   /* DH_SPLITK: dH of short chunks split over V (fp32) */
     int e2d_overlap;                 /* E2D_OVERLAP: e2d per row block on a side stream */
     cudaStream_t side;               /* E2D_OVERLAP: the side stream (NULL until first use) */

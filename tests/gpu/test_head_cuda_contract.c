@@ -11,7 +11,9 @@
  * N = 1) and staged under SPH_CUDA_FLAG_EXTRAS_STAGED; top-k by default on the plain pass's
  * path too (its candidates in the same epilogue: K = 1, 7, 64, 256, splits,
  * spans, staged E, the sweep, rows at tile edges, and the overflow's recompute through a
- * candidate buffer shrunk by SPH_TEST_TOPK_CAP); inactive rows exactly 0 / (-1, 0); the
+ * candidate buffer shrunk by SPH_TEST_TOPK_CAP; the thresholds seeded from a sample, off, and
+ * biased so that seeds fail and their rows recompute: SPH_TEST_TOPK_SEED; exact ties at the
+ * seed value); inactive rows exactly 0 / (-1, 0); the
  * buffers poisoned before each run. Also sum_p2 with candidates (the support's softmax,
  * head_sample.cu + head_extras.cu's finalize) against a float64 support oracle, masked and
  * one-pass (test_sum_p2_support). Skips (exit 77) without CUDA or without a device.
@@ -60,8 +62,11 @@ typedef struct xcase {
     int64_t chunk_bytes;
     double T, cap;
     int64_t tk_cap; /* > 0: SPH_TEST_TOPK_CAP for this context (the fused top-k's overflow) */
-    int ties;       /* every weight row a copy of row 0: each row's logits all equal (the
-                       fused top-k's massive ties: the lowest K ids, every candidate at T) */
+    int ties;       /* > 0: weight row j a copy of row j % ties, so each row's logits take
+                       `ties` values, repeated (1: all equal, the fused top-k's massive ties:
+                       the lowest K ids, every candidate at T; more: exact ties at the seed) */
+    const char *seed; /* SPH_TEST_TOPK_SEED for this context: "off" (no sampled seed), or a
+                         bias added to every seed ("inf": every row's seed fails) */
 } xcase;
 
 static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
@@ -82,14 +87,16 @@ static int run_case(const xcase *x) {
     char capv[32];
     snprintf(capv, sizeof capv, "%lld", (long long)x->tk_cap);
     if (x->tk_cap > 0) setenv("SPH_TEST_TOPK_CAP", capv, 1);
+    if (x->seed) setenv("SPH_TEST_TOPK_SEED", x->seed, 1);
     expect_ok(sph_ctx_create(&g, &o));
     unsetenv("SPH_TEST_TOPK_CAP");
+    unsetenv("SPH_TEST_TOPK_SEED");
     hcase c;
     hc_init(&c, &g_rng, x->N, x->H, x->V, x->V, 0, 0, x->dt);
     if (x->ties)
         for (int64_t j = 1; j < c.V_loc; j++)
             for (int64_t k = 0; k < c.H; k++)
-                hc_set(c.w, x->dt, j * c.H + k, hc_get(c.w, x->dt, k));
+                hc_set(c.w, x->dt, j * c.H + k, hc_get(c.w, x->dt, (j % x->ties) * c.H + k));
     if (x->masked) hc_mask_ragged(&c, &g_rng, 0.6);
     hc_wire(&c, HC_OUTS | (x->masked ? HC_MASK | HC_SPANS : 0) |
                     (x->one_pass ? HC_UPS | HC_DH | HC_DW : 0));
@@ -130,12 +137,14 @@ static int run_case(const xcase *x) {
     expect_ok(sph_ctx_memcpy(g, sp2, dsp2, (size_t)N * 4));
     expect_ok(sph_ctx_memcpy(g, lp, dlp, (size_t)(N * K) * 4));
     expect_ok(sph_ctx_memcpy(g, ids, dids, (size_t)(N * K) * 8));
-    char cs[200];
+    char cs[240];
     snprintf(cs, sizeof cs, "cuda(kernel=%s,path=%s,%s,N=%lld,V=%lld,K=%lld,sp2=%d,mask=%d,"
-                            "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g,tk_cap=%lld)",
+                            "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g,tk_cap=%lld,"
+                            "ties=%d,seed=%s)",
              x->kernel ? x->kernel : "cuda", info.path, sph_dtype_name(x->dt), (long long)N,
              (long long)x->V, (long long)K, x->sp2, x->masked, x->one_pass, x->bi, x->flags,
-             (long long)x->chunk_bytes, x->T, x->cap, (long long)x->tk_cap);
+             (long long)x->chunk_bytes, x->T, x->cap, (long long)x->tk_cap, x->ties,
+             x->seed ? x->seed : "-");
     int ok = 1;
     if (!x->kernel && !strstr(info.path, "+extras")) {
         fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
@@ -184,7 +193,7 @@ static void test_extras_cuda(void **state) {
                    ES = SPH_CUDA_FLAG_EXTRAS_STAGED, E = SPH_CUDA_FLAG_ONEPASS_E;
     const xcase cases[] = {
         /* kernel, dtype, N, H, V, K, sp2, mask, one_pass, bi, flags, chunk_bytes, T, cap,
-         * tk_cap, ties */
+         * tk_cap, ties, seed */
         /* top-k and sum_p2 staged (EXTRAS_STAGED) */
         {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0, 0},
         {NULL, SPH_BF16, 300, 64, 1601, 256, 1, 1, 0, 0, ES, 96 * 1024, 0.7, 0.0, 0, 0},
@@ -222,6 +231,20 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 300, 64, 1601, 64, 1, 0, 0, 0, ES, 0, 1.0, 0.0, 0, 0},
         {NULL, SPH_BF16, 70, 64, 5000, 64, 0, 1, 0, 0, 0, 0, 1.0, 0.0, 0, 1},
         {NULL, SPH_BF16, 70, 64, 5000, 256, 1, 0, 1, 0, E, 0, 0.8, 0.0, 0, 1},
+        /* the sampled seed (splits of >= 8 x its columns: 1024 up to K = 128, 16 K above):
+         * seeded by default; off; biased so that every row's seed fails (inf) or some do
+         * (their merge recomputes the split); K = 256 (4096 samples); softcap and a
+         * temperature; a small budget (several splits: only split 0 is seeded); exact ties at
+         * the seed value (50 distinct logits per row, each repeated ~400 times) and every
+         * logit equal */
+        {NULL, SPH_BF16, 200, 128, 40000, 64, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0, "off"},
+        {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 0, 0, 0, 0, 1.0, 0.0, 0, 0, "inf"},
+        {NULL, SPH_BF16, 200, 72, 20000, 32, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0, "0.001"},
+        {NULL, SPH_F16, 130, 64, 40000, 256, 1, 1, 1, 0, E, 0, 0.8, 0.0, 0, 0},
+        {NULL, SPH_BF16, 129, 64, 30000, 64, 0, 0, 0, 0, 0, 0, 0.7, 3.0, 0, 0},
+        {NULL, SPH_BF16, 129, 64, 30000, 64, 1, 0, 0, 0, 0, 2 << 20, 1.0, 0.0, 0, 0},
+        {NULL, SPH_BF16, 70, 64, 20000, 64, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 50},
+        {NULL, SPH_BF16, 70, 64, 20000, 16, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 1},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0, 0},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0, 0},
     };
