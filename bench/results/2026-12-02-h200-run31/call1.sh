@@ -30,30 +30,9 @@
 #   device: bash bench/results/2026-12-02-h200-run31/call1.sh
 #           carry [".devbundle.txz", "python/spanhead/_spanhead.abi3.so"]
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$root"
-B=$root/.devbundle
-[ -d "$B/bin" ] || { mkdir -p "$B" && tar xJf "$root/.devbundle.txz" -C "$B"; } || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-R=$(mktemp -d)
-export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
-S=$B/bin/spanhead
-LIMIT=${LIMIT:-200}
-t0=$(date +%s)
-{ echo "commit $(cat "$B/COMMIT")"; date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
-  /usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1; } > "$R/machine.txt" 2>&1
-step() { # name timeout cmd...
-  local name=$1 to=$2 s=$(date +%s); shift 2
-  timeout -s INT -k 10 "$to" "$@" > "$R/$name.log" 2>&1
-  local rc=$? v=PASS
-  [ $rc -eq 77 ] && v=SKIP
-  [ $rc -eq 124 ] && v=TIMEOUT
-  [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 124 ] && v=FAIL
-  echo "$v $name rc=$rc $(( $(date +%s) - s )) s (t=$(( $(date +%s) - t0 )))" >> "$R/steps.txt"
-}
+. scripts/device/call_common.sh
 if [ -z "${NO_CHECKS:-}" ]; then
   for t in ${GPU_TESTS-$B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp}; do
     SPH_TEST_SKIP_HUGE=1 step "$(basename "$t")" $LIMIT "$t" &
