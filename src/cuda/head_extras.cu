@@ -21,6 +21,8 @@
  * z - lse with the lse the row's stats hold (the number logprob gives for the same id).
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -719,6 +721,28 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     const sph_head_plan *p = c->p;
     const sph_cuda_layout *lay = c->lay;
     if (ch->rows <= 0) return SPH_OK;
+    if (c->st->topk_count) {
+        /* tests and tuning only: the rows' candidate counts of this split (synchronizes) */
+        int *h = (int *)malloc((size_t)ch->rows * sizeof(int));
+        SPH_CHECK(h, SPH_ERR_ALLOC, "top-k counts: %lld rows", (long long)ch->rows);
+        cudaError_t e = cudaMemcpyAsync(h, c->ws + lay->off_tkn, (size_t)ch->rows * sizeof(int),
+                                        cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) free(h);
+        SPH_CUDA_RET(e);
+        long long sum = 0, over = 0, low = 0;
+        int mx = 0;
+        for (int64_t r = 0; r < ch->rows; r++) {
+            sum += h[r], mx = h[r] > mx ? h[r] : mx;
+            over += h[r] > lay->tk_cap, low += h[r] < p->topk;
+        }
+        fprintf(stderr,
+                "spanhead top-k: %lld rows, %.1f candidates per row (max %d, cap %lld; over "
+                "the cap %lld, below K %lld), seeded %d, split width %lld\n",
+                (long long)ch->rows, (double)sum / (double)ch->rows, mx, (long long)lay->tk_cap,
+                over, low, c->tk_seeded, (long long)w);
+        free(h);
+    }
     tkm_args a;
     memset(&a, 0, sizeof a);
     a.cand = (const sph_cuda_xtk *)(c->ws + lay->off_tkc);

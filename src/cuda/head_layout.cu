@@ -77,10 +77,13 @@ typedef struct staged_e {
  * hundred, but it may fail), plus ~2 ks ln(ks) per doubling of the columns seen after that,
  * with room to spare; never more than the shard's columns (then no row can overflow). Tests
  * set it small (SPH_TEST_TOPK_CAP). */
-static int64_t topk_slots(int64_t K) {
-    int64_t ks = 8;
-    while (ks < K) ks *= 2;
-    return 2 * ks;
+static int64_t topk_pow2(int64_t K) {
+    int64_t k2 = 8;
+    while (k2 < K) k2 *= 2;
+    return k2;
+}
+static int64_t topk_slots(const sph_cuda_state *st, int64_t K) {
+    return topk_pow2(K) * (st->topk_slots_x > 0 ? st->topk_slots_x : 2);
 }
 static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
     if (st->topk_cap > 0) return st->topk_cap;
@@ -88,11 +91,11 @@ static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_
     if (row_tiles < 1) row_tiles = 1;
     if (row_tiles > 32) row_tiles = 32;
     const int64_t first = 256 * ((264 + row_tiles - 1) / row_tiles);
-    const int64_t cap = first + 2048 + 16 * topk_slots(p->topk), all = round_up(p->V_loc, 8);
+    const int64_t cap = first + 2048 + 32 * topk_pow2(p->topk), all = round_up(p->V_loc, 8);
     return cap < all ? cap : all;
 }
 static int64_t topk_row_bytes(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
-    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(p->topk) * 4 + 8;
+    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(st, p->topk) * 4 + 8;
 }
 
 static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
@@ -308,7 +311,7 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     lay->tile_q = lay->fused && f->extras && p->sum_p2;
     lay->tk_fused = lay->fused && f->tk_row > 0;
-    if (lay->tk_fused) lay->tk_ks = topk_slots(p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
+    if (lay->tk_fused) lay->tk_ks = topk_slots(st, p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
     k.tk_row = lay->tk_fused ? f->tk_row : 0;
     k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
                       ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)

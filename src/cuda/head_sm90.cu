@@ -48,7 +48,6 @@
 
 #define SM90_BN 256 /* columns per tile: one m64n256k16 per warpgroup and k step */
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
-#define SM90_TK_EVERY 64 /* the fused top-k: a row's slots read back per this many candidates */
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
 
@@ -350,7 +349,7 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
                 }
             }
     }
-    /* the slots back when the row's count crossed a multiple of SM90_TK_EVERY (reading them
+    /* the slots back when the row's count crossed a multiple of 2^tk_every_log2 (reading them
      * at every tile with candidates cost more than the candidates it saved, run 30). Each slot
      * holds one column's logit, no two the same column, so any value at least K of them
      * reach is a valid threshold: their minimum (tk_ks >= K of them), and better, the largest
@@ -358,17 +357,23 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
      * over this thread's quarter, counts quad-summed). A threshold at the slots' K-th largest
      * instead of their minimum, with twice K slots, leaves ~3x fewer candidates per doubling
      * of the columns seen (notes/cuda-notes.md, v20). */
-    const bool look = total > 0 && base / SM90_TK_EVERY != (base + total) / SM90_TK_EVERY;
+    const int sh = ep.tk_every_log2;
+    const bool look = total > 0 && base >> sh != (base + total) >> sh;
     if (!__any_sync(0xffffffffu, look)) return;
-    const int per = ep.tk_ks / 4; /* tk_ks >= 16 (head_layout.cu topk_slots) */
+    const int per = ep.tk_ks / 4; /* tk_ks >= 8 (head_layout.cu topk_slots) */
     const int4 *s4 = (const int4 *)(slots + q4 * per);
     int hi = INT_MIN, lo = INT_MAX;
     if (look) {
+        if (per >= 4) {
 #pragma unroll 4
-        for (int k = 0; k < per / 4; k++) {
-            const int4 v = __ldcg(s4 + k);
-            hi = max(hi, max(max(v.x, v.y), max(v.z, v.w)));
-            lo = min(lo, min(min(v.x, v.y), min(v.z, v.w)));
+            for (int k = 0; k < per / 4; k++) {
+                const int4 v = __ldcg(s4 + k);
+                hi = max(hi, max(max(v.x, v.y), max(v.z, v.w)));
+                lo = min(lo, min(min(v.x, v.y), min(v.z, v.w)));
+            }
+        } else {
+            const int2 v = __ldcg((const int2 *)(slots + q4 * per));
+            hi = max(v.x, v.y), lo = min(v.x, v.y);
         }
     }
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
@@ -377,7 +382,8 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
     const float flo = fmaxf(tau, sph_tk_dec(lo)), d = (sph_tk_dec(hi) - flo) * (1.f / 16.f);
     int best = sph_tk_enc(flo);
-    const bool probe = look && flo > -INFINITY && d > 0.f && d < INFINITY; /* quad-uniform */
+    const bool probe = look && !ep.tk_rule_min && per >= 4 && flo > -INFINITY && d > 0.f &&
+                       d < INFINITY; /* quad-uniform */
     if (__any_sync(0xffffffffu, probe)) {
         constexpr int P = 15;
         int key[P], cnt[P];
@@ -1018,8 +1024,10 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: D or stats is NULL");
     SPH_CHECK(!epi->tk_cand ||
                   ((mode & SPH_SM90_EPI_STATS) && epi->tk_n && epi->tk_tau && epi->tk_slots &&
-                   epi->tk_cap > 0 && epi->tk_ks >= 8 && epi->tk_ks <= 256 &&
-                   (epi->tk_ks & (epi->tk_ks - 1)) == 0),
+                   epi->tk_cap > 0 && epi->tk_ks >= 8 && epi->tk_ks <= 1024 &&
+                   (epi->tk_ks & (epi->tk_ks - 1)) == 0 && epi->tk_k >= 1 &&
+                   epi->tk_k <= epi->tk_ks && epi->tk_every_log2 >= 4 &&
+                   epi->tk_every_log2 <= 10),
               SPH_ERR_INTERNAL, "logits_sm90: top-k candidates without their buffers (ks %d)",
               epi->tk_ks);
     const int pp = pingpong_on(H, epi->schedule);

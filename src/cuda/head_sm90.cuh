@@ -96,6 +96,7 @@ typedef struct sph_sm90_epi {
     void *tk_cand;
     int *tk_n, *tk_tau, *tk_slots;
     int tk_cap, tk_ks, tk_k;
+    int tk_every_log2, tk_rule_min; /* the read-back's period (2^.) and rule (state.h) */
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */
