@@ -24,7 +24,7 @@ if [ -z "${NO_CHECKS:-}" ]; then
     --error-exitcode 9 "$B/bin/gpu_test_head_cuda_contract" &
   wait
 fi
-P="--shape A --N 16K --active 1 --mask none --topk 64 --sum-p2 --mode general"
+P="--shape A --N 16K --active 1 --mask response --topk 64 --sum-p2 --mode general"
 sweep() { # name env...
   local name=$1; shift
   ( export "$@"
