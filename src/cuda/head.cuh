@@ -61,7 +61,7 @@ typedef struct sph_cuda_layout {
     int64_t n_tiles;   /* fused: 256-column tile records per row of a split */
     int tile_q;        /* fused forward with sum_p2: the epilogue's q per row and tile too */
     int tk_fused;      /* fused forward with top-k: the epilogue's candidates */
-    int64_t tk_ks;     /* ... its slots per row (2 x the power of two >= max(K, 8)) */
+    int64_t tk_ks;     /* ... its slots per row (a power of two >= max(K, 8)) */
     int64_t tk_cap;    /* ... its candidates per row before the row overflows */
     int col_outer;     /* gradient sweep vocabulary-outer (fp32 dH of all rows, split dW) */
     int store16;        /* fused epilogues write D / E with 16-byte stores */

@@ -68,22 +68,18 @@ typedef struct staged_e {
     int64_t budget; /* its own budget */
 } staged_e;
 
-/* The fused top-k (head_extras.cu): slots per row, twice the power of two >= max(K, 8) (the
- * epilogue's threshold is a value K of them reach: with 2 K slots, the row's top K collide in
- * few of them), and candidates per row before it overflows: the columns of the tiles a row
- * has in flight before the epilogue raised its threshold (~264 tiles of 64 rows x 256 columns
- * run at once on 132 SMs, over at most 32 row tiles of the raster group: ~2300 columns from
- * 2048 rows up, more below; the seed from a sample, when there is one, cuts that to a few
- * hundred, but it may fail), plus ~2 ks ln(ks) per doubling of the columns seen after that,
- * with room to spare; never more than the shard's columns (then no row can overflow). Tests
- * set it small (SPH_TEST_TOPK_CAP). */
+/* The fused top-k (head_extras.cu): slots per row, the power of two >= max(K, 8), and
+ * candidates per row before it overflows: the columns of the tiles a row has in flight before
+ * the epilogue raised its threshold (~264 tiles of 64 rows x 256 columns run at once on 132
+ * SMs, over at most 32 row tiles of the raster group: ~2300 columns from 2048 rows up, more
+ * below; the seed from a sample, when there is one, cuts that to ~1/16, but it may fail), plus
+ * ~2 ks ln(ks) per doubling of the columns seen after that, with room to spare; never more
+ * than the shard's columns (then no row can overflow). Tests set it small
+ * (SPH_TEST_TOPK_CAP). */
 static int64_t topk_pow2(int64_t K) {
     int64_t k2 = 8;
     while (k2 < K) k2 *= 2;
     return k2;
-}
-static int64_t topk_slots(const sph_cuda_state *st, int64_t K) {
-    return topk_pow2(K) * (st->topk_slots_x > 0 ? st->topk_slots_x : 2);
 }
 static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
     if (st->topk_cap > 0) return st->topk_cap;
@@ -95,7 +91,7 @@ static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_
     return cap < all ? cap : all;
 }
 static int64_t topk_row_bytes(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
-    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_slots(st, p->topk) * 4 + 8;
+    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_pow2(p->topk) * 4 + 8;
 }
 
 static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
@@ -311,7 +307,7 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     lay->tile_q = lay->fused && f->extras && p->sum_p2;
     lay->tk_fused = lay->fused && f->tk_row > 0;
-    if (lay->tk_fused) lay->tk_ks = topk_slots(st, p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
+    if (lay->tk_fused) lay->tk_ks = topk_pow2(p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
     k.tk_row = lay->tk_fused ? f->tk_row : 0;
     k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
                       ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)

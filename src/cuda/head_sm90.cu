@@ -34,7 +34,6 @@
 #include <cuda.h> /* CUtensorMap and its enums only: the encoder is fetched at run time */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,13 +298,22 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
     a.gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
 }
 
-/* The fused top-k's part of one row of the tile (ep.tk_cand, head_sm90.cuh): the row's
- * logits z >= tau (finite or -inf; NaN never) become candidates, counted per thread, offset by
- * a quad scan and one atomicAdd per quad; each raises its slot; a quad that emitted reads the
- * slots back and raises the row's threshold to their minimum. Rows past R emit nothing. */
-__device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
-                                         const sph_sm90_epi &ep, float tau, int64_t rr,
-                                         int64_t R, int64_t cb, int lim) {
+/* The fused top-k's part of one row of the tile (ep.tk_cand, head_sm90.cuh), in two halves
+ * around the row's statistics so that no global round trip waits on the epilogue's critical
+ * path (run 31: a warpgroup's epilogue is as slow as its slowest row, and nearly every tile
+ * has a row that waited on its atomicAdd or its slots): epi_topk_count counts the row's logits
+ * z >= tau (finite or -inf; NaN never) per thread, offsets them by a quad scan and issues one
+ * atomicAdd per quad for their place in the row's buffer; epi_topk_emit, after the statistics
+ * loop hid the atomic's latency, stores them, raises each one's slot (fire-and-forget
+ * atomicMax) and, where the row's count crossed a multiple of 2^tk_every_log2, reads the slots
+ * back and raises the threshold to their minimum (tk_ks >= K slots over disjoint columns:
+ * at least K logits are >= it). Rows past R emit nothing. */
+struct tk_part {
+    int n, incl, total, base;
+};
+__device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
+                                               const sph_sm90_epi &ep, int64_t rr, int64_t R,
+                                               int lim, tk_part &k) {
     const int q4 = threadIdx.x & 3;
     int n = 0;
     if (rr < R) {
@@ -320,17 +328,22 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
     if (q4 >= 1) incl += x;
     x = __shfl_up_sync(0xffffffffu, incl, 2, 4);
     if (q4 >= 2) incl += x;
-    const int total = __shfl_sync(0xffffffffu, incl, 3, 4);
+    k.n = n, k.incl = incl, k.total = __shfl_sync(0xffffffffu, incl, 3, 4);
+    k.base = 0;
+    if (q4 == 0 && k.total > 0) k.base = atomicAdd(ep.tk_n + rr, k.total); /* used in emit */
+}
+__device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, float tau,
+                                              const sph_sm90_epi &ep, int64_t rr, int64_t cb,
+                                              int lim, const tk_part &k) {
+    const int q4 = threadIdx.x & 3;
     /* the shuffles below take every lane: a quad without candidates runs them idle */
-    if (__all_sync(0xffffffffu, total == 0)) return;
-    int base = 0;
-    if (q4 == 0 && total > 0) base = atomicAdd(ep.tk_n + rr, total);
-    base = __shfl_sync(0xffffffffu, base, 0, 4);
-    int pos = base + incl - n;
+    if (__all_sync(0xffffffffu, k.total == 0)) return;
+    const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
+    int pos = base + k.incl - k.n;
     sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
     int *slots = ep.tk_slots + rr * ep.tk_ks;
     const int ks1 = ep.tk_ks - 1;
-    if (n) {
+    if (k.n) {
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
@@ -349,63 +362,30 @@ __device__ __forceinline__ void epi_topk(const float (&acc)[128], int hf,
                 }
             }
     }
-    /* the slots back when the row's count crossed a multiple of 2^tk_every_log2 (reading them
-     * at every tile with candidates cost more than the candidates it saved, run 30). Each slot
-     * holds one column's logit, no two the same column, so any value at least K of them
-     * reach is a valid threshold: their minimum (tk_ks >= K of them), and better, the largest
-     * of 15 probes evenly between that and their maximum that K of them reach (two passes
-     * over this thread's quarter, counts quad-summed). A threshold at the slots' K-th largest
-     * instead of their minimum, with twice K slots, leaves ~3x fewer candidates per doubling
-     * of the columns seen (notes/cuda-notes.md, v20). */
+    /* the slots back (this thread's quarter) only when the row's count crossed a multiple of
+     * 2^tk_every_log2: reading them at every tile with candidates cost more than the
+     * candidates it saved (run 30), and any read-back delays its whole warpgroup (run 31) */
     const int sh = ep.tk_every_log2;
-    const bool look = total > 0 && base >> sh != (base + total) >> sh;
+    const bool look = k.total > 0 && base >> sh != (base + k.total) >> sh;
     if (!__any_sync(0xffffffffu, look)) return;
-    const int per = ep.tk_ks / 4; /* tk_ks >= 8 (head_layout.cu topk_slots) */
-    const int4 *s4 = (const int4 *)(slots + q4 * per);
-    int hi = INT_MIN, lo = INT_MAX;
+    const int per = ep.tk_ks / 4;
+    int mn = 0x7fffffff;
     if (look) {
         if (per >= 4) {
+            const int4 *s4 = (const int4 *)(slots + q4 * per);
 #pragma unroll 4
-            for (int k = 0; k < per / 4; k++) {
-                const int4 v = __ldcg(s4 + k);
-                hi = max(hi, max(max(v.x, v.y), max(v.z, v.w)));
-                lo = min(lo, min(min(v.x, v.y), min(v.z, v.w)));
+            for (int i = 0; i < per / 4; i++) {
+                const int4 v = __ldcg(s4 + i);
+                mn = min(mn, min(min(v.x, v.y), min(v.z, v.w)));
             }
         } else {
             const int2 v = __ldcg((const int2 *)(slots + q4 * per));
-            hi = max(v.x, v.y), lo = min(v.x, v.y);
+            mn = min(v.x, v.y);
         }
     }
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
-    const float flo = fmaxf(tau, sph_tk_dec(lo)), d = (sph_tk_dec(hi) - flo) * (1.f / 16.f);
-    int best = sph_tk_enc(flo);
-    const bool probe = look && !ep.tk_rule_min && per >= 4 && flo > -INFINITY && d > 0.f &&
-                       d < INFINITY; /* quad-uniform */
-    if (__any_sync(0xffffffffu, probe)) {
-        constexpr int P = 15;
-        int key[P], cnt[P];
-#pragma unroll
-        for (int p = 0; p < P; p++) key[p] = sph_tk_enc(fmaf((float)(p + 1), d, flo)), cnt[p] = 0;
-        if (probe) {
-#pragma unroll 2
-            for (int k = 0; k < per / 4; k++) {
-                const int4 v = __ldcg(s4 + k);
-#pragma unroll
-                for (int p = 0; p < P; p++)
-                    cnt[p] += (v.x >= key[p]) + (v.y >= key[p]) + (v.z >= key[p]) + (v.w >= key[p]);
-            }
-        }
-#pragma unroll
-        for (int p = 0; p < P; p++) {
-            cnt[p] += __shfl_xor_sync(0xffffffffu, cnt[p], 1);
-            cnt[p] += __shfl_xor_sync(0xffffffffu, cnt[p], 2);
-            if (probe && cnt[p] >= ep.tk_k) best = max(best, key[p]);
-        }
-    }
-    if (q4 == 0 && look && sph_tk_dec(best) > tau) atomicMax(ep.tk_tau + rr, best);
+    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
+    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
+    if (q4 == 0 && look && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
 }
 
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
@@ -438,7 +418,10 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (TK) epi_topk(acc, hf, ep, ra[hf].tau, rr, R, cb, lim);
+        tk_part tk;
+        if (TK) epi_topk_count(acc, hf, ra[hf].tau, ep, rr, R, lim, tk);
+        /* ESTORE overwrites z with p below: its candidates go first */
+        if (TK && ESTORE) epi_topk_emit(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -465,6 +448,8 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             zt += __shfl_xor_sync(0xffffffffu, zt, o);
             if (Q2) q += __shfl_xor_sync(0xffffffffu, q, o);
         }
+        /* the atomicAdd's latency hid behind the statistics loop above */
+        if (TK && !ESTORE) epi_topk_emit(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
         if ((lane & 3) == 0 && rr < R) {
             float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
             rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
@@ -1024,7 +1009,7 @@ extern "C" sph_status sph_cuda_head_sm90(sph_dtype dt, const void *h, int64_t ld
               "logits_sm90: D or stats is NULL");
     SPH_CHECK(!epi->tk_cand ||
                   ((mode & SPH_SM90_EPI_STATS) && epi->tk_n && epi->tk_tau && epi->tk_slots &&
-                   epi->tk_cap > 0 && epi->tk_ks >= 8 && epi->tk_ks <= 1024 &&
+                   epi->tk_cap > 0 && epi->tk_ks >= 8 && epi->tk_ks <= 256 &&
                    (epi->tk_ks & (epi->tk_ks - 1)) == 0 && epi->tk_k >= 1 &&
                    epi->tk_k <= epi->tk_ks && epi->tk_every_log2 >= 4 &&
                    epi->tk_every_log2 <= 10),

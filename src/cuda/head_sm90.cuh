@@ -89,14 +89,14 @@ typedef struct sph_sm90_epi {
      * loop was issued; seeded from a sample before split 0) go to
      * tk_cand[r * tk_cap + atomicAdd(tk_n[r])] as (z, global id) while the count allows, each
      * z raising slot (split column & (tk_ks - 1)) of the row (tk_slots[r * tk_ks + .]) to it;
-     * a quad whose candidates took the row's count across a multiple of SM90_TK_EVERY reads
-     * the row's slots back and raises the threshold to a value at least tk_k of them reach
-     * (each slot is one column's logit and no two share a column, so the row's K-th largest
-     * does too, K = tk_k <= tk_ks). Ordered-int encoding (sph_tk_enc). */
+     * a quad whose candidates took the row's count across a multiple of 2^tk_every_log2 reads
+     * the row's slots back and raises the threshold to their minimum (tk_ks elements of the
+     * row are >= it, so the row's K-th largest is too, K = tk_k <= tk_ks). Ordered-int
+     * encoding (sph_tk_enc). */
     void *tk_cand;
     int *tk_n, *tk_tau, *tk_slots;
     int tk_cap, tk_ks, tk_k;
-    int tk_every_log2, tk_rule_min; /* the read-back's period (2^.) and rule (state.h) */
+    int tk_every_log2; /* the read-back's period (state.h topk_every_log2) */
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */

@@ -97,14 +97,12 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         st->topk_seed_off = sd && !strcmp(sd, "off");
         st->topk_seed_bias = sd && *sd && !st->topk_seed_off ? strtof(sd, NULL) : 0.f;
         if (!(st->topk_seed_bias >= 0.f)) st->topk_seed_bias = 0.f;
-        /* tuning hooks of the epilogue's threshold (bench A/B; the defaults are run 31's) */
-        const char *sl = getenv("SPH_TEST_TOPK_SLOTS"), *ev = getenv("SPH_TEST_TOPK_EVERY"),
-                   *ru = getenv("SPH_TEST_TOPK_RULE"), *cn = getenv("SPH_TEST_TOPK_COUNT");
-        st->topk_slots_x = sl && (!strcmp(sl, "1") || !strcmp(sl, "4")) ? atoi(sl) : 2;
-        st->topk_every_log2 = 6;
+        /* tuning hook of the epilogue's read-back period (bench A/B; 256 from run 31) and
+         * the candidate counts' report */
+        const char *ev = getenv("SPH_TEST_TOPK_EVERY"), *cn = getenv("SPH_TEST_TOPK_COUNT");
+        st->topk_every_log2 = 8;
         for (int k = 4; k <= 10 && ev; k++)
             if (atoi(ev) == 1 << k) st->topk_every_log2 = k;
-        st->topk_rule_min = ru && !strcmp(ru, "min");
         st->topk_count = cn && !strcmp(cn, "1");
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */

@@ -64,13 +64,8 @@ typedef struct sph_cuda_state {
     int topk_seed_off;               /* tests only (SPH_TEST_TOPK_SEED=off): no sampled seed */
     float topk_seed_bias;            /* tests only (SPH_TEST_TOPK_SEED=<x>): added to every
                                         seed (inf: every seed fails, the rows recompute) */
-    int topk_slots_x;                /* slots per row: this x the power of two >= max(K, 8)
-                                        (2; SPH_TEST_TOPK_SLOTS=1|2|4) */
     int topk_every_log2;             /* the epilogue reads a row's slots back every 2^this
-                                        candidates (6; SPH_TEST_TOPK_EVERY=16 .. 1024) */
-    int topk_rule_min;               /* the threshold from the slots: their minimum (1,
-                                        SPH_TEST_TOPK_RULE=min) or the largest of 15 probes
-                                        that K of them reach (0, the default) */
+                                        candidates (8; SPH_TEST_TOPK_EVERY=16 .. 1024) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */

@@ -512,9 +512,9 @@ static void test_extras(void **state) {
         assert_false(x.fused);
         assert_int_equal(x.tile_q, 0);
         p.topk = K, p.topk_ids = FAKE(10), p.ld_ti = K, p.topk_lp = FAKE(11), p.ld_tl = K;
-        /* top-k: the plain path with the candidates' buffers; K sets the slots (twice the
-         * power of two >= max(K, 8)) and the candidates per row (2048 + 16 slots) */
-        const int64_t ks_of[4][2] = {{1, 16}, {K, 128}, {K + 1, 256}, {256, 512}};
+        /* top-k: the plain path with the candidates' buffers; K sets the slots (a power of
+         * two >= max(K, 8)) and the candidates per row (2048 + 32 slots) */
+        const int64_t ks_of[4][2] = {{1, 8}, {K, 64}, {K + 1, 128}, {256, 256}};
         for (int q = 0; q < 4; q++) {
             p.topk = ks_of[q][0], p.ld_ti = p.ld_tl = p.topk;
             c = fake_ctx(0, 1);
@@ -524,7 +524,7 @@ static void test_extras(void **state) {
             assert_int_equal(x.tile_q, 1);
             assert_int_equal(x.tk_fused, 1);
             assert_int_equal(x.tk_ks, ks_of[q][1]);
-            assert_int_equal(x.tk_cap, 256 * 9 + 2048 + 16 * ks_of[q][1]); /* 4096 rows */
+            assert_int_equal(x.tk_cap, 256 * 9 + 2048 + 32 * ks_of[q][1]); /* 4096 rows */
             assert_true(x.R >= 1 && x.R <= plain.R);
             assert_true(x.off_tkc >= x.off_Tq + (size_t)(x.R * x.n_tiles) * 4);
             assert_true(x.off_tks >= x.off_tkc + (size_t)(x.R * x.tk_cap) * sizeof(sph_cuda_xtk));
