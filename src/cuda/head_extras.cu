@@ -212,6 +212,8 @@ __global__ void head_topk_reset_kernel(int64_t rows, int ks, int *n, int *tau, i
 struct tkm_args {
     const sph_cuda_xtk *cand;
     int *n, *tau;
+    const int *slots; /* ks per chunk row (the epilogue's slots, head_sm90.cuh) */
+    int ks;
     sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
     int K, cap, merge;
     int seeded; /* the split's thresholds were seeded: fewer than K candidates = a seed too high */
@@ -241,42 +243,71 @@ template <typename T2> __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 }
 
 /* The K best of a row's n candidates and its earlier list (seed, K entries, or NULL) into l,
- * by radix selection: four 8-bit histogram passes over the entries' ordered keys find the
- * K-th largest z (T); the entries with z >= T (K plus the ties at T, as a rule) are gathered
- * and sorted (a bitonic sort of the next power of two), so the list is the staged kernel's:
- * z descending, equal z the lower id. NaN and empty (id < 0) entries never enter. Keys are
- * cached in shared memory up to XC entries, read again from the buffer beyond. More than
- * XS - K entries at T (massive ties): the batched merge of xl_room / xl_offer instead. Leaves
- * l's list in l.sz / l.sid [0, K) and *l.ncand 0. */
+ * by radix selection: the entries whose ordered key reaches thr (a lower bound of the row's
+ * K-th largest: no entry of the list's K is below it) are packed into shared memory (key and
+ * id: z is the key's inverse), then four 8-bit histogram passes over their keys find the K-th
+ * largest z (T); the entries with z >= T (K plus the ties at T, as a rule) are gathered and
+ * sorted (a bitonic sort of the next power of two), so the list is the staged kernel's: z
+ * descending, equal z the lower id. NaN and empty (id < 0) entries never enter. More than XH
+ * entries reach thr: the passes read the buffer instead. More than XS - K entries at T
+ * (massive ties): the batched merge of xl_room / xl_offer. Leaves l's list in l.sz / l.sid
+ * [0, K) and *l.ncand 0. */
 #define XC 4096
+#define XH (XC / 2) /* packed entries: keys in su[0, XH), ids in su[XH, XC) */
 __device__ __forceinline__ unsigned tk_key(float z) {
     return (unsigned)sph_tk_enc(z) ^ 0x80000000u; /* unsigned order = float order */
 }
-__device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_cuda_xtk *seed) {
+__device__ __forceinline__ float tk_key_z(unsigned u) {
+    return sph_tk_dec((int)(u ^ 0x80000000u)); /* tk_key's inverse, bit for bit */
+}
+__device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_cuda_xtk *seed,
+                          unsigned thr) {
     __shared__ unsigned su[XC];
     __shared__ unsigned hist[256];
-    __shared__ int bin_s, need_s, cnt_s;
-    const int K = l.K, m = n + (seed ? K : 0);
-    const bool cached = m <= XC;
-    /* entry e: a candidate (e < n) or the seed's entry e - n; key 0 = never (NaN, empty) */
+    __shared__ int bin_s, need_s, cnt_s, m_s;
+    const int K = l.K, m0 = n + (seed ? K : 0);
+    /* entry e: a candidate (e < n) or the seed's entry e - n; key 0 = never (NaN, empty,
+     * below thr; -inf's key is 0x007fffff > 0) */
     auto load = [&](int e, float &z, int &id) {
         const sph_cuda_xtk x = e < n ? cand[e] : seed[e - n];
         z = x.z, id = x.id;
     };
-    auto key_of = [&](int e) -> unsigned {
-        if (cached) return su[e];
+    auto key0 = [&](int e) -> unsigned {
         float z;
         int id;
         load(e, z, id);
-        return id >= 0 && z == z ? tk_key(z) : 0u;
+        const unsigned u = id >= 0 && z == z ? tk_key(z) : 0u;
+        return u >= thr ? u : 0u;
     };
-    if (cached)
-        for (int e = threadIdx.x; e < m; e += XT) {
-            float z;
-            int id;
+    /* pack the entries that reach thr (warp-aggregated places; their order is immaterial: the
+     * list's order is total) */
+    if (threadIdx.x == 0) m_s = 0;
+    __syncthreads();
+    for (int e0 = 0; e0 < m0; e0 += XT) {
+        const int e = e0 + threadIdx.x, ln = threadIdx.x & 31;
+        float z = 0.f;
+        int id = -1;
+        unsigned u = 0;
+        if (e < m0) {
             load(e, z, id);
-            su[e] = id >= 0 && z == z ? tk_key(z) : 0u; /* -inf keys 0x007fffff > 0 */
+            u = id >= 0 && z == z ? tk_key(z) : 0u;
+            if (u < thr) u = 0;
         }
+        const unsigned b = __ballot_sync(0xffffffffu, u != 0);
+        int base = 0;
+        if (ln == 0 && b) base = atomicAdd(&m_s, __popc(b));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const int pos = base + __popc(b & ((1u << ln) - 1u));
+        if (u && pos < XH) su[pos] = u, su[XH + pos] = (unsigned)id;
+    }
+    __syncthreads();
+    const bool packed = m_s <= XH;
+    const int m = packed ? m_s : m0;
+    auto key_of = [&](int e) -> unsigned { return packed ? su[e] : key0(e); };
+    auto entry = [&](int e, float &z, int &id) {
+        if (packed) z = tk_key_z(su[e]), id = (int)su[XH + e];
+        else load(e, z, id);
+    };
     unsigned prefix = 0, mask = 0;
     int need = K;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -294,17 +325,35 @@ __device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_
                 atomicAdd(&hist[bin], (unsigned)__popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int acc = 0, b = 255;
-            for (; b > 0; b--) {
-                if (acc + (int)hist[b] >= need) break;
-                acc += (int)hist[b];
+        /* the bin holding the need-th largest key, from the top: warp 0, 8 bins per lane
+         * (lane 0 the highest), a scan over the lanes; no bin reaches it (fewer than K
+         * entries in all): bin 0 with need > 0 left */
+        if (threadIdx.x < 32) {
+            const int ln = threadIdx.x;
+            int h[8], s8 = 0;
+#pragma unroll
+            for (int q = 0; q < 8; q++) h[q] = (int)hist[255 - 8 * ln - q], s8 += h[q];
+            int inc = s8;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (ln >= o) inc += y;
             }
-            bin_s = b, need_s = need - acc; /* fewer than K entries in all: bin 0, need > 0 */
+            const unsigned hit = __ballot_sync(0xffffffffu, inc >= need);
+            if (!hit) {
+                if (ln == 31) bin_s = 0, need_s = need - (inc - h[7]);
+            } else if (ln == __ffs(hit) - 1) {
+                int acc = inc - s8, q = 0;
+                for (; q < 7; q++) {
+                    if (acc + h[q] >= need) break;
+                    acc += h[q];
+                }
+                bin_s = 255 - 8 * ln - q, need_s = need - acc;
+            }
         }
         __syncthreads();
         prefix |= (unsigned)bin_s << shift, mask |= 0xffu << shift, need = need_s;
-        __syncthreads(); /* bin_s / need_s read before the next pass's thread 0 writes them */
+        __syncthreads(); /* bin_s / need_s read before the next pass's warp 0 writes them */
     }
     /* T = prefix (or, with fewer than K valid entries, a lower bound of them all) */
     const unsigned T = prefix;
@@ -324,7 +373,7 @@ __device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_
             if (u && u >= T) {
                 float z;
                 int id;
-                load(e, z, id);
+                entry(e, z, id);
                 const int pos = atomicAdd(l.ncand, 1);
                 l.sz[pos] = z, l.sid[pos] = id;
             }
@@ -339,15 +388,16 @@ __device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_
         __syncthreads();
         return;
     }
-    /* massive ties: the batched merge over every entry */
+    /* massive ties: the batched merge over every entry that reaches thr */
     for (int base = 0; base < m; base += 4 * XT) {
         xl_room(l, 4 * XT);
         for (int q = 0; q < 4; q++) {
             const int e = base + q * XT + threadIdx.x;
             if (e >= m) break;
+            if (!key_of(e)) continue;
             float z;
             int id;
-            load(e, z, id);
+            entry(e, z, id);
             xl_offer(l, z, id);
         }
         __syncthreads();
@@ -370,7 +420,20 @@ template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_ker
     const bool low = a.seeded && n < K, redo = n > a.cap || low;
     xl_begin(l, a.merge && redo ? a.tk + r * K : NULL);
     if (!redo) {
-        tk_select(l, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL);
+        /* a lower bound of the row's K-th largest logit so far: its final threshold, or the
+         * minimum of its slots if higher (ks >= K slots, each one column's logit, no two the
+         * same column: at least K logits reach it); every entry of the K best reaches it */
+        __shared__ int smin[XT / 32];
+        int mn = 0x7fffffff;
+        for (int t = threadIdx.x; t < a.ks; t += XT) mn = min(mn, a.slots[r * a.ks + t]);
+        mn = __reduce_min_sync(0xffffffffu, mn);
+        if ((threadIdx.x & 31) == 0) smin[threadIdx.x / 32] = mn;
+        __syncthreads();
+        int sm = smin[0];
+        for (int w = 1; w < XT / 32; w++) sm = min(sm, smin[w]);
+        const int thr = max(a.tau[r], sm);
+        tk_select(l, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL,
+                  (unsigned)thr ^ 0x80000000u);
     } else {
         const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
         const float it = row_inv_t(a.trows, i, a.inv_t);
@@ -614,7 +677,7 @@ struct tks_args {
  * samples (NaN) or a non-finite seed: no seed. */
 __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     const int64_t r = blockIdx.x, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
-    __shared__ int red[SEED_T / 32];
+    __shared__ int red[2][SEED_T / 32]; /* alternate buffers: one barrier per count */
     __shared__ float redf[SEED_T / 32];
     const int per = a.m / SEED_T, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned u[32];
@@ -623,22 +686,22 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
         const float z = k < per ? a.S[r * a.m + k * SEED_T + threadIdx.x] : NAN;
         u[k] = z == z ? tk_key(z) : 0u;
     }
-    /* the block's count of keys >= T (every thread gets it) */
-    auto count = [&](unsigned T) -> int {
+    /* the block's count of keys >= T (every thread gets it); buffer ph was last read two
+     * counts ago, before the previous count's barrier */
+    auto count = [&](unsigned T, int ph) -> int {
         int n = 0;
 #pragma unroll
         for (int k = 0; k < 32; k++) n += u[k] >= T;
         n = __reduce_add_sync(0xffffffffu, n);
-        __syncthreads();
-        if (lane == 0) red[warp] = n;
+        if (lane == 0) red[ph][warp] = n;
         __syncthreads();
         int t = 0;
-        for (int w = 0; w < SEED_T / 32; w++) t += red[w];
+        for (int w = 0; w < SEED_T / 32; w++) t += red[ph][w];
         return t;
     };
     unsigned T = 0;
     for (int b = 31; b >= 8; b--)
-        if (count(T | (1u << b)) >= a.K) T |= 1u << b;
+        if (count(T | (1u << b), b & 1) >= a.K) T |= 1u << b;
     /* |h_i| */
     float hh = 0.f;
     for (int64_t k = threadIdx.x; k < a.H; k += SEED_T) {
@@ -748,6 +811,8 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.cand = (const sph_cuda_xtk *)(c->ws + lay->off_tkc);
     a.n = (int *)(c->ws + lay->off_tkn);
     a.tau = (int *)(c->ws + lay->off_tkt);
+    a.slots = (const int *)(c->ws + lay->off_tks);
+    a.ks = (int)lay->tk_ks;
     a.tk = (sph_cuda_xtk *)(c->ws + lay->off_xtk) + ch->k0 * p->topk;
     a.K = (int)p->topk;
     a.cap = (int)lay->tk_cap;

@@ -49,6 +49,11 @@
 #define SM90_BK 64  /* k per stage: 64 halves = 128 bytes, the swizzle span */
 #define SM90_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SM90_B_BYTES (SM90_BN * SM90_BK * 2)
+/* The fused top-k's staging (v22, epi_topk_count): per consumer thread SM90_TK_STAGE logits of
+ * one row half, plus one scratch entry, entry-major over the block's 256 consumer threads (a
+ * warp's stores hit 32 banks whatever each lane's count). */
+#define SM90_TK_STAGE 24
+#define SM90_TK_STAGE_BYTES ((SM90_TK_STAGE + 1) * 256 * 4)
 
 /* The two schedules of the consumer warpgroups (template argument PP):
  * - cooperative (PP false): a 128 x 256 tile per block, each consumer warpgroup 64 rows of
@@ -67,9 +72,15 @@ template <bool PP> struct sm90_cfg {
     /* stages, 1024 bytes of slack to align the ring to the swizzle atom, 2 x STAGES barriers */
     static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
     static constexpr int CONSUMERS = PP ? 128 : 256; /* threads that release a stage */
+    /* the fused top-k's staging area past the barriers (SM90_TK_STAGE_BYTES), only in the
+     * statistics kernels' launches that emit candidates */
+    static constexpr int SMEM_TK = SMEM + SM90_TK_STAGE_BYTES;
 };
-#define SM90_SMEM_MAX (sm90_cfg<true>::SMEM > sm90_cfg<false>::SMEM ? sm90_cfg<true>::SMEM \
-                                                                     : sm90_cfg<false>::SMEM)
+static_assert(sm90_cfg<true>::SMEM_TK <= 232448 && sm90_cfg<false>::SMEM_TK <= 232448,
+              "the stage and the top-k's staging exceed sm_90's 227 KiB of shared memory");
+#define SM90_SMEM_MAX                                                                          \
+    (sm90_cfg<true>::SMEM_TK > sm90_cfg<false>::SMEM_TK ? sm90_cfg<true>::SMEM_TK              \
+                                                        : sm90_cfg<false>::SMEM_TK)
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SPH_SM90_DEVICE 1
@@ -300,29 +311,62 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
 
 /* The fused top-k's part of one row of the tile (ep.tk_cand, head_sm90.cuh), in two halves
  * around the row's statistics so that no global round trip waits on the epilogue's critical
- * path (run 31: a warpgroup's epilogue is as slow as its slowest row, and nearly every tile
- * has a row that waited on its atomicAdd or its slots): epi_topk_count counts the row's logits
- * z >= tau (finite or -inf; NaN never) per thread, offsets them by a quad scan and issues one
- * atomicAdd per quad for their place in the row's buffer; epi_topk_emit, after the statistics
- * loop hid the atomic's latency, stores them, raises each one's slot (fire-and-forget
- * atomicMax) and, where the row's count crossed a multiple of 2^tk_every_log2, reads the slots
- * back and raises the threshold to their minimum (tk_ks >= K slots over disjoint columns:
- * at least K logits are >= it). Rows past R emit nothing. */
+ * path (run 31: a warpgroup's epilogue is as slow as its slowest row): epi_topk_count finds the
+ * row's logits z >= tau (finite or -inf; NaN never) among the thread's 64, as a 64-bit mask
+ * of their positions, and stages their values in shared memory (tk_stage: up to SM90_TK_STAGE
+ * per thread, in position order), offsets the counts by a quad scan and issues one atomicAdd
+ * per quad for their place in the row's buffer; epi_topk_emit, after the statistics loop hid
+ * the atomic's latency, walks the mask's set bits (each candidate's column) and the staged
+ * values, stores them, raises each one's slot (fire-and-forget atomicMax) and, where the
+ * row's count crossed a multiple of 2^tk_every_log2, reads the slots back and raises the
+ * threshold to their minimum (tk_ks >= K slots over disjoint columns: at least K logits are
+ * >= it). Its cost is per candidate (run 31 call 6: the v21 loop over all 64 positions, its
+ * body run wherever any lane of the warp had one, was +72 % instructions). A thread with more
+ * candidates than the stage holds emits from its registers instead (epi_topk_emit_regs, the
+ * same entries in the same order): a row's first tiles before any threshold. Rows past R
+ * emit nothing. */
 struct tk_part {
     int n, incl, total, base;
+    uint32_t m0, m1; /* the candidates' positions p = 2 j + e: bits 0..31, 32..63 */
 };
+__device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+/* FULL: the tile's 256 columns all lie in the split (no column test) */
+template <bool FULL>
+__device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float tau, int lim,
+                                         uint32_t sa, tk_part &k) {
+    const uint32_t last = sa + SM90_TK_STAGE * 1024u; /* the scratch entry */
+    uint32_t m0 = 0, m1 = 0;
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float z = acc[4 * j + 2 * hf + e];
+            if ((FULL || 8 * j + e < lim) && z >= tau) {
+                if (j < 16) m0 |= 1u << (2 * j + e);
+                else m1 |= 1u << (2 * j + e - 32);
+                st_shared_f32(sa, z);
+                sa = min(sa + 1024u, last);
+            }
+        }
+    k.m0 = m0, k.m1 = m1;
+}
 __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
                                                const sph_sm90_epi &ep, int64_t rr, int64_t R,
-                                               int lim, tk_part &k) {
+                                               int lim, uint32_t sa, tk_part &k) {
     const int q4 = threadIdx.x & 3;
-    int n = 0;
+    k.m0 = 0, k.m1 = 0;
     if (rr < R) {
-#pragma unroll
-        for (int j = 0; j < SM90_BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (8 * j + e < lim && acc[4 * j + 2 * hf + e] >= tau) n++;
+        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, sa, k);
+        else tk_stage<false>(acc, hf, tau, lim, sa, k);
     }
+    const int n = __popc(k.m0) + __popc(k.m1);
     int incl = n;
     int x = __shfl_up_sync(0xffffffffu, incl, 1, 4);
     if (q4 >= 1) incl += x;
@@ -332,35 +376,64 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
     k.base = 0;
     if (q4 == 0 && k.total > 0) k.base = atomicAdd(ep.tk_n + rr, k.total); /* used in emit */
 }
+/* One candidate (z, split column c) at the row's place pos. */
+__device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
+                                       int ks1, int pos, float z, int64_t c) {
+    if (pos < ep.tk_cap) {
+        sph_cuda_xtk v;
+        v.z = z;
+        v.id = (int)(ep.col_g0 + c);
+        cand[pos] = v;
+    }
+    atomicMax(slots + ((int)c & ks1), sph_tk_enc(z));
+}
+/* The thread's candidates from its registers (z still in acc), from place pos on. */
+__device__ __forceinline__ void epi_topk_emit_regs(const float (&acc)[128], int hf, float tau,
+                                                   const sph_sm90_epi &ep, int64_t rr,
+                                                   int64_t cb, int lim, int pos) {
+    sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
+    int *slots = ep.tk_slots + rr * ep.tk_ks;
+    const int ks1 = ep.tk_ks - 1;
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float z = acc[4 * j + 2 * hf + e];
+            if (8 * j + e < lim && z >= tau) tk_put(ep, cand, slots, ks1, pos++, z, cb + 8 * j + e);
+        }
+}
+/* ESTORE's first half, before the statistics loop overwrites z: the threads whose candidates
+ * overflowed the stage emit from their registers (waits on the atomicAdd: rare). */
+__device__ __forceinline__ void epi_topk_emit_over(const float (&acc)[128], int hf, float tau,
+                                                   const sph_sm90_epi &ep, int64_t rr,
+                                                   int64_t cb, int lim, const tk_part &k) {
+    if (!__any_sync(0xffffffffu, k.n > SM90_TK_STAGE)) return;
+    const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
+    if (k.n > SM90_TK_STAGE) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
+}
+/* REGS: the overflowing threads emit from their registers here (false: epi_topk_emit_over did) */
+template <bool REGS>
 __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, float tau,
                                               const sph_sm90_epi &ep, int64_t rr, int64_t cb,
-                                              int lim, const tk_part &k) {
+                                              int lim, uint32_t sa, const tk_part &k) {
     const int q4 = threadIdx.x & 3;
     /* the shuffles below take every lane: a quad without candidates runs them idle */
     if (__all_sync(0xffffffffu, k.total == 0)) return;
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
-    int pos = base + k.incl - k.n;
-    sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
     int *slots = ep.tk_slots + rr * ep.tk_ks;
-    const int ks1 = ep.tk_ks - 1;
-    if (k.n) {
-#pragma unroll
-        for (int j = 0; j < SM90_BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float z = acc[4 * j + 2 * hf + e];
-                if (8 * j + e < lim && z >= tau) {
-                    const int64_t c = cb + 8 * j + e; /* the split's column */
-                    if (pos < ep.tk_cap) {
-                        sph_cuda_xtk v;
-                        v.z = z;
-                        v.id = (int)(ep.col_g0 + c);
-                        cand[pos] = v;
-                    }
-                    pos++;
-                    atomicMax(slots + ((int)c & ks1), sph_tk_enc(z));
-                }
-            }
+    if (k.n > SM90_TK_STAGE) {
+        if (REGS) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
+    } else if (k.n > 0) {
+        sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
+        const int ks1 = ep.tk_ks - 1;
+        int pos = base + k.incl - k.n;
+        uint32_t m0 = k.m0, m1 = k.m1;
+        for (int i = 0; i < k.n; i++, sa += 1024u) {
+            int p;
+            if (m0) p = __ffs(m0) - 1, m0 &= m0 - 1;
+            else p = 31 + __ffs(m1), m1 &= m1 - 1;
+            tk_put(ep, cand, slots, ks1, pos++, ld_shared_f32(sa), cb + 8 * (p >> 1) + (p & 1));
+        }
     }
     /* the slots back (this thread's quarter) only when the row's count crossed a multiple of
      * 2^tk_every_log2: reading them at every tile with candidates cost more than the
@@ -398,7 +471,8 @@ __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, f
 template <bool CAP, int ESTORE, bool Q2, bool TK>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
     const int lane = threadIdx.x % 32;
     const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
@@ -419,9 +493,9 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         tk_part tk;
-        if (TK) epi_topk_count(acc, hf, ra[hf].tau, ep, rr, R, lim, tk);
-        /* ESTORE overwrites z with p below: its candidates go first */
-        if (TK && ESTORE) epi_topk_emit(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
+        if (TK) epi_topk_count(acc, hf, ra[hf].tau, ep, rr, R, lim, tks, tk);
+        /* ESTORE overwrites z with p below: a thread the stage could not hold emits first */
+        if (TK && ESTORE) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -449,7 +523,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             if (Q2) q += __shfl_xor_sync(0xffffffffu, q, o);
         }
         /* the atomicAdd's latency hid behind the statistics loop above */
-        if (TK && !ESTORE) epi_topk_emit(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
+        if (TK) epi_topk_emit<!ESTORE>(acc, hf, ra[hf].tau, ep, rr, cb, lim, tks, tk);
         if ((lane & 3) == 0 && rr < R) {
             float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
             rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
@@ -483,37 +557,42 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
 template <int ESTORE, bool Q2, bool TK>
 __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.cap > 0.f) epi_stats_t<true, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_t<false, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    if (ep.cap > 0.f) epi_stats_t<true, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_t<false, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 template <int ESTORE, bool TK>
 __device__ __forceinline__ void epi_stats_q(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.tile_q) epi_stats_c<ESTORE, true, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_c<ESTORE, false, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    if (ep.tile_q) epi_stats_c<ESTORE, true, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_c<ESTORE, false, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 template <int ESTORE>
 __device__ __forceinline__ void epi_stats_k(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.tk_cand) epi_stats_q<ESTORE, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_q<ESTORE, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    if (ep.tk_cand) epi_stats_q<ESTORE, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_q<ESTORE, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 
 /* The general forward's epilogue (statistics) and the one-pass forward's (statistics and E),
  * each with or without sum_p2's q and the top-k's candidates. */
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                          int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    epi_stats_k<0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+                                          int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    epi_stats_k<0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 __device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs) {
-    if (ep.store16) epi_stats_k<2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
-    else epi_stats_k<1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    if (ep.store16) epi_stats_k<2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_k<1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -757,6 +836,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int c = wg - 1; /* cooperative: rows [64 c, 64 c + 64) of the tile; ping-pong: the
                              block's tiles j with j % 2 == c */
     const int t = threadIdx.x % 128, lane = t % 32;
+    /* this thread's column of the top-k's stage (launched with SMEM_TK where it is used) */
+    const uint32_t tks = bars + 16u * C::STAGES + 4u * (uint32_t)(threadIdx.x - 128);
     const int64_t step = PP ? 2 * (int64_t)gridDim.x : gridDim.x;
     int64_t j = PP ? c : 0; /* the block's tile index */
     for (int64_t k = blockIdx.x + j * gridDim.x; k < n_tiles; k += step, j += PP ? 2 : 1) {
@@ -803,9 +884,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
         if (EPI == SPH_SM90_EPI_NONE) epi_none(acc, ep);
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
-        if (EPI == SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+        if (EPI == SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
         if (EPI == (SPH_SM90_EPI_STATS | SPH_SM90_EPI_E))
-            epi_stats_e(acc, ep, ra, r, cb, tile_n, n_n, R, Vs);
+            epi_stats_e(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
         if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
     }
 #undef SM90_FULL
@@ -852,7 +933,8 @@ template <typename T, int EPI, bool PP> static int kernel_ready1(void) {
     if (fa.binaryVersion != 90) return 0;
     return cudaFuncSetAttribute(head_logits_sm90_kernel<T, EPI, PP>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                sm90_cfg<PP>::SMEM) == cudaSuccess;
+                                (EPI & SPH_SM90_EPI_STATS) ? sm90_cfg<PP>::SMEM_TK
+                                                           : sm90_cfg<PP>::SMEM) == cudaSuccess;
 }
 
 /* Every epilogue and schedule variant the launcher may pick. */
@@ -944,7 +1026,7 @@ template <typename T, bool PP>
 static void launch_pp(int mode, dim3 grid, cudaStream_t stream, const CUtensorMap &mh,
                       const CUtensorMap &mw, const sph_sm90_epi &ep, int64_t R, int64_t Vs,
                       int64_t H, int vec2) {
-    const int smem = sm90_cfg<PP>::SMEM;
+    const int smem = ep.tk_cand ? sm90_cfg<PP>::SMEM_TK : sm90_cfg<PP>::SMEM;
     switch (mode) {
     case SPH_SM90_EPI_L:
         head_logits_sm90_kernel<T, SPH_SM90_EPI_L, PP>

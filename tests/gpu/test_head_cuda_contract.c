@@ -245,6 +245,12 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 129, 64, 30000, 64, 1, 0, 0, 0, 0, 2 << 20, 1.0, 0.0, 0, 0, NULL},
         {NULL, SPH_BF16, 70, 64, 20000, 64, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 50, NULL},
         {NULL, SPH_BF16, 70, 64, 20000, 16, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 1, NULL},
+        /* the epilogue's stage (v22: 24 logits per thread and row half) overflowing in a
+         * row's first tiles without a seed, in the one-pass kernel (its z overwritten by p:
+         * those threads emit before the statistics loop) and the general one with ties */
+        {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 1, 0, E, 0, 1.0, 0.0, 0, 0, "off"},
+        {NULL, SPH_F16, 129, 64, 30000, 128, 0, 0, 1, 0, E, 0, 0.8, 2.0, 0, 0, "off"},
+        {NULL, SPH_BF16, 70, 64, 20000, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 7, "off"},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0, 0, NULL},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0, 0, NULL},
     };
