@@ -327,7 +327,9 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
  * emit nothing. */
 struct tk_part {
     int n, incl, total, base;
+    int s0;          /* the row half's first stage entry (the two halves share the stage) */
     uint32_t m0, m1; /* the candidates' positions p = 2 j + e: bits 0..31, 32..63 */
+    __device__ __forceinline__ bool over() const { return s0 + n > SM90_TK_STAGE; }
 };
 __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
@@ -340,8 +342,9 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
 /* FULL: the tile's 256 columns all lie in the split (no column test) */
 template <bool FULL>
 __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float tau, int lim,
-                                         uint32_t sa, tk_part &k) {
-    const uint32_t last = sa + SM90_TK_STAGE * 1024u; /* the scratch entry */
+                                         uint32_t tks, tk_part &k) {
+    const uint32_t last = tks + SM90_TK_STAGE * 1024u; /* the scratch entry */
+    uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
     uint32_t m0 = 0, m1 = 0;
 #pragma unroll
     for (int j = 0; j < SM90_BN / 8; j++)
@@ -359,12 +362,12 @@ __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float 
 }
 __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
                                                const sph_sm90_epi &ep, int64_t rr, int64_t R,
-                                               int lim, uint32_t sa, tk_part &k) {
+                                               int lim, uint32_t tks, int s0, tk_part &k) {
     const int q4 = threadIdx.x & 3;
-    k.m0 = 0, k.m1 = 0;
+    k.m0 = 0, k.m1 = 0, k.s0 = s0;
     if (rr < R) {
-        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, sa, k);
-        else tk_stage<false>(acc, hf, tau, lim, sa, k);
+        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
+        else tk_stage<false>(acc, hf, tau, lim, tks, k);
     }
     const int n = __popc(k.m0) + __popc(k.m1);
     int incl = n;
@@ -374,7 +377,9 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
     if (q4 >= 2) incl += x;
     k.n = n, k.incl = incl, k.total = __shfl_sync(0xffffffffu, incl, 3, 4);
     k.base = 0;
-    if (q4 == 0 && k.total > 0) k.base = atomicAdd(ep.tk_n + rr, k.total); /* used in emit */
+    /* used in emit; tk_probe & 2 (timing only, SPH_TEST_TOPK_PROBE): no atomic, every quad's
+     * candidates at the buffer's start */
+    if (q4 == 0 && k.total > 0 && !(ep.tk_probe & 2)) k.base = atomicAdd(ep.tk_n + rr, k.total);
 }
 /* One candidate (z, split column c) at the row's place pos. */
 __device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
@@ -407,21 +412,22 @@ __device__ __forceinline__ void epi_topk_emit_regs(const float (&acc)[128], int 
 __device__ __forceinline__ void epi_topk_emit_over(const float (&acc)[128], int hf, float tau,
                                                    const sph_sm90_epi &ep, int64_t rr,
                                                    int64_t cb, int lim, const tk_part &k) {
-    if (!__any_sync(0xffffffffu, k.n > SM90_TK_STAGE)) return;
+    if (!__any_sync(0xffffffffu, k.over())) return;
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
-    if (k.n > SM90_TK_STAGE) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
+    if (k.over()) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
 }
 /* REGS: the overflowing threads emit from their registers here (false: epi_topk_emit_over did) */
 template <bool REGS>
 __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, float tau,
                                               const sph_sm90_epi &ep, int64_t rr, int64_t cb,
-                                              int lim, uint32_t sa, const tk_part &k) {
+                                              int lim, uint32_t tks, const tk_part &k) {
     const int q4 = threadIdx.x & 3;
     /* the shuffles below take every lane: a quad without candidates runs them idle */
     if (__all_sync(0xffffffffu, k.total == 0)) return;
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
     int *slots = ep.tk_slots + rr * ep.tk_ks;
-    if (k.n > SM90_TK_STAGE) {
+    uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
+    if (k.over()) {
         if (REGS) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
     } else if (k.n > 0) {
         sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
@@ -439,7 +445,7 @@ __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, f
      * 2^tk_every_log2: reading them at every tile with candidates cost more than the
      * candidates it saved (run 30), and any read-back delays its whole warpgroup (run 31) */
     const int sh = ep.tk_every_log2;
-    const bool look = k.total > 0 && base >> sh != (base + k.total) >> sh;
+    const bool look = k.total > 0 && base >> sh != (base + k.total) >> sh && !(ep.tk_probe & 1);
     if (!__any_sync(0xffffffffu, look)) return;
     const int per = ep.tk_ks / 4;
     int mn = 0x7fffffff;
@@ -461,41 +467,23 @@ __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, f
     if (q4 == 0 && look && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
 }
 
-/* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
- * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
- * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
- * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb.
- * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
- * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
- * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
-template <bool CAP, int ESTORE, bool Q2, bool TK>
-__device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
-                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
-                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
-                                            uint32_t tks) {
+/* The rows' statistics loops (the transform and the maxima done), records and staged E; in the
+ * one-pass kernel (ESTORE) a thread whose candidates the stage could not hold emits them
+ * before its row's loop overwrites z with p. */
+template <int ESTORE, bool Q2, bool TK>
+__device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90_epi &ep,
+                                               const epi_row_args (&ra)[2], int64_t r,
+                                               int64_t cb, int64_t tile_n, int64_t n_n,
+                                               int64_t R, int lim, const float (&mxs)[2],
+                                               const tk_part (&tk)[2]) {
     const int lane = threadIdx.x % 32;
-    const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int64_t rr = r + 8 * hf;
         const int64_t tg = ra[hf].t - ep.col_g0 - cb;
         const int tl = ra[hf].t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
-        float mx = -INFINITY;
-        const float it = ra[hf].it;
-#pragma unroll
-        for (int j = 0; j < SM90_BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float &v = acc[4 * j + 2 * hf + e];
-                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
-                if (8 * j + e < lim) mx = fmaxf(mx, v);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        tk_part tk;
-        if (TK) epi_topk_count(acc, hf, ra[hf].tau, ep, rr, R, lim, tks, tk);
-        /* ESTORE overwrites z with p below: a thread the stage could not hold emits first */
-        if (TK && ESTORE) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk);
+        const float mx = mxs[hf];
+        if (TK && ESTORE) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk[hf]);
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -522,8 +510,6 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             zt += __shfl_xor_sync(0xffffffffu, zt, o);
             if (Q2) q += __shfl_xor_sync(0xffffffffu, q, o);
         }
-        /* the atomicAdd's latency hid behind the statistics loop above */
-        if (TK) epi_topk_emit<!ESTORE>(acc, hf, ra[hf].tau, ep, rr, cb, lim, tks, tk);
         if ((lane & 3) == 0 && rr < R) {
             float *rec = ep.tile_recs + (rr * n_n + tile_n) * SPH_PARTIAL_FIELDS;
             rec[0] = mx, rec[1] = s, rec[2] = b, rec[3] = zt, rec[4] = sz;
@@ -551,6 +537,50 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
                     __floats2half2_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
             }
         }
+    }
+}
+
+/* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
+ * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
+ * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
+ * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb.
+ * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
+ * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
+ * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
+template <bool CAP, int ESTORE, bool Q2, bool TK>
+__device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
+                                            const epi_row_args (&ra)[2], int64_t r, int64_t cb,
+                                            int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
+                                            uint32_t tks) {
+    const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
+    /* the transform and each row's maximum, then (top-k) both rows' candidates counted and
+     * staged and their atomicAdds issued, so that both statistics loops hide the atomics'
+     * latency before the candidates are stored (v22b) */
+    float mxs[2];
+    tk_part tk[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+        const float it = ra[hf].it;
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &v = acc[4 * j + 2 * hf + e];
+                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
+                if (8 * j + e < lim) mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (TK)
+            epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
+                           hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
+    }
+    epi_stats_rows<ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, lim, mxs, tk);
+    if (TK) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            epi_topk_emit<!ESTORE>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks, tk[hf]);
     }
 }
 

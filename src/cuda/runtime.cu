@@ -104,6 +104,9 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         for (int k = 4; k <= 10 && ev; k++)
             if (atoi(ev) == 1 << k) st->topk_every_log2 = k;
         st->topk_count = cn && !strcmp(cn, "1");
+        /* timing only: which of the epilogue's round trips cost (the lists come out wrong) */
+        const char *pr = getenv("SPH_TEST_TOPK_PROBE");
+        st->topk_probe = pr ? atoi(pr) & 3 : 0;
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));

@@ -66,6 +66,9 @@ typedef struct sph_cuda_state {
                                         seed (inf: every seed fails, the rows recompute) */
     int topk_every_log2;             /* the epilogue reads a row's slots back every 2^this
                                         candidates (8; SPH_TEST_TOPK_EVERY=16 .. 1024) */
+    int topk_probe;                  /* timing only (SPH_TEST_TOPK_PROBE=1..3, wrong lists):
+                                        bit 0 the epilogue skips its read-backs, bit 1 its
+                                        atomicAdds (every quad writes at the buffer's start) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */
