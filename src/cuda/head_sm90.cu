@@ -589,7 +589,8 @@ __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_ep
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                             uint32_t tks) {
-    if (ep.cap > 0.f) epi_stats_t<true, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    if (ep.cap > 0.f)
+        epi_stats_t<true, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
     else epi_stats_t<false, ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 template <int ESTORE, bool TK>
@@ -614,7 +615,7 @@ __device__ __forceinline__ void epi_stats_k(float (&acc)[128], const sph_sm90_ep
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                           int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
-                                            uint32_t tks) {
+                                          uint32_t tks) {
     epi_stats_k<0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 __device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
