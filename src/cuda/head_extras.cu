@@ -675,15 +675,19 @@ struct tks_args {
  * their ordered keys, the top 24 bits: a lower bound of it within 2^-15 relative), less the
  * margin, transformed; the row's threshold (reset to -inf) set to it. Fewer than K ordered
  * samples (NaN) or a non-finite seed: no seed. */
+/* PER = m / SEED_T samples per thread (8, 16, 32 for m = 1024, 2048, 4096): the 24 counts
+ * compare only real samples (run 32 call 3: with 32 slots at every m the kernel was
+ * issue-bound, 84 % issue active, three quarters of its compares on padding) */
+template <int PER>
 __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     const int64_t r = blockIdx.x, i = a.rowmap ? a.rowmap[r] : a.r0 + r;
     __shared__ int red[2][SEED_T / 32]; /* alternate buffers: one barrier per count */
     __shared__ float redf[SEED_T / 32];
-    const int per = a.m / SEED_T, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    unsigned u[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned u[PER];
 #pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const float z = k < per ? a.S[r * a.m + k * SEED_T + threadIdx.x] : NAN;
+    for (int k = 0; k < PER; k++) {
+        const float z = a.S[r * a.m + k * SEED_T + threadIdx.x];
         u[k] = z == z ? tk_key(z) : 0u;
     }
     /* the block's count of keys >= T (every thread gets it); buffer ph was last read two
@@ -691,7 +695,7 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     auto count = [&](unsigned T, int ph) -> int {
         int n = 0;
 #pragma unroll
-        for (int k = 0; k < 32; k++) n += u[k] >= T;
+        for (int k = 0; k < PER; k++) n += u[k] >= T;
         n = __reduce_add_sync(0xffffffffu, n);
         if (lane == 0) red[ph][warp] = n;
         __syncthreads();
@@ -773,7 +777,10 @@ sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *h
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
     a.bias = c->st->topk_seed_bias;
     a.tau = (int *)(c->ws + lay->off_tkt);
-    head_topk_seed_kernel<<<(unsigned)ch->rows, SEED_T, 0, c->stream>>>(a);
+    const unsigned nb = (unsigned)ch->rows; /* m: 1024, 2048 or 4096 (topk_seed_cols) */
+    if (m == 8 * SEED_T) head_topk_seed_kernel<8><<<nb, SEED_T, 0, c->stream>>>(a);
+    else if (m == 16 * SEED_T) head_topk_seed_kernel<16><<<nb, SEED_T, 0, c->stream>>>(a);
+    else head_topk_seed_kernel<32><<<nb, SEED_T, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_topk_seed_kernel", c->stream);
     c->tk_seeded = 1;
     return SPH_OK;

@@ -251,6 +251,8 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 200, 128, 40000, 64, 1, 1, 1, 0, E, 0, 1.0, 0.0, 0, 0, "off"},
         {NULL, SPH_F16, 129, 64, 30000, 128, 0, 0, 1, 0, E, 0, 0.8, 2.0, 0, 0, "off"},
         {NULL, SPH_BF16, 70, 64, 20000, 64, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 7, "off"},
+        /* the seed's select at each sample size: 2048 samples (K = 128; 1024 and 4096 above) */
+        {NULL, SPH_BF16, 129, 64, 30000, 128, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0, NULL},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0, 0, NULL},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0, 0, NULL},
     };
