@@ -27,3 +27,28 @@ step() { # name timeout cmd...
   [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 124 ] && v=FAIL
   echo "$v $name rc=$rc $(( $(date +%s) - s )) s (t=$(( $(date +%s) - t0 )))" >> "$R/steps.txt"
 }
+# extras_checks: the fused extras' standard checks (run 31 on, every call that changes them):
+# the contract test and its memcheck, the TP program, the GPU pytest files of the extras, in
+# parallel; then extras_report prints their verdicts (pytest's tail, memcheck's summary, any
+# failing test program's lines).
+extras_checks() {
+  for t in $B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp; do
+    SPH_TEST_SKIP_HUGE=1 step "$(basename "$t")" $LIMIT "$t" &
+  done
+  step memcheck_contract $LIMIT /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
+    --error-exitcode 9 "$B/bin/gpu_test_head_cuda_contract" &
+  SPANHEAD_LIB=$B/lib/libspanhead.so.0 PYTHONPATH=$root/python SPANHEAD_CLI=$S \
+    step pytest_gpu $LIMIT python3 -m pytest -rs -p no:cacheprovider --tb=short \
+    python/tests/test_topk.py python/tests/test_policy_extras.py &
+  wait
+}
+extras_report() {
+  tail -3 "$R/pytest_gpu.log" 2>/dev/null
+  grep -h "ERROR SUMMARY" "$R/memcheck_contract.log" 2>/dev/null
+  for f in "$R"/gpu_test_*.log; do
+    grep -q "FAILED\|status [1-9]" "$f" && { echo "== $(basename "$f")"; grep -m8 -iE "fail|status" "$f"; }
+  done
+}
+# ncu_table <log> [substring...]: an Nsight Compute --csv log as one line per kernel and metric
+# (kernel times in ms, other metrics as printed), only kernels whose name holds a substring
+ncu_table() { python3 "$root/scripts/device/ncu_table.py" "$@"; }
