@@ -186,6 +186,7 @@ static sph_status fused_stats(pass_ctx *c, const char *hp, int64_t ld, const chu
         e.tk_k = (int)p->topk;
         e.tk_every_log2 = c->st->topk_every_log2;
         e.tk_probe = c->st->topk_probe;
+        e.tk_variant = c->st->topk_variant;
     }
     if (with_e) {
         /* staged E of the chunk (whole-shard rows) where its D will be */

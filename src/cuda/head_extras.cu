@@ -217,6 +217,7 @@ struct tkm_args {
     sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
     int K, cap, merge;
     int seeded; /* the split's thresholds were seeded: fewer than K candidates = a seed too high */
+    int64_t rows; /* the chunk's */
     /* the overflow's recompute: the split's tile records, h rows, W columns */
     const float *tile_recs;
     int64_t n_tiles, w, H, ld_h, ld_w, r0;
@@ -251,7 +252,7 @@ template <typename T2> __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
  * descending, equal z the lower id. NaN and empty (id < 0) entries never enter. More than XH
  * entries reach thr: the passes read the buffer instead. More than XS - K entries at T
  * (massive ties): the batched merge of xl_room / xl_offer. Leaves l's list in l.sz / l.sid
- * [0, K) and *l.ncand 0. */
+ * [0, K) and *l.ncand 0. su: XC words of shared memory. */
 #define XC 4096
 #define XH (XC / 2) /* packed entries: keys in su[0, XH), ids in su[XH, XC) */
 __device__ __forceinline__ unsigned tk_key(float z) {
@@ -260,9 +261,8 @@ __device__ __forceinline__ unsigned tk_key(float z) {
 __device__ __forceinline__ float tk_key_z(unsigned u) {
     return sph_tk_dec((int)(u ^ 0x80000000u)); /* tk_key's inverse, bit for bit */
 }
-__device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_cuda_xtk *seed,
-                          unsigned thr) {
-    __shared__ unsigned su[XC];
+__device__ void tk_select(x_list &l, unsigned *su, const sph_cuda_xtk *cand, int n,
+                          const sph_cuda_xtk *seed, unsigned thr) {
     __shared__ unsigned hist[256];
     __shared__ int bin_s, need_s, cnt_s, m_s;
     const int K = l.K, m0 = n + (seed ? K : 0);
@@ -408,11 +408,123 @@ __device__ void tk_select(x_list &l, const sph_cuda_xtk *cand, int n, const sph_
     __syncthreads();
 }
 
-/* T2: the operands' element pair (__nv_bfloat162, __half2), for the overflow's recompute */
-template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_kernel(tkm_args a) {
-    const int64_t r = blockIdx.x;
+/* One row of the merge by one warp (K <= XW_K, the usual case; run 32: the block per row
+ * waited on its barriers, 0.39 ms per 16K rows at A): the entries that reach thr (as in
+ * tk_select: the final threshold or the slots' minimum, ~5 K of them) packed into the warp's
+ * wb (XW_CAP keys, then XW_CAP ids), the K-th largest key T found bit by bit (each lane holds
+ * up to XW_CAP / 32 keys in registers: 32 warp-wide counts), the entries >= T (K plus ties)
+ * gathered and bitonic-sorted in place (z descending, equal z the lower id), the K best
+ * written: the list tk_select makes from the same entries. False, with nothing written,
+ * for a row the block has to merge (head_topk_merge_kernel's second phase): a recompute
+ * (overflow, seed too high), more than XW_CAP entries reaching thr, or more than XW_CAP at
+ * or above T (ties). */
+#define XW_WARPS (XT / 32)
+#define XW_CAP 512
+#define XW_K 64
+static_assert(XW_WARPS * 2 * XW_CAP == 2 * XS + XC, "the warp phase's buffers alias the block's");
+__device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
+    const int ln = threadIdx.x & 31, K = a.K;
+    const unsigned lt = (1u << ln) - 1u;
+    const int n = a.n[r];
+    if (n > a.cap || (a.seeded && n < K)) return false;
+    unsigned *wk = wb;
+    int *wid = (int *)(wb + XW_CAP);
+    int mn = 0x7fffffff;
+    for (int t = ln; t < a.ks; t += 32) mn = min(mn, a.slots[r * a.ks + t]);
+    mn = __reduce_min_sync(0xffffffffu, mn);
+    const unsigned thr = (unsigned)max(a.tau[r], mn) ^ 0x80000000u;
+    const sph_cuda_xtk *cand = a.cand + r * a.cap, *seed = a.merge ? a.tk + r * K : NULL;
+    const int m0 = n + (seed ? K : 0);
+    int cnt = 0; /* entries reaching thr (uniform) */
+    for (int e0 = 0; e0 < m0; e0 += 32) {
+        const int e = e0 + ln;
+        unsigned u = 0;
+        int id = -1;
+        if (e < m0) {
+            const sph_cuda_xtk x = e < n ? cand[e] : seed[e - n];
+            id = x.id;
+            u = id >= 0 && x.z == x.z ? tk_key(x.z) : 0u;
+            if (u < thr) u = 0;
+        }
+        const unsigned b = __ballot_sync(0xffffffffu, u != 0);
+        const int pos = cnt + __popc(b & lt);
+        if (u && pos < XW_CAP) wk[pos] = u, wid[pos] = id;
+        cnt += __popc(b);
+    }
+    if (cnt > XW_CAP) return false;
+    __syncwarp();
+    unsigned u[XW_CAP / 32]; /* 0: no entry */
+#pragma unroll
+    for (int i = 0; i < XW_CAP / 32; i++) u[i] = 32 * i + ln < cnt ? wk[32 * i + ln] : 0u;
+    auto count = [&](unsigned T) -> int { /* keys >= T (T >= 1) */
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < XW_CAP / 32; i++) c += u[i] >= T;
+        return __reduce_add_sync(0xffffffffu, c);
+    };
+    /* the largest T that K keys reach: the K-th largest (fewer than K entries: 0, then 1) */
+    unsigned T = 0;
+    for (int b = 31; b >= 0; b--)
+        if (count(T | (1u << b)) >= K) T |= 1u << b;
+    T = max(T, 1u);
+    const int c = count(T);
+    int n2 = 32;
+    while (n2 < c || n2 < K) n2 <<= 1;
+    if (n2 > XW_CAP) return false; /* ties at T */
+    /* gather z (as bits) and id of the keys >= T into [0, c); each place written is one
+     * already read (places < 32 (i + 1), the i-th round's ids read before its stores) */
+    float *sz = (float *)wk;
+    int base = 0;
+#pragma unroll
+    for (int i = 0; i < XW_CAP / 32; i++) {
+        if (32 * i >= cnt) break;
+        const bool p = u[i] >= T;
+        const int id = p ? wid[32 * i + ln] : -1;
+        const unsigned b = __ballot_sync(0xffffffffu, p);
+        __syncwarp();
+        if (p) {
+            const int pos = base + __popc(b & lt);
+            sz[pos] = tk_key_z(u[i]), wid[pos] = id;
+        }
+        base += __popc(b);
+    }
+    for (int t = c + ln; t < n2; t += 32) sz[t] = -INFINITY, wid[t] = -1;
+    __syncwarp();
+    for (int k = 2; k <= n2; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = ln; t < n2; t += 32) {
+                const int v = t ^ j;
+                if (v <= t) continue;
+                const bool first = (t & k) == 0; /* this block sorts best first */
+                const bool sw = first ? x_better(sz[v], wid[v], sz[t], wid[t])
+                                      : x_better(sz[t], wid[t], sz[v], wid[v]);
+                if (sw) {
+                    const float z = sz[t];
+                    const int d = wid[t];
+                    sz[t] = sz[v], wid[t] = wid[v];
+                    sz[v] = z, wid[v] = d;
+                }
+            }
+            __syncwarp();
+        }
+    sph_cuda_xtk *out = a.tk + r * K;
+    for (int t = ln; t < K; t += 32) out[t].z = sz[t], out[t].id = wid[t];
+    if (ln == 0) {
+        a.n[r] = 0;
+        if (wid[K - 1] >= 0) atomicMax(a.tau + r, sph_tk_enc(sz[K - 1]));
+    }
+    return true;
+}
+
+/* One row of the merge by the whole block (sb: the block's 2 XS + XC words). T2: the
+ * operands' element pair (__nv_bfloat162, __half2), for the overflow's recompute. */
+template <typename T2> __device__ void tk_merge_row(const tkm_args &a, unsigned *sb, int64_t r) {
     const int K = a.K;
-    X_LIST_SHARED(l, K);
+    __shared__ int l_n;
+    x_list l;
+    l.sz = (float *)sb, l.sid = (int *)(sb + XS), l.ncand = &l_n, l.K = K, l.thr = 0.f;
+    l.thr_id = -1;
+    unsigned *su = sb + 2 * XS;
     const int n = a.n[r];
     /* recompute: the row overflowed its buffer, or its seed was above its K-th largest logit
      * (a threshold that never passes it leaves at least K candidates; the split is wider than
@@ -432,7 +544,7 @@ template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_ker
         int sm = smin[0];
         for (int w = 1; w < XT / 32; w++) sm = min(sm, smin[w]);
         const int thr = max(a.tau[r], sm);
-        tk_select(l, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL,
+        tk_select(l, su, a.cand + r * a.cap, n, a.merge ? a.tk + r * K : NULL,
                   (unsigned)thr ^ 0x80000000u);
     } else {
         const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
@@ -459,6 +571,30 @@ template <typename T2> __global__ void __launch_bounds__(XT) head_topk_merge_ker
         a.n[r] = 0;
         if (low) a.tau[r] = sph_tk_enc(-INFINITY); /* the seed, too high, goes */
         if (l.sid[K - 1] >= 0) atomicMax(a.tau + r, sph_tk_enc(l.sz[K - 1]));
+    }
+}
+
+/* ROWS 1: a block per row; ROWS XW_WARPS (K <= XW_K): a warp per row (tk_merge_warp), then
+ * the block's rows the warps could not merge, one after the other by the whole block. */
+template <typename T2, int ROWS>
+__global__ void __launch_bounds__(XT) head_topk_merge_kernel(tkm_args a) {
+    __shared__ __align__(16) unsigned sb[2 * XS + XC];
+    if (ROWS == 1) {
+        tk_merge_row<T2>(a, sb, blockIdx.x);
+        return;
+    }
+    __shared__ int fl_rows[ROWS], fl_n;
+    if (threadIdx.x == 0) fl_n = 0;
+    __syncthreads();
+    const int w = threadIdx.x / 32;
+    const int64_t r = (int64_t)blockIdx.x * ROWS + w;
+    if (r < a.rows && !tk_merge_warp(a, sb + w * 2 * XW_CAP, r) && (threadIdx.x & 31) == 0)
+        fl_rows[atomicAdd(&fl_n, 1)] = w;
+    __syncthreads(); /* the warps' buffers are the block path's */
+    const int nf = fl_n;
+    for (int f = 0; f < nf; f++) {
+        tk_merge_row<T2>(a, sb, (int64_t)blockIdx.x * ROWS + fl_rows[f]);
+        __syncthreads();
     }
 }
 
@@ -841,10 +977,17 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.inv_t = (float)(1.0 / p->temperature);
     a.cap_s = (float)p->softcap;
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
-    if (c->dk == DT_BF16)
-        head_topk_merge_kernel<__nv_bfloat162><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
-    else
-        head_topk_merge_kernel<__half2><<<(unsigned)ch->rows, XT, 0, c->stream>>>(a);
+    a.rows = ch->rows;
+    /* a warp per row where K allows (SPH_TEST_TOPK_VARIANT bit 1: the block per row, A/B) */
+    const bool warp = p->topk <= XW_K && !(c->st->topk_variant & 2);
+    const unsigned nb = (unsigned)(warp ? (ch->rows + XW_WARPS - 1) / XW_WARPS : ch->rows);
+    if (c->dk == DT_BF16) {
+        if (warp) head_topk_merge_kernel<__nv_bfloat162, XW_WARPS><<<nb, XT, 0, c->stream>>>(a);
+        else head_topk_merge_kernel<__nv_bfloat162, 1><<<nb, XT, 0, c->stream>>>(a);
+    } else {
+        if (warp) head_topk_merge_kernel<__half2, XW_WARPS><<<nb, XT, 0, c->stream>>>(a);
+        else head_topk_merge_kernel<__half2, 1><<<nb, XT, 0, c->stream>>>(a);
+    }
     SPH_LAUNCH_CHECK("head_topk_merge_kernel", c->stream);
     return SPH_OK;
 }

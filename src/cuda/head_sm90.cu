@@ -360,15 +360,10 @@ __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float 
         }
     k.m0 = m0, k.m1 = m1;
 }
-__device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
-                                               const sph_sm90_epi &ep, int64_t rr, int64_t R,
-                                               int lim, uint32_t tks, int s0, tk_part &k) {
+/* The quad's place in the row's buffer for the candidates k holds (k.m0, k.m1, k.s0 set):
+ * the counts offset by a quad scan, one atomicAdd per quad, its result used in emit. */
+__device__ __forceinline__ void tk_reserve(const sph_sm90_epi &ep, int64_t rr, tk_part &k) {
     const int q4 = threadIdx.x & 3;
-    k.m0 = 0, k.m1 = 0, k.s0 = s0;
-    if (rr < R) {
-        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
-        else tk_stage<false>(acc, hf, tau, lim, tks, k);
-    }
     const int n = __popc(k.m0) + __popc(k.m1);
     int incl = n;
     int x = __shfl_up_sync(0xffffffffu, incl, 1, 4);
@@ -380,6 +375,18 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
     /* used in emit; tk_probe & 2 (timing only, SPH_TEST_TOPK_PROBE): no atomic, every quad's
      * candidates at the buffer's start */
     if (q4 == 0 && k.total > 0 && !(ep.tk_probe & 2)) k.base = atomicAdd(ep.tk_n + rr, k.total);
+}
+/* v22's count (SPH_TEST_TOPK_VARIANT bit 0): its own loop over the 64 positions after the
+ * row's maximum, inside a branch on the row */
+__device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
+                                               const sph_sm90_epi &ep, int64_t rr, int64_t R,
+                                               int lim, uint32_t tks, int s0, tk_part &k) {
+    k.m0 = 0, k.m1 = 0, k.s0 = s0;
+    if (rr < R) {
+        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
+        else tk_stage<false>(acc, hf, tau, lim, tks, k);
+    }
+    tk_reserve(ep, rr, k);
 }
 /* One candidate (z, split column c) at the row's place pos. */
 __device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
@@ -558,21 +565,50 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
      * latency before the candidates are stored (v22b) */
     float mxs[2];
     tk_part tk[2];
+    const bool fold = TK && !(ep.tk_variant & 1);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
         const float it = ra[hf].it;
+        if (fold) {
+            /* v23: the candidates found in the same loop as the maximum, one basic block (no
+             * branch on the row: past R the threshold is NaN, which no z reaches), so their
+             * mask and stage chains interleave with the maximum's */
+            const int s0 = hf ? min(tk[0].n, SM90_TK_STAGE) : 0;
+            const float tau = r + 8 * hf < R ? ra[hf].tau : NAN;
+            const uint32_t last = tks + SM90_TK_STAGE * 1024u; /* the scratch entry */
+            uint32_t sa = tks + (uint32_t)s0 * 1024u, m0 = 0, m1 = 0;
 #pragma unroll
-        for (int j = 0; j < SM90_BN / 8; j++)
+            for (int j = 0; j < SM90_BN / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float &v = acc[4 * j + 2 * hf + e];
-                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
-                if (8 * j + e < lim) mx = fmaxf(mx, v);
-            }
+                for (int e = 0; e < 2; e++) {
+                    float &v = acc[4 * j + 2 * hf + e];
+                    v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
+                    if (8 * j + e < lim) {
+                        mx = fmaxf(mx, v);
+                        if (v >= tau) {
+                            if (j < 16) m0 |= 1u << (2 * j + e);
+                            else m1 |= 1u << (2 * j + e - 32);
+                            st_shared_f32(sa, v);
+                            sa = min(sa + 1024u, last);
+                        }
+                    }
+                }
+            tk[hf].m0 = m0, tk[hf].m1 = m1, tk[hf].s0 = s0;
+        } else {
+#pragma unroll
+            for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float &v = acc[4 * j + 2 * hf + e];
+                    v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
+                    if (8 * j + e < lim) mx = fmaxf(mx, v);
+                }
+        }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (TK)
+        if (fold) tk_reserve(ep, r + 8 * hf, tk[hf]);
+        else if (TK)
             epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
                            hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
     }

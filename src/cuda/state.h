@@ -69,6 +69,10 @@ typedef struct sph_cuda_state {
     int topk_probe;                  /* timing only (SPH_TEST_TOPK_PROBE=1..3, wrong lists):
                                         bit 0 the epilogue skips its read-backs, bit 1 its
                                         atomicAdds (every quad writes at the buffer's start) */
+    int topk_variant;                /* A/B only (SPH_TEST_TOPK_VARIANT, correct lists):
+                                        bit 0 the epilogue's per-position candidate test
+                                        (v22) instead of the group test, bit 1 every row
+                                        through the block merge (no warp merge) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */

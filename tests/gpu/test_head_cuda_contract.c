@@ -76,6 +76,10 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
     return d;
 }
 
+/* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
+ * earlier epilogue test (1) and block merge (2), which must give the same lists */
+static const char *g_variant;
+
 static int run_case(const xcase *x) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
     o.device = (sph_device){SPH_DEVICE_CUDA, 0};
@@ -88,9 +92,11 @@ static int run_case(const xcase *x) {
     snprintf(capv, sizeof capv, "%lld", (long long)x->tk_cap);
     if (x->tk_cap > 0) setenv("SPH_TEST_TOPK_CAP", capv, 1);
     if (x->seed) setenv("SPH_TEST_TOPK_SEED", x->seed, 1);
+    if (g_variant) setenv("SPH_TEST_TOPK_VARIANT", g_variant, 1);
     expect_ok(sph_ctx_create(&g, &o));
     unsetenv("SPH_TEST_TOPK_CAP");
     unsetenv("SPH_TEST_TOPK_SEED");
+    unsetenv("SPH_TEST_TOPK_VARIANT");
     hcase c;
     hc_init(&c, &g_rng, x->N, x->H, x->V, x->V, 0, 0, x->dt);
     if (x->ties)
@@ -140,11 +146,11 @@ static int run_case(const xcase *x) {
     char cs[240];
     snprintf(cs, sizeof cs, "cuda(kernel=%s,path=%s,%s,N=%lld,V=%lld,K=%lld,sp2=%d,mask=%d,"
                             "one_pass=%d,bi=%d,flags=%u,chunk=%lld,T=%g,cap=%g,tk_cap=%lld,"
-                            "ties=%d,seed=%s)",
+                            "ties=%d,seed=%s,variant=%s)",
              x->kernel ? x->kernel : "cuda", info.path, sph_dtype_name(x->dt), (long long)N,
              (long long)x->V, (long long)K, x->sp2, x->masked, x->one_pass, x->bi, x->flags,
              (long long)x->chunk_bytes, x->T, x->cap, (long long)x->tk_cap, x->ties,
-             x->seed ? x->seed : "-");
+             x->seed ? x->seed : "-", g_variant ? g_variant : "-");
     int ok = 1;
     if (!x->kernel && !strstr(info.path, "+extras")) {
         fprintf(stderr, "FAIL %s: describe's path does not name the extras\n", cs);
@@ -258,6 +264,17 @@ static void test_extras_cuda(void **state) {
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
+    /* the earlier epilogue test and the block merge (the A/B variants) on fused cases at
+     * K = 64 (cases[16 ..]): 1601 and 40000 columns, several splits (the merge with the
+     * earlier list), the warp merge's fallbacks (ties at the seed, ~400 at T; 7 values
+     * without a seed: more than its 512 entries), the one-pass kernel's stage overflow */
+    static const char *variants[] = {"1", "2", "3"};
+    static const size_t again[] = {16, 22, 33, 34, 36, 38};
+    for (size_t v = 0; v < 3; v++) {
+        g_variant = variants[v];
+        for (size_t k = 0; k < sizeof again / sizeof again[0]; k++) ok &= run_case(&cases[again[k]]);
+    }
+    g_variant = NULL;
     assert_true(ok);
 }
 
