@@ -780,6 +780,28 @@ static int64_t topk_seed_cols(int64_t K) {
     return k2 * 16 > 1024 ? k2 * 16 : 1024; /* K-th of m: the 1/16 quantile; m / 128 <= 32 */
 }
 
+/* The seed's rank s among the m samples (v24): the s-th largest sample logit is at most the
+ * row's K-th largest unless s of the samples lie among the row's K - 1 largest logits. For a
+ * row whose K - 1 largest sit at columns unrelated to the stride w / m, their number in the
+ * sample is ~Poisson(lambda = (K - 1) m / w): s is the smallest rank with P(X >= s) <= 2^-30
+ * (13 at K = 64, m = 1024, w = 62080, where s = K put the seed at the row's ~3900th largest
+ * logit and ~16 candidates per row in each tile before the slots caught up; s = 13: ~800th).
+ * Nothing rests on it: a seed above the K-th largest leaves fewer than K candidates, which the
+ * merge recomputes (the contract test forces it: SPH_TEST_TOPK_SEED). legacy (the variant's
+ * bit 2): s = K, v20's rank. */
+static int topk_seed_rank(int64_t K, int64_t m, int64_t w, int legacy) {
+    if (legacy) return (int)K;
+    const double lam = (double)(K - 1) * (double)m / (double)w;
+    double term = exp(-lam), tail = 1.0; /* tail = P(X >= s) */
+    int s = 0;
+    while (s < K) {
+        tail -= term, s++;
+        if (tail <= 0x1p-30) break;
+        term *= lam / s;
+    }
+    return s;
+}
+
 /* max_j |w_j| over the m sampled columns (W rows at w + j stride ld_w), into *out (the float's
  * bits: non-negative floats order as unsigned ints; NaN, above every finite, poisons it). */
 __global__ void head_topk_wnorm_kernel(const void *w, int kind, int64_t stride_ld, int64_t H,
@@ -798,6 +820,7 @@ __global__ void head_topk_wnorm_kernel(const void *w, int kind, int64_t stride_l
 struct tks_args {
     const float *S; /* (rows, m) sample logits */
     int m, K, kind;
+    int s; /* the seed's rank among the samples (topk_seed_rank) */
     const unsigned *wmax;
     const void *hp;
     int64_t ld_h, H, r0;
@@ -807,7 +830,7 @@ struct tks_args {
     int *tau;
 };
 
-/* One row per block: the K-th largest of the row's m sample logits (a bitwise search over
+/* One row per block: the s-th largest of the row's m sample logits (a bitwise search over
  * their ordered keys, the top 24 bits: a lower bound of it within 2^-15 relative), less the
  * margin, transformed; the row's threshold (reset to -inf) set to it. Fewer than K ordered
  * samples (NaN) or a non-finite seed: no seed. */
@@ -841,7 +864,7 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     };
     unsigned T = 0;
     for (int b = 31; b >= 8; b--)
-        if (count(T | (1u << b), b & 1) >= a.K) T |= 1u << b;
+        if (count(T | (1u << b), b & 1) >= a.s) T |= 1u << b;
     /* |h_i| */
     float hh = 0.f;
     for (int64_t k = threadIdx.x; k < a.H; k += SEED_T) {
@@ -900,6 +923,7 @@ sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *h
     a.S = S;
     a.m = (int)m;
     a.K = (int)p->topk;
+    a.s = topk_seed_rank(p->topk, m, w, c->st->topk_variant & 4);
     a.kind = kind;
     a.wmax = wmax;
     a.hp = hp;

@@ -54,6 +54,9 @@
  * warp's stores hit 32 banks whatever each lane's count). */
 #define SM90_TK_STAGE 24
 #define SM90_TK_STAGE_BYTES ((SM90_TK_STAGE + 1) * 256 * 4)
+/* v24: the same bytes as SM90_TK_PAIRS pairs of logits + a scratch pair per thread */
+#define SM90_TK_PAIRS 11
+static_assert((SM90_TK_PAIRS + 1) * 256 * 8 <= SM90_TK_STAGE_BYTES, "the pairs' stage");
 
 /* The two schedules of the consumer warpgroups (template argument PP):
  * - cooperative (PP false): a 128 x 256 tile per block, each consumer warpgroup 64 rows of
@@ -328,8 +331,11 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
 struct tk_part {
     int n, incl, total, base;
     int s0;          /* the row half's first stage entry (the two halves share the stage) */
-    uint32_t m0, m1; /* the candidates' positions p = 2 j + e: bits 0..31, 32..63 */
-    __device__ __forceinline__ bool over() const { return s0 + n > SM90_TK_STAGE; }
+    uint32_t m0, m1; /* v22: the candidates' positions p = 2 j + e: bits 0..31, 32..63;
+                        v24: m0 the passing pairs j (bit j), m1 unused */
+    int np;          /* v24: the passing pairs (stage entries of 8 bytes) */
+    bool ov;         /* more than the stage holds: emit from the registers */
+    __device__ __forceinline__ bool over() const { return ov; }
 };
 __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
@@ -337,6 +343,14 @@ __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
 __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t a, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_v2(uint32_t a) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
     return v;
 }
 /* FULL: the tile's 256 columns all lie in the split (no column test) */
@@ -364,29 +378,100 @@ __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float 
  * the counts offset by a quad scan, one atomicAdd per quad, its result used in emit. */
 __device__ __forceinline__ void tk_reserve(const sph_sm90_epi &ep, int64_t rr, tk_part &k) {
     const int q4 = threadIdx.x & 3;
-    const int n = __popc(k.m0) + __popc(k.m1);
+    const int n = k.n;
     int incl = n;
     int x = __shfl_up_sync(0xffffffffu, incl, 1, 4);
     if (q4 >= 1) incl += x;
     x = __shfl_up_sync(0xffffffffu, incl, 2, 4);
     if (q4 >= 2) incl += x;
-    k.n = n, k.incl = incl, k.total = __shfl_sync(0xffffffffu, incl, 3, 4);
+    k.incl = incl, k.total = __shfl_sync(0xffffffffu, incl, 3, 4);
     k.base = 0;
     /* used in emit; tk_probe & 2 (timing only, SPH_TEST_TOPK_PROBE): no atomic, every quad's
      * candidates at the buffer's start */
     if (q4 == 0 && k.total > 0 && !(ep.tk_probe & 2)) k.base = atomicAdd(ep.tk_n + rr, k.total);
 }
-/* v22's count (SPH_TEST_TOPK_VARIANT bit 0): its own loop over the 64 positions after the
- * row's maximum, inside a branch on the row */
+/* The row half's candidates (the loop after the row's maximum: folded into the maximum's
+ * loop, run 33 call 1, its column test compiled to a branch per position, +76 M instructions) */
 __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
                                                const sph_sm90_epi &ep, int64_t rr, int64_t R,
                                                int lim, uint32_t tks, int s0, tk_part &k) {
-    k.m0 = 0, k.m1 = 0, k.s0 = s0;
+    k.m0 = 0, k.m1 = 0, k.s0 = s0, k.np = 0;
     if (rr < R) {
         if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
         else tk_stage<false>(acc, hf, tau, lim, tks, k);
     }
+    k.n = __popc(k.m0) + __popc(k.m1);
+    k.ov = s0 + k.n > SM90_TK_STAGE;
     tk_reserve(ep, rr, k);
+}
+
+/* v24: the candidates by pairs of columns (2 j, 2 j + 1 of the thread's 64: one register pair
+ * of the accumulator). The pair maxima give the row's maximum (a tree: 63 FMNMX as before, but
+ * log-deep instead of one 64-long chain) and the pairs' test against tau (one FSETP per pair),
+ * and a passing pair is staged as 8 bytes (one STS.64 and one step of the stage pointer per
+ * pair: v22's chain of 64 dependent steps, the count loop's latency in run 33 call 2's PC
+ * samples, is 32 and usually a few); columns past the split are NaN (no z >= tau, no max).
+ * The exact count (for the buffer's place) from the staged pairs; a thread whose pairs
+ * overflow the stage (SM90_TK_PAIRS for both rows) counts and emits from its registers. */
+template <bool FULL>
+__device__ __forceinline__ float tk_pairs(const float (&acc)[128], int hf, float tau, int lim,
+                                          uint32_t tks2, tk_part &k) {
+    float pm[SM90_BN / 8];
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++) {
+        float a = acc[4 * j + 2 * hf], b = acc[4 * j + 2 * hf + 1];
+        if (!FULL) {
+            if (!(8 * j < lim)) a = NAN;
+            if (!(8 * j + 1 < lim)) b = NAN;
+        }
+        pm[j] = fmaxf(a, b);
+    }
+    const uint32_t last = tks2 + SM90_TK_PAIRS * 2048u; /* the scratch entry */
+    uint32_t sa = tks2 + (uint32_t)k.s0 * 2048u, m = 0;
+#pragma unroll
+    for (int j = 0; j < SM90_BN / 8; j++)
+        if (pm[j] >= tau) {
+            float a = acc[4 * j + 2 * hf], b = acc[4 * j + 2 * hf + 1];
+            if (!FULL) {
+                if (!(8 * j < lim)) a = NAN;
+                if (!(8 * j + 1 < lim)) b = NAN;
+            }
+            m |= 1u << j;
+            st_shared_v2(sa, a, b);
+            sa = min(sa + 2048u, last);
+        }
+    k.m0 = m;
+    /* the maximum: a tree over the pair maxima (fmaxf ignores NaN) */
+#pragma unroll
+    for (int w = SM90_BN / 16; w >= 1; w >>= 1)
+#pragma unroll
+        for (int j = 0; j < w; j++) pm[j] = fmaxf(pm[j], pm[j + w]);
+    return fmaxf(pm[0], -INFINITY); /* -inf without a column, as the loop's */
+}
+__device__ __forceinline__ float epi_topk_pairs(const float (&acc)[128], int hf, float tau,
+                                                const sph_sm90_epi &ep, int64_t rr, int lim,
+                                                uint32_t tks2, int s0, tk_part &k) {
+    k.m1 = 0, k.s0 = s0;
+    const float mx = lim == SM90_BN ? tk_pairs<true>(acc, hf, tau, lim, tks2, k)
+                                    : tk_pairs<false>(acc, hf, tau, lim, tks2, k);
+    k.np = __popc(k.m0);
+    k.ov = s0 + k.np > SM90_TK_PAIRS;
+    int n = 0;
+    if (k.ov) {
+#pragma unroll
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) n += 8 * j + e < lim && acc[4 * j + 2 * hf + e] >= tau;
+    } else {
+        uint32_t sa = tks2 + (uint32_t)s0 * 2048u;
+        for (int i = 0; i < k.np; i++, sa += 2048u) {
+            const float2 v = ld_shared_v2(sa);
+            n += (v.x >= tau) + (v.y >= tau);
+        }
+    }
+    k.n = n;
+    tk_reserve(ep, rr, k);
+    return mx;
 }
 /* One candidate (z, split column c) at the row's place pos. */
 __device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
@@ -423,29 +508,51 @@ __device__ __forceinline__ void epi_topk_emit_over(const float (&acc)[128], int 
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
     if (k.over()) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
 }
-/* REGS: the overflowing threads emit from their registers here (false: epi_topk_emit_over did) */
-template <bool REGS>
+/* One candidate by pointers formed once per row half: out the thread's first place, room the
+ * places left in the buffer, slots the row's, id0 / c0 the global id and split column of the
+ * thread's column base (32-bit: ids are int32 on the device). */
+__device__ __forceinline__ void tk_put2(int2 *out, int i, int room, int *slots, int ks1, int c0,
+                                        int id0, int c, float z) {
+    if (i < room) out[i] = make_int2(__float_as_int(z), id0 + c);
+    atomicMax(slots + ((c0 + c) & ks1), sph_tk_enc(z));
+}
+/* REGS: the overflowing threads emit from their registers here (false: epi_topk_emit_over did).
+ * PAIRS: the stage holds v24's pairs (tk_pairs), else v22's single logits. */
+template <bool REGS, bool PAIRS>
 __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, float tau,
                                               const sph_sm90_epi &ep, int64_t rr, int64_t cb,
-                                              int lim, uint32_t tks, const tk_part &k) {
+                                              int lim, uint32_t tks, uint32_t tks2,
+                                              const tk_part &k) {
     const int q4 = threadIdx.x & 3;
     /* the shuffles below take every lane: a quad without candidates runs them idle */
     if (__all_sync(0xffffffffu, k.total == 0)) return;
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
     int *slots = ep.tk_slots + rr * ep.tk_ks;
-    uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
     if (k.over()) {
         if (REGS) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
     } else if (k.n > 0) {
-        sph_cuda_xtk *cand = (sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap;
-        const int ks1 = ep.tk_ks - 1;
-        int pos = base + k.incl - k.n;
-        uint32_t m0 = k.m0, m1 = k.m1;
-        for (int i = 0; i < k.n; i++, sa += 1024u) {
-            int p;
-            if (m0) p = __ffs(m0) - 1, m0 &= m0 - 1;
-            else p = 31 + __ffs(m1), m1 &= m1 - 1;
-            tk_put(ep, cand, slots, ks1, pos++, ld_shared_f32(sa), cb + 8 * (p >> 1) + (p & 1));
+        const int pos = base + k.incl - k.n, ks1 = ep.tk_ks - 1;
+        int2 *out = (int2 *)((sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap) + pos;
+        const int room = ep.tk_cap - pos, c0 = (int)cb, id0 = (int)(ep.col_g0 + cb);
+        if (PAIRS) {
+            uint32_t m = k.m0, sa = tks2 + (uint32_t)k.s0 * 2048u;
+            int i = 0;
+            for (int t = 0; t < k.np; t++, sa += 2048u) {
+                const int j = __ffs(m) - 1;
+                m &= m - 1;
+                const float2 v = ld_shared_v2(sa);
+                if (v.x >= tau) tk_put2(out, i++, room, slots, ks1, c0, id0, 8 * j, v.x);
+                if (v.y >= tau) tk_put2(out, i++, room, slots, ks1, c0, id0, 8 * j + 1, v.y);
+            }
+        } else {
+            uint64_t m = ((uint64_t)k.m1 << 32) | k.m0;
+            uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
+            for (int i = 0; i < k.n; i++, sa += 1024u) {
+                const int p = __ffsll((long long)m) - 1;
+                m &= m - 1;
+                tk_put2(out, i, room, slots, ks1, c0, id0, 8 * (p >> 1) + (p & 1),
+                        ld_shared_f32(sa));
+            }
         }
     }
     /* the slots back (this thread's quarter) only when the row's count crossed a multiple of
@@ -565,36 +672,23 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
      * latency before the candidates are stored (v22b) */
     float mxs[2];
     tk_part tk[2];
-    const bool fold = TK && !(ep.tk_variant & 1);
+    /* v24's pairs, or v22's count (SPH_TEST_TOPK_VARIANT bit 0) */
+    const bool pairs = TK && !(ep.tk_variant & 1);
+    const uint32_t tks2 = tks + 4u * (uint32_t)(threadIdx.x - 128); /* 8 bytes per thread */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
         const float it = ra[hf].it;
-        if (fold) {
-            /* v23: the candidates found in the same loop as the maximum, one basic block (no
-             * branch on the row: past R the threshold is NaN, which no z reaches), so their
-             * mask and stage chains interleave with the maximum's */
-            const int s0 = hf ? min(tk[0].n, SM90_TK_STAGE) : 0;
+        if (pairs) {
+#pragma unroll
+            for (int i = 0; i < SM90_BN / 4; i++) {
+                float &v = acc[4 * (i / 2) + 2 * hf + (i & 1)];
+                v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
+            }
+            /* rows past R: a NaN threshold, which no pair reaches */
             const float tau = r + 8 * hf < R ? ra[hf].tau : NAN;
-            const uint32_t last = tks + SM90_TK_STAGE * 1024u; /* the scratch entry */
-            uint32_t sa = tks + (uint32_t)s0 * 1024u, m0 = 0, m1 = 0;
-#pragma unroll
-            for (int j = 0; j < SM90_BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float &v = acc[4 * j + 2 * hf + e];
-                    v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
-                    if (8 * j + e < lim) {
-                        mx = fmaxf(mx, v);
-                        if (v >= tau) {
-                            if (j < 16) m0 |= 1u << (2 * j + e);
-                            else m1 |= 1u << (2 * j + e - 32);
-                            st_shared_f32(sa, v);
-                            sa = min(sa + 1024u, last);
-                        }
-                    }
-                }
-            tk[hf].m0 = m0, tk[hf].m1 = m1, tk[hf].s0 = s0;
+            mx = epi_topk_pairs(acc, hf, tau, ep, r + 8 * hf, lim, tks2,
+                                hf ? min(tk[0].np, SM90_TK_PAIRS) : 0, tk[hf]);
         } else {
 #pragma unroll
             for (int j = 0; j < SM90_BN / 8; j++)
@@ -607,16 +701,21 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (fold) tk_reserve(ep, r + 8 * hf, tk[hf]);
-        else if (TK)
+        if (TK && !pairs)
             epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
                            hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
     }
     epi_stats_rows<ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, lim, mxs, tk);
     if (TK) {
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-            epi_topk_emit<!ESTORE>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks, tk[hf]);
+        for (int hf = 0; hf < 2; hf++) {
+            if (pairs)
+                epi_topk_emit<!ESTORE, true>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks,
+                                             tks2, tk[hf]);
+            else
+                epi_topk_emit<!ESTORE, false>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks,
+                                              tks2, tk[hf]);
+        }
     }
 }
 

@@ -77,7 +77,8 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
 }
 
 /* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
- * earlier epilogue test (1) and block merge (2), which must give the same lists */
+ * earlier epilogue test (1), block merge (2) and seed rank (4), which must give the same
+ * lists */
 static const char *g_variant;
 
 static int run_case(const xcase *x) {
@@ -264,13 +265,13 @@ static void test_extras_cuda(void **state) {
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
-    /* the earlier epilogue test and the block merge (the A/B variants) on fused cases at
+    /* the earlier epilogue test, block merge and seed rank (the A/B variants) on fused cases at
      * K = 64 (cases[16 ..]): 1601 and 40000 columns, several splits (the merge with the
      * earlier list), the warp merge's fallbacks (ties at the seed, ~400 at T; 7 values
      * without a seed: more than its 512 entries), the one-pass kernel's stage overflow */
-    static const char *variants[] = {"1", "2", "3"};
+    static const char *variants[] = {"1", "2", "4", "7"};
     static const size_t again[] = {16, 22, 33, 34, 36, 38};
-    for (size_t v = 0; v < 3; v++) {
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         g_variant = variants[v];
         for (size_t k = 0; k < sizeof again / sizeof again[0]; k++) ok &= run_case(&cases[again[k]]);
     }
