@@ -406,17 +406,18 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
 }
 
 /* v24: the candidates by pairs of columns (2 j, 2 j + 1 of the thread's 64: one register pair
- * of the accumulator). The pair maxima give the row's maximum (a tree: 63 FMNMX as before, but
- * log-deep instead of one 64-long chain) and the pairs' test against tau (one FSETP per pair),
- * and a passing pair is staged as 8 bytes (one STS.64 and one step of the stage pointer per
- * pair: v22's chain of 64 dependent steps, the count loop's latency in run 33 call 2's PC
+ * of the accumulator): the pair's maximum tested against tau (FMNMX + FSETP per pair; run 33
+ * call 3: an array of the 32 pair maxima, kept for the row's maximum as well, went to the
+ * stack at the kernel's 168 registers and cost 1.3 ms), and a passing pair is staged as 8
+ * bytes (one STS.64 and one step of the stage pointer per pair: v22's chain of 64 dependent steps, the count loop's latency in run 33 call 2's PC
  * samples, is 32 and usually a few); columns past the split are NaN (no z >= tau, no max).
  * The exact count (for the buffer's place) from the staged pairs; a thread whose pairs
  * overflow the stage (SM90_TK_PAIRS for both rows) counts and emits from its registers. */
 template <bool FULL>
-__device__ __forceinline__ float tk_pairs(const float (&acc)[128], int hf, float tau, int lim,
-                                          uint32_t tks2, tk_part &k) {
-    float pm[SM90_BN / 8];
+__device__ __forceinline__ void tk_pairs(const float (&acc)[128], int hf, float tau, int lim,
+                                         uint32_t tks2, tk_part &k) {
+    const uint32_t last = tks2 + SM90_TK_PAIRS * 2048u; /* the scratch entry */
+    uint32_t sa = tks2 + (uint32_t)k.s0 * 2048u, m = 0;
 #pragma unroll
     for (int j = 0; j < SM90_BN / 8; j++) {
         float a = acc[4 * j + 2 * hf], b = acc[4 * j + 2 * hf + 1];
@@ -424,36 +425,20 @@ __device__ __forceinline__ float tk_pairs(const float (&acc)[128], int hf, float
             if (!(8 * j < lim)) a = NAN;
             if (!(8 * j + 1 < lim)) b = NAN;
         }
-        pm[j] = fmaxf(a, b);
-    }
-    const uint32_t last = tks2 + SM90_TK_PAIRS * 2048u; /* the scratch entry */
-    uint32_t sa = tks2 + (uint32_t)k.s0 * 2048u, m = 0;
-#pragma unroll
-    for (int j = 0; j < SM90_BN / 8; j++)
-        if (pm[j] >= tau) {
-            float a = acc[4 * j + 2 * hf], b = acc[4 * j + 2 * hf + 1];
-            if (!FULL) {
-                if (!(8 * j < lim)) a = NAN;
-                if (!(8 * j + 1 < lim)) b = NAN;
-            }
+        if (fmaxf(a, b) >= tau) {
             m |= 1u << j;
             st_shared_v2(sa, a, b);
             sa = min(sa + 2048u, last);
         }
+    }
     k.m0 = m;
-    /* the maximum: a tree over the pair maxima (fmaxf ignores NaN) */
-#pragma unroll
-    for (int w = SM90_BN / 16; w >= 1; w >>= 1)
-#pragma unroll
-        for (int j = 0; j < w; j++) pm[j] = fmaxf(pm[j], pm[j + w]);
-    return fmaxf(pm[0], -INFINITY); /* -inf without a column, as the loop's */
 }
-__device__ __forceinline__ float epi_topk_pairs(const float (&acc)[128], int hf, float tau,
-                                                const sph_sm90_epi &ep, int64_t rr, int lim,
-                                                uint32_t tks2, int s0, tk_part &k) {
+__device__ __forceinline__ void epi_topk_pairs(const float (&acc)[128], int hf, float tau,
+                                               const sph_sm90_epi &ep, int64_t rr, int lim,
+                                               uint32_t tks2, int s0, tk_part &k) {
     k.m1 = 0, k.s0 = s0;
-    const float mx = lim == SM90_BN ? tk_pairs<true>(acc, hf, tau, lim, tks2, k)
-                                    : tk_pairs<false>(acc, hf, tau, lim, tks2, k);
+    if (lim == SM90_BN) tk_pairs<true>(acc, hf, tau, lim, tks2, k);
+    else tk_pairs<false>(acc, hf, tau, lim, tks2, k);
     k.np = __popc(k.m0);
     k.ov = s0 + k.np > SM90_TK_PAIRS;
     int n = 0;
@@ -471,7 +456,6 @@ __device__ __forceinline__ float epi_topk_pairs(const float (&acc)[128], int hf,
     }
     k.n = n;
     tk_reserve(ep, rr, k);
-    return mx;
 }
 /* One candidate (z, split column c) at the row's place pos. */
 __device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
@@ -672,36 +656,29 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
      * latency before the candidates are stored (v22b) */
     float mxs[2];
     tk_part tk[2];
-    /* v24's pairs, or v22's count (SPH_TEST_TOPK_VARIANT bit 0) */
-    const bool pairs = TK && !(ep.tk_variant & 1);
+    /* v22's count, or v24's pairs (SPH_TEST_TOPK_VARIANT bit 0: run 33 call 3 measured them
+     * 1.3 ms slower at A 16K with their pair maxima spilled; this spill-free form not run yet) */
+    const bool pairs = TK && (ep.tk_variant & 1);
     const uint32_t tks2 = tks + 4u * (uint32_t)(threadIdx.x - 128); /* 8 bytes per thread */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
         const float it = ra[hf].it;
-        if (pairs) {
 #pragma unroll
-            for (int i = 0; i < SM90_BN / 4; i++) {
-                float &v = acc[4 * (i / 2) + 2 * hf + (i & 1)];
+        for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &v = acc[4 * j + 2 * hf + e];
                 v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
+                if (8 * j + e < lim) mx = fmaxf(mx, v);
             }
-            /* rows past R: a NaN threshold, which no pair reaches */
-            const float tau = r + 8 * hf < R ? ra[hf].tau : NAN;
-            mx = epi_topk_pairs(acc, hf, tau, ep, r + 8 * hf, lim, tks2,
-                                hf ? min(tk[0].np, SM90_TK_PAIRS) : 0, tk[hf]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < SM90_BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float &v = acc[4 * j + 2 * hf + e];
-                    v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
-                    if (8 * j + e < lim) mx = fmaxf(mx, v);
-                }
-        }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (TK && !pairs)
+        /* rows past R: a NaN threshold, which no pair reaches */
+        if (pairs)
+            epi_topk_pairs(acc, hf, r + 8 * hf < R ? ra[hf].tau : NAN, ep, r + 8 * hf, lim, tks2,
+                           hf ? min(tk[0].np, SM90_TK_PAIRS) : 0, tk[hf]);
+        else if (TK)
             epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
                            hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
     }

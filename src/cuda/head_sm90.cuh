@@ -98,7 +98,7 @@ typedef struct sph_sm90_epi {
     int tk_cap, tk_ks, tk_k;
     int tk_every_log2; /* the read-back's period (state.h topk_every_log2) */
     int tk_probe;      /* timing only (state.h topk_probe): 1 no read-backs, 2 no atomicAdd */
-    int tk_variant;    /* A/B only (state.h topk_variant): bit 0 v22's per-position test */
+    int tk_variant;    /* A/B only (state.h topk_variant): bit 0 v24's pair test */
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */

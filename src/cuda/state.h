@@ -70,8 +70,8 @@ typedef struct sph_cuda_state {
                                         bit 0 the epilogue skips its read-backs, bit 1 its
                                         atomicAdds (every quad writes at the buffer's start) */
     int topk_variant;                /* A/B only (SPH_TEST_TOPK_VARIANT, correct lists):
-                                        bit 0 the epilogue's per-position candidate test
-                                        (v22) instead of the pairs (v24), bit 1 every row
+                                        bit 0 the epilogue's pair test (v24) instead of
+                                        the per-position one (v22), bit 1 every row
                                         through the block merge (no warp merge), bit 2 the
                                         seed at the sample's K-th largest (v20) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each

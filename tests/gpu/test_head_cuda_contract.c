@@ -77,8 +77,7 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
 }
 
 /* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
- * earlier epilogue test (1), block merge (2) and seed rank (4), which must give the same
- * lists */
+ * pair test (1), block merge (2) and K-th seed (4), which must give the same lists */
 static const char *g_variant;
 
 static int run_case(const xcase *x) {
@@ -265,7 +264,7 @@ static void test_extras_cuda(void **state) {
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
-    /* the earlier epilogue test, block merge and seed rank (the A/B variants) on fused cases at
+    /* the pair test, block merge and K-th seed (the A/B variants) on fused cases at
      * K = 64 (cases[16 ..]): 1601 and 40000 columns, several splits (the merge with the
      * earlier list), the warp merge's fallbacks (ties at the seed, ~400 at T; 7 values
      * without a seed: more than its 512 entries), the one-pass kernel's stage overflow */
