@@ -409,8 +409,9 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
  * of the accumulator): the pair's maximum tested against tau (FMNMX + FSETP per pair; run 33
  * call 3: an array of the 32 pair maxima, kept for the row's maximum as well, went to the
  * stack at the kernel's 168 registers and cost 1.3 ms), and a passing pair is staged as 8
- * bytes (one STS.64 and one step of the stage pointer per pair: v22's chain of 64 dependent steps, the count loop's latency in run 33 call 2's PC
- * samples, is 32 and usually a few); columns past the split are NaN (no z >= tau, no max).
+ * bytes (one STS.64 and one step of the stage pointer per pair: v22's chain of 64 dependent
+ * steps, the count loop's latency in run 33 call 2's PC samples, is 32 and usually a few);
+ * columns past the split are NaN (no z >= tau).
  * The exact count (for the buffer's place) from the staged pairs; a thread whose pairs
  * overflow the stage (SM90_TK_PAIRS for both rows) counts and emits from its registers. */
 template <bool FULL>
