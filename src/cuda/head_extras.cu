@@ -42,11 +42,15 @@ __device__ __forceinline__ bool x_better(float za, int ia, float zb, int ib) {
     return za > zb || (za == zb && ia < ib);
 }
 
-/* Sorts sz/sid[0 .. n) best first (bitonic, in shared memory; n a power of two <= XS). */
-__device__ void x_sort_n(float *sz, int *sid, int n) {
+/* Sorts sz/sid[0 .. n) best first (bitonic, in shared memory; n a power of two), by `width`
+ * threads of which this is thread t0, sync() between the steps (the block's barrier, or the
+ * warp's for a warp's own list). */
+template <typename Sync>
+__device__ __forceinline__ void x_bitonic(float *sz, int *sid, int n, int t0, int width,
+                                          Sync sync) {
     for (int k = 2; k <= n; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = threadIdx.x; t < n; t += XT) {
+            for (int t = t0; t < n; t += width) {
                 const int u = t ^ j;
                 if (u <= t) continue;
                 const bool first = (t & k) == 0; /* this block sorts best first */
@@ -59,8 +63,12 @@ __device__ void x_sort_n(float *sz, int *sid, int n) {
                     sz[u] = z, sid[u] = d;
                 }
             }
-            __syncthreads();
+            sync();
         }
+}
+/* n <= XS, by the whole block */
+__device__ void x_sort_n(float *sz, int *sid, int n) {
+    x_bitonic(sz, sid, n, threadIdx.x, XT, [] { __syncthreads(); });
 }
 __device__ void x_sort(float *sz, int *sid) { x_sort_n(sz, sid, XS); }
 
@@ -490,23 +498,7 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
     }
     for (int t = c + ln; t < n2; t += 32) sz[t] = -INFINITY, wid[t] = -1;
     __syncwarp();
-    for (int k = 2; k <= n2; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int t = ln; t < n2; t += 32) {
-                const int v = t ^ j;
-                if (v <= t) continue;
-                const bool first = (t & k) == 0; /* this block sorts best first */
-                const bool sw = first ? x_better(sz[v], wid[v], sz[t], wid[t])
-                                      : x_better(sz[t], wid[t], sz[v], wid[v]);
-                if (sw) {
-                    const float z = sz[t];
-                    const int d = wid[t];
-                    sz[t] = sz[v], wid[t] = wid[v];
-                    sz[v] = z, wid[v] = d;
-                }
-            }
-            __syncwarp();
-        }
+    x_bitonic(sz, wid, n2, ln, 32, [] { __syncwarp(); });
     sph_cuda_xtk *out = a.tk + r * K;
     for (int t = ln; t < K; t += 32) out[t].z = sz[t], out[t].id = wid[t];
     if (ln == 0) {
