@@ -54,9 +54,6 @@
  * warp's stores hit 32 banks whatever each lane's count). */
 #define SM90_TK_STAGE 24
 #define SM90_TK_STAGE_BYTES ((SM90_TK_STAGE + 1) * 256 * 4)
-/* v24: the same bytes as SM90_TK_PAIRS pairs of logits + a scratch pair per thread */
-#define SM90_TK_PAIRS 11
-static_assert((SM90_TK_PAIRS + 1) * 256 * 8 <= SM90_TK_STAGE_BYTES, "the pairs' stage");
 
 /* The two schedules of the consumer warpgroups (template argument PP):
  * - cooperative (PP false): a 128 x 256 tile per block, each consumer warpgroup 64 rows of
@@ -320,20 +317,19 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
  * per thread, in position order), offsets the counts by a quad scan and issues one atomicAdd
  * per quad for their place in the row's buffer; epi_topk_emit, after the statistics loop hid
  * the atomic's latency, walks the mask's set bits (each candidate's column) and the staged
- * values, stores them, raises each one's slot (fire-and-forget atomicMax) and, where the
- * row's count crossed a multiple of 2^tk_every_log2, reads the slots back and raises the
- * threshold to their minimum (tk_ks >= K slots over disjoint columns: at least K logits are
- * >= it). Its cost is per candidate (run 31 call 6: the v21 loop over all 64 positions, its
- * body run wherever any lane of the warp had one, was +72 % instructions). A thread with more
- * candidates than the stage holds emits from its registers instead (epi_topk_emit_regs, the
- * same entries in the same order): a row's first tiles before any threshold. Rows past R
- * emit nothing. */
+ * values, stores them, raises one slot to their maximum (fire-and-forget atomicMax) and,
+ * where the row's count crossed a multiple of 2^tk_every_log2, reads the slots back and
+ * raises the threshold to their minimum (tk_ks >= K slots fed by disjoint columns: at least K
+ * logits are >= it). Its cost is per candidate (run 31 call 6: the v21 loop over all 64
+ * positions, its body run wherever any lane of the warp had one, was +72 % instructions). A
+ * thread with more candidates than the stage holds emits from its registers instead, before
+ * the statistics loops (epi_topk_emit_regs, the same entries in the same order, each raising
+ * its column's slot): a row's first tiles before any threshold. Rows past R emit nothing. */
 struct tk_part {
     int n, incl, total, base;
-    int s0;          /* the row half's first stage entry (the two halves share the stage) */
-    uint32_t m0, m1; /* v22: the candidates' positions p = 2 j + e: bits 0..31, 32..63;
-                        v24: m0 the passing pairs j (bit j), m1 unused */
-    int np;          /* v24: the passing pairs (stage entries of 8 bytes) */
+    int s0, ds;      /* the row half's first stage entry and its step (+1 or -1: v25's second
+                        half fills the stage from the top down) */
+    uint32_t m0, m1; /* the candidates' positions p = 2 j + e: bits 0..31, 32..63 */
     bool ov;         /* more than the stage holds: emit from the registers */
     __device__ __forceinline__ bool over() const { return ov; }
 };
@@ -343,14 +339,6 @@ __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
 __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_shared_v2(uint32_t a, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
-}
-__device__ __forceinline__ float2 ld_shared_v2(uint32_t a) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
     return v;
 }
 /* FULL: the tile's 256 columns all lie in the split (no column test) */
@@ -395,7 +383,7 @@ __device__ __forceinline__ void tk_reserve(const sph_sm90_epi &ep, int64_t rr, t
 __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
                                                const sph_sm90_epi &ep, int64_t rr, int64_t R,
                                                int lim, uint32_t tks, int s0, tk_part &k) {
-    k.m0 = 0, k.m1 = 0, k.s0 = s0, k.np = 0;
+    k.m0 = 0, k.m1 = 0, k.s0 = s0, k.ds = 1;
     if (rr < R) {
         if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
         else tk_stage<false>(acc, hf, tau, lim, tks, k);
@@ -405,58 +393,56 @@ __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, 
     tk_reserve(ep, rr, k);
 }
 
-/* v24: the candidates by pairs of columns (2 j, 2 j + 1 of the thread's 64: one register pair
- * of the accumulator): the pair's maximum tested against tau (FMNMX + FSETP per pair; run 33
- * call 3: an array of the 32 pair maxima, kept for the row's maximum as well, went to the
- * stack at the kernel's 168 registers and cost 1.3 ms), and a passing pair is staged as 8
- * bytes (one STS.64 and one step of the stage pointer per pair: v22's chain of 64 dependent
- * steps, the count loop's latency in run 33 call 2's PC samples, is 32 and usually a few);
- * columns past the split are NaN (no z >= tau).
- * The exact count (for the buffer's place) from the staged pairs; a thread whose pairs
- * overflow the stage (SM90_TK_PAIRS for both rows) counts and emits from its registers. */
+/* v25: both row halves' candidates in one loop, the two halves' tests of a column side by
+ * side, so that the stage pointers' dependent chains (one step per candidate, v22's latency in
+ * run 33 call 2's PC samples) run two at a time: the first half fills the stage from entry 0
+ * up, the second from entry SM90_TK_STAGE - 1 down, and where together they hold more than the
+ * stage, both emit from their registers (only the halves with candidates: rows past R have a
+ * NaN threshold, which no logit reaches). */
 template <bool FULL>
-__device__ __forceinline__ void tk_pairs(const float (&acc)[128], int hf, float tau, int lim,
-                                         uint32_t tks2, tk_part &k) {
-    const uint32_t last = tks2 + SM90_TK_PAIRS * 2048u; /* the scratch entry */
-    uint32_t sa = tks2 + (uint32_t)k.s0 * 2048u, m = 0;
+__device__ __forceinline__ void tk_stage2(const float (&acc)[128], const float (&tau)[2],
+                                          int lim, uint32_t tks, int cap, tk_part (&k)[2]) {
+    const uint32_t last = tks + (uint32_t)cap * 1024u; /* the first half's scratch entry */
+    uint32_t sa0 = tks, sa1 = last - 1024u;             /* the second half's ends at entry 0 */
+    uint32_t m[2][2] = {{0u, 0u}, {0u, 0u}};
 #pragma unroll
-    for (int j = 0; j < SM90_BN / 8; j++) {
-        float a = acc[4 * j + 2 * hf], b = acc[4 * j + 2 * hf + 1];
-        if (!FULL) {
-            if (!(8 * j < lim)) a = NAN;
-            if (!(8 * j + 1 < lim)) b = NAN;
-        }
-        if (fmaxf(a, b) >= tau) {
-            m |= 1u << j;
-            st_shared_v2(sa, a, b);
-            sa = min(sa + 2048u, last);
-        }
-    }
-    k.m0 = m;
+    for (int j = 0; j < SM90_BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float z = acc[4 * j + 2 * hf + e];
+                if ((FULL || 8 * j + e < lim) && z >= tau[hf]) {
+                    m[hf][j >= 16] |= 1u << ((2 * j + e) & 31);
+                    if (hf == 0) {
+                        st_shared_f32(sa0, z);
+                        sa0 = min(sa0 + 1024u, last);
+                    } else {
+                        st_shared_f32(sa1, z);
+                        sa1 = max(sa1, tks + 1024u) - 1024u;
+                    }
+                }
+            }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) k[hf].m0 = m[hf][0], k[hf].m1 = m[hf][1];
 }
-__device__ __forceinline__ void epi_topk_pairs(const float (&acc)[128], int hf, float tau,
-                                               const sph_sm90_epi &ep, int64_t rr, int lim,
-                                               uint32_t tks2, int s0, tk_part &k) {
-    k.m1 = 0, k.s0 = s0;
-    if (lim == SM90_BN) tk_pairs<true>(acc, hf, tau, lim, tks2, k);
-    else tk_pairs<false>(acc, hf, tau, lim, tks2, k);
-    k.np = __popc(k.m0);
-    k.ov = s0 + k.np > SM90_TK_PAIRS;
-    int n = 0;
-    if (k.ov) {
+__device__ __forceinline__ void epi_topk_count2(const float (&acc)[128], const float (&tau)[2],
+                                                const sph_sm90_epi &ep, int64_t r, int lim,
+                                                uint32_t tks, tk_part (&k)[2]) {
+    /* the stage's entries: 6 under SPH_TEST_TOPK_VARIANT bit 3 (tests: the overflows of
+     * one half, of both, of their sum, at every tile size) */
+    const int cap = ep.tk_variant & 8 ? 6 : SM90_TK_STAGE;
+    if (lim == SM90_BN) tk_stage2<true>(acc, tau, lim, tks, cap, k);
+    else tk_stage2<false>(acc, tau, lim, tks, cap, k);
 #pragma unroll
-        for (int j = 0; j < SM90_BN / 8; j++)
+    for (int hf = 0; hf < 2; hf++) k[hf].n = __popc(k[hf].m0) + __popc(k[hf].m1);
+    const bool ov = k[0].n + k[1].n > cap;
+    k[0].s0 = 0, k[0].ds = 1, k[1].s0 = cap - 1, k[1].ds = -1;
 #pragma unroll
-            for (int e = 0; e < 2; e++) n += 8 * j + e < lim && acc[4 * j + 2 * hf + e] >= tau;
-    } else {
-        uint32_t sa = tks2 + (uint32_t)s0 * 2048u;
-        for (int i = 0; i < k.np; i++, sa += 2048u) {
-            const float2 v = ld_shared_v2(sa);
-            n += (v.x >= tau) + (v.y >= tau);
-        }
+    for (int hf = 0; hf < 2; hf++) {
+        k[hf].ov = ov && k[hf].n > 0;
+        tk_reserve(ep, r + 8 * hf, k[hf]);
     }
-    k.n = n;
-    tk_reserve(ep, rr, k);
 }
 /* One candidate (z, split column c) at the row's place pos. */
 __device__ __forceinline__ void tk_put(const sph_sm90_epi &ep, sph_cuda_xtk *cand, int *slots,
@@ -493,56 +479,12 @@ __device__ __forceinline__ void epi_topk_emit_over(const float (&acc)[128], int 
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
     if (k.over()) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
 }
-/* One candidate by pointers formed once per row half: out the thread's first place, room the
- * places left in the buffer, slots the row's, id0 / c0 the global id and split column of the
- * thread's column base (32-bit: ids are int32 on the device). */
-__device__ __forceinline__ void tk_put2(int2 *out, int i, int room, int *slots, int ks1, int c0,
-                                        int id0, int c, float z) {
-    if (i < room) out[i] = make_int2(__float_as_int(z), id0 + c);
-    atomicMax(slots + ((c0 + c) & ks1), sph_tk_enc(z));
-}
-/* REGS: the overflowing threads emit from their registers here (false: epi_topk_emit_over did).
- * PAIRS: the stage holds v24's pairs (tk_pairs), else v22's single logits. */
-template <bool REGS, bool PAIRS>
-__device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, float tau,
-                                              const sph_sm90_epi &ep, int64_t rr, int64_t cb,
-                                              int lim, uint32_t tks, uint32_t tks2,
-                                              const tk_part &k) {
+/* The slots back (this thread's quarter) only when the row's count crossed a multiple of
+ * 2^tk_every_log2: reading them at every tile with candidates cost more than the candidates
+ * it saved (run 30), and any read-back delays its whole warpgroup (run 31). */
+__device__ __forceinline__ void tk_readback(const sph_sm90_epi &ep, int64_t rr, const int *slots,
+                                            int base, float tau, const tk_part &k) {
     const int q4 = threadIdx.x & 3;
-    /* the shuffles below take every lane: a quad without candidates runs them idle */
-    if (__all_sync(0xffffffffu, k.total == 0)) return;
-    const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
-    int *slots = ep.tk_slots + rr * ep.tk_ks;
-    if (k.over()) {
-        if (REGS) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
-    } else if (k.n > 0) {
-        const int pos = base + k.incl - k.n, ks1 = ep.tk_ks - 1;
-        int2 *out = (int2 *)((sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap) + pos;
-        const int room = ep.tk_cap - pos, c0 = (int)cb, id0 = (int)(ep.col_g0 + cb);
-        if (PAIRS) {
-            uint32_t m = k.m0, sa = tks2 + (uint32_t)k.s0 * 2048u;
-            int i = 0;
-            for (int t = 0; t < k.np; t++, sa += 2048u) {
-                const int j = __ffs(m) - 1;
-                m &= m - 1;
-                const float2 v = ld_shared_v2(sa);
-                if (v.x >= tau) tk_put2(out, i++, room, slots, ks1, c0, id0, 8 * j, v.x);
-                if (v.y >= tau) tk_put2(out, i++, room, slots, ks1, c0, id0, 8 * j + 1, v.y);
-            }
-        } else {
-            uint64_t m = ((uint64_t)k.m1 << 32) | k.m0;
-            uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
-            for (int i = 0; i < k.n; i++, sa += 1024u) {
-                const int p = __ffsll((long long)m) - 1;
-                m &= m - 1;
-                tk_put2(out, i, room, slots, ks1, c0, id0, 8 * (p >> 1) + (p & 1),
-                        ld_shared_f32(sa));
-            }
-        }
-    }
-    /* the slots back (this thread's quarter) only when the row's count crossed a multiple of
-     * 2^tk_every_log2: reading them at every tile with candidates cost more than the
-     * candidates it saved (run 30), and any read-back delays its whole warpgroup (run 31) */
     const int sh = ep.tk_every_log2;
     const bool look = k.total > 0 && base >> sh != (base + k.total) >> sh && !(ep.tk_probe & 1);
     if (!__any_sync(0xffffffffu, look)) return;
@@ -566,9 +508,66 @@ __device__ __forceinline__ void epi_topk_emit(const float (&acc)[128], int hf, f
     if (q4 == 0 && look && sph_tk_dec(mn) > tau) atomicMax(ep.tk_tau + rr, mn);
 }
 
-/* The rows' statistics loops (the transform and the maxima done), records and staged E; in the
- * one-pass kernel (ESTORE) a thread whose candidates the stage could not hold emits them
- * before its row's loop overwrites z with p. */
+/* After the statistics loops (their exp latency hid the atomicAdd's), the staged candidates
+ * to the row's buffer: the mask's set bits give each one's column, the stage its value, in
+ * the order they were staged. v26 (2026-12-04; its SASS by scripts/sass_epi.sh): 16-17
+ * instructions per candidate where v24's emission took 40-47 (the buffer's and the slots'
+ * 64-bit addresses formed again in every iteration, the 64-bit mask's find-first-set and
+ * clear, one atomicMax per candidate: the accumulators were live through it, for the register
+ * path of the overflowing threads, so at 168 registers the compiler rematerialized). Now the
+ * overflowing threads have emitted from their registers before the statistics loops
+ * (epi_topk_emit_over, in both kernels), the accumulators are dead here (the statistics
+ * kernels' stack: general 0, one-pass 8 bytes, against 0 and 40 before), the mask's two words
+ * walk as two 32-bit loops, and the thread raises one slot per row half and tile, slot (4 tile
+ * + quad lane) mod ks, to the largest of its candidates (taken in the loop: a maximum kept
+ * across the statistics loops spilled the kernel's loop state). The slots' rule holds as
+ * before: every column feeds at most one slot (a candidate emitted from the registers its
+ * column's, a staged thread its chunk's maximum), so at least ks >= K distinct logits reach
+ * the slots' minimum; a slot covers ~V / ks columns either way (where the split has >= 64 ks
+ * columns; a narrower one leaves some slots at -inf longer: fewer raises, never a wrong list). */
+__device__ __forceinline__ void st_global_v2(int2 *a, int x, int y) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(a), "r"(x), "r"(y) : "memory");
+}
+__device__ __forceinline__ void tk_emit_word(int2 *row, int last, int &at, uint32_t m, int p0,
+                                             int id0, uint32_t &sa, uint32_t step, float &mx) {
+    /* at: the candidate's place in the row's buffer, clamped to its last entry: a row whose
+     * count passes the buffer is recomputed by the merge, which never reads its buffer (the
+     * clamp keeps the loop free of a branch around the store) */
+    for (; m; m &= m - 1, sa += step, at++) {
+        const int p = p0 + __ffs(m) - 1; /* position p = 2 j + e: column 8 j + e */
+        const float z = ld_shared_f32(sa);
+        mx = fmaxf(mx, z);
+        st_global_v2(row + min(at, last), __float_as_int(z), id0 + 8 * (p >> 1) + (p & 1));
+    }
+}
+__device__ __forceinline__ void epi_topk_emit(const sph_sm90_epi &ep, int64_t rr, int64_t cb,
+                                              int64_t tile_n, float tau, uint32_t tks,
+                                              const tk_part &k) {
+    const int q4 = threadIdx.x & 3;
+    if (__all_sync(0xffffffffu, k.total == 0)) return;
+    const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
+    int *slots = ep.tk_slots + rr * ep.tk_ks;
+    if (!k.over() && k.n > 0) {
+        int2 *row = (int2 *)((sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap);
+        /* formed once: without this the compiler folds the row's offset into every
+         * iteration's address (5 instructions instead of 1) */
+        asm("" : "+l"(row));
+        const int id0 = (int)(ep.col_g0 + cb);
+        int at = base + k.incl - k.n;
+        const uint32_t step = (uint32_t)k.ds * 1024u;
+        uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
+        float mx = -INFINITY;
+        tk_emit_word(row, ep.tk_cap - 1, at, k.m0, 0, id0, sa, step, mx);
+        tk_emit_word(row, ep.tk_cap - 1, at, k.m1, 32, id0, sa, step, mx);
+        atomicMax(slots + ((4 * (int)tile_n + q4) & (ep.tk_ks - 1)), sph_tk_enc(mx));
+    }
+    tk_readback(ep, rr, slots, base, tau, k);
+}
+
+/* The rows' statistics loops (the transform and the maxima done), records and staged E; with
+ * top-k, a thread whose candidates the stage could not hold emits them from its registers
+ * first (the one-pass kernel's loop overwrites z with p; the general kernel's emission after
+ * the loops then runs without the accumulators live). */
 template <int ESTORE, bool Q2, bool TK>
 __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90_epi &ep,
                                                const epi_row_args (&ra)[2], int64_t r,
@@ -582,7 +581,7 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
         const int64_t tg = ra[hf].t - ep.col_g0 - cb;
         const int tl = ra[hf].t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         const float mx = mxs[hf];
-        if (TK && ESTORE) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk[hf]);
+        if (TK) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk[hf]);
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -655,15 +654,18 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
     /* the transform and each row's maximum, then (top-k) both rows' candidates counted and
      * staged and their atomicAdds issued, so that both statistics loops hide the atomics'
      * latency before the candidates are stored (v22b) */
-    float mxs[2];
+    float mxs[2]; /* each row's maximum over the tile */
     tk_part tk[2];
-    /* v22's count, or v24's pairs (SPH_TEST_TOPK_VARIANT bit 0: run 33 call 3 measured them
-     * 1.3 ms slower at A 16K with their pair maxima spilled; this spill-free form not run yet) */
-    const bool pairs = TK && (ep.tk_variant & 1);
-    const uint32_t tks2 = tks + 4u * (uint32_t)(threadIdx.x - 128); /* 8 bytes per thread */
+    /* v22's count, a half at a time with the second half's stage after the first's, or
+     * (SPH_TEST_TOPK_VARIANT bit 0) v25's, both halves in one loop (built 2026-12-02, not yet
+     * run); run 34 call 1: v24's pairs, spill-free, were no faster than v22's (7.65 against
+     * 7.67 ms at A 16K; removed) */
+    const bool seq = TK && !(ep.tk_variant & 1);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        float mx = -INFINITY;
+        /* two partial maxima (even and odd columns): two dependent chains of 32 instead of
+         * one of 64 (exact: max is order-free) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
         const float it = ra[hf].it;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -671,29 +673,28 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
             for (int e = 0; e < 2; e++) {
                 float &v = acc[4 * j + 2 * hf + e];
                 v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
-                if (8 * j + e < lim) mx = fmaxf(mx, v);
+                if (8 * j + e < lim) {
+                    if (e) mx1 = fmaxf(mx1, v);
+                    else mx0 = fmaxf(mx0, v);
+                }
             }
+        float mx = fmaxf(mx0, mx1);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        /* rows past R: a NaN threshold, which no pair reaches */
-        if (pairs)
-            epi_topk_pairs(acc, hf, r + 8 * hf < R ? ra[hf].tau : NAN, ep, r + 8 * hf, lim, tks2,
-                           hf ? min(tk[0].np, SM90_TK_PAIRS) : 0, tk[hf]);
-        else if (TK)
+        if (seq)
             epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
                            hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
+    }
+    if (TK && !seq) {
+        /* rows past R: a NaN threshold, which no logit reaches */
+        const float tau[2] = {r < R ? ra[0].tau : NAN, r + 8 < R ? ra[1].tau : NAN};
+        epi_topk_count2(acc, tau, ep, r, lim, tks, tk);
     }
     epi_stats_rows<ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, lim, mxs, tk);
     if (TK) {
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            if (pairs)
-                epi_topk_emit<!ESTORE, true>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks,
-                                             tks2, tk[hf]);
-            else
-                epi_topk_emit<!ESTORE, false>(acc, hf, ra[hf].tau, ep, r + 8 * hf, cb, lim, tks,
-                                              tks2, tk[hf]);
-        }
+        for (int hf = 0; hf < 2; hf++)
+            epi_topk_emit(ep, r + 8 * hf, cb, tile_n, ra[hf].tau, tks, tk[hf]);
     }
 }
 
@@ -1043,6 +1044,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 }
 
 // ---- host side --------------------------------------------------------------------------
+/* SPH_SM90_DEVICE_ONLY: the device code alone (bench/cuda/sass_epi.cu counts the epilogues'
+ * SASS without compiling every kernel the host side instantiates) */
+#ifndef SPH_SM90_DEVICE_ONLY
 
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                     const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
@@ -1310,3 +1314,4 @@ extern "C" sph_status sph_cuda_logits_variant(int variant, sph_dtype dt, const v
               variant);
     return sph_cuda_logits_fixed(dt, h, ld_h, w, ld_w, L, ldL, R, Vs, H, stream);
 }
+#endif /* SPH_SM90_DEVICE_ONLY */

@@ -87,8 +87,10 @@ typedef struct sph_sm90_epi {
     /* SPH_SM90_EPI_STATS with top-k (head_extras.cu's fused top-k), or tk_cand NULL: per chunk
      * row r, the logits z >= the row's threshold dec(tk_tau[r]) (read after the tile's main
      * loop was issued; seeded from a sample before split 0) go to
-     * tk_cand[r * tk_cap + atomicAdd(tk_n[r])] as (z, global id) while the count allows, each
-     * z raising slot (split column & (tk_ks - 1)) of the row (tk_slots[r * tk_ks + .]) to it;
+     * tk_cand[r * tk_cap + atomicAdd(tk_n[r])] as (z, global id) while the count allows, and
+     * each thread raises one slot of the row (tk_slots[r * tk_ks + .]) to the largest of its
+     * candidates: slot (4 tile + quad lane) & (tk_ks - 1), or per candidate slot (split column
+     * & (tk_ks - 1)) where it emits from its registers (every column feeds at most one slot);
      * a quad whose candidates took the row's count across a multiple of 2^tk_every_log2 reads
      * the row's slots back and raises the threshold to their minimum (tk_ks elements of the
      * row are >= it, so the row's K-th largest is too, K = tk_k <= tk_ks). Ordered-int
@@ -98,7 +100,8 @@ typedef struct sph_sm90_epi {
     int tk_cap, tk_ks, tk_k;
     int tk_every_log2; /* the read-back's period (state.h topk_every_log2) */
     int tk_probe;      /* timing only (state.h topk_probe): 1 no read-backs, 2 no atomicAdd */
-    int tk_variant;    /* A/B only (state.h topk_variant): bit 0 v24's pair test */
+    int tk_variant;    /* A/B only (state.h topk_variant): bit 0 v25's count, 3 its stage at 6
+                          entries */
     void *D;
     int64_t ldD;
     void *E; /* f16 (R, ldE) */

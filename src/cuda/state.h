@@ -70,10 +70,11 @@ typedef struct sph_cuda_state {
                                         bit 0 the epilogue skips its read-backs, bit 1 its
                                         atomicAdds (every quad writes at the buffer's start) */
     int topk_variant;                /* A/B only (SPH_TEST_TOPK_VARIANT, correct lists):
-                                        bit 0 the epilogue's pair test (v24) instead of
-                                        the per-position one (v22), bit 1 every row
-                                        through the block merge (no warp merge), bit 2 the
-                                        seed at the sample's K-th largest (v20) */
+                                        bit 0 the epilogue's count of both row halves in
+                                        one loop (v25) instead of a half at a time (v22),
+                                        bit 1 every row through the block merge (no warp
+                                        merge), bit 2 the seed at the sample's K-th largest
+                                        (v20), bit 3 v25's stage at 6 entries (tests) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */

@@ -264,12 +264,16 @@ static void test_extras_cuda(void **state) {
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
-    /* the pair test, block merge and K-th seed (the A/B variants) on fused cases at
-     * K = 64 (cases[16 ..]): 1601 and 40000 columns, several splits (the merge with the
-     * earlier list), the warp merge's fallbacks (ties at the seed, ~400 at T; 7 values
-     * without a seed: more than its 512 entries), the one-pass kernel's stage overflow */
-    static const char *variants[] = {"1", "2", "4", "7"};
-    static const size_t again[] = {16, 22, 33, 34, 36, 38};
+    /* the A/B variants (SPH_TEST_TOPK_VARIANT) on fused cases at K = 64 (cases[16 ..]): 1601
+     * and 40000 columns, several splits (the merge with the earlier list), the warp merge's
+     * fallbacks (ties at the seed, ~400 at T; 7 values without a seed: more than its 512
+     * entries), the one-pass kernel's stage overflow, a buffer of 100 (the emission's
+     * room, the recompute): 1 v25's count, 2 the block merge, 4 the K-th seed, 7 all three;
+     * 9 v25's stage at 6 entries (a half's overflow, both halves', their sum's: every
+     * overflowing thread emits from its registers before the statistics loops), 13 with
+     * the K-th seed's extra candidates */
+    static const char *variants[] = {"1", "2", "4", "7", "9", "13"};
+    static const size_t again[] = {16, 22, 23, 33, 34, 36, 38};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         g_variant = variants[v];
         for (size_t k = 0; k < sizeof again / sizeof again[0]; k++) ok &= run_case(&cases[again[k]]);

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# call2.sh - run 34, call 2 (pending: no device was lent in the sessions of 2026-12-02 night
+# and 2026-12-04; the next device session runs it as its first call, in a folder of its own):
+# the checks of v26 and v25:
+# - v26, now the default emission: the staged candidates at 16-17 SASS instructions each
+#   instead of 40-47 (scripts/sass_epi.sh: the row's pointer formed once, the mask's words as
+#   two 32-bit loops, the place clamped instead of a branch, one slot raise per thread and row
+#   half instead of one per candidate), the overflowing threads' register emission before the
+#   statistics loops in the general kernel too; the statistics kernels' stack 0 (general) and
+#   8 (one-pass) bytes, against 0 and 40 in call 1's binary;
+# - bit 0, v25: both row halves counted in one loop (their stage-pointer chains side by side,
+#   the second half's stage filled from the top down), the rows' maxima as two chains of 32.
+# Prediction: the checks pass (the contract test: every fused case runs v26; seven fused cases
+# rerun under six variant sets, v25's stage at 6 entries among them). Nsight at A 16K, top-k 64
+# + sum_p2, the statistics kernel: call 1's default 7.667 ms, 1.551 G instructions; v26 -40 ..
+# -60 M instructions (per warp and tile ~8.4 emission iterations at ~43 instructions become
+# ~10 at ~16.5: two word loops run the warp's largest count of each word), -0.15 .. -0.25 ms at
+# run 33's ~4 ms per G; v25 (variant 1) -0.0 .. -0.3 ms more (the same instructions, two
+# dependent chains at a time). Bench rows: general A +7.3 -> ~+6 .. +6.5 %, E ~+2.5 %.
+#   here:   scripts/device/bundle.sh && make python/spanhead/_spanhead.abi3.so
+#   device: bash bench/results/2026-12-02-h200-run34/call2.sh
+#           carry [".devbundle.txz", "python/spanhead/_spanhead.abi3.so"]
+set -u
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+cd "$root"
+. scripts/device/call_common.sh
+[ -z "${NO_CHECKS:-}" ] && extras_checks
+NCU=/usr/local/cuda/bin/ncu
+A="$S bench --shape A --N 16K --active 1 --mode general --repeats 1 --warmup 0 --topk 64 --sum-p2"
+M=gpu__time_duration.sum,smsp__inst_executed.sum
+for v in 0 1; do
+  SPH_TEST_TOPK_VARIANT=$v step ncu_v$v 120 $NCU --clock-control none --metrics $M --csv $A
+done
+P="--shape A,E --N 16K --active 1 --mask response --topk 64 --sum-p2"
+step bench_general 100 $S bench $P --mode general --json "$R/bench_general.jsonl"
+SPH_TEST_TOPK_VARIANT=1 step bench_general_v1 100 $S bench $P --mode general --json "$R/bench_general_v1.jsonl"
+step bench_onepass 100 $S bench $P --mode one-pass --json "$R/bench_onepass.jsonl"
+SPH_TEST_TOPK_VARIANT=1 step bench_onepass_v1 100 $S bench $P --mode one-pass --json "$R/bench_onepass_v1.jsonl"
+cat "$R/machine.txt"; sort -k2 "$R/steps.txt"
+[ -z "${NO_CHECKS:-}" ] && extras_report
+for v in 0 1; do
+  echo "== variant $v"; ncu_table "$R/ncu_v$v.log" "2, 1>" topk_merge | tail -n 14
+done
+for f in "$R"/bench_*.log; do
+  echo "== $(basename "$f")"; grep -h "^|" "$f" | grep -v "^|---" | cut -d'|' -f2-9 | tail -n +2 | head -12; done
+tar czf "$OUT/call2.tgz" -C "$R" .
