@@ -195,20 +195,23 @@ __global__ void __launch_bounds__(XT) head_extras_kernel(x_args a) {
 }
 
 /* ---- the fused top-k (not EXTRAS_STAGED): the sm_90a statistics epilogue's candidates -
- * Per chunk row: the epilogue (head_sm90.cu epi_topk) appends every logit z >= the row's
- * threshold to the row's candidate buffer, raises the row's slot (split column mod ks) to z
- * and, now and then, the threshold to a value K of the slots reach: each slot holds one
- * column's logit, no two the same column, so at least K of the row's logits are >= it and
- * the threshold never passes the row's K-th largest logit; every logit of the top K is a
- * candidate. Before split 0 the thresholds may be seeded from a sample (below). After each
- * split, head_topk_merge_kernel folds the candidates into the row's list (seeded with the
- * earlier splits' list) exactly as the staged kernel does, empties the buffer and raises the
- * threshold to the list's K-th entry. A row whose candidates overflowed the buffer (count
- * > cap) recomputes instead the logits of the split's tiles whose maximum (the tile record's
- * m) reaches the threshold (every other tile's logits are below the K-th largest), one
- * column per thread, fp32 dot products: slow, and only for rows the threshold could not
- * prune (e.g. logits increasing along the vocabulary); a row with fewer than K candidates
- * after a seed (the seed was too high) recomputes every tile. */
+ * Per chunk row: the epilogue (head_sm90.cu epi_topk_*) appends every logit z >= the row's
+ * threshold to the row's candidate buffer, raises one of the row's slots per thread and tile
+ * to its largest candidate (slot (4 tile + quad lane) mod ks; per candidate, slot (split
+ * column mod ks), where a thread emits from its registers) and, now and then, the threshold
+ * to a value K of the slots reach: each slot holds one column's logit, no two the same
+ * column, so at least K of the row's logits are >= it and the threshold never passes the
+ * row's K-th largest logit; every logit of the top K is a candidate. Before split 0 the
+ * thresholds may be seeded from a sample (below). After each split, head_topk_merge_kernel
+ * folds the candidates into the row's list (seeded with the earlier splits' list) exactly as
+ * the staged kernel does, empties the buffer and raises the threshold to the list's K-th
+ * entry. A row whose candidates overflowed the buffer (count > cap) recomputes instead the
+ * logits of the split's tiles whose maximum (the tile record's m) reaches the threshold
+ * (every other tile's logits are below the K-th largest), one column per thread, fp32 dot
+ * products: slow, and only for rows the threshold could not prune (e.g. logits increasing
+ * along the vocabulary), and never reads its buffer (the epilogue clamps an overflowing
+ * row's stores to its last entry); a row with fewer than K candidates after a seed (the
+ * seed was too high) recomputes every tile. */
 __global__ void head_topk_reset_kernel(int64_t rows, int ks, int *n, int *tau, int *slots) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * ks) return;
