@@ -4,8 +4,9 @@
  *
  * The fused statistics kernel (head_sm90.cu) holds every epilogue variant behind run-time
  * branches (softcap, sum_p2, top-k, the A/B variants, partial tiles), so its SASS mixes them.
- * Here each kernel fixes them: a full 256-column tile, no softcap, rows inside the chunk, and
- * the top-k's variant bits as constants, so the compiler keeps one path. The accumulators come
+ * Here each kernel fixes them: no softcap, rows inside the chunk, and the top-k's variant bits
+ * as constants, so the compiler keeps one path; the split's width stays a run-time value, as
+ * in the kernel (a tile's column tests are part of its cost). The accumulators come
  * from global memory instead of wgmma, with the same __launch_bounds__ (384, 1) register
  * budget; the count is the epilogue's per tile and thread, except its loops over candidates
  * (emission) and slots (read-back), whose bodies the script lists by source line.
@@ -18,7 +19,8 @@
 #ifdef SPH_SM90_DEVICE
 /* Q2: sum_p2; TK: top-k; VAR: SPH_TEST_TOPK_VARIANT's bits (constant here) */
 template <bool Q2, bool TK, int VAR>
-__device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, int64_t r0) {
+__device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, int64_t r0,
+                                              int64_t Vs) {
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = in[(int64_t)i * 384 + threadIdx.x];
@@ -31,18 +33,18 @@ __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, 
     ra[1].tau = epi_row_tau(ep, r0 + 8, INT64_MAX);
     const int64_t cb = 2 * (threadIdx.x % 4);
     const uint32_t tks = 4u * (uint32_t)threadIdx.x;
-    epi_stats_t<false, 0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, cb + SM90_BN, tks);
+    epi_stats_t<false, 0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
 }
 
 #define SASS_EPI(name, Q2, TK, VAR)                                                            \
     __global__ void __launch_bounds__(SM90_THREADS, 1)                                         \
-        name(const float *in, const sph_sm90_epi ep, int64_t r0) {                             \
-        sass_epi_body<Q2, TK, VAR>(in, ep, r0);                                                \
+        name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {                 \
+        sass_epi_body<Q2, TK, VAR>(in, ep, r0, Vs);                                            \
     }
 #else
 #define SASS_EPI(name, Q2, TK, VAR)                                                            \
-    __global__ void name(const float *in, const sph_sm90_epi ep, int64_t r0) {                 \
-        (void)in, (void)ep, (void)r0;                                                          \
+    __global__ void name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {     \
+        (void)in, (void)ep, (void)r0, (void)Vs;                                                \
     }
 #endif
 
