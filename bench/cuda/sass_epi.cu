@@ -17,8 +17,9 @@
 #include "../../src/cuda/head_sm90.cu"
 
 #ifdef SPH_SM90_DEVICE
-/* Q2: sum_p2; TK: top-k; VAR: SPH_TEST_TOPK_VARIANT's bits (constant here) */
-template <bool Q2, bool TK, int VAR>
+/* Q2: sum_p2; TK: top-k; VAR: SPH_TEST_TOPK_VARIANT's bits (constant here); FULL: 1 a whole
+ * tile only (epi_stats_t's FULL copy), 0 both copies behind the kernel's run-time choice */
+template <bool Q2, bool TK, int VAR, bool FULL = false>
 __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, int64_t r0,
                                               int64_t Vs) {
     float acc[128];
@@ -33,25 +34,30 @@ __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, 
     ra[1].tau = epi_row_tau(ep, r0 + 8, INT64_MAX);
     const int64_t cb = 2 * (threadIdx.x % 4);
     const uint32_t tks = 4u * (uint32_t)threadIdx.x;
-    epi_stats_t<false, 0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
+    if (FULL) epi_stats_t<false, 0, Q2, TK, true>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
+    else epi_stats_c<0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
 }
 
-#define SASS_EPI(name, Q2, TK, VAR)                                                            \
+#define SASS_EPI(name, Q2, TK, VAR, FULL)                                                      \
     __global__ void __launch_bounds__(SM90_THREADS, 1)                                         \
         name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {                 \
-        sass_epi_body<Q2, TK, VAR>(in, ep, r0, Vs);                                            \
+        sass_epi_body<Q2, TK, VAR, FULL>(in, ep, r0, Vs);                                      \
     }
 #else
-#define SASS_EPI(name, Q2, TK, VAR)                                                            \
+#define SASS_EPI(name, Q2, TK, VAR, FULL)                                                      \
     __global__ void name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {     \
         (void)in, (void)ep, (void)r0, (void)Vs;                                                \
     }
 #endif
 
-SASS_EPI(sass_epi_plain, false, false, 0)
-SASS_EPI(sass_epi_sump2, true, false, 0)
-SASS_EPI(sass_epi_topk, true, true, 0)    /* the default: v22's count */
-SASS_EPI(sass_epi_topk_v1, true, true, 1) /* SPH_TEST_TOPK_VARIANT=1: v25's count */
+SASS_EPI(sass_epi_plain, false, false, 0, false)
+SASS_EPI(sass_epi_sump2, true, false, 0, false)
+SASS_EPI(sass_epi_topk, true, true, 0, false)    /* the default: v22's count */
+SASS_EPI(sass_epi_topk_v1, true, true, 1, false) /* SPH_TEST_TOPK_VARIANT=1: v25's count */
+/* a whole tile alone (what all but a split's last tile run) */
+SASS_EPI(sass_epi_full_plain, false, false, 0, true)
+SASS_EPI(sass_epi_full_sump2, true, false, 0, true)
+SASS_EPI(sass_epi_full_topk, true, true, 0, true)
 
 #ifndef SASS_EPI_QUICK
 /* The fused statistics kernel itself in its two top-k schedules' bf16 instantiations (general
