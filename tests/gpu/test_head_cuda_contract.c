@@ -77,7 +77,8 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
 }
 
 /* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
- * pair test (1), block merge (2) and K-th seed (4), which must give the same lists */
+ * v25 count (1), block merge (2), K-th seed (4) and v25's stage at 6 entries (8), which must
+ * give the same lists */
 static const char *g_variant;
 
 static int run_case(const xcase *x) {
