@@ -52,3 +52,32 @@ extras_report() {
 # ncu_table <log> [substring...]: an Nsight Compute --csv log as one line per kernel and metric
 # (kernel times in ms, other metrics as printed), only kernels whose name holds a substring
 ncu_table() { python3 "$root/scripts/device/ncu_table.py" "$@"; }
+# The fused top-k's A/B steps (run 34 call 2 on), each over SPH_TEST_TOPK_VARIANT values:
+#   topk_ncu v...            Nsight kernel times and instructions of the A 16K general call
+#                            with top-k 64 + sum_p2 (plain and top-k launches), ncu_v<v>.log
+#   topk_bench MODE v...     bench rows at A, E 16K (response mask), bench_<MODE>_v<v>.*
+#   topk_report v...         the ncu tables, then every bench log's rows
+topk_ncu() {
+  local v a="$S bench --shape A --N 16K --active 1 --mode general --repeats 1 --warmup 0"
+  for v in "$@"; do
+    SPH_TEST_TOPK_VARIANT=$v step ncu_v$v 120 /usr/local/cuda/bin/ncu --clock-control none \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum --csv $a --topk 64 --sum-p2
+  done
+}
+topk_bench() {
+  local mode=$1 v; shift
+  for v in "$@"; do
+    SPH_TEST_TOPK_VARIANT=$v step bench_${mode}_v$v 100 $S bench --shape A,E --N 16K --active 1 \
+      --mask response --topk 64 --sum-p2 --mode $mode --json "$R/bench_${mode}_v$v.jsonl"
+  done
+}
+topk_report() {
+  local v f
+  for v in "$@"; do
+    echo "== variant $v"; ncu_table "$R/ncu_v$v.log" "2, 1>" topk_merge | tail -n 14
+  done
+  for f in "$R"/bench_*.log; do
+    echo "== $(basename "$f")"
+    grep -h "^|" "$f" | grep -v "^|---" | cut -d'|' -f2-9 | tail -n +2 | head -12
+  done
+}

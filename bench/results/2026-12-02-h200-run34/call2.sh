@@ -29,22 +29,10 @@ root=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$root"
 . scripts/device/call_common.sh
 [ -z "${NO_CHECKS:-}" ] && extras_checks
-NCU=/usr/local/cuda/bin/ncu
-A="$S bench --shape A --N 16K --active 1 --mode general --repeats 1 --warmup 0 --topk 64 --sum-p2"
-M=gpu__time_duration.sum,smsp__inst_executed.sum
-for v in 0 1; do
-  SPH_TEST_TOPK_VARIANT=$v step ncu_v$v 120 $NCU --clock-control none --metrics $M --csv $A
-done
-P="--shape A,E --N 16K --active 1 --mask response --topk 64 --sum-p2"
-step bench_general 100 $S bench $P --mode general --json "$R/bench_general.jsonl"
-SPH_TEST_TOPK_VARIANT=1 step bench_general_v1 100 $S bench $P --mode general --json "$R/bench_general_v1.jsonl"
-step bench_onepass 100 $S bench $P --mode one-pass --json "$R/bench_onepass.jsonl"
-SPH_TEST_TOPK_VARIANT=1 step bench_onepass_v1 100 $S bench $P --mode one-pass --json "$R/bench_onepass_v1.jsonl"
+topk_ncu 0 1
+topk_bench general 0 1
+topk_bench one-pass 0 1
 cat "$R/machine.txt"; sort -k2 "$R/steps.txt"
 [ -z "${NO_CHECKS:-}" ] && extras_report
-for v in 0 1; do
-  echo "== variant $v"; ncu_table "$R/ncu_v$v.log" "2, 1>" topk_merge | tail -n 14
-done
-for f in "$R"/bench_*.log; do
-  echo "== $(basename "$f")"; grep -h "^|" "$f" | grep -v "^|---" | cut -d'|' -f2-9 | tail -n +2 | head -12; done
+topk_report 0 1
 tar czf "$OUT/call2.tgz" -C "$R" .
