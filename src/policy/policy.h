@@ -94,6 +94,15 @@ const sph_policy_backend *sph_policy_backend_of(sph_ctx_t ctx);
 sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double *logp,
                               double *ent, double *dh, double *dw);
 
+/* The metrics the call's rows give in float64 when the active rows' log-probs and entropies
+ * are logp[i] / ent[i] (f32, N; the values an optimized backend wrote): the check that its
+ * metrics are the ones its own rows imply, apart from the error of its log-probs (which the
+ * tests bound on their own). scale[SPH_POLICY_N_METRICS] (may be NULL): each metric's sum of
+ * |row contribution|, the size of the rounding a float sum of it may carry (0 for the exact
+ * counts and clip fractions). Host plans only. */
+sph_status sph_policy_ref_metrics_at(const sph_policy_plan *pp, const float *logp,
+                                     const float *ent, double *metrics, double *scale);
+
 #ifdef __cplusplus
 }
 #endif

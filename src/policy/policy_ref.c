@@ -44,8 +44,11 @@ static void core_free(core_out *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* Rows, weights, sequence statistics, per-row gradients and metrics, all in float64. */
-static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
+/* Rows, weights, sequence statistics, per-row gradients and metrics, all in float64. at_lp /
+ * at_ent (each may be NULL): the active rows' log-probs / entropies taken from there instead
+ * of the head's float64 rows. scale (may be NULL): each metric's sum of |row contribution|. */
+static sph_status ref_core(const sph_policy_plan *pp, const float *at_lp, const float *at_ent,
+                           core_out *o, double *scale) {
     const sph_head_plan *hp = &pp->head;
     const int64_t N = hp->N, P = pp->group, G = P * N;
     memset(o, 0, sizeof *o);
@@ -72,8 +75,8 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
     if (st != SPH_OK) goto done;
     for (int64_t i = 0; i < N; i++) {
         if (!o->act[i]) continue;
-        o->logp[i] = rows[i * 7 + 0];
-        o->ent[i] = rows[i * 7 + 1];
+        o->logp[i] = at_lp ? (double)at_lp[i] : rows[i * 7 + 0];
+        o->ent[i] = at_ent ? (double)at_ent[i] : rows[i * 7 + 1];
         for (int f = 0; f < 3; f++) o->stats[i * 3 + f] = rows[i * 7 + 4 + f];
     }
     // the group rows
@@ -104,7 +107,7 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
     }
     const double Tu = pp->num_tokens > 0 ? (double)pp->num_tokens : (double)T;
     const double Su = pp->num_seqs > 0 ? (double)pp->num_seqs : (double)S;
-    double acc[SPH_PM_N_ACC] = {0}, row[SPH_PM_N_ACC];
+    double acc[SPH_PM_N_ACC] = {0}, row[SPH_PM_N_ACC], mag[SPH_PM_N_ACC] = {0};
     for (int64_t i = 0; i < N; i++) {
         if (!o->act[i]) continue;
         double c = 0;
@@ -125,7 +128,7 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
         const double q = pp->ref ? pp->ref[i] : 0.0;
         sph_policy_row_full(&pp->coef, c, w, o->logp[i], o->ent[i], pp->adv[i], pp->old[i], q,
                             rho, &o->g[i], &o->e[i], row);
-        for (int f = 0; f < SPH_PM_N_ACC; f++) acc[f] += row[f];
+        for (int f = 0; f < SPH_PM_N_ACC; f++) acc[f] += row[f], mag[f] += fabs(row[f]);
     }
     const double Tm = pp->num_tokens > 0 ? (double)pp->num_tokens : (double)T;
     double *m = o->metrics;
@@ -138,6 +141,15 @@ static sph_status ref_core(const sph_policy_plan *pp, core_out *o) {
     m[SPH_METRIC_PPO_KL] = Tm > 0 ? acc[SPH_PM_ACC_NKL] / Tm : 0.0;
     m[SPH_METRIC_TOKENS] = (double)T;
     m[SPH_METRIC_SEQS] = (double)S;
+    if (scale) {
+        /* the sums of magnitudes; the counts and the clip fractions are exact */
+        for (int k = 0; k < SPH_POLICY_N_METRICS; k++) scale[k] = 0.0;
+        scale[SPH_METRIC_LOSS] = mag[SPH_PM_ACC_LOSS];
+        scale[SPH_METRIC_PG_LOSS] = mag[SPH_PM_ACC_PG];
+        scale[SPH_METRIC_KL_LOSS] = mag[SPH_PM_ACC_KL];
+        scale[SPH_METRIC_ENTROPY_LOSS] = mag[SPH_PM_ACC_ENT];
+        scale[SPH_METRIC_PPO_KL] = Tm > 0 ? mag[SPH_PM_ACC_NKL] / Tm : 0.0;
+    }
 done:
     sph_free(rows);
     if (all != mine) sph_free(all);
@@ -151,7 +163,7 @@ sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double
                               double *ent, double *dh, double *dw) {
     const sph_head_plan *hp = &pp->head;
     core_out o;
-    SPH_TRY(ref_core(pp, &o));
+    SPH_TRY(ref_core(pp, NULL, NULL, &o, NULL));
     const int64_t N = hp->N;
     if (metrics) memcpy(metrics, o.metrics, sizeof o.metrics);
     if (logp) memcpy(logp, o.logp, (size_t)N * sizeof *logp);
@@ -177,6 +189,15 @@ sph_status sph_policy_ref_f64(const sph_policy_plan *pp, double *metrics, double
     return st;
 }
 
+sph_status sph_policy_ref_metrics_at(const sph_policy_plan *pp, const float *logp,
+                                     const float *ent, double *metrics, double *scale) {
+    core_out o;
+    SPH_TRY(ref_core(pp, logp, ent, &o, scale));
+    memcpy(metrics, o.metrics, sizeof o.metrics);
+    core_free(&o);
+    return SPH_OK;
+}
+
 static sph_status ref_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_t *bytes) {
     (void)ctx, (void)pp;
     *bytes = 0; /* the reference allocates its own scratch */
@@ -187,7 +208,7 @@ static sph_status ref_run(sph_ctx_t ctx, const sph_policy_plan *pp, void *ws, si
     (void)ws, (void)bytes;
     const sph_head_plan *hp = &pp->head;
     core_out o;
-    SPH_TRY(ref_core(pp, &o));
+    SPH_TRY(ref_core(pp, NULL, NULL, &o, NULL));
     const int64_t N = hp->N;
     float *g = sph_malloc(((size_t)N + 1) * sizeof *g), *e = sph_malloc(((size_t)N + 1) * sizeof *e);
     float *stats = hp->stats ? NULL : sph_malloc(((size_t)N * 3 + 1) * sizeof *stats);

@@ -248,6 +248,59 @@ static inline void hc_poison(hcase *c) {
     poison_bytes(c->dw, (size_t)(c->V_loc * c->H) * 4);
 }
 
+/* d loss(arg) / d x[k] by central differences, Richardson-extrapolated over the half-steps
+ * 2^-10 and 2^-11. The h^2 term of the truncation error cancels, leaving O(h^4): step 1e-3
+ * alone once left 3e-5 relative (a GSPO loss: exp(rho) times the cube of a row's log-prob
+ * derivative), past TOL_FD. Powers of two keep x0 +- h exact in float for 2^-13 < |x0| <
+ * 2^13, so the steps are symmetric (a rounded step of 1e-3 is off by up to an ulp of x0 on one
+ * side, an error of f'' ulp / 2 ~ 6e-8 relative). Cancellation: eps64 |L| / 2^-11 ~ 5e-13.
+ * x[k] is restored. */
+static inline double hc_central_diff(float *x, int64_t k, double (*loss)(void *), void *arg) {
+    const float x0 = x[k];
+    double d[2], a2[2];
+    for (int s = 0; s < 2; s++) {
+        const double h = s ? 0x1p-11 : 0x1p-10;
+        const float xp = (float)(x0 + h), xm = (float)(x0 - h);
+        x[k] = xp;
+        const double Lp = loss(arg);
+        x[k] = xm;
+        const double Lm = loss(arg);
+        const double a = ((double)xp - (double)xm) / 2; /* the half-step taken */
+        d[s] = (Lp - Lm) / (2 * a), a2[s] = a * a;
+    }
+    x[k] = x0;
+    return (a2[0] * d[1] - a2[1] * d[0]) / (a2[0] - a2[1]);
+}
+
+typedef struct hc_fd_arg {
+    const sph_head_plan *p;
+    const hcase *c;
+} hc_fd_arg;
+
+/* L = sum_i g lp + e ent + gl lse + gm lm over the float64 rows of the reference (the loss
+ * whose gradients the head's backward takes, c's upstream gradients as weights). */
+static inline double hc_rows_loss_f64(void *arg) {
+    const hc_fd_arg *f = arg;
+    const hcase *c = f->c;
+    double *o = hc_alloc((size_t)f->p->N * 7 * 8), L = 0;
+    expect_ok(sph_head_ref_rows_f64(f->p, o));
+    for (int64_t i = 0; i < f->p->N; i++)
+        L += c->g[i] * o[i * 7] + c->e[i] * o[i * 7 + 1] + c->gl[i] * o[i * 7 + 2] +
+             (c->K ? 0 : c->gm[i] * o[i * 7 + 3]);
+    free(o);
+    return L;
+}
+
+/* hc_rows_loss_f64's gradients in hidden (N, H) and weight (V_loc, H) by hc_central_diff, for
+ * a plan p made from c's tensors (float32). */
+static inline void hc_fd_grads(const sph_head_plan *p, hcase *c, double *fdh, double *fdw) {
+    hc_fd_arg f = {p, c};
+    for (int64_t k = 0; k < c->N * c->H; k++)
+        fdh[k] = hc_central_diff((float *)c->h, k, hc_rows_loss_f64, &f);
+    for (int64_t k = 0; k < c->V_loc * c->H; k++)
+        fdw[k] = hc_central_diff((float *)c->w, k, hc_rows_loss_f64, &f);
+}
+
 static inline sph_ctx_t hc_ctx(const char *kernel, int threads, sph_comm_t comm) {
     sph_ctx_opts o = SPH_CTX_OPTS_INIT;
     o.force_kernel = kernel;

@@ -74,17 +74,6 @@ static void test_independent(void **state) {
 
 // ---- finite differences -------------------------------------------------------------------
 
-/* L = sum_i g lp + e ent + gl lse + gm lm over the float64 rows of the reference. */
-static double loss_f64(const sph_head_plan *p, const hcase *c) {
-    double *o = hc_alloc((size_t)p->N * 7 * 8), L = 0;
-    expect_ok(sph_head_ref_rows_f64(p, o));
-    for (int64_t i = 0; i < p->N; i++)
-        L += c->g[i] * o[i * 7] + c->e[i] * o[i * 7 + 1] + c->gl[i] * o[i * 7 + 2] +
-             (c->K ? 0 : c->gm[i] * o[i * 7 + 3]);
-    free(o);
-    return L;
-}
-
 static void fd_case(sph_rng *r, int64_t K, double softcap, double temp, int masked) {
     hcase c;
     const int64_t N = 4, H = 5, V = 7;
@@ -108,21 +97,7 @@ static void fd_case(sph_rng *r, int64_t K, double softcap, double temp, int mask
     double *dh = hc_alloc((size_t)(N * H) * 8), *dw = hc_alloc((size_t)(V * H) * 8);
     expect_ok(sph_head_ref_backward_f64(&p, st, dh, dw));
     double *fdh = hc_alloc((size_t)(N * H) * 8), *fdw = hc_alloc((size_t)(V * H) * 8);
-    for (int which = 0; which < 2; which++) {
-        float *x = which ? c.w : c.h;
-        double *fd = which ? fdw : fdh;
-        int64_t n = which ? V * H : N * H;
-        for (int64_t k = 0; k < n; k++) {
-            float x0 = x[k];
-            float xp = (float)(x0 + 1e-3), xm = (float)(x0 - 1e-3);
-            x[k] = xp;
-            double Lp = loss_f64(&p, &c);
-            x[k] = xm;
-            double Lm = loss_f64(&p, &c);
-            x[k] = x0;
-            fd[k] = (Lp - Lm) / ((double)xp - (double)xm); /* the step actually taken */
-        }
-    }
+    hc_fd_grads(&p, &c, fdh, fdw);
     char cs[160];
     snprintf(cs, sizeof cs, "head_ref_fd(K=%lld,softcap=%g,T=%g,masked=%d)", (long long)K,
              softcap, temp, masked);

@@ -109,16 +109,6 @@ static void test_ref_rowwise(void **state) {
 
 // ---- finite differences -----------------------------------------------------------------------
 
-static double loss_f64(const sph_head_plan *p, const hcase *c) {
-    double *o = hc_alloc((size_t)p->N * 7 * 8), L = 0;
-    expect_ok(sph_head_ref_rows_f64(p, o));
-    for (int64_t i = 0; i < p->N; i++)
-        L += c->g[i] * o[i * 7] + c->e[i] * o[i * 7 + 1] + c->gl[i] * o[i * 7 + 2] +
-             (c->K ? 0 : c->gm[i] * o[i * 7 + 3]);
-    free(o);
-    return L;
-}
-
 static void fd_case(sph_rng *r, int64_t K, double cap, int masked) {
     hcase c;
     const int64_t N = 5, H = 4, V = 7;
@@ -143,20 +133,7 @@ static void fd_case(sph_rng *r, int64_t K, double cap, int masked) {
     double *dh = hc_alloc((size_t)(N * H) * 8), *dw = hc_alloc((size_t)(V * H) * 8);
     expect_ok(sph_head_ref_backward_f64(&p, st, dh, dw));
     double *fdh = hc_alloc((size_t)(N * H) * 8), *fdw = hc_alloc((size_t)(V * H) * 8);
-    for (int which = 0; which < 2; which++) {
-        float *x = which ? c.w : c.h;
-        double *fd = which ? fdw : fdh;
-        const int64_t n = which ? V * H : N * H;
-        for (int64_t k = 0; k < n; k++) {
-            const float x0 = x[k], xp = (float)(x0 + 1e-3), xm = (float)(x0 - 1e-3);
-            x[k] = xp;
-            const double Lp = loss_f64(&p, &c);
-            x[k] = xm;
-            const double Lm = loss_f64(&p, &c);
-            x[k] = x0;
-            fd[k] = (Lp - Lm) / ((double)xp - (double)xm);
-        }
-    }
+    hc_fd_grads(&p, &c, fdh, fdw);
     char cs[96];
     snprintf(cs, sizeof cs, "temp_rows_fd(K=%lld,cap=%g,masked=%d)", (long long)K, cap, masked);
     assert_true(hc_close("dhidden vs central differences", cs, dh, SPH_F64, fdh, SPH_F64, N * H,

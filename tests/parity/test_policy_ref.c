@@ -92,8 +92,15 @@ static double naive_loss(const naive *n, const double *logp, const double *ent, 
     return L;
 }
 
+typedef struct naive_arg {
+    const naive *n;
+    const sph_head_plan *hp;
+} naive_arg;
+
 /* The naive loss at the current hidden / weight (float64 head rows). */
-static double naive_at(const naive *n, const sph_head_plan *hp) {
+static double naive_at(void *arg) {
+    const naive *n = ((const naive_arg *)arg)->n;
+    const sph_head_plan *hp = ((const naive_arg *)arg)->hp;
     const int64_t N = hp->N;
     double *o = hc_alloc((size_t)N * 7 * 8), *lp = hc_alloc((size_t)N * 8),
            *en = hc_alloc((size_t)N * 8);
@@ -144,15 +151,8 @@ static void fd_case(sph_rng *r, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg a
             float *x = which ? c.h.w : c.h.h;
             double *f = which ? fdw : fdh;
             int64_t cnt = which ? V * H : N * H;
-            for (int64_t k = 0; k < cnt; k++) {
-                float x0 = x[k], xp = (float)(x0 + 1e-3), xm = (float)(x0 - 1e-3);
-                x[k] = xp;
-                double Lp = naive_at(&n, &pp.head);
-                x[k] = xm;
-                double Lm = naive_at(&n, &pp.head);
-                x[k] = x0;
-                f[k] = (Lp - Lm) / ((double)xp - (double)xm);
-            }
+            naive_arg na = {&n, &pp.head};
+            for (int64_t k = 0; k < cnt; k++) f[k] = hc_central_diff(x, k, naive_at, &na);
         }
         assert_true(hc_close("dhidden vs central differences", cs, dh, SPH_F64, fdh, SPH_F64,
                              N * H, TOL_FD));
