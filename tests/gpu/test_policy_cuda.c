@@ -246,7 +246,11 @@ static int run_cfg(const gcfg *f, sph_pg_loss loss, sph_kl_kind kl, sph_loss_agg
     /* tolerances.h: the per-row budgets, and the normwise half-gradient fallback (no A sums) */
     const double ftol = half ? TOL_CUDA_HALF_ROWS : TOL_CUDA_F32;
     const double gtol = half ? TOL_CUDA_HALF_GRAD_NORM(f->dt) : TOL_CUDA_F32;
-    ok &= pc_metrics_close("metrics", cs, c.metrics, SPH_F32, rmet, SPH_F32, ftol);
+    /* the metrics against the ones the GPU's own written rows imply (test_policy_case.h) */
+    ok &= pc_metrics_implied("metrics", cs, &c, c.metrics, SPH_F32, c.h.lp, c.h.ent, ftol);
+    for (int k = SPH_METRIC_TOKENS; k < SPH_POLICY_N_METRICS; k++) /* counts: exact */
+        if (c.metrics[k] != rmet[k])
+            ok = 0, print_error("%s: metric %d %g, ref %g\n", cs, k, c.metrics[k], rmet[k]);
     ok &= hc_close("logprob", cs, c.h.lp, SPH_F32, rlp, SPH_F32, N, ftol);
     ok &= hc_close("entropy", cs, c.h.ent, SPH_F32, rent, SPH_F32, N, ftol);
     if (f->grads) {
