@@ -28,11 +28,13 @@ step() { # name timeout cmd...
   echo "$v $name rc=$rc $(( $(date +%s) - s )) s (t=$(( $(date +%s) - t0 )))" >> "$R/steps.txt"
 }
 # extras_checks: the fused extras' standard checks (run 31 on, every call that changes them):
-# the contract test and its memcheck, the TP program, the GPU pytest files of the extras, in
-# parallel; then extras_report prints their verdicts (pytest's tail, memcheck's summary, any
-# failing test program's lines).
+# the contract test and its memcheck, the TP program, the policy loss's CUDA test (the extras
+# through the loss; from 2026-12-05 its metrics against the ones its written rows imply), the
+# GPU pytest files of the extras, in parallel; then extras_report prints their verdicts
+# (pytest's tail, memcheck's summary, any failing test program's lines).
 extras_checks() {
-  for t in $B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp; do
+  for t in $B/bin/gpu_test_head_cuda_contract $B/bin/gpu_test_head_cuda_tp \
+           $B/bin/gpu_test_policy_cuda; do
     SPH_TEST_SKIP_HUGE=1 step "$(basename "$t")" $LIMIT "$t" &
   done
   step memcheck_contract $LIMIT /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
