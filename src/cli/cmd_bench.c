@@ -16,6 +16,10 @@
  *   ms        median over --repeats of forward + backward (general) or the one-pass forward,
  *             after --warmup runs; each repetition is fenced by sph_ctx_synchronize and timed
  *             with CLOCK_MONOTONIC (ms-scale work: the fence costs microseconds)
+ *   extra_pct (--topk / --sum-p2: a second row per point) the extras' time over the plain
+ *             one's, in %: the two configurations' steps alternate within each repetition
+ *             (ABBA order) and extra_pct is the median of the repetitions' own ratios, so the
+ *             card's clock drift over a run does not enter it
  *   floor_ms  8 N_active H V / rate (general) or 6 N_active H V / rate (one-pass)
  *   ratio     ms / floor_ms
  *   floor_sustained_ms, ratio_sustained: the same against rate_sustained
@@ -156,57 +160,118 @@ static int cold_call(const sph_head_args *f, const sph_head_args *bw, int one_pa
     return 0;
 }
 
-/* Times one configuration; returns 0 and fills pt, or an exit code. */
-static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int64_t N, dev_bufs *b,
-                      const int64_t *spans, int64_t n_spans, int masked, int one_pass,
-                      const rates *rt, point *pt) {
-    int64_t sh_h[2] = {N, sh->H}, sh_w[2] = {sh->V, sh->H}, sh_n[1] = {N}, sh_s[2] = {N, 3};
-    int64_t sh_k[2] = {N, o->topk};
-    sph_device d = {o->dev, 0};
-    sph_tensor th = {b->h, d, 2, o->dt, sh_h, NULL, 0};
-    sph_tensor tw = {b->w, d, 2, o->dt, sh_w, NULL, 0};
-    sph_tensor tt = {b->tgt, d, 1, SPH_I32, sh_n, NULL, 0};
-    sph_tensor tm = {b->mask, d, 1, SPH_U8, sh_n, NULL, 0};
-    sph_tensor tlp = {b->lp, d, 1, SPH_F32, sh_n, NULL, 0};
-    sph_tensor tent = {b->ent, d, 1, SPH_F32, sh_n, NULL, 0};
-    sph_tensor tst = {b->st, d, 2, SPH_F32, sh_s, NULL, 0};
-    sph_tensor tg = {b->g, d, 1, SPH_F32, sh_n, NULL, 0};
-    sph_tensor te = {b->e, d, 1, SPH_F32, sh_n, NULL, 0};
-    sph_tensor tdh = {b->dh, d, 2, o->dt, sh_h, NULL, 0};
-    sph_tensor tdw = {b->dw, d, 2, o->dt, sh_w, NULL, 0};
-    sph_tensor ttr = {b->temp, d, 1, SPH_F32, sh_n, NULL, 0};
+/* One configuration's argument structs and the tensors they point at (kept together so the
+ * pointers stay valid while the configuration is timed). */
+typedef struct run_cfg {
+    int64_t sh_h[2], sh_w[2], sh_n[1], sh_s[2], sh_k[2];
+    sph_tensor th, tw, tt, tm, tlp, tent, tst, tg, te, tdh, tdw, ttr, tki, tkl, tsp;
+    sph_head_args f, bw; /* the forward (the one-pass call when one_pass) and the backward */
+    int one_pass;
+    size_t need; /* workspace bytes */
+} run_cfg;
+
+static void cfg_build(run_cfg *c, const bopts *o, const bench_shape *sh, int64_t N,
+                      const dev_bufs *b, const int64_t *spans, int64_t n_spans, int masked,
+                      int one_pass, int extras) {
+    memset(c, 0, sizeof *c);
+    c->sh_h[0] = N, c->sh_h[1] = sh->H, c->sh_w[0] = sh->V, c->sh_w[1] = sh->H;
+    c->sh_n[0] = N, c->sh_s[0] = N, c->sh_s[1] = 3, c->sh_k[0] = N, c->sh_k[1] = o->topk;
+    const sph_device d = {o->dev, 0};
+#define CFG_T(t, ptr, rank, dt, shape) c->t = (sph_tensor){ptr, d, rank, dt, shape, NULL, 0}
+    CFG_T(th, b->h, 2, o->dt, c->sh_h);
+    CFG_T(tw, b->w, 2, o->dt, c->sh_w);
+    CFG_T(tt, b->tgt, 1, SPH_I32, c->sh_n);
+    CFG_T(tm, b->mask, 1, SPH_U8, c->sh_n);
+    CFG_T(tlp, b->lp, 1, SPH_F32, c->sh_n);
+    CFG_T(tent, b->ent, 1, SPH_F32, c->sh_n);
+    CFG_T(tst, b->st, 2, SPH_F32, c->sh_s);
+    CFG_T(tg, b->g, 1, SPH_F32, c->sh_n);
+    CFG_T(te, b->e, 1, SPH_F32, c->sh_n);
+    CFG_T(tdh, b->dh, 2, o->dt, c->sh_h);
+    CFG_T(tdw, b->dw, 2, o->dt, c->sh_w);
+    CFG_T(ttr, b->temp, 1, SPH_F32, c->sh_n);
+    CFG_T(tki, b->tki, 2, SPH_I64, c->sh_k);
+    CFG_T(tkl, b->tkl, 2, SPH_F32, c->sh_k);
+    CFG_T(tsp, b->sp2, 1, SPH_F32, c->sh_n);
+#undef CFG_T
     sph_head_args f = SPH_HEAD_ARGS_INIT;
-    f.hidden = &th, f.weight = &tw, f.targets = &tt, f.stats = &tst;
-    if (b->temp) f.temperature_rows = &ttr; /* --temperature-rows */
-    f.logprob = &tlp, f.entropy = &tent;
-    if (masked) f.active_mask = &tm, f.spans = spans, f.n_spans = n_spans;
+    f.hidden = &c->th, f.weight = &c->tw, f.targets = &c->tt, f.stats = &c->tst;
+    if (b->temp) f.temperature_rows = &c->ttr; /* --temperature-rows */
+    f.logprob = &c->tlp, f.entropy = &c->tent;
+    if (masked) f.active_mask = &c->tm, f.spans = spans, f.n_spans = n_spans;
     sph_head_args bw = f;
     bw.logprob = bw.entropy = NULL;
-    bw.dlogprob = &tg, bw.dentropy = &te, bw.dhidden = &tdh, bw.dweight = &tdw;
-    if (one_pass) f = bw, f.logprob = &tlp, f.entropy = &tent;
+    bw.dlogprob = &c->tg, bw.dentropy = &c->te, bw.dhidden = &c->tdh, bw.dweight = &c->tdw;
+    if (one_pass) f = bw, f.logprob = &c->tlp, f.entropy = &c->tent;
     /* issue 25's extras in the forward only (the backward never computes them) */
-    sph_tensor tki = {b->tki, d, 2, SPH_I64, sh_k, NULL, 0};
-    sph_tensor tkl = {b->tkl, d, 2, SPH_F32, sh_k, NULL, 0};
-    sph_tensor tsp = {b->sp2, d, 1, SPH_F32, sh_n, NULL, 0};
-    if (pt->extras && o->topk) f.topk_ids = &tki, f.topk_logprobs = &tkl;
-    if (pt->extras && o->sum_p2) f.sum_p2 = &tsp;
+    if (extras && o->topk) f.topk_ids = &c->tki, f.topk_logprobs = &c->tkl;
+    if (extras && o->sum_p2) f.sum_p2 = &c->tsp;
+    c->f = f, c->bw = bw, c->one_pass = one_pass;
+}
+
+/* A configuration's workspace size, path (sph_head_describe) and cold first call. */
+static int cfg_prepare(sph_ctx_t ctx, run_cfg *c, point *pt) {
     size_t wf = 0, wb = 0;
-    if (sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &f, &wf) != SPH_OK ||
-        (!one_pass && sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &bw, &wb) != SPH_OK))
+    if (sph_head_workspace_size(ctx, SPH_HEAD_FORWARD, &c->f, &wf) != SPH_OK ||
+        (!c->one_pass && sph_head_workspace_size(ctx, SPH_HEAD_BACKWARD, &c->bw, &wb) != SPH_OK))
         return sph_cli_fail("bench", 1, "workspace size: %s", sph_last_error());
-    size_t need = wf > wb ? wf : wb;
+    c->need = wf > wb ? wf : wb;
     /* the cold first call before the timed ones (and before this context's workspace grows,
      * so the two workspaces are never held at once) */
-    int crc = cold_call(&f, &bw, one_pass, &pt->first_ms);
+    int crc = cold_call(&c->f, &c->bw, c->one_pass, &pt->first_ms);
     if (crc) return crc;
     sph_head_pass_info fi = SPH_HEAD_PASS_INFO_INIT, bi = SPH_HEAD_PASS_INFO_INIT;
-    if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &f, &fi) != SPH_OK ||
-        (!one_pass && sph_head_describe(ctx, SPH_HEAD_BACKWARD, &bw, &bi) != SPH_OK))
+    if (sph_head_describe(ctx, SPH_HEAD_FORWARD, &c->f, &fi) != SPH_OK ||
+        (!c->one_pass && sph_head_describe(ctx, SPH_HEAD_BACKWARD, &c->bw, &bi) != SPH_OK))
         return sph_cli_fail("bench", 1, "describe: %s", sph_last_error());
-    if (one_pass)
+    if (c->one_pass)
         snprintf(pt->path, sizeof pt->path, "%s", fi.path);
     else
         snprintf(pt->path, sizeof pt->path, "%s/%s", fi.path, bi.path);
+    pt->peak = c->need;
+    pt->one_pass = c->one_pass;
+    return 0;
+}
+
+/* One timed step of a configuration (forward, the backward unless one-pass, synchronized):
+ * 0 and its ms, or an exit code. */
+static int cfg_step(sph_ctx_t ctx, const run_cfg *c, dev_bufs *b, double *ms) {
+    const double t0 = sph_cli_now_s();
+    sph_status s = sph_head_forward(ctx, &c->f, b->ws, b->ws_bytes);
+    if (s == SPH_OK && !c->one_pass) s = sph_head_backward(ctx, &c->bw, b->ws, b->ws_bytes);
+    if (s == SPH_OK) s = sph_ctx_synchronize(ctx);
+    if (s != SPH_OK) return sph_cli_fail("bench", 1, "head: %s", sph_last_error());
+    *ms = 1e3 * (sph_cli_now_s() - t0);
+    return 0;
+}
+
+static void point_rates(const bench_shape *sh, const rates *rt, point *pt) {
+    double flops = (pt->one_pass ? 6.0 : 8.0) * (double)pt->n_active * sh->H * sh->V;
+    pt->rate = rt->burst, pt->rate_sus = rt->sustained[pt->one_pass];
+    pt->floor_ms = flops / (pt->rate * 1e12) * 1e3;
+    pt->ratio = pt->ms / pt->floor_ms;
+    pt->floor_sus_ms = flops / (pt->rate_sus * 1e12) * 1e3;
+    pt->ratio_sus = pt->ms / pt->floor_sus_ms;
+}
+
+/* Times one configuration (pt) or, with x, the same point plain (pt) and with the extras (x)
+ * together: their steps alternate within every repetition, in ABBA order (plain first in even
+ * repetitions, the extras first in odd ones), so that the card's clocks, which drift over a run
+ * on the power-limited H200, weigh on both alike; x->extra_pct is the median of the
+ * repetitions' own ratios. Returns 0 and fills pt (and x), or an exit code. */
+static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int64_t N, dev_bufs *b,
+                      const int64_t *spans, int64_t n_spans, int masked, int one_pass,
+                      const rates *rt, point *pt, point *x) {
+    const int nc = x ? 2 : 1;
+    run_cfg c[2];
+    point *pts[2] = {pt, x};
+    size_t need = 0;
+    for (int k = 0; k < nc; k++) {
+        cfg_build(&c[k], o, sh, N, b, spans, n_spans, masked, one_pass, k == 1);
+        int rc = cfg_prepare(ctx, &c[k], pts[k]);
+        if (rc) return rc;
+        if (c[k].need > need) need = c[k].need;
+    }
     if (need > b->ws_bytes) {
         sph_ctx_free(ctx, b->ws);
         b->ws = NULL, b->ws_bytes = 0;
@@ -214,30 +279,27 @@ static int time_point(sph_ctx_t ctx, const bopts *o, const bench_shape *sh, int6
             return sph_cli_fail("bench", 1, "workspace: %s", sph_last_error());
         b->ws_bytes = need;
     }
-    double *t = malloc(sizeof(double) * (size_t)(o->repeats + 1));
+    const size_t nr = (size_t)o->repeats + 1;
+    double *t = malloc(sizeof(double) * nr * 3); /* t[k * nr + r]; the ratios at 2 nr */
     if (!t) return sph_cli_fail("bench", 1, "out of memory");
-    for (int64_t r = -o->warmup; r < o->repeats; r++) {
-        double t0 = sph_cli_now_s();
-        sph_status s = sph_head_forward(ctx, &f, b->ws, b->ws_bytes);
-        if (s == SPH_OK && !one_pass) s = sph_head_backward(ctx, &bw, b->ws, b->ws_bytes);
-        if (s == SPH_OK) s = sph_ctx_synchronize(ctx);
-        if (s != SPH_OK) {
-            free(t);
-            return sph_cli_fail("bench", 1, "head: %s", sph_last_error());
+    int rc = 0;
+    for (int64_t r = -o->warmup; r < o->repeats && !rc; r++)
+        for (int j = 0; j < nc && !rc; j++) {
+            const int k = nc == 2 ? j ^ (int)(r & 1) : 0; /* ABBA */
+            double ms = 0;
+            rc = cfg_step(ctx, &c[k], b, &ms);
+            if (!rc && r >= 0) t[(size_t)k * nr + (size_t)r] = ms;
         }
-        if (r >= 0) t[r] = 1e3 * (sph_cli_now_s() - t0);
+    if (!rc && x)
+        for (int64_t r = 0; r < o->repeats; r++)
+            t[2 * nr + (size_t)r] = 100.0 * (t[nr + (size_t)r] / t[(size_t)r] - 1.0);
+    for (int k = 0; k < nc && !rc; k++) {
+        pts[k]->ms = sph_cli_median(t + (size_t)k * nr, (int)o->repeats);
+        point_rates(sh, rt, pts[k]);
     }
-    pt->ms = sph_cli_median(t, (int)o->repeats);
+    if (!rc && x) x->extra_pct = sph_cli_median(t + 2 * nr, (int)o->repeats);
     free(t);
-    double flops = (one_pass ? 6.0 : 8.0) * (double)pt->n_active * sh->H * sh->V;
-    pt->rate = rt->burst, pt->rate_sus = rt->sustained[one_pass];
-    pt->floor_ms = flops / (pt->rate * 1e12) * 1e3;
-    pt->ratio = pt->ms / pt->floor_ms;
-    pt->floor_sus_ms = flops / (pt->rate_sus * 1e12) * 1e3;
-    pt->ratio_sus = pt->ms / pt->floor_sus_ms;
-    pt->peak = need;
-    pt->one_pass = one_pass;
-    return 0;
+    return rc;
 }
 
 // ---- output ----------------------------------------------------------------------------------
@@ -618,16 +680,16 @@ int sph_cli_bench(int argc, char **argv) {
                     break;
                 }
             }
-            rc = time_point(ctx, &o, sh, N, &b, spans, ns, masked, q.one_pass, &rt, &q);
+            /* with --topk / --sum-p2, the same point with the extras too (the next row),
+             * timed alternately with it */
+            const int ex = o.topk || o.sum_p2;
+            point x = q;
+            x.extras = 1;
+            rc = time_point(ctx, &o, sh, N, &b, spans, ns, masked, q.one_pass, &rt, &q,
+                            ex ? &x : NULL);
             sph_cli_progress_end(&pr);
             if (!rc) emit(js, &o, gpu, date, w, &q);
-            if (!rc && (o.topk || o.sum_p2)) { /* the same point with the extras, next row */
-                point x = q;
-                x.extras = 1;
-                rc = time_point(ctx, &o, sh, N, &b, spans, ns, masked, q.one_pass, &rt, &x);
-                x.extra_pct = 100.0 * (x.ms / q.ms - 1.0);
-                if (!rc) emit(js, &o, gpu, date, w, &x);
-            }
+            if (!rc && ex) emit(js, &o, gpu, date, w, &x);
             sph_cli_progress_step(&pr, (int64_t)wi * n_runs + ri + 1);
         }
         free(hm), free(spans);

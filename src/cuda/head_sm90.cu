@@ -641,10 +641,10 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
 /* Row statistics of the tile: each row's 256 columns live in the 4 threads of a quad, 64
  * each. Max first (quad shuffles), then sum exp(z - m), sum exp(z - m) z and sum z over the
  * columns in a fixed order, quad-summed in a fixed order: one record per row and tile. The
- * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb; the
- * general kernel compiles a second copy for whole tiles without them (FULL, v27: 1616 SASS
- * instructions per tile and thread against 1960 plain, 6608 against 7984 with top-k; the
- * one-pass kernel keeps one copy, its second spilled).
+ * accumulators are overwritten with z. Column tests are 32-bit against lim = Vs - cb; a
+ * second copy for whole tiles has none (FULL, v27: 1616 SASS instructions per tile and thread
+ * against 1960 plain, 6608 against 7984 with top-k; the one-pass kernel's, v28, only without
+ * softcap: with softcap's too its stack went 8 -> 32 bytes).
  * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
  * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
  * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
@@ -707,13 +707,15 @@ __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_ep
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                             uint32_t tks) {
-    /* a whole tile (the split's last one excepted): warp-uniform, as its shuffles need. Only
-     * in the general kernel: the one-pass kernel's second copy spilled (stack 8 -> 32 bytes) */
-    const bool full = !ESTORE && Vs - (cb - 2 * (threadIdx.x & 3)) >= SM90_BN;
+    /* a whole tile (the split's last one excepted): warp-uniform, as its shuffles need. The
+     * one-pass kernel (ESTORE) has the whole-tile copy without softcap only: with it too, its
+     * stack went 8 -> 32 bytes (v28; without, 8 as before) */
+    constexpr bool full_cap = !ESTORE;
+    const bool full = Vs - (cb - 2 * (threadIdx.x & 3)) >= SM90_BN;
 #define SPH_EPI_STATS_T(CAP, FULL)                                                            \
     epi_stats_t<CAP, ESTORE, Q2, TK, FULL>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks)
     if (ep.cap > 0.f) {
-        if (full) SPH_EPI_STATS_T(true, true);
+        if (full_cap && full) SPH_EPI_STATS_T(true, full_cap);
         else SPH_EPI_STATS_T(true, false);
     } else {
         if (full) SPH_EPI_STATS_T(false, true);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CLI test of `spanhead bench` and bench/ab_summary.py, CPU only: the seed matrix's 56 unique
 # points (--list), a packed-RL run on a tiny custom shape with its JSON record checked (both
-# floors: burst and sustained), a one-pass run's sustained floor, error exits, and
+# floors: burst and sustained), a one-pass run's sustained floor, the --topk / --sum-p2 extras
+# rows, error exits, and
 # ab_summary.py on hand-made JSON Lines (wins, mean, unmatched, malformed input).
 # usage: test_bench.sh PATH_TO_SPANHEAD
 set -u
@@ -113,6 +114,35 @@ for r in recs:
 md = open(sys.argv[2]).read()
 assert "a chain of 3 products" in md and "chain of 4" not in md, md
 PY
+# --topk K --sum-p2: after each point's row, the same point with the extras (its mode names
+# them and the share over the plain row); the two are timed alternately, the share the median
+# of the repetitions' own ratios: one repetition gives exactly the rows' ratio, three a finite
+# share that the table prints as the JSON says
+for reps in 1 3; do
+    "$cli" bench --device cpu --H 48 --V 300 --N 512 --repeats $reps --warmup 0 --mode both \
+        --active 0.5 --topk 8 --sum-p2 --json "$tmp/x$reps.jsonl" >"$tmp/x$reps.md" 2>"$tmp/err" \
+        || fail "extras run ($reps): $(cat "$tmp/err")"
+    python3 - "$tmp/x$reps.jsonl" "$tmp/x$reps.md" "$tmp" $reps <<'PY' || fail "extras records ($reps)"
+import json, math, sys
+sys.path.insert(0, sys.argv[3])
+from floors import check_floors
+recs = [json.loads(l) for l in open(sys.argv[1])]
+md = open(sys.argv[2]).read()
+modes = [r["mode"].split(" ")[0] for r in recs]
+assert modes == (["general", "general+topk8+sum_p2"] * 2 +
+                 ["one-pass", "one-pass+topk8+sum_p2"] * 2), modes
+for p, x in zip(recs[0::2], recs[1::2]):
+    assert "extra_pct" not in p or p.get("topk") is None, p
+    assert x["topk"] == 8 and x["sum_p2"] is True and math.isfinite(x["extra_pct"]), x
+    assert (x["mask"], x["active"], x["n_active"]) == (p["mask"], p["active"], p["n_active"])
+    check_floors(x, 6 if p["mode"] == "one-pass" else 8)
+    assert f'{x["mode"].split(" ")[0]} ({x["extra_pct"]:+.1f} %)' in md, (x, md)
+    if sys.argv[4] == "1":  # ms printed to 4 decimals
+        want = 100 * (x["ms"] / p["ms"] - 1)
+        assert abs(x["extra_pct"] - want) < 0.05 + 100 * 5e-5 * (x["ms"] + p["ms"]) / (
+            p["ms"] - 5e-5) ** 2, (x, p)
+PY
+done
 # same seed, same batch; another seed, another batch
 act() {
     "$cli" bench --list --device cpu --H 64 --V 520 --N 4096 --mode general --mask packed-rl "$@" \
