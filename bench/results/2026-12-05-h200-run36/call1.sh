@@ -16,9 +16,10 @@
 set -u
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$root"
+rm -rf .devbundle .devbundle-v27 # this call's bundles, never a warm machine's earlier ones
 . scripts/device/call_common.sh
 L27=$root/.devbundle-v27
-[ -d "$L27/lib" ] || { mkdir -p "$L27" && tar xJf "$root/.devbundle-v27.txz" -C "$L27"; }
+mkdir -p "$L27" && tar xJf "$root/.devbundle-v27.txz" -C "$L27"
 [ -z "${NO_CHECKS:-}" ] && extras_checks
 op="$S bench --shape A --N 16K --active 1 --mode one-pass --repeats 1 --warmup 0 --topk 64 --sum-p2"
 for lib in new v27; do
