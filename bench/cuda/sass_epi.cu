@@ -19,7 +19,7 @@
 #ifdef SPH_SM90_DEVICE
 /* Q2: sum_p2; TK: top-k; VAR: SPH_TEST_TOPK_VARIANT's bits (constant here); FULL: 1 a whole
  * tile only (epi_stats_t's FULL copy), 0 both copies behind the kernel's run-time choice */
-template <bool Q2, bool TK, int VAR, bool FULL = false>
+template <bool Q2, bool TK, int VAR, bool FULL = false, bool TGT = true>
 __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, int64_t r0,
                                               int64_t Vs) {
     float acc[128];
@@ -34,30 +34,60 @@ __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, 
     ra[1].tau = epi_row_tau(ep, r0 + 8, INT64_MAX);
     const int64_t cb = 2 * (threadIdx.x % 4);
     const uint32_t tks = 4u * (uint32_t)threadIdx.x;
-    if (FULL) epi_stats_t<false, 0, Q2, TK, true>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
+    if (FULL)
+        epi_stats_t<false, 0, Q2, TK, true, TGT>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
     else epi_stats_c<0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
 }
 
-#define SASS_EPI(name, Q2, TK, VAR, FULL)                                                      \
+/* the backward's dlogits epilogue (bf16 du, 16-byte stores, no softcap): FULL 1 a whole tile
+ * only (v29's copy), 0 the run-time split width's column tests */
+template <bool FULL, bool TGT>
+__device__ __forceinline__ void sass_dl_body(const float *in, sph_sm90_epi ep, int64_t r0,
+                                             int64_t Vs) {
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = in[(int64_t)i * 384 + threadIdx.x];
+    ep.cap = 0.f;
+    epi_row_args ra[2];
+    epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r0, INT64_MAX, ra[0]);
+    epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r0 + 8, INT64_MAX, ra[1]);
+    const int64_t cb = 2 * (threadIdx.x % 4);
+    epi_dlogits_t<__nv_bfloat16, false, true, FULL, TGT>(acc, ep, ra, r0, cb, INT64_MAX, Vs, 1);
+}
+#define SASS_DL(name, FULL, TGT)                                                                  \
     __global__ void __launch_bounds__(SM90_THREADS, 1)                                         \
         name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {                 \
-        sass_epi_body<Q2, TK, VAR, FULL>(in, ep, r0, Vs);                                      \
+        sass_dl_body<FULL, TGT>(in, ep, r0, Vs);                                                   \
+    }
+
+#define SASS_EPI(name, Q2, TK, VAR, FULL, TGT)                                                    \
+    __global__ void __launch_bounds__(SM90_THREADS, 1)                                         \
+        name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {                 \
+        sass_epi_body<Q2, TK, VAR, FULL, TGT>(in, ep, r0, Vs);                                 \
     }
 #else
-#define SASS_EPI(name, Q2, TK, VAR, FULL)                                                      \
+#define SASS_EPI(name, Q2, TK, VAR, FULL, TGT)                                                    \
     __global__ void name(const float *in, const sph_sm90_epi ep, int64_t r0, int64_t Vs) {     \
         (void)in, (void)ep, (void)r0, (void)Vs;                                                \
     }
+#define SASS_DL(name, FULL, TGT) SASS_EPI(name, false, false, 0, FULL, TGT)
 #endif
 
-SASS_EPI(sass_epi_plain, false, false, 0, false)
-SASS_EPI(sass_epi_sump2, true, false, 0, false)
-SASS_EPI(sass_epi_topk, true, true, 0, false)    /* the default: v22's count */
-SASS_EPI(sass_epi_topk_v1, true, true, 1, false) /* SPH_TEST_TOPK_VARIANT=1: v25's count */
+SASS_EPI(sass_epi_plain, false, false, 0, false, true)
+SASS_EPI(sass_epi_sump2, true, false, 0, false, true)
+SASS_EPI(sass_epi_topk, true, true, 0, false, true)    /* the default: v22's count */
+SASS_EPI(sass_epi_topk_v1, true, true, 1, false, true) /* SPH_TEST_TOPK_VARIANT=1: v25's count */
 /* a whole tile alone (what all but a split's last tile run) */
-SASS_EPI(sass_epi_full_plain, false, false, 0, true)
-SASS_EPI(sass_epi_full_sump2, true, false, 0, true)
-SASS_EPI(sass_epi_full_topk, true, true, 0, true)
+SASS_EPI(sass_epi_full_plain, false, false, 0, true, true)
+SASS_EPI(sass_epi_full_sump2, true, false, 0, true, true)
+SASS_EPI(sass_epi_full_topk, true, true, 0, true, true)
+/* a whole tile in a warp none of whose 16 rows has its target in it (v29) */
+SASS_EPI(sass_epi_fullnt_plain, false, false, 0, true, false)
+SASS_EPI(sass_epi_fullnt_topk, true, true, 0, true, false)
+/* the backward's dlogits epilogue, a split's last tile and a whole one */
+SASS_DL(sass_epi_dlogits, false, true)
+SASS_DL(sass_epi_full_dlogits, true, true)
+SASS_DL(sass_epi_fullnt_dlogits, true, false)
 
 #ifndef SASS_EPI_QUICK
 /* The fused statistics kernel itself in its two top-k schedules' bf16 instantiations (general

@@ -118,6 +118,13 @@ __device__ __forceinline__ float fexp(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
+/* 2^x (x already in log2 units: an epilogue folds log2e into its per-row FFMA, v29) */
+#define SPH_LOG2E 1.4426950408889634f
+__device__ __forceinline__ float fex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 /* Two values as one 32-bit word of T (the pair a thread holds for adjacent columns). */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);

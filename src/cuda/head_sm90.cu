@@ -309,6 +309,18 @@ __device__ __forceinline__ void epi_row_load(const sph_sm90_epi &ep, int64_t rr,
     a.gmV = ep.gm ? ep.gm[i] * ep.inv_V : 0.f;
 }
 
+/* Whether one of the warp's 16 rows (its threads' two) has its target among the tile's 256
+ * columns (warp-uniform): the epilogues' whole-tile copies without the target's compare run
+ * where none has (v29). cb: the thread's first column in the split (the tile's + 2 (lane %
+ * 4)). Exact for every column a thread holds; a row past R only ever picks the copy with it. */
+__device__ __forceinline__ bool epi_warp_has_target(const sph_sm90_epi &ep,
+                                                    const epi_row_args (&ra)[2], int64_t cb) {
+    const int64_t tb = cb - 2 * (threadIdx.x & 3) + ep.col_g0;
+    const bool tg = (ra[0].t >= tb && ra[0].t < tb + SM90_BN) ||
+                    (ra[1].t >= tb && ra[1].t < tb + SM90_BN);
+    return __any_sync(0xffffffffu, tg);
+}
+
 /* The fused top-k's part of one row of the tile (ep.tk_cand, head_sm90.cuh), in two halves
  * around the row's statistics so that no global round trip waits on the epilogue's critical
  * path (run 31: a warpgroup's epilogue is as slow as its slowest row): epi_topk_count finds the
@@ -568,7 +580,7 @@ __device__ __forceinline__ void epi_topk_emit(const sph_sm90_epi &ep, int64_t rr
  * top-k, a thread whose candidates the stage could not hold emits them from its registers
  * first (the one-pass kernel's loop overwrites z with p; the general kernel's emission after
  * the loops then runs without the accumulators live). */
-template <int ESTORE, bool Q2, bool TK>
+template <int ESTORE, bool Q2, bool TK, bool TGT = true>
 __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90_epi &ep,
                                                const epi_row_args (&ra)[2], int64_t r,
                                                int64_t cb, int64_t tile_n, int64_t n_n,
@@ -582,6 +594,8 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
         const int tl = ra[hf].t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         const float mx = mxs[hf];
         if (TK) epi_topk_emit_over(acc, hf, ra[hf].tau, ep, rr, cb, lim, tk[hf]);
+        /* p = 2^(z log2e - mx log2e): one FFMA before the exponential (v29) */
+        const float mxl = mx * SPH_LOG2E;
         float s = 0.f, b = 0.f, sz = 0.f, zt = 0.f, q = 0.f;
 #pragma unroll
         for (int j = 0; j < SM90_BN / 8; j++)
@@ -591,13 +605,13 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
                 const float z = v;
                 float p = 0.f;
                 if (8 * j + e < lim) {
-                    p = fexp(z - mx);
+                    p = fex2(fmaf(z, SPH_LOG2E, -mxl));
                     s += p;
                     b = fmaf(p, z, b);
                     sz += z;
                     if (Q2) q = fmaf(p, p, q);
                 }
-                if (8 * j + e == tl) zt = z;
+                if (TGT && 8 * j + e == tl) zt = z;
                 if (ESTORE) v = p; /* z is not needed past this point */
             }
 #pragma unroll
@@ -648,7 +662,7 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
  * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
  * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
  * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
-template <bool CAP, int ESTORE, bool Q2, bool TK, bool FULL>
+template <bool CAP, int ESTORE, bool Q2, bool TK, bool FULL, bool TGT = true>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
@@ -694,7 +708,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
         const float tau[2] = {r < R ? ra[0].tau : NAN, r + 8 < R ? ra[1].tau : NAN};
         epi_topk_count2(acc, tau, ep, r, lim, tks, tk);
     }
-    epi_stats_rows<ESTORE, Q2, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, lim, mxs, tk);
+    epi_stats_rows<ESTORE, Q2, TK, TGT>(acc, ep, ra, r, cb, tile_n, n_n, R, lim, mxs, tk);
     if (TK) {
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
@@ -717,9 +731,14 @@ __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_ep
     if (ep.cap > 0.f) {
         if (full_cap && full) SPH_EPI_STATS_T(true, full_cap);
         else SPH_EPI_STATS_T(true, false);
+    } else if (full) {
+        /* v29: a copy without the target's compare for the warps none of whose 16 rows has
+         * its target in the tile (~14 of 15 warp-tiles at V 62080) */
+        if (epi_warp_has_target(ep, ra, cb)) SPH_EPI_STATS_T(false, true);
+        else epi_stats_t<false, ESTORE, Q2, TK, true, false>(acc, ep, ra, r, cb, tile_n, n_n, R,
+                                                             Vs, tks);
     } else {
-        if (full) SPH_EPI_STATS_T(false, true);
-        else SPH_EPI_STATS_T(false, false);
+        SPH_EPI_STATS_T(false, false);
     }
 #undef SPH_EPI_STATS_T
 }
@@ -782,11 +801,12 @@ __device__ __forceinline__ float epi_du(float u, const sph_sm90_epi &ep, float i
     return active ? du : 0.f; /* inactive rows: exactly 0 */
 }
 
-template <typename T, bool CAP, bool S16>
+template <typename T, bool CAP, bool S16, bool FULL = false, bool TGT = true>
 __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph_sm90_epi &ep,
                                               const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                               int64_t R, int64_t Vs, int vec2) {
-    const int lim = Vs - cb < SM90_BN ? (int)(Vs - cb) : SM90_BN;
+    /* FULL: the tile's 256 columns all lie in the split, so no column test is compiled */
+    const int lim = FULL || Vs - cb >= SM90_BN ? SM90_BN : (int)(Vs - cb);
     const int q4 = threadIdx.x & 3;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -800,6 +820,34 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
         const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         /* dz = p (gl - g + e (mu - z)) + gmV (+ g at the target) */
         const float cp = gl - g + eg * mu;
+        if (FULL && !CAP) {
+            /* v29b: du = dz / T_i with z = u / T_i folded into per-row coefficients, so that
+             * a logit costs two FFMA, the exponential and a third FFMA: p = 2^(u it log2e -
+             * lse log2e), du = p (it cp - eg it^2 u) + it gmV (+ it g at the target) */
+            const float itl = it * SPH_LOG2E, lsl = lse * SPH_LOG2E;
+            const float ca = it * cp, cu = -eg * it * it, c0 = it * gmV, ct = it * g;
+            T *row = (T *)ep.D + rr * ep.ldD + (cb - 2 * q4);
+#pragma unroll
+            for (int m = 0; m < SM90_BN / 32; m++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int j = 4 * m + q;
+                    float o[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float u = acc[4 * j + 2 * hf + e];
+                        const float px = fex2(fmaf(u, itl, -lsl));
+                        o[e] = fmaf(px, fmaf(cu, u, ca), c0);
+                        if (TGT && 8 * j + e == tl) o[e] += ct;
+                    }
+                    /* inactive rows: exactly 0 (the quad shares the row) */
+                    w[q] = active ? pack2<T>(o[0], o[1]) : 0u;
+                }
+                quad_store16(row, m, w, SM90_BN + 2 * q4, rr < R);
+            }
+            continue;
+        }
         if (S16) {
             T *row = (T *)ep.D + rr * ep.ldD + (cb - 2 * q4);
 #pragma unroll
@@ -846,8 +894,23 @@ __device__ __forceinline__ void epi_dlogits(const float (&acc)[128], const sph_s
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t R, int64_t Vs, int vec2) {
     if (ep.store16) {
-        if (ep.cap > 0.f) epi_dlogits_t<T, true, true>(acc, ep, ra, r, cb, R, Vs, vec2);
-        else epi_dlogits_t<T, false, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+        /* v29: a whole tile (the split's last one excepted; warp-uniform) without column
+         * tests, as the statistics epilogue's (v27), with the per-logit math folded into
+         * per-row coefficients, and a copy without the target's compare for the warps none of
+         * whose 16 rows has its target in the tile (all but ~1 in 15 at V 62080): SASS per
+         * tile and thread (scripts/sass_epi.sh) 3032 -> 1664 (target) / 1368 (none); without
+         * softcap only (v29's first form, with softcap's copy too, had 24 bytes of stack) */
+        const bool full = Vs - (cb - 2 * (threadIdx.x & 3)) >= SM90_BN;
+        if (ep.cap > 0.f) {
+            epi_dlogits_t<T, true, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+        } else {
+            if (full) {
+                if (epi_warp_has_target(ep, ra, cb))
+                    epi_dlogits_t<T, false, true, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+                else epi_dlogits_t<T, false, true, true, false>(acc, ep, ra, r, cb, R, Vs, vec2);
+            }
+            else epi_dlogits_t<T, false, true>(acc, ep, ra, r, cb, R, Vs, vec2);
+        }
     } else {
         if (ep.cap > 0.f) epi_dlogits_t<T, true, false>(acc, ep, ra, r, cb, R, Vs, vec2);
         else epi_dlogits_t<T, false, false>(acc, ep, ra, r, cb, R, Vs, vec2);
