@@ -820,10 +820,13 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
         const int tl = t >= 0 && tg >= 0 && tg < SM90_BN ? (int)tg : -1;
         /* dz = p (gl - g + e (mu - z)) + gmV (+ g at the target) */
         const float cp = gl - g + eg * mu;
-        if (FULL && !CAP) {
-            /* v29b: du = dz / T_i with z = u / T_i folded into per-row coefficients, so that
-             * a logit costs two FFMA, the exponential and a third FFMA: p = 2^(u it log2e -
-             * lse log2e), du = p (it cp - eg it^2 u) + it gmV (+ it g at the target) */
+        if (S16) {
+            /* v29, whole tiles without softcap (FOLD): du = dz / T_i with z = u / T_i folded
+             * into per-row coefficients, so that a logit costs two FFMA, the exponential and a
+             * third FFMA: p = 2^(u it log2e - lse log2e), du = p (it cp - eg it^2 u) + it gmV
+             * (+ it g at the target); inactive rows zeroed on the packed words (the quad
+             * shares the row) */
+            constexpr bool FOLD = FULL && !CAP;
             const float itl = it * SPH_LOG2E, lsl = lse * SPH_LOG2E;
             const float ca = it * cp, cu = -eg * it * it, c0 = it * gmV, ct = it * g;
             T *row = (T *)ep.D + rr * ep.ldD + (cb - 2 * q4);
@@ -837,33 +840,16 @@ __device__ __forceinline__ void epi_dlogits_t(const float (&acc)[128], const sph
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const float u = acc[4 * j + 2 * hf + e];
-                        const float px = fex2(fmaf(u, itl, -lsl));
-                        o[e] = fmaf(px, fmaf(cu, u, ca), c0);
-                        if (TGT && 8 * j + e == tl) o[e] += ct;
+                        if (FOLD) {
+                            o[e] = fmaf(fex2(fmaf(u, itl, -lsl)), fmaf(cu, u, ca), c0);
+                            if (TGT && 8 * j + e == tl) o[e] += ct;
+                        } else {
+                            o[e] = 8 * j + e < lim ? epi_du<T, CAP>(u, ep, it, lse, cp, eg, g,
+                                                                    gmV, 8 * j + e == tl, active)
+                                                   : 0.f;
+                        }
                     }
-                    /* inactive rows: exactly 0 (the quad shares the row) */
-                    w[q] = active ? pack2<T>(o[0], o[1]) : 0u;
-                }
-                quad_store16(row, m, w, SM90_BN + 2 * q4, rr < R);
-            }
-            continue;
-        }
-        if (S16) {
-            T *row = (T *)ep.D + rr * ep.ldD + (cb - 2 * q4);
-#pragma unroll
-            for (int m = 0; m < SM90_BN / 32; m++) {
-                uint32_t w[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int j = 4 * m + q;
-                    float o[2];
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        o[e] = 8 * j + e < lim
-                                   ? epi_du<T, CAP>(acc[4 * j + 2 * hf + e], ep, it, lse, cp, eg,
-                                                    g, gmV, 8 * j + e == tl, active)
-                                   : 0.f;
-                    w[q] = pack2<T>(o[0], o[1]);
+                    w[q] = !FOLD || active ? pack2<T>(o[0], o[1]) : 0u;
                 }
                 quad_store16(row, m, w, lim + 2 * q4, rr < R);
             }
