@@ -850,6 +850,20 @@ struct tks_args {
     int *tau;
 };
 
+/* A row's seed from T (the s-th largest sample's ordered key, its top 24 bits; 0: fewer than
+ * K ordered samples, no seed) and hh = |h_i|^2: less the margin, transformed, into tau[r].
+ * A non-finite seed: none. */
+__device__ void seed_store(const tks_args &a, int64_t r, int64_t i, unsigned T, float hh) {
+    if (T == 0) return;
+    const float zk = sph_tk_dec((int)(T ^ 0x80000000u)); /* <= the s-th largest sample */
+    const float margin = 4.f * (float)a.H * 5.9604645e-8f * sqrtf(hh) * __uint_as_float(*a.wmax);
+    float seed = transform(zk - margin, row_inv_t(a.trows, i, a.inv_t), a.cap, a.inv_cap);
+    seed -= fabsf(seed) * 1e-6f; /* the transform's own rounding (tanhf is not exact) */
+    seed += a.bias;               /* tests only (SPH_TEST_TOPK_SEED) */
+    if (!(fabsf(zk) < INFINITY) || !(seed > -INFINITY) || seed != seed) return;
+    a.tau[r] = sph_tk_enc(seed);
+}
+
 /* One row per block: the s-th largest of the row's m sample logits (a bitwise search over
  * their ordered keys, the top 24 bits: a lower bound of it within 2^-15 relative), less the
  * margin, transformed; the row's threshold (reset to -inf) set to it. Fewer than K ordered
@@ -894,17 +908,10 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
     if (lane == 0) redf[warp] = hh;
     __syncthreads();
-    if (threadIdx.x != 0 || T == 0) return; /* T 0: fewer than K ordered samples */
+    if (threadIdx.x != 0) return;
     hh = 0.f;
     for (int w = 0; w < SEED_T / 32; w++) hh += redf[w];
-    const int e = (int)(T ^ 0x80000000u);
-    const float zk = sph_tk_dec(e); /* <= the K-th largest sample logit */
-    const float margin = 4.f * (float)a.H * 5.9604645e-8f * sqrtf(hh) * __uint_as_float(*a.wmax);
-    float seed = transform(zk - margin, row_inv_t(a.trows, i, a.inv_t), a.cap, a.inv_cap);
-    seed -= fabsf(seed) * 1e-6f; /* the transform's own rounding (tanhf is not exact) */
-    seed += a.bias;               /* tests only (SPH_TEST_TOPK_SEED) */
-    if (!(fabsf(zk) < INFINITY) || !(seed > -INFINITY) || seed != seed) return;
-    a.tau[r] = sph_tk_enc(seed);
+    seed_store(a, r, i, T, hh);
 }
 
 /* The same seed by one warp per row, PER = m / 32 samples per lane (8, 16, 32 for m = 256,
@@ -940,15 +947,7 @@ __global__ void __launch_bounds__(32 * SEED_W) head_topk_seed_warp_kernel(tks_ar
         hh = fmaf(x, x, hh);
     }
     for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
-    if (lane != 0 || T == 0) return; /* T 0: fewer than K ordered samples */
-    const int e = (int)(T ^ 0x80000000u);
-    const float zk = sph_tk_dec(e); /* <= the s-th largest sample logit */
-    const float margin = 4.f * (float)a.H * 5.9604645e-8f * sqrtf(hh) * __uint_as_float(*a.wmax);
-    float seed = transform(zk - margin, row_inv_t(a.trows, i, a.inv_t), a.cap, a.inv_cap);
-    seed -= fabsf(seed) * 1e-6f; /* the transform's own rounding (tanhf is not exact) */
-    seed += a.bias;               /* tests only (SPH_TEST_TOPK_SEED) */
-    if (!(fabsf(zk) < INFINITY) || !(seed > -INFINITY) || seed != seed) return;
-    a.tau[r] = sph_tk_enc(seed);
+    if (lane == 0) seed_store(a, r, i, T, hh);
 }
 
 sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,

@@ -357,8 +357,8 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
 }
 /* FULL: the tile's 256 columns all lie in the split (no column test). GS (SPH_TEST_TOPK_VARIANT
  * bit 5): only the groups of 8 positions (4 j, both e) whose bit is set in wg, the warp's
- * union of its threads' groups with a logit >= tau (epi_group_bits): a group none of the
- * warp's 8 rows reaches is skipped whole (warp-uniform), with the same result. */
+ * union of its threads' groups with a logit >= tau (epi_stats_t's maximum loop): a group none
+ * of the warp's 8 rows reaches is skipped whole (warp-uniform), with the same result. */
 template <bool FULL, bool GS = false>
 __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float tau, int lim,
                                          uint32_t tks, tk_part &k, uint32_t wg = 0xffu) {
@@ -521,7 +521,8 @@ __device__ __forceinline__ void tk_readback_kth(const sph_sm90_epi &ep, int64_t 
     const int4 *s4 = (const int4 *)(slots + q4 * (ep.tk_ks / 4));
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = make_int4(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN); /* below every key: never counts */
+        /* below every key: never counts */
+        v[i] = make_int4(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN);
         if (look && i < n4) {
             v[i] = __ldcg(s4 + i);
             mn = min(mn, min(min(v[i].x, v[i].y), min(v[i].z, v[i].w)));

@@ -5,7 +5,8 @@
 # programs on the same bundle.
 #   bit 4 (16): 2 K' slots and the read-back's K-th rule (4 bisections to a value K slots reach)
 #   bit 5 (32): the count's group skip (a warp skips a group of 8 positions none of its rows
-#               reaches: the group maxima from the row's maximum loop)
+#               reaches: the group maxima from the row's maximum loop; ping-pong kernels
+#               only, so not at E, whose H 4096 takes the cooperative schedule)
 #   bit 6 (64): the seed's sample of max(256, 4 K') columns (1024 at K 64 before: the seed's
 #               GEMM 0.10 ms + select 0.084 ms at A 16K, run 36 call 2's ncu)
 # 1. Correctness, in parallel: the contract test (11 variant sets now, 12 cases each), its
@@ -19,9 +20,10 @@
 # 3. Nsight at A 16K general (top-k 64 + sum_p2): the statistics launch, seed and merge under
 #    variants 0, 32, 64, 112 and 112 with every 64. Prediction: 64 cuts the seed's GEMM +
 #    select from ~0.19 to ~0.06 ms; 32 adds ~+20 M instructions at A (8 % of the groups empty
-#    under today's rule: the skip rarely fires) and saves at D / E; 112 + every 64: the
+#    under today's rule: the skip rarely fires) and saves at D; 112 + every 64: the
 #    statistics launch -20 .. -60 M instructions against 0 (fewer candidates, 33 % of the
-#    groups skipped, +~500 instructions per read-back event), the merge 0.15 -> ~0.12 ms.
+#    groups skipped, +~500 instructions per read-back event), the merge 0.15 -> ~0.10 ms
+#    with every variant (its K-th key searched below the keys' common prefix: the default).
 #   device: bash bench/results/2026-12-05-h200-run37/call1.sh
 #           carry [".devbundle-v30.txz", "python/spanhead/_spanhead.abi3.so"]
 set -u

@@ -6,7 +6,8 @@
 # Prediction (run 36 call 3 for 0: general A +3.3 / +3.7, D +3.8, E +2.4 / +1.7 %; one-pass A
 # +3.2 .. +3.8, D +2.8, E +2.5 %): 64 takes ~0.12 ms off every 16K row's extra (A general
 # -0.4 points, one-pass -0.5); 112 + every 64 a further -0.2 .. -0.5 points at A and -0.5 ..
-# -1 at D and E (the group skip: 59 % of D's groups empty in the simulation).
+# -1 at D (the group skip: 55 % of D's groups empty in the simulation), less at E (its
+# cooperative launches have no group skip: fewer candidates and a smaller merge only).
 #   device: bash bench/results/2026-12-05-h200-run37/call2.sh
 #           carry [".devbundle-v30.txz"]
 set -u
