@@ -58,6 +58,7 @@ def simulate(z, K, ks, every, m, L, rule, margin, seed_s=None, group=8):
     count = np.zeros(rows, dtype=np.int64)
     groups_total = 0
     groups_empty = 0
+    emit_trips = emit_halves = rb_events = 0
     reads = 0
     pos = np.arange(256)
     q4_of = (pos % 8) // 2  # column 8 j + 2 q4 + e
@@ -103,10 +104,15 @@ def simulate(z, K, ks, every, m, L, rule, margin, seed_s=None, group=8):
                     s = c % ks
                     v = zq[ov, k]
                     slots[ov, s] = np.maximum(slots[ov, s], v)
+        # the emission loop runs its warp's largest lane count (staged path), per row half
+        nh = n_thr.reshape(rows // 8, 32)
+        emit_trips += nh.max(axis=1).sum()
+        emit_halves += (nh.sum(axis=1) > 0).sum()
         total = n_thr.sum(axis=1)
         base = count.copy()
         count += total
         look = (total > 0) & ((base >> every) != ((base + total) >> every))
+        rb_events += look.reshape(rows // 8, 8).any(axis=1).sum()
         if look.any():
             reads += look.sum()
             if rule == "min":
@@ -137,7 +143,24 @@ def simulate(z, K, ks, every, m, L, rule, margin, seed_s=None, group=8):
                     mn = np.where(ok & (v > mn), v, mn)
             tau = np.where(look, np.maximum(tau, mn), tau)
         tau_after.append(tau.copy())
-    return count.mean(), groups_empty / groups_total, reads / rows
+    halves = rows // 8 * nt  # (warp row half, tile) pairs
+    # warp instructions per (row half, tile), scaled to 16K rows: the count (4 per position,
+    # 64 positions; with the group skip 32 per group scanned + 2 per group), the emission
+    # (~17 per trip of its loop, ~30 to set it up: scripts/sass_epi.sh, v26), the read-back
+    # (the minimum's ~40, the bisections' ~530, once per warp row half with a row reading)
+    scale = 16384 / rows
+    rb_cost = 40  # the minimum's rule
+    if rule.startswith("bisect"):
+        rb_cost = 80 + 113 * int(rule.split(":")[1])  # loads and extremes, then the rounds
+    elif rule == "kth":
+        rb_cost = 530
+    cost = dict(
+        count=256 * halves * scale,
+        count_gs=((groups_total - groups_empty) * 32 + 16 * halves) * scale,
+        emit=(17 * emit_trips + 30 * emit_halves) * scale,
+        readback=rb_cost * rb_events * scale,
+    )
+    return count.mean(), groups_empty / groups_total, reads / rows, cost
 
 
 def main():
@@ -174,19 +197,24 @@ def main():
             for ev, m in ((6, m0), (6, 256), (7, 256)):
                 configs.append(("ks 2 K', probes %s, every %d, m %d" % (pr, 1 << ev, m),
                                 dict(ks=2 * k2, every=ev, m=m, rule="probes:" + pr)))
-        for R in (3, 4, 5, 6, 8):
-            for ev, m in ((6, m0), (6, 256), (7, 256), (8, 256)):
+        for R in (2, 3, 4, 5, 6, 8):
+            for ev, m in ((6, m0), (6, 256), (7, 256), (8, 256), (7, m0), (8, m0)):
                 configs.append(("ks 2 K', bisect %d, every %d, m %d" % (R, 1 << ev, m),
                                 dict(ks=2 * k2, every=ev, m=m, rule="bisect:%d" % R)))
         configs.append(("no seed", dict(ks=k2, every=8, m=0, rule="min")))
     print("V %d, K %d, %d rows; seed rank at m: %s" % (
         a.V, K, a.rows, ", ".join("%d: %d" % (m, seed_rank(K, m, a.V)) for m in (128, 256, 512, 1024))))
-    print("| configuration | L | candidates per row | empty groups of 8 | read-backs per row |")
-    print("|---|---|---|---|---|")
+    print("| configuration | L | candidates per row | empty groups of 8 | read-backs per row "
+          "| M warp instructions per 16K rows: count / with the group skip / emission / "
+          "read-backs |")
+    print("|---|---|---|---|---|---|")
     for name, c in configs:
         for L in a.L:
-            n, empty, reads = simulate(z, K, c["ks"], c["every"], c["m"], L, c["rule"], a.margin)
-            print("| %s | %d | %.0f | %.2f | %.1f |" % (name, L, n, empty, reads))
+            n, empty, reads, w = simulate(z, K, c["ks"], c["every"], c["m"], L, c["rule"],
+                                          a.margin)
+            print("| %s | %d | %.0f | %.2f | %.1f | %.0f / %.0f / %.0f / %.0f |" % (
+                name, L, n, empty, reads, w["count"] / 1e6, w["count_gs"] / 1e6,
+                w["emit"] / 1e6, w["readback"] / 1e6))
 
 
 if __name__ == "__main__":
