@@ -274,7 +274,7 @@ static void test_extras_cuda(void **state) {
      * 9 v25's stage at 6 entries (a half's overflow, both halves', their sum's: every
      * overflowing thread emits from its registers before the statistics loops), 13 with
      * the K-th seed's extra candidates; 16 the K-th read-back, 32 the group skip, 64 the
-     * small seed (256 samples at K 64, 512 at K 128: cases[40]), 112 all three, 113 with
+     * small seed (256 samples at K 64, 512 at K 128: cases[39]), 112 all three, 113 with
      * v25's count (the group bits computed, unused). Besides the cases above: massive ties
      * (cases[26]: every slot equal, no bisection), the general kernel's stage overflow
      * (cases[28]), softcap (cases[32]: no group skip, the K-th read-back), ties at the seed at
