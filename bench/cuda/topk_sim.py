@@ -8,8 +8,13 @@ logits z >= tau, raises the slots and, where the row's count crossed a multiple 
 reads the slots back and raises tau. The candidates depend only on the logits' order within
 a row (iid logits: any continuous distribution gives the same counts; the seed's margin is
 modelled as a shift of `margin` standard deviations). What it prints per configuration: the
-mean candidates per row, and the share of (tile, warp, row half, group of 8 positions) that
-hold no candidate (a warp-uniform skip of the group's compares would fire there).
+mean candidates per row, the share of (tile, warp, row half, group of 8 positions) that hold
+no candidate (a warp-uniform skip of the group's compares fires there), the read-backs per
+row, and the epilogue's top-k warp instructions per 16K rows from the SASS counts of
+scripts/sass_epi.sh: the count (with and without the group skip), the emission (per trip of
+its loop: the warp's largest lane count, not per candidate) and the read-backs (once per warp
+row half with a row reading). Each run of a row's tiles is sequential here (L models the
+tiles in flight), so the counts are per row and split, the whole vocabulary one split.
 
     python3 bench/cuda/topk_sim.py                 # the calibration rows and the variants
     python3 bench/cuda/topk_sim.py --V 128256      # E's vocabulary
@@ -147,7 +152,7 @@ def simulate(z, K, ks, every, m, L, rule, margin, seed_s=None, group=8):
     # warp instructions per (row half, tile), scaled to 16K rows: the count (4 per position,
     # 64 positions; with the group skip 32 per group scanned + 2 per group), the emission
     # (~17 per trip of its loop, ~30 to set it up: scripts/sass_epi.sh, v26), the read-back
-    # (the minimum's ~40, the bisections' ~530, once per warp row half with a row reading)
+    # (the minimum's ~40, 80 + 113 per bisection, once per warp row half with a row reading)
     scale = 16384 / rows
     rb_cost = 40  # the minimum's rule
     if rule.startswith("bisect"):
