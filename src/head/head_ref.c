@@ -273,7 +273,9 @@ sph_status sph_head_ref_backward_f64(const sph_head_plan *p, const double *stats
 }
 
 /* Writes the float64 gradients into the caller's tensors with the accumulate / inactive-row
- * rules of the API, then the optional TP all-reduce of dhidden. */
+ * rules of the API, then the optional TP all-reduce of dhidden. Accumulating, an element whose
+ * gradient is exactly 0 keeps its start bit for bit (start + 0 is the start: a -0 start would
+ * round to +0, and with no active row dweight must stay its start) */
 static sph_status store_grads(const sph_head_plan *p, const double *dh, const double *dw) {
     const int64_t N = p->N, H = p->H;
     if (p->dhidden) {
@@ -285,7 +287,10 @@ static sph_status store_grads(const sph_head_plan *p, const double *dh, const do
             for (int64_t k = 0; k < H; k++) {
                 int64_t o = i * p->ld_dh + k;
                 double v = dh[i * H + k];
-                if (p->acc_dh) v += load(p->dhidden, p->dh_dtype, o);
+                if (p->acc_dh) {
+                    if (v == 0) continue;
+                    v += load(p->dhidden, p->dh_dtype, o);
+                }
                 store(p->dhidden, p->dh_dtype, o, v);
             }
         }
@@ -301,7 +306,10 @@ static sph_status store_grads(const sph_head_plan *p, const double *dh, const do
             for (int64_t k = 0; k < H; k++) {
                 int64_t o = j * p->ld_dw + k;
                 double v = dw[j * H + k];
-                if (p->acc_dw) v += load(p->dweight, p->dw_dtype, o);
+                if (p->acc_dw) {
+                    if (v == 0) continue;
+                    v += load(p->dweight, p->dw_dtype, o);
+                }
                 store(p->dweight, p->dw_dtype, o, v);
             }
     }
