@@ -122,7 +122,10 @@ static void load(const run *r, const void *base, sph_dtype dt, int64_t off, int6
         r->k.cvt((const uint16_t *)base + off, dst, n, dt.code == SPH_DTYPE_BFLOAT);
 }
 
+/* Accumulating, an exactly-zero v keeps the start bit for bit (start + 0 is the start; a -0
+ * start would round to +0: with no active row dweight must stay its start). */
 static void store(void *base, sph_dtype dt, int64_t k, float v, int acc) {
+    if (acc && v == 0) return;
     if (dt.bits == 32) {
         float *f = base;
         f[k] = acc ? f[k] + v : v;

@@ -215,7 +215,10 @@ static void load_row(const run *r, const void *base, int64_t off, int64_t n, flo
     }
 }
 
+/* Accumulating, an exactly-zero v keeps the start bit for bit (start + 0 is the start; a -0
+ * start would round to +0), as the reference does (head_ref.c store_grads). */
 static void store_val(void *base, sph_dtype dt, int64_t k, float v, int acc) {
+    if (acc && v == 0) return;
     if (dt.bits == 32) {
         float *f = base;
         f[k] = acc ? f[k] + v : v;
