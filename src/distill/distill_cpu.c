@@ -122,21 +122,6 @@ static void load(const run *r, const void *base, sph_dtype dt, int64_t off, int6
         r->k.cvt((const uint16_t *)base + off, dst, n, dt.code == SPH_DTYPE_BFLOAT);
 }
 
-/* Accumulating, an exactly-zero v keeps the start bit for bit (start + 0 is the start; a -0
- * start would round to +0: with no active row dweight must stay its start). */
-static void store(void *base, sph_dtype dt, int64_t k, float v, int acc) {
-    if (acc && v == 0) return;
-    if (dt.bits == 32) {
-        float *f = base;
-        f[k] = acc ? f[k] + v : v;
-        return;
-    }
-    uint16_t *b = base;
-    const int bf = dt.code == SPH_DTYPE_BFLOAT;
-    if (acc) v += bf ? sph_bf16_to_f32(b[k]) : sph_f16_to_f32(b[k]);
-    b[k] = bf ? sph_f32_to_bf16(v) : sph_f32_to_f16(v);
-}
-
 /* (m, s) += (m2, s2), exact up to rounding; m = -inf holds s = 0. */
 static void merge_ms(double *m, double *s, double m2, double s2) {
     if (m2 == -INFINITY && s2 == 0) return;
@@ -381,7 +366,8 @@ static void chunk_grads(const run *r, int64_t c0, int64_t nr) {
             for (int64_t q = 0; q < nr; q++) {
                 const int64_t i = r->rows[c0 + q];
                 for (int64_t k = 0; k < H; k++)
-                    store(hp->dhidden, hp->dh_dtype, i * hp->ld_dh + k, dhc[q * H + k], hp->acc_dh);
+                    sph_head_store_f32(hp->dhidden, hp->dh_dtype, i * hp->ld_dh + k,
+                                       dhc[q * H + k], hp->acc_dh);
             }
         }
     }
@@ -455,14 +441,16 @@ static sph_status finish(const run *r) {
                 q++;
                 continue;
             }
-            for (int64_t k = 0; k < hp->H; k++) store(hp->dhidden, hp->dh_dtype, i * hp->ld_dh + k, 0, 0);
+            for (int64_t k = 0; k < hp->H; k++)
+                sph_head_store_f32(hp->dhidden, hp->dh_dtype, i * hp->ld_dh + k, 0, 0);
         }
     }
     if (hp->dweight) {
         const float *a = at(r, r->L.o_dw);
         for (int64_t j = 0; j < hp->V_loc; j++)
             for (int64_t k = 0; k < hp->H; k++)
-                store(hp->dweight, hp->dw_dtype, j * hp->ld_dw + k, a[j * hp->H + k], hp->acc_dw);
+                sph_head_store_f32(hp->dweight, hp->dw_dtype, j * hp->ld_dw + k, a[j * hp->H + k],
+                                   hp->acc_dw);
     }
     if (hp->allreduce_dh && hp->comm && hp->comm->size > 1) {
         sph_status st = hp->comm->ops->allreduce_sum_f32(hp->comm, hp->dhidden,

@@ -26,6 +26,8 @@
 
 #include <stdint.h>
 
+#include "spanhead.h" /* sph_dtype */
+
 typedef struct sph_head_kern {
     void (*tile_stats)(float *x, int64_t n, float inv_t, float out[4]);
     void (*tile_grad)(float *x, int64_t n, float xs, float ys, float ls, float A, float e, float dm,
@@ -37,6 +39,11 @@ void sph_head_tile_stats_generic(float *x, int64_t n, float inv_t, float out[4])
 void sph_head_tile_grad_generic(float *x, int64_t n, float xs, float ys, float ls, float A,
                                 float e, float dm, float C, float inv_t);
 void sph_head_cvt_generic(const uint16_t *src, float *dst, int64_t n, int is_bf16);
+/* base[k] = v, or base[k] += v (acc), in base's dtype (f32, bf16, f16); accumulating, an
+ * exactly-zero v keeps the start bit for bit (start + 0 is the start; a -0 start would round
+ * to +0: with no active row dweight must stay its start), as the reference does (head_ref.c
+ * store_grads). The host paths' stores of dhidden and dweight (head, distillation). */
+void sph_head_store_f32(void *base, sph_dtype dt, int64_t k, float v, int acc);
 
 void sph_head_tile_stats_avx2(float *x, int64_t n, float inv_t, float out[4]);
 void sph_head_tile_grad_avx2(float *x, int64_t n, float xs, float ys, float ls, float A,

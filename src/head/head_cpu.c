@@ -215,21 +215,6 @@ static void load_row(const run *r, const void *base, int64_t off, int64_t n, flo
     }
 }
 
-/* Accumulating, an exactly-zero v keeps the start bit for bit (start + 0 is the start; a -0
- * start would round to +0), as the reference does (head_ref.c store_grads). */
-static void store_val(void *base, sph_dtype dt, int64_t k, float v, int acc) {
-    if (acc && v == 0) return;
-    if (dt.bits == 32) {
-        float *f = base;
-        f[k] = acc ? f[k] + v : v;
-        return;
-    }
-    uint16_t *b = base;
-    int bf = dt.code == SPH_DTYPE_BFLOAT;
-    if (acc) v += bf ? sph_bf16_to_f32(b[k]) : sph_f16_to_f32(b[k]);
-    b[k] = bf ? sph_f32_to_bf16(v) : sph_f32_to_f16(v);
-}
-
 /* The softcapped transform and its derivative factor, scalar (softcap is the rare case). */
 static void softcap_rows(float *x, int64_t n, float cap, float inv_t) {
     for (int64_t j = 0; j < n; j++) x[j] = cap * tanhf(x[j] / cap) * inv_t;
@@ -411,7 +396,7 @@ static void dw_end(const run *r) {
     const float *acc = at(r, r->L.o_dw);
     for (int64_t j = 0; j < p->V_loc; j++)
         for (int64_t k = 0; k < p->H; k++)
-            store_val(p->dweight, p->dw_dtype, j * p->ld_dw + k, acc[j * p->H + k], 0);
+            sph_head_store_f32(p->dweight, p->dw_dtype, j * p->ld_dw + k, acc[j * p->H + k], 0);
 }
 
 static sph_status allreduce_dh(const run *r) {
@@ -660,8 +645,8 @@ static void chunk_backward(const run *r, int64_t c0, int64_t nr, int have_z, flo
         for (int64_t q = 0; q < nr; q++) {
             int64_t i = r->rows[c0 + q];
             for (int64_t k = 0; k < p->H; k++)
-                store_val(p->dhidden, p->dh_dtype, i * p->ld_dh + k, dhc[q * p->H + k],
-                          p->acc_dh);
+                sph_head_store_f32(p->dhidden, p->dh_dtype, i * p->ld_dh + k,
+                                   dhc[q * p->H + k], p->acc_dh);
         }
     }
 }
@@ -941,7 +926,8 @@ static sph_status support_backward(const run *r, int from_rec) {
                     for (int64_t x = 0; x < p->H; x++) acc[x] += d[k] * w[x];
                 }
                 for (int64_t x = 0; x < p->H; x++)
-                    store_val(p->dhidden, p->dh_dtype, i * p->ld_dh + x, acc[x], p->acc_dh);
+                    sph_head_store_f32(p->dhidden, p->dh_dtype, i * p->ld_dh + x, acc[x],
+                                       p->acc_dh);
             }
         }
         /* dW: thread tid owns local vocab rows [j0, j1) and visits rows in order */

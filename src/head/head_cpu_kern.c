@@ -31,6 +31,19 @@ void sph_head_tile_grad_generic(float *x, int64_t n, float xs, float ys, float l
     }
 }
 
+void sph_head_store_f32(void *base, sph_dtype dt, int64_t k, float v, int acc) {
+    if (acc && v == 0) return;
+    if (dt.bits == 32) {
+        float *f = base;
+        f[k] = acc ? f[k] + v : v;
+        return;
+    }
+    uint16_t *b = base;
+    const int bf = dt.code == SPH_DTYPE_BFLOAT;
+    if (acc) v += bf ? sph_bf16_to_f32(b[k]) : sph_f16_to_f32(b[k]);
+    b[k] = bf ? sph_f32_to_bf16(v) : sph_f32_to_f16(v);
+}
+
 void sph_head_cvt_generic(const uint16_t *src, float *dst, int64_t n, int is_bf16) {
     if (is_bf16)
         for (int64_t j = 0; j < n; j++) dst[j] = sph_bf16_to_f32(src[j]);
