@@ -164,6 +164,94 @@ static int run_cfg(const gcfg *f) {
     return ok;
 }
 
+/* No active row, accumulating (docs/head.md: inactive rows never touch dweight, and their
+ * dhidden rows are left untouched): every per-row output and stats exactly 0, and dhidden /
+ * dweight keep their start. The starts hold +0 and -0 among random values: a pass that wrote
+ * start + 0 back would be invisible on the others, and turns a -0 into +0. Bitwise where the
+ * start is not a zero; a zero start must stay a zero of either sign where cuBLAS accumulates
+ * into the caller's buffer (beta 1: -0 + 0 is +0 in IEEE arithmetic, as torch's += gives).
+ * how: 0 a mask of zeros (every row computed on the device, none active), 1 an empty span
+ * list, 2 a mask of zeros under spans that cover every row. */
+static int no_active_case(sph_dtype dt, sph_dtype gdt, int one_pass, int how, int64_t chunk) {
+    const int64_t N = 37, H = 72, V = 613;
+    hcase c;
+    hc_init(&c, &g_rng, N, H, V, V, 0, 0, dt);
+    c.gdt = gdt;
+    c.mask = hc_alloc((size_t)N + 1);
+    memset(c.mask, how == 1 ? 1 : 0, (size_t)N);
+    c.spans = hc_alloc(2 * sizeof(int64_t));
+    c.spans[0] = 0, c.spans[1] = N;
+    c.n_spans = how == 1 ? 0 : 1;
+    unsigned what = HC_LP | HC_ENT | HC_LSE | HC_LM | HC_G | HC_E | HC_GL | HC_GM | HC_DH | HC_DW;
+    what |= how == 0 ? HC_MASK : how == 1 ? HC_SPANS : HC_MASK | HC_SPANS;
+    hc_wire(&c, what);
+    c.a.accumulate_dhidden = c.a.accumulate_dweight = 1;
+    hc_poison(&c);
+    const size_t dhn = (size_t)(N * H), dwn = (size_t)(V * H), ge = hc_esize(gdt);
+    for (size_t k = 0; k < dhn; k++)
+        hc_set(c.dh, gdt, (int64_t)k, k % 7 == 3 ? -0.0 : k % 11 == 5 ? 0.0 : rng_normal(&g_rng));
+    for (size_t k = 0; k < dwn; k++)
+        hc_set(c.dw, gdt, (int64_t)k, k % 7 == 2 ? -0.0 : k % 13 == 4 ? 0.0 : rng_normal(&g_rng));
+    void *dh0 = hc_dup(c.dh, dhn * ge), *dw0 = hc_dup(c.dw, dwn * ge);
+    char cs[160];
+    snprintf(cs, sizeof cs, "head_cuda no active row(dtype=%s,grad=%s,one_pass=%d,how=%d,chunk=%lld)",
+             sph_dtype_name(dt), sph_dtype_name(gdt), one_pass, how, (long long)chunk);
+    sph_ctx_t g = gpu_ctx(chunk, 0, NULL);
+    mirror m;
+    if (!one_pass) { /* forward (the stats of no row), then the backward on them */
+        sph_head_args fa = c.a;
+        fa.dhidden = fa.dweight = NULL;
+        mirror_make(g, &fa, &m);
+        expect_ok(gpu_run(g, SPH_HEAD_FORWARD, &m.a));
+        mirror_back(g, &m);
+        mirror_free(g, &m);
+    }
+    mirror_make(g, &c.a, &m);
+    expect_ok(gpu_run(g, one_pass ? SPH_HEAD_FORWARD : SPH_HEAD_BACKWARD, &m.a));
+    mirror_back(g, &m);
+    mirror_free(g, &m);
+    sph_ctx_destroy(g);
+    int ok = 1;
+    for (int64_t i = 0; i < N && ok; i++)
+        if (c.lp[i] != 0.f || c.ent[i] != 0.f || c.lse[i] != 0.f || c.lm[i] != 0.f ||
+            c.stats[3 * i] != 0.f || c.stats[3 * i + 1] != 0.f || c.stats[3 * i + 2] != 0.f) {
+            print_error("%s: row %lld: a per-row output or stats is not 0\n", cs, (long long)i);
+            ok = 0;
+        }
+    const struct { const char *name; const void *got, *start; size_t n; } t[2] = {
+        {"dhidden", c.dh, dh0, dhn}, {"dweight", c.dw, dw0, dwn}};
+    for (int q = 0; q < 2; q++)
+        for (size_t k = 0; k < t[q].n; k++) {
+            const double s = hc_get(t[q].start, gdt, (int64_t)k);
+            const double v = hc_get(t[q].got, gdt, (int64_t)k);
+            const int same = s == 0 ? v == 0 && !isnan(v)
+                                    : memcmp((const char *)t[q].got + k * ge,
+                                             (const char *)t[q].start + k * ge, ge) == 0;
+            if (!same) {
+                print_error("%s: %s[%zu] = %.9g, its start was %.9g\n", cs, t[q].name, k, v, s);
+                ok = 0;
+                break;
+            }
+        }
+    free(dh0), free(dw0);
+    hc_free(&c);
+    return ok;
+}
+
+static void test_no_active_acc(void **state) {
+    (void)state;
+    const sph_dtype dts[] = {SPH_F16, SPH_BF16}, gdts[] = {SPH_F16, SPH_BF16, SPH_F32};
+    int ok = 1;
+    for (int d = 0; d < 2; d++)
+        for (int gd = 0; gd < 3; gd++)
+            for (int one_pass = 0; one_pass < 2; one_pass++)
+                for (int how = 0; how < 3; how++) /* default chunks, and rows in many chunks */
+                    for (int64_t chunk = 0; chunk <= 1; chunk++)
+                        ok &= no_active_case(dts[d], gdts[gd], one_pass, how,
+                                             chunk ? 64 << 10 : 0);
+    assert_true(ok);
+}
+
 static gcfg base(sph_dtype dt, int64_t N, int64_t H, int64_t V) {
     gcfg f;
     memset(&f, 0, sizeof f);
@@ -1156,7 +1244,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bi_sm90),
         cmocka_unit_test(test_fused),         cmocka_unit_test(test_sweep),
         cmocka_unit_test(test_pingpong),      cmocka_unit_test(test_issue23),
-        cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_graph_capture), cmocka_unit_test(test_no_active_acc),
         cmocka_unit_test(test_huge),
     };
     /* SPH_GPU_TESTS=name1,name2 runs a subset (compute-sanitizer runs use it);

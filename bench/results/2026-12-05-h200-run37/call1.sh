@@ -25,11 +25,11 @@
 #    skip -156 M). The seed's GEMM + select 0.19 -> ~0.06 ms under 64; the merge 0.15 ->
 #    ~0.10 ms everywhere (its K-th key searched below the keys' common prefix: the default).
 #   device: bash bench/results/2026-12-05-h200-run37/call1.sh checks    (then: call1.sh counts)
-#           carry [".devbundle-v30.txz", "python/spanhead/_spanhead.abi3.so"]
+#           carry [".devbundle-v30b.txz", "python/spanhead/_spanhead.abi3.so"]
 set -u
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$root"
-rm -rf .devbundle && mkdir -p .devbundle && tar xJf .devbundle-v30.txz -C .devbundle
+rm -rf .devbundle && mkdir -p .devbundle && tar xJf .devbundle-v30b.txz -C .devbundle
 LIMIT=330
 . scripts/device/call_common.sh
 cp "$R/machine.txt" "$OUT/"; R=$OUT # logs straight to $OUT

@@ -11,11 +11,11 @@
 # D -0.6 points); 48 / 112 with every 128: D -0.8 .. -1 point, A as 0 / as 64. E has no group
 # skip (cooperative launches): only the seed and the merge move it.
 #   device: bash bench/results/2026-12-05-h200-run37/call2.sh general    (then one-pass)
-#           carry [".devbundle-v30.txz"]
+#           carry [".devbundle-v30b.txz"]
 set -u
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$root"
-rm -rf .devbundle && mkdir -p .devbundle && tar xJf .devbundle-v30.txz -C .devbundle
+rm -rf .devbundle && mkdir -p .devbundle && tar xJf .devbundle-v30b.txz -C .devbundle
 . scripts/device/call_common.sh
 cp "$R/machine.txt" "$OUT/"; R=$OUT
 row() { # row <name> <variant> <every> <mode>
