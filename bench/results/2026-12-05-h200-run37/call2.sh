@@ -10,7 +10,8 @@
 # (A general -0.45 points, one-pass -0.6, D -0.2, E -0.1); 96 adds D's group skip (-63 M:
 # D -0.6 points); 48 / 112 with every 128: D -0.8 .. -1 point, A as 0 / as 64. E has no group
 # skip (cooperative launches): only the seed and the merge move it.
-#   device: bash bench/results/2026-12-05-h200-run37/call2.sh general    (then one-pass)
+#   device: bash bench/results/2026-12-05-h200-run37/call2.sh general    (then one-pass; or
+#           `both`: both modes in one call without 48, when device time is short)
 #           carry [".devbundle-v30b.txz"]
 set -u
 root=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -24,8 +25,14 @@ row() { # row <name> <variant> <every> <mode>
     --json "$R/bench_$4_$1.jsonl"
 }
 m=${1:-general} # one mode per call: five rows of ~45 s each
-row v0 0 256 $m; row v64 64 256 $m; row v96 96 256 $m; row v48_e128 48 128 $m
-row v112_e128 112 128 $m
+if [ "$m" = both ]; then # short of device time: both modes in one call, four rows each
+  for m in general one-pass; do
+    row v0 0 256 $m; row v64 64 256 $m; row v96 96 256 $m; row v112_e128 112 128 $m
+  done
+else
+  row v0 0 256 $m; row v64 64 256 $m; row v96 96 256 $m; row v48_e128 48 128 $m
+  row v112_e128 112 128 $m
+fi
 cat "$R/machine.txt"; sort -k2 "$R/steps.txt"
 for f in "$R"/bench_*.log; do
   echo "== $(basename "$f")"
