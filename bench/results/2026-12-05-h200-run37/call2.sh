@@ -11,7 +11,8 @@
 # D -0.6 points); 48 / 112 with every 128: D -0.8 .. -1 point, A as 0 / as 64. E has no group
 # skip (cooperative launches): only the seed and the merge move it.
 #   device: bash bench/results/2026-12-05-h200-run37/call2.sh general    (then one-pass; or
-#           `both`: both modes in one call without 48, when device time is short)
+#           `both`: both modes in one call without 48, when device time is short; `quick`:
+#           0, 64 and 112 / every 128 at 6 repetitions, then `call1.sh checks` in the same call)
 #           carry [".devbundle-v30b.txz"]
 set -u
 root=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -19,13 +20,17 @@ cd "$root"
 rm -rf .devbundle && mkdir -p .devbundle && tar xJf .devbundle-v30b.txz -C .devbundle
 . scripts/device/call_common.sh
 cp "$R/machine.txt" "$OUT/"; R=$OUT
+REPS=10
 row() { # row <name> <variant> <every> <mode>
   SPH_TEST_TOPK_VARIANT=$2 SPH_TEST_TOPK_EVERY=$3 step bench_$4_$1 100 $S bench --shape A,D,E \
-    --N 16K --active 1 --mask response --mode $4 --topk 64 --sum-p2 --repeats 10 \
+    --N 16K --active 1 --mask response --mode $4 --topk 64 --sum-p2 --repeats $REPS \
     --json "$R/bench_$4_$1.jsonl"
 }
 m=${1:-general} # one mode per call: five rows of ~45 s each
-if [ "$m" = both ]; then # short of device time: both modes in one call, four rows each
+if [ "$m" = quick ]; then # one call for everything: `call2.sh quick; call1.sh checks`
+  REPS=6
+  for m in general one-pass; do row v0 0 256 $m; row v64 64 256 $m; row v112_e128 112 128 $m; done
+elif [ "$m" = both ]; then # short of device time: both modes in one call, four rows each
   for m in general one-pass; do
     row v0 0 256 $m; row v64 64 256 $m; row v96 96 256 $m; row v112_e128 112 128 $m
   done
