@@ -16,7 +16,8 @@
  * SPH_CUDA_*
  * variables of the environment first (sph_ctx_opts_apply_env: the device scripts rerun the
  * suite under them), then each test's own switches,
- * CUDA graph capture and replay, and a case with more than 2^32 logits (sampled rows checked).
+ * CUDA graph capture and replay, no active row under accumulate (dhidden / dweight keep their
+ * start, +-0 starts among them), and a case with more than 2^32 logits (sampled rows checked).
  * Skips (exit 77) without a CUDA device.
  */
 #ifndef SPH_HAVE_CUDA
