@@ -241,11 +241,15 @@ static int no_active_case(sph_dtype dt, sph_dtype gdt, int one_pass, int how, in
 
 static void test_no_active_acc(void **state) {
     (void)state;
+    /* gradients in the inputs' 16-bit dtype or f32 (the library refuses another 16-bit one:
+     * run 37 found this grid's first form asking for bf16 dhidden of f16 inputs) */
     const sph_dtype dts[] = {SPH_F16, SPH_BF16}, gdts[] = {SPH_F16, SPH_BF16, SPH_F32};
     int ok = 1;
     for (int d = 0; d < 2; d++)
         for (int gd = 0; gd < 3; gd++)
-            for (int one_pass = 0; one_pass < 2; one_pass++)
+            for (int one_pass = 0; one_pass < 2 && (gdts[gd].bits == 32 ||
+                                                    gdts[gd].code == dts[d].code);
+                 one_pass++)
                 for (int how = 0; how < 3; how++) /* default chunks, and rows in many chunks */
                     for (int64_t chunk = 0; chunk <= 1; chunk++)
                         ok &= no_active_case(dts[d], gdts[gd], one_pass, how,
