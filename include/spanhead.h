@@ -935,7 +935,8 @@ SPH_API sph_status sph_scale_inplace(sph_ctx_t ctx, const sph_tensor *scale,
  *       head");
  *   dense teacher (teacher_hidden (N, H_T), teacher_weight (V_loc, H_T), the student's
  *       vocabulary shard): P = softmax(teacher_hidden . teacher_weight^T / T_T), T_T =
- *       teacher_temperature or the row's student temperature; no softcap on the teacher;
+ *       teacher_temperature_rows[i], teacher_temperature or the row's student temperature;
+ *       no softcap on the teacher;
  *   sparse teacher (teacher_topk_ids (N, K) global ids, -1 = padding; teacher_topk_logprobs
  *       (N, K) = log P on those ids): the bins are the K ids and one tail bin of the rest of
  *       the vocabulary, P_r = max(0, 1 - sum_k P_k), Q_r = sum of q over the tail columns.
@@ -977,7 +978,8 @@ typedef struct sph_distill_args {
     size_t struct_size;           /* sizeof(sph_distill_args); set by SPH_DISTILL_ARGS_INIT */
     sph_distill_kind kind;        /* default SPH_DISTILL_FORWARD_KL */
     double beta;                  /* jsd: in [0, 1] (0.5); ignored by the KLs */
-    double teacher_temperature;   /* dense teacher: T_T > 0; 0 = the student's temperature */
+    double teacher_temperature;   /* dense teacher: T_T > 0; 0 = the student's temperature
+                                     (or teacher_temperature_rows, below) */
     sph_reduction reduction;      /* default SPH_REDUCTION_MEAN */
     /* the teacher: dense (both) or sparse (both), on the head's device */
     const sph_tensor *teacher_hidden;        /* (N, H_T) f32|bf16|f16 */
@@ -1004,13 +1006,23 @@ typedef struct sph_distill_args {
      * caller's, as for a device tp_comm). NULL = the call's rows are the whole batch. Not
      * owned. */
     sph_comm_t seq_comm;
+    /* optional, appended (read when struct_size covers it): the dense teacher's per-row
+     * temperature, f32 (N) on the head's device: row i's T_T used for row i exactly as
+     * teacher_temperature is (the teacher's logits * float(1 / T_T,i)); NULL =
+     * teacher_temperature (or the student's). teacher_temperature must then be 0. Each value
+     * follows the scalar's rule ("Float conversions"): host memory is checked at validation,
+     * every row (SPH_ERR_INVALID_ARG naming teacher_temperature_rows[i], nothing written);
+     * CUDA (device memory): a bad value of an active row makes the row NaN and is counted by
+     * sph_ctx_nonfinite ("Policies"). A sparse teacher takes neither temperature (its
+     * log-probs are used as given: SPH_ERR_INVALID_ARG). */
+    const sph_tensor *teacher_temperature_rows;
 } sph_distill_args;
 
 #define SPH_DISTILL_ARGS_INIT                                                                 \
     {                                                                                         \
         .struct_size = sizeof(sph_distill_args), .kind = SPH_DISTILL_FORWARD_KL, .beta = 0.5, \
         .teacher_temperature = 0.0, .reduction = SPH_REDUCTION_MEAN, .num_tokens = 0,         \
-        .seq_comm = NULL                                                                      \
+        .seq_comm = NULL, .teacher_temperature_rows = NULL                                    \
     }
 
 /* Workspace bytes of sph_distill_loss for these arguments (the same ones later passed). */
@@ -1020,13 +1032,14 @@ SPH_API sph_status sph_distill_loss_workspace_size(sph_ctx_t ctx, const sph_head
 
 /* The distillation loss above in one call. head: hidden, weight, active_mask / spans, vocab
  * shard, temperature or temperature_rows (row i's student temperature; the dense teacher's
- * too unless teacher_temperature is given), softcap, dhidden / dweight with accumulate /
+ * too unless teacher_temperature or teacher_temperature_rows is given), softcap, dhidden / dweight with accumulate /
  * allreduce as in sph_head_forward (neither: the loss only); targets, candidates, the per-row
  * outputs, stats, sum_p2, top-k, upstream gradients are refused (SPH_ERR_INVALID_ARG). TP: every rank of tp_comm passes its vocabulary shard of
  * weight and teacher_weight (the same shard) and the same rows; every rank gets the same
  * loss; dweight is the rank's shard, dhidden its partial unless allreduce_dhidden. Errors
  * (nothing is written): SPH_ERR_INVALID_ARG for a kind, reduction or beta out of its domain,
- * no teacher or both kinds of teacher, a bad teacher_temperature ("Policies", float
+ * no teacher or both kinds of teacher, a bad teacher_temperature or
+ * teacher_temperature_rows value, both of them, either with a sparse teacher ("Policies", float
  * conversions), dloss without reduction none, ids outside [0, vocab_total) other than -1,
  * an id twice in a row, log-probs non-finite, above SPH_DISTILL_MASS_TOL or summing (as
  * probabilities) above 1 + SPH_DISTILL_MASS_TOL on an active row (host memory: checked here;

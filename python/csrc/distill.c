@@ -9,17 +9,18 @@
 
 enum {
     D_HIDDEN, D_WEIGHT, D_MASK, D_DHIDDEN, D_DWEIGHT, D_TH, D_TW, D_IDS, D_LP, D_DLOSS, D_LOSS,
-    D_TROWS, D_COUNT
+    D_TROWS, D_TTROWS, D_COUNT
 };
 static const char *const names[D_COUNT] = {
     "hidden", "weight", "loss_mask", "dhidden", "dweight", "teacher_hidden", "teacher_weight",
-    "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss", "temperature_rows"};
+    "teacher_topk_ids", "teacher_topk_logprobs", "dloss", "loss", "temperature_rows",
+    "teacher_temperature_rows"};
 static int is_output(int i, int arg) {
     (void)arg;
     return i == D_DHIDDEN || i == D_DWEIGHT || i == D_LOSS;
 }
 
-/* distill_loss(ctx, tensors: tuple of 12, spans, workspace_alloc, vocab_start, vocab_total,
+/* distill_loss(ctx, tensors: tuple of 13, spans, workspace_alloc, vocab_start, vocab_total,
  *              temperature, softcap, acc_dh, acc_dw, allreduce_dh,
  *              (kind, beta, teacher_temperature, reduction, num_tokens), seq_comm|None)
  *              -> workspace bytes used */
@@ -81,6 +82,7 @@ PyObject *py_distill_loss(PyObject *self, PyObject *args) {
     d.dloss = T(D_DLOSS);
     d.loss = T(D_LOSS);
     a.temperature_rows = T(D_TROWS);
+    d.teacher_temperature_rows = T(D_TTROWS);
 #undef T
     size_t bytes = 0;
     sph_status s = lib.sph_distill_loss_workspace_size(ctx, &a, &d, &bytes);

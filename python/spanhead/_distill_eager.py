@@ -32,7 +32,7 @@ def distill_rows(hidden, weight, *, teacher_hidden=None, teacher_weight=None,
                  teacher_topk_ids=None, teacher_topk_logprobs=None, kind="forward_kl",
                  beta=0.5, temperature=1.0, teacher_temperature=None, softcap=0.0):
     """Per-row losses (N,) of 2-d inputs (every row), differentiable to hidden / weight.
-    temperature: a number or an (N,) tensor of per-row temperatures."""
+    temperature, teacher_temperature: a number or an (N,) tensor of per-row temperatures."""
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(hidden.dtype).reshape(-1, 1)
     u = hidden @ weight.T
@@ -40,7 +40,10 @@ def distill_rows(hidden, weight, *, teacher_hidden=None, teacher_weight=None,
         u = softcap * torch.tanh(u / softcap)
     lq = torch.log_softmax(u / temperature, dim=-1)
     if teacher_hidden is not None:
-        tt = teacher_temperature or temperature
+        if isinstance(teacher_temperature, torch.Tensor):  # one per row
+            tt = teacher_temperature.to(hidden.dtype).reshape(-1, 1)
+        else:
+            tt = teacher_temperature or temperature
         lp = torch.log_softmax((teacher_hidden @ teacher_weight.T) / tt, dim=-1).detach()
         return _terms(kind, beta, lq, lp).sum(-1)
     ids = teacher_topk_ids.long()
@@ -75,7 +78,8 @@ def distill_eager(hidden, weight, *, loss_mask=None, reduction="mean", chunk_row
     parts = []
     for c0 in range(0, N, R):
         sl = slice(c0, c0 + R)
-        rowwise = ("teacher_hidden", "teacher_topk_ids", "teacher_topk_logprobs", "temperature")
+        rowwise = ("teacher_hidden", "teacher_topk_ids", "teacher_topk_logprobs", "temperature",
+                   "teacher_temperature")
         t = {k: (v[sl] if k in rowwise and isinstance(v, torch.Tensor) else v)
              for k, v in kw.items()}
         parts.append(distill_rows(hidden[sl], weight, **t))

@@ -37,9 +37,11 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
                     tw: Optional[torch.Tensor], ids: Optional[torch.Tensor],
                     lp: Optional[torch.Tensor], dloss: Optional[torch.Tensor], fl: List[float],
                     it: List[int], kernel: Optional[str], tune_cache: Optional[str],
-                    trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
+                    trows: Optional[torch.Tensor],
+                    ttrows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """(loss (0-d, or (N,) for reduction none), dhidden, dweight); the gradients are empty
-    when not needed. trows: per-row temperatures (N,) float32 or None."""
+    when not needed. trows, ttrows: the student's and the dense teacher's per-row temperatures
+    (N,) float32, or None."""
     beta, tt, temperature, softcap = fl
     (kind, red, need_h, need_w, gap, vocab_start, vocab_total, reduce_dh, comm, threads,
      allow_tf32, batch_invariant, chunk_rows, chunk_bytes, num_tokens, seq_comm) = it
@@ -58,7 +60,7 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
     ctx = _ops.context_for(dev, _ops.comm_of(comm), **opts._asdict())
     group = _ops.comm_of(seq_comm)
     caps = tuple(_ops._cap(t) for t in (hidden, weight, m, dh, dw, th, tw, ids, lp, dloss, loss,
-                                        trows))
+                                        trows, ttrows))
 
     def alloc(nbytes: int):
         return _ops._cap(torch.empty(nbytes, dtype=torch.uint8, device=dev))
@@ -84,7 +86,7 @@ def _distill_loss_fake(hidden, weight, mask, spans, th, tw, ids, lp, dloss, fl, 
             weight.new_empty(weight.shape if need_w else (0,))]
 
 
-_N_INPUTS = 14
+_N_INPUTS = 15
 
 
 def _setup(ctx, inputs, output):
@@ -98,6 +100,7 @@ def _setup(ctx, inputs, output):
     if ctx.red == 2:  # the backward runs the call again with dloss = the incoming gradient
         ctx.args = inputs
         ctx.trows = inputs[13] if len(inputs) > 13 else None
+        ctx.ttrows = inputs[14] if len(inputs) > 14 else None
         ctx.save_for_backward(*[x for x in inputs[:9] if isinstance(x, torch.Tensor)])
         ctx.slots = [isinstance(x, torch.Tensor) for x in inputs[:9]]
     else:
@@ -124,7 +127,7 @@ def _backward(ctx, grads):
             return none
         out = distill_loss_op(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                               g_loss.detach().to(torch.float32).contiguous(), fl, it,
-                              ctx.args[11], ctx.args[12], ctx.trows)
+                              ctx.args[11], ctx.args[12], ctx.trows, ctx.ttrows)
         return (out[1] if want_h else None, out[2] if want_w else None) + none[2:]
     dh, dw = ctx.saved_tensors
     g = g_loss.reshape(())
@@ -163,7 +166,7 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
                  teacher_topk_ids: Optional[torch.Tensor] = None,
                  teacher_topk_logprobs: Optional[torch.Tensor] = None, loss_mask: Any = None,
                  kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
-                 teacher_temperature: Optional[float] = None, reduction: str = "mean",
+                 teacher_temperature: Any = None, reduction: str = "mean",
                  spans: Any = None, tp_group: Any = None, vocab_start: int = 0,
                  vocab_total: int = 0, num_tokens: Optional[int] = None,
                  seq_group: Any = None, **context_options: Any) -> torch.Tensor:
@@ -179,7 +182,8 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
             (-1 padding) + teacher_topk_logprobs (..., K): a sparse teacher with a tail bin.
         loss_mask, spans: the active rows (as :func:`logprobs`).
         temperature: the student's, a number or a tensor of hidden's leading shape (one per
-            row); teacher_temperature: the dense teacher's (None: the student's, row by row).
+            row); teacher_temperature: the dense teacher's, a number or a tensor of hidden's
+            leading shape (None: the student's, row by row).
         reduction: "mean" over the active rows, "sum", or "none" (hidden's leading shape,
             0 on inactive rows; its backward is a second sweep).
         tp_group, vocab_start, vocab_total, context_options: as in :func:`logprobs`.
@@ -193,7 +197,7 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
         The loss: 0-dim for mean / sum, float32 of hidden's leading shape for none;
         differentiable to hidden and weight.
     """
-    from .torch import _prepare
+    from .torch import _prepare, _temperature_rows
     kind_i, beta, tt, red, n_tok = config(kind, beta, teacher_temperature, reduction,
                                           num_tokens)
     from ._torch_policy import _seq_key
@@ -214,6 +218,10 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
     if th is not None and tw is not None and th.dtype != tw.dtype:
         raise DTypeError(f"teacher_hidden {th.dtype} and teacher_weight {tw.dtype}: expected "
                          "one dtype")
+    ttrows = None
+    if isinstance(teacher_temperature, torch.Tensor):  # one per row (config's scalar is 0)
+        ttrows = _temperature_rows(teacher_temperature, h2.shape[0], p.lead, dev,
+                                   "teacher_temperature")
     ids = _teacher(teacher_topk_ids, "teacher_topk_ids", p.lead, dev, torch.int64)
     lp = _teacher(teacher_topk_logprobs, "teacher_topk_logprobs", p.lead, dev, torch.float32)
     grad = torch.is_grad_enabled()
@@ -227,7 +235,7 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
           vocab_total, int(reduce_dh), comm, threads, int(allow_tf32), int(batch_invariant),
           chunk_rows, chunk_bytes, n_tok, seq_key]
     out = distill_loss_op(h2, p.weight, p.mask, p.spans, th, tw, ids, lp, None, fl, it, kernel,
-                          tune_cache, p.trows)
+                          tune_cache, p.trows, ttrows)
     loss = out[0]
     return loss.reshape(p.lead) if red == 2 else loss
 

@@ -9,7 +9,7 @@ gradients inside spanhead's LM-head sweep, without materializing logits.
 
 Q = softmax(z) of the student (softcap, then / temperature); P = the teacher's: dense
 (teacher_hidden (N, H_T), teacher_weight (V_loc, H_T), P = softmax(. / T_T), T_T =
-teacher_temperature or temperature) or sparse (teacher_topk_ids (N, K) global ids, -1 padding,
+teacher_temperature (a number or one per row) or temperature) or sparse (teacher_topk_ids (N, K) global ids, -1 padding,
 teacher_topk_logprobs (N, K); the rest of the vocabulary is one tail bin of mass
 1 - sum P_k). Per active row: forward_kl KL(P||Q), reverse_kl KL(Q||P), jsd
 beta KL(P||M) + (1 - beta) KL(Q||M), M = beta P + (1 - beta) Q (beta 0: forward KL, 1: reverse
@@ -36,12 +36,15 @@ REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
 
 def config(kind: str = "forward_kl", beta: float = 0.5,
-           teacher_temperature: Optional[float] = None, reduction: str = "mean",
+           teacher_temperature: Any = None, reduction: str = "mean",
            num_tokens: Optional[int] = None) -> tuple:
     """The 5-tuple of scalars the extension takes (names checked; domains are the library's
     to check, with its messages). ``kind`` accepts "forward-kl" spellings too; num_tokens None
-    = 0 (count the active rows)."""
+    = 0 (count the active rows); a per-row teacher_temperature (an array) leaves the scalar 0
+    (the caller passes the array as teacher_temperature_rows)."""
     k = kind.replace("-", "_") if isinstance(kind, str) else kind
+    if _temperature(teacher_temperature)[1] is not None:
+        teacher_temperature = None  # per-row values: a tensor slot of their own, the scalar 0
     tt = 0.0 if teacher_temperature is None else _real(teacher_temperature, "teacher_temperature")
     if teacher_temperature is not None and tt == 0.0:
         # 0 is the C API's "unset"; here that is None, so an explicit 0 is a bad temperature
@@ -60,7 +63,7 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
                  teacher_weight: Any = None, teacher_topk_ids: Any = None,
                  teacher_topk_logprobs: Any = None, loss_mask: Any = None,
                  kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
-                 teacher_temperature: Optional[float] = None, reduction: str = "mean",
+                 teacher_temperature: Any = None, reduction: str = "mean",
                  dloss: Any = None, spans: Any = None, vocab_start: int = 0,
                  vocab_total: int = 0, softcap: float = 0.0, dhidden: Any = True,
                  dweight: Any = True, grad_dtype: Any = None, accumulate_dhidden: bool = False,
@@ -76,6 +79,8 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
         loss_mask: (N,) uint8/bool active rows; spans: host (n, 2) runs of active rows.
         temperature: a number or an (N,) float32 array of per-row temperatures (the dense
             teacher then takes row i's unless teacher_temperature is given).
+        teacher_temperature: the dense teacher's, a number or an (N,) float32 array of
+            per-row values (None: the student's; a sparse teacher takes none).
         dloss: reduction "none" only: (N,) float32 upstream gradient of each row's loss (the
             gradients are then of sum_i dloss_i loss_i; None = 1).
         dhidden, dweight: True (allocate), False (skip) or a tensor.
@@ -104,8 +109,11 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
     if isinstance(dloss, np.ndarray) and dloss.dtype != np.float32:
         dloss = np.ascontiguousarray(dloss, dtype=np.float32)
     temperature, trows = _temperature(temperature)
+    ttrows = _temperature(teacher_temperature)[1]
+    if isinstance(ttrows, np.ndarray) and ttrows.dtype != np.float32:
+        ttrows = np.ascontiguousarray(ttrows, dtype=np.float32)
     _check_devices({"hidden": hidden, "weight": weight, "active_mask": loss_mask,
-                    "temperature_rows": trows}, context)
+                    "temperature_rows": trows, "teacher_temperature_rows": ttrows}, context)
     for k in ("dhidden", "dweight"):
         spec = locals()[k]
         if locals()[f"accumulate_{k}"] and (spec is True or spec is None or spec is False):
@@ -127,7 +135,7 @@ def distill_loss(hidden: Any, weight: Any, *, teacher_hidden: Any = None,
              ("teacher_hidden", teacher_hidden), ("teacher_weight", teacher_weight),
              ("teacher_topk_ids", teacher_topk_ids),
              ("teacher_topk_logprobs", teacher_topk_logprobs), ("dloss", dloss), ("loss", loss),
-             ("temperature_rows", trows))
+             ("temperature_rows", trows), ("teacher_temperature_rows", ttrows))
     caps = tuple(T.export(x, name, s) for name, x in order)
     sp = _spans_array(spans)
     res["workspace_bytes"] = _ext.distill_loss(

@@ -273,19 +273,20 @@ class _Prepared(NamedTuple):
     trows: Optional[torch.Tensor] = None  # (N,) float32 per-row temperatures (tail's is 1)
 
 
-def _temperature_rows(temperature: torch.Tensor, N: int, lead: tuple,
-                      device: torch.device) -> torch.Tensor:
-    """A per-row ``temperature=`` tensor as the operators take it: targets' shape (hidden's
-    leading dimensions), on hidden's device, a floating dtype (converted to float32: the
-    kernels multiply by float(1 / T_i) anyway); no gradient flows to it."""
+def _temperature_rows(temperature: torch.Tensor, N: int, lead: tuple, device: torch.device,
+                      name: str = "temperature") -> torch.Tensor:
+    """A per-row ``temperature=`` tensor (or the distillation's ``teacher_temperature=``,
+    name) as the operators take it: targets' shape (hidden's leading dimensions), on hidden's
+    device, a floating dtype (converted to float32: the kernels multiply by float(1 / T_i)
+    anyway); no gradient flows to it."""
     if tuple(temperature.shape) != lead:
-        raise ShapeError(f"temperature: shape is {tuple(temperature.shape)}, expected {lead} "
+        raise ShapeError(f"{name}: shape is {tuple(temperature.shape)}, expected {lead} "
                          f"(targets' shape: one temperature per row) or a number")
     if temperature.device != device:
-        raise InvalidArgumentError(f"temperature is on {temperature.device} but hidden is on "
+        raise InvalidArgumentError(f"{name} is on {temperature.device} but hidden is on "
                                    f"{device}")
     if not temperature.is_floating_point():
-        raise DTypeError(f"temperature: dtype is {temperature.dtype}, expected a floating "
+        raise DTypeError(f"{name}: dtype is {temperature.dtype}, expected a floating "
                          f"dtype (float32; others are converted)")
     return temperature.detach().reshape(N).to(torch.float32).contiguous()
 

@@ -2,7 +2,7 @@
 in plain torch (spanhead/_distill_eager.py: logits materialized, autograd) in float64: values
 and gradients for every kind (jsd 0.3 and its special cases), dense and sparse teachers
 (padding, a tail of mass 0), reductions (none with a non-uniform incoming gradient), masks,
-temperatures, softcap, bf16 inputs; the NumPy entry point against the reference kernels;
+temperatures (the student's and the dense teacher's, scalar and per row), softcap, bf16 inputs; the NumPy entry point against the reference kernels;
 errors. The CUDA half is test_distill_cuda.py."""
 
 import numpy as np
@@ -161,6 +161,74 @@ def test_torch_compile_fullgraph(rng):
         out[name] = (loss.detach(), H.grad, W.grad)
     for a, b in zip(out["eager"], out["compiled"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("student_rows", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_teacher_temperature_rows(rng, student_rows, reduction):
+    """The dense teacher's per-row temperature (issue 25 item 1 for the distillation's second
+    temperature): float64 eager values and gradients, alone and with the student's per-row
+    one; the scalar's path when every row holds the scalar; the NumPy entry point (float64
+    array, converted); the errors."""
+    h, w, mask, teacher = case(rng, dense=True)
+    N = h.shape[0]
+    TT = torch.tensor(rng.uniform(0.4, 2.5, N), dtype=torch.float32)
+    T = torch.tensor(rng.uniform(0.5, 2.0, N), dtype=torch.float32) if student_rows else 0.9
+    H = torch.tensor(h, requires_grad=True)
+    W = torch.tensor(w, requires_grad=True)
+    tt = {k: torch.tensor(v) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                          temperature=T, teacher_temperature=TT, reduction=reduction, **tt)
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    T64 = T.double() if student_rows else T
+    want = distill_eager(H64, W64, loss_mask=torch.tensor(mask), kind="jsd", beta=0.3,
+                         temperature=T64, teacher_temperature=TT.double(), reduction=reduction,
+                         **{k: t64(v) for k, v in teacher.items()})
+    g = torch.linspace(0.5, 1.5, N) if reduction == "none" else torch.tensor(0.7)
+    (got * g).sum().backward()
+    (want * g.double()).sum().backward()
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=2e-5, atol=1e-7)
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4,
+                                   atol=2e-5 * b.abs().max().item())
+    # the rows differ from the student's: a teacher at the student's temperature is another loss
+    same = distill_eager(H64.detach(), W64.detach(), loss_mask=torch.tensor(mask), kind="jsd",
+                         beta=0.3, temperature=T64, reduction=reduction,
+                         **{k: t64(v) for k, v in teacher.items()})
+    assert (same - want.detach()).abs().max().item() > 1e-3
+    # every row at the scalar (1.25: the same in float32 and float64): the scalar's path, bit for
+    # bit
+    Hd, Wd = H.detach(), W.detach()
+    rows = st.distill_loss(Hd, Wd, kind="jsd", beta=0.3, temperature=T,
+                           teacher_temperature=torch.full((N,), 1.25), **tt)
+    sc = st.distill_loss(Hd, Wd, kind="jsd", beta=0.3, temperature=T, teacher_temperature=1.25,
+                         **tt)
+    assert torch.equal(rows, sc)
+    # NumPy: a float64 array (converted to float32, as the torch path does)
+    Tn = T.numpy() if student_rows else T
+    res = spanhead.distill_loss(h, w, loss_mask=mask, kind="jsd", beta=0.3, temperature=Tn,
+                                teacher_temperature=TT.numpy().astype(np.float64),
+                                reduction=reduction, **teacher)
+    np.testing.assert_allclose(res.loss, want.detach().numpy(), rtol=2e-5, atol=1e-7)
+    # errors: a bad value (named by row), a shape, a dtype, a sparse teacher
+    bad = TT.clone()
+    bad[3] = 0.0
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"teacher_temperature_rows\[3\]: 0"):
+        st.distill_loss(Hd, Wd, teacher_temperature=bad, **tt)
+    with pytest.raises(spanhead.InvalidArgumentError, match=r"teacher_temperature_rows\[3\]: 0"):
+        spanhead.distill_loss(h, w, teacher_temperature=bad.numpy(), **teacher)
+    with pytest.raises(spanhead.ShapeError, match="teacher_temperature: shape"):
+        st.distill_loss(Hd, Wd, teacher_temperature=TT[:-1], **tt)
+    with pytest.raises(spanhead.ShapeError, match="teacher_temperature_rows"):
+        spanhead.distill_loss(h, w, teacher_temperature=TT.numpy()[:-1], **teacher)
+    with pytest.raises(spanhead.DTypeError, match="teacher_temperature: dtype"):
+        st.distill_loss(Hd, Wd, teacher_temperature=torch.ones(N, dtype=torch.int32), **tt)
+    sparse = {k: torch.tensor(v) for k, v in case(rng, dense=False)[3].items()}
+    with pytest.raises(spanhead.InvalidArgumentError, match="given with a sparse teacher"):
+        st.distill_loss(Hd, Wd, teacher_temperature=TT, **sparse)
+    with pytest.raises(spanhead.InvalidArgumentError, match="given with a sparse teacher"):
+        st.distill_loss(Hd, Wd, teacher_temperature=1.5, **sparse)
 
 
 @pytest.mark.parametrize("dense", [True, False])

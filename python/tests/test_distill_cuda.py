@@ -66,6 +66,46 @@ def test_cuda_per_row_temperature(rng, dense):
                                    atol=1e-4 * b.abs().max().item())
 
 
+@pytest.mark.parametrize("student_rows", [False, True])
+def test_cuda_teacher_temperature_rows(rng, student_rows):
+    """The dense teacher's per-row temperature on CUDA (device tensors), alone and with the
+    student's, against the float64 eager formulas; a bad value of an active row is counted as
+    non-finite (device memory is not read at validation)."""
+    h, w, mask, teacher = case(rng, N=97, H=32, V=517, HT=24, K=9, dense=True)
+    dev = torch.device("cuda")
+    N = h.shape[0]
+    TT = torch.tensor(rng.uniform(0.4, 2.5, N), dtype=torch.float32)
+    T = torch.tensor(rng.uniform(0.5, 2.0, N), dtype=torch.float32) if student_rows else 1.1
+    H = torch.tensor(h, device=dev, requires_grad=True)
+    W = torch.tensor(w, device=dev, requires_grad=True)
+    tt = {k: torch.tensor(v, device=dev) for k, v in teacher.items()}
+    got = st.distill_loss(H, W, kind="jsd", beta=0.4,
+                          temperature=T.to(dev) if student_rows else T,
+                          teacher_temperature=TT.to(dev), **tt)
+    got.backward()
+    H64 = torch.tensor(h).double().requires_grad_(True)
+    W64 = torch.tensor(w).double().requires_grad_(True)
+    want = distill_eager(H64, W64, kind="jsd", beta=0.4,
+                         temperature=T.double() if student_rows else T,
+                         teacher_temperature=TT.double(),
+                         **{k: t64(v) for k, v in teacher.items()})
+    want.backward()
+    assert abs(got.item() - want.item()) <= 1e-4 * abs(want.item()) + 1e-6
+    for a, b in ((H.grad, H64.grad), (W.grad, W64.grad)):
+        np.testing.assert_allclose(a.cpu().numpy(), b.numpy(), rtol=1e-4,
+                                   atol=1e-4 * b.abs().max().item())
+    bad = TT.clone()
+    bad[5] = float("nan")
+    ctx = spanhead.Context("cuda")
+    res = spanhead.distill_loss(H.detach(), W.detach(), kind="jsd", beta=0.4,
+                                teacher_temperature=bad.to(dev), reduction="none",
+                                context=ctx, **tt)
+    torch.cuda.synchronize()
+    count, first = ctx.nonfinite()
+    assert (count, first) == (1, 5)
+    assert torch.isnan(res.loss[5]).item() and torch.isfinite(res.loss[:5]).all().item()
+
+
 @pytest.mark.parametrize("device_mask", [False, True])
 def test_cuda_num_tokens_micro_batches(rng, device_mask):
     """num_tokens on CUDA: two micro-batches given the global batch's active rows add up,

@@ -9,7 +9,8 @@
  * DIR: hidden.npy (N, H), weight.npy (V, H) (f4, f2, or u2 bits with --dtype bf16|f16),
  * mask.npy (N) u1/b1 (optional: all rows), temperature.npy (N) f4 (optional: one temperature
  * per row instead of --temperature), and the teacher: teacher_hidden.npy (N, H_T) +
- * teacher_weight.npy (V, H_T) (the student's dtype rules), or teacher_topk_ids.npy (N, K) int +
+ * teacher_weight.npy (V, H_T) (the student's dtype rules; teacher_temperature.npy (N) f4,
+ * optional: its per-row temperature instead of --teacher-temperature), or teacher_topk_ids.npy (N, K) int +
  * teacher_topk_logprobs.npy (N, K) f4 (f8 converted). Under mpirun (or with --tp),
  * run_distill_dist.c takes over: the world is one TP group of vocabulary shards.
  */
@@ -36,7 +37,8 @@ static const char *const k_reds[] = {"mean", "sum", "none", NULL};
 const sph_cli_opt sph_cli_distill_opts[] = {
     {"--inputs", "DIR", SPH_OPT_STR, O(inputs), 0, 0, 0, 0, NULL, 0,
      "hidden weight .npy, mask temperature .npy where present, and teacher_hidden +\n"
-     "teacher_weight .npy or teacher_topk_ids + teacher_topk_logprobs .npy"},
+     "teacher_weight (+ teacher_temperature) .npy or teacher_topk_ids +\n"
+     "teacher_topk_logprobs .npy"},
     {"--outputs", "DIR", SPH_OPT_STR, O(outputs), 0, 0, 0, 0, NULL, 0,
      "write loss.json, dhidden.npy, dweight.npy: all of them after the run\n"
      "(and --check) succeeded, or none"},
@@ -45,7 +47,8 @@ const sph_cli_opt sph_cli_distill_opts[] = {
     {"--beta", "B", SPH_OPT_F64, O(beta), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
      "jsd's beta in [0, 1] (default 0.5; 0 = forward KL, 1 = reverse KL)"},
     {"--teacher-temperature", "T", SPH_OPT_F64, O(tt), 0, 0, 0, 0, NULL, SPH_OPTF_ANY,
-     "dense teacher's temperature (default: the student's)"},
+     "dense teacher's temperature (default: the student's; or\n"
+     "teacher_temperature.npy, one per row)"},
     {"--reduction", "mean|sum|none", SPH_OPT_CHOICE, O(red), 0, 0, 0, 0, k_reds, 0,
      "over the active rows (default mean); none: loss.json lists every row"},
     RUN_LOSS_HEAD_ROWS(dst_opts),
@@ -74,7 +77,7 @@ void dst_usage(FILE *f) {
 
 void dst_problem_free(dst_problem *p) {
     free(p->h), free(p->w), free(p->th), free(p->tw), free(p->mask), free(p->ids), free(p->lp);
-    free(p->trows);
+    free(p->trows), free(p->ttrows);
     memset(p, 0, sizeof *p);
 }
 
@@ -100,6 +103,33 @@ static int float_matrix(const dst_opts *o, const char *name, npy_array *a, int64
     *out = a->data;
     a->data = NULL;
     return 0;
+}
+
+/* DIR/<name>.npy, when present: one temperature per row ((N) f4, f8 converted), exclusive with
+ * its option (given: the option was set). 0 (*out NULL when absent) or 1 (message printed). */
+static int temp_rows(const dst_opts *o, const dst_problem *p, const char *name,
+                     const char *option, int given, float **out) {
+    npy_array t = {0};
+    const int r = run_loss_read(o->inputs, name, &t);
+    if (r <= 0) return r < 0;
+    const int bad = t.kind != 'f' || (t.bytes != 4 && t.bytes != 8) || t.ndim != 1 ||
+                    t.shape[0] != p->N;
+    int rc = 1;
+    if (bad)
+        sph_cli_fail(CMD, 1, "%s.npy: %s of %d dims, expected <f4 (or <f8) (N = %lld)", name,
+                     npy_descr(&t), t.ndim, (long long)p->N);
+    else if (given)
+        sph_cli_fail(CMD, 1, "%s.npy and %s: give one (the file holds one temperature per row)",
+                     name, option);
+    else if (!(*out = sph_cli_alloc(p->N, 4)))
+        sph_cli_fail(CMD, 1, "out of memory");
+    else {
+        for (int64_t i = 0; i < p->N; i++)
+            (*out)[i] = t.bytes == 4 ? ((float *)t.data)[i] : (float)((double *)t.data)[i];
+        rc = 0;
+    }
+    npy_free(&t);
+    return rc;
 }
 
 int dst_problem_read(const dst_opts *o, dst_problem *p) {
@@ -181,31 +211,12 @@ int dst_problem_read(const dst_opts *o, dst_problem *p) {
         p->mask = m.data;
         m.data = NULL;
     }
-    /* temperature.npy: one temperature per row instead of --temperature */
-    npy_array t = {0};
-    if ((r = run_loss_read(o->inputs, "temperature", &t)) < 0) goto done;
-    if (r > 0) {
-        const int bad = t.kind != 'f' || (t.bytes != 4 && t.bytes != 8) || t.ndim != 1 ||
-                        t.shape[0] != p->N;
-        if (bad || o->temperature_given) {
-            if (bad)
-                sph_cli_fail(CMD, 1, "temperature.npy: %s of %d dims, expected <f4 (or <f8) (N = "
-                                     "%lld)", npy_descr(&t), t.ndim, (long long)p->N);
-            else
-                sph_cli_fail(CMD, 1, "temperature.npy and --temperature: give one (the file "
-                                     "holds one temperature per row)");
-            npy_free(&t);
-            goto done;
-        }
-        if (!(p->trows = sph_cli_alloc(p->N, 4))) {
-            npy_free(&t);
-            sph_cli_fail(CMD, 1, "out of memory");
-            goto done;
-        }
-        for (int64_t i = 0; i < p->N; i++)
-            p->trows[i] = t.bytes == 4 ? ((float *)t.data)[i] : (float)((double *)t.data)[i];
-        npy_free(&t);
-    }
+    /* temperature.npy: one temperature per row instead of --temperature; likewise
+     * teacher_temperature.npy (the dense teacher's) instead of --teacher-temperature */
+    if (temp_rows(o, p, "temperature", "--temperature", o->temperature_given, &p->trows) ||
+        temp_rows(o, p, "teacher_temperature", "--teacher-temperature", o->tt != 0,
+                  &p->ttrows))
+        goto done;
     rc = 0;
 done:
     for (int k = 0; k < 6; k++) npy_free(&a[k]);
@@ -220,7 +231,7 @@ void dst_result_free(dst_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_TR, B_LOSS, B_DH, B_DW, B_COUNT };
+enum { B_H, B_W, B_MASK, B_TH, B_TW, B_IDS, B_LP, B_TR, B_TTR, B_LOSS, B_DH, B_DW, B_COUNT };
 
 static sph_status dst_size(const run_loss_call *c, size_t *bytes) {
     return sph_distill_loss_workspace_size(c->ctx, c->head, c->loss, bytes);
@@ -256,6 +267,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
         {p->ids, (size_t)(N * K) * 8, 2, N, K, SPH_I64, 0},
         {p->lp, (size_t)(N * K) * 4, 2, N, K, SPH_F32, 0},
         {p->trows, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
+        {p->ttrows, (size_t)N * 4, 1, N, 0, SPH_F32, 0},
         {NULL, (size_t)NL * 4, 1, NL, 0, SPH_F32, 1},
         {NULL, (size_t)(N * H) * 4, 2, N, H, SPH_F32, 1},
         {NULL, (size_t)(V * H) * 4, 2, V, H, SPH_F32, 1}};
@@ -274,6 +286,7 @@ int dst_run(const dst_opts *o, const dst_problem *p, const dst_where *wh, dst_re
     d.num_tokens = wh->num_tokens, d.seq_comm = wh->seq;
     d.teacher_hidden = T(B_TH), d.teacher_weight = T(B_TW);
     d.teacher_topk_ids = T(B_IDS), d.teacher_topk_logprobs = T(B_LP), d.loss = T(B_LOSS);
+    d.teacher_temperature_rows = T(B_TTR);
 #undef T
     const run_loss_call c = {ctx, &a, &d, dst_size, dst_call};
     if ((s = run_loss_timed(&c, wh->reps, &r->ws_bytes, &r->ms))) goto fail;

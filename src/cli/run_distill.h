@@ -41,7 +41,8 @@ typedef struct dst_problem {
     uint8_t *mask;
     int64_t *ids;
     float *lp;
-    float *trows; /* (N) temperature.npy, or NULL (--temperature) */
+    float *trows;  /* (N) temperature.npy, or NULL (--temperature) */
+    float *ttrows; /* (N) teacher_temperature.npy, or NULL (--teacher-temperature) */
 } dst_problem;
 
 void dst_problem_free(dst_problem *p);

@@ -29,6 +29,7 @@
 
 #include "comm/comm.h"
 #include "cuda/common.cuh"
+#include "cuda/head.cuh" /* sph_cuda_pointer_is_device */
 #include "cuda/state.h"
 #include "distill/distill.h"
 
@@ -149,6 +150,7 @@ typedef struct ddev {
     double beta;
     float inv_t, inv_tt, cap; /* inv_tt 0: the teacher takes the row's student temperature */
     const float *trows;       /* (N) per-row temperatures or NULL (inv_t then) */
+    const float *ttrows;      /* (N) the dense teacher's per-row temperatures, or NULL */
     const uint8_t *act;
     const int64_t *rows; /* the listed rows (from the host spans), or NULL: row = c0 + q */
     const void *ids;
@@ -162,12 +164,18 @@ typedef struct ddev {
 
 /* Row i's 1 / T: the scalar's, or 1 / T_i (a T_i outside the scalar's rule makes the row NaN,
  * counted as non-finite: spanhead.h, temperature_rows). */
-__device__ __forceinline__ float d_inv_t(const ddev &d, int64_t i) {
-    if (!d.trows) return d.inv_t;
-    const float t = d.trows[i];
+__device__ __forceinline__ float d_inv_rule(float t) {
     return t > 0 && t <= 3.4e38f && 1.0f / t >= 1.17549435e-38f && 1.0f / t <= 3.4e38f
                ? 1.0f / t
                : NAN;
+}
+__device__ __forceinline__ float d_inv_t(const ddev &d, int64_t i) {
+    return d.trows ? d_inv_rule(d.trows[i]) : d.inv_t;
+}
+/* The dense teacher's 1 / T_T of row i: its row's (the same rule), its scalar's, or the
+ * student's. */
+__device__ __forceinline__ float d_inv_tt(const ddev &d, int64_t i, float it) {
+    return d.ttrows ? d_inv_rule(d.ttrows[i]) : d.inv_tt > 0 ? d.inv_tt : it;
 }
 
 __device__ __forceinline__ int64_t d_row(const ddev &d, int64_t c0, int64_t q) {
@@ -296,7 +304,7 @@ __global__ void __launch_bounds__(DTHREADS) k_stats(ddev d, int64_t c0) {
     const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
     float *x = d.zs + q * V;
     double *rec = d.rec + q * d.rw;
-    const float it = d_inv_t(d, i), itt = d.inv_tt > 0 ? d.inv_tt : it;
+    const float it = d_inv_t(d, i), itt = d_inv_tt(d, i, it);
     for (int64_t j = threadIdx.x; j < V; j += DTHREADS)
         x[j] = d.cap > 0 ? d.cap * tanhf(x[j] / d.cap) * it : x[j] * it;
     if (d.dense)
@@ -624,6 +632,7 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     d.acc_dh = hp->acc_dh, d.acc_dw = hp->acc_dw, d.beta = dp->beta;
     d.inv_t = (float)(1.0 / hp->temperature), d.trows = hp->temp_rows;
     d.inv_tt = dp->t_teacher > 0 ? (float)(1.0 / dp->t_teacher) : 0.0f;
+    d.ttrows = dp->tt_rows;
     d.cap = (float)hp->softcap;
     d.act = (const uint8_t *)(b + r->L.o_act);
     d.ids = dp->ids, d.tlp = dp->tlp, d.dloss = dp->dloss;
@@ -696,8 +705,25 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     return SPH_OK;
 }
 
+static sph_status need_device(const void *ptr, const char *name) {
+    if (!ptr) return SPH_OK;
+    const int d = sph_cuda_pointer_is_device(ptr);
+    SPH_CHECK(d == 1, SPH_ERR_DEVICE, "%s: pointer %p is %s memory, expected CUDA device memory",
+              name, ptr, d == 0 ? "host" : "unknown (not CUDA-allocated)");
+    return SPH_OK;
+}
+
 static sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
                                            size_t bytes) {
+    /* the loss's own tensors (the head's pointers: its backend check, at validation), before
+     * anything is enqueued: a tensor that claims the device but points at host memory */
+    SPH_TRY(need_device(dp->th, "teacher_hidden"));
+    SPH_TRY(need_device(dp->tw, "teacher_weight"));
+    SPH_TRY(need_device(dp->ids, "teacher_topk_ids"));
+    SPH_TRY(need_device(dp->tlp, "teacher_topk_logprobs"));
+    SPH_TRY(need_device(dp->tt_rows, "teacher_temperature_rows"));
+    SPH_TRY(need_device(dp->dloss, "dloss"));
+    SPH_TRY(need_device(dp->loss, "loss"));
     drun r;
     SPH_TRY(setup(ctx, dp, ws, bytes, &r));
     const sph_head_plan *hp = &dp->head;

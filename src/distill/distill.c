@@ -124,6 +124,33 @@ static sph_status teacher(sph_validator *val, const sph_distill_args *d, sph_dis
     return SPH_OK;
 }
 
+/* The teacher's temperature beyond the scalar (scalars()): the appended per-row field, read
+ * when struct_size covers it; the dense teacher's only (a sparse teacher's log-probs are used
+ * as given, so a temperature there would be silently ignored: refused). */
+static sph_status teacher_temps(sph_validator *val, const sph_distill_args *d,
+                                sph_distill_plan *dp) {
+    const int rows = d->struct_size >= offsetof(sph_distill_args, teacher_temperature_rows) +
+                                           sizeof d->teacher_temperature_rows &&
+                     d->teacher_temperature_rows;
+    if (!dp->dense) {
+        SPH_CHECK(!rows && d->teacher_temperature == 0, SPH_ERR_INVALID_ARG,
+                  "%s: given with a sparse teacher (teacher_topk_ids / teacher_topk_logprobs), "
+                  "expected %s: the sparse teacher's log-probs are used as given",
+                  rows ? "teacher_temperature_rows" : "teacher_temperature",
+                  rows ? "NULL" : "0 (unset)");
+        return SPH_OK;
+    }
+    if (!rows) return SPH_OK;
+    SPH_CHECK(d->teacher_temperature == 0, SPH_ERR_INVALID_ARG,
+              "teacher_temperature: %g given together with teacher_temperature_rows, expected "
+              "0 (the per-row values replace it)", d->teacher_temperature);
+    sph_view v;
+    SPH_TRY(sph_val_rows(val, d->teacher_temperature_rows, "teacher_temperature_rows", dp->N,
+                         SPH_VAL_IN, SPH_DT_F32, &v));
+    dp->tt_rows = (const float *)v.data;
+    return SPH_OK;
+}
+
 static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
                                 const sph_distill_args *d, sph_distill_plan *dp,
                                 sph_validator *val) {
@@ -133,7 +160,9 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     SPH_CHECK(head->struct_size >= offsetof(sph_head_args, sum_p2), SPH_ERR_INVALID_ARG,
               "head.struct_size: %zu, expected %zu (use SPH_HEAD_ARGS_INIT)", head->struct_size,
               sizeof(sph_head_args));
-    SPH_CHECK(d->struct_size >= sizeof(sph_distill_args), SPH_ERR_INVALID_ARG,
+    /* the layout before the appended teacher_temperature_rows is accepted */
+    SPH_CHECK(d->struct_size >= offsetof(sph_distill_args, teacher_temperature_rows),
+              SPH_ERR_INVALID_ARG,
               "distill.struct_size: %zu, expected %zu (use SPH_DISTILL_ARGS_INIT)",
               d->struct_size, sizeof(sph_distill_args));
     memset(dp, 0, sizeof *dp);
@@ -149,6 +178,7 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
               (long long)hp->V, (long long)hp->V_loc);
     SPH_TRY(scalars(d, dp));
     SPH_TRY(teacher(val, d, dp));
+    SPH_TRY(teacher_temps(val, d, dp));
     if (d->dloss) {
         SPH_CHECK(d->reduction == SPH_REDUCTION_NONE, SPH_ERR_INVALID_ARG,
                   "dloss: given with reduction %s, expected NULL (dloss is the upstream "
@@ -178,9 +208,16 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
     return SPH_OK;
 }
 
-/* Host data: the top-k ids and log-probs, dloss, on the active rows. */
+/* Host data: the teacher's per-row temperatures (every row, as the head's temperature_rows),
+ * the top-k ids and log-probs, dloss, on the active rows. */
 static sph_status check_values(const sph_distill_plan *dp) {
     const sph_head_plan *hp = &dp->head;
+    for (int64_t i = 0; dp->tt_rows && i < hp->N; i++) {
+        char name[56];
+        snprintf(name, sizeof name, "teacher_temperature_rows[%lld]", (long long)i);
+        if (sph_check_float_scalar(name, dp->tt_rows[i], 0, 1) != SPH_OK)
+            return SPH_ERR_INVALID_ARG; /* its message names the row and the value */
+    }
     if (hp->N == 0 || (dp->dense && !dp->dloss)) return SPH_OK;
     uint8_t *act = sph_malloc((size_t)hp->N);
     int64_t *row = dp->dense ? NULL : sph_malloc((size_t)dp->K * sizeof *row);
@@ -333,8 +370,10 @@ enum { DR_TAG, DR_KIND, DR_BETA, DR_TT, DR_RED, DR_DENSE, DR_HT, DR_K, DR_TOKENS
        DR_WORDS };
 static const char *const g_dr_field[DR_WORDS] = {
     "validation", "kind", "beta", "teacher_temperature (0: the student's)", "reduction",
-    "teacher (dense or sparse, dloss given, seq_comm given)", "H_T", "K", "num_tokens",
-    "per-row inputs (teacher_topk_ids, teacher_topk_logprobs, dloss)"};
+    "teacher (dense or sparse, dloss given, seq_comm given, teacher_temperature_rows given)",
+    "H_T", "K", "num_tokens",
+    "per-row inputs (teacher_topk_ids, teacher_topk_logprobs, dloss, "
+    "teacher_temperature_rows)"};
 #define DR_VALID INT64_C(0x3130545349445053) /* "SPDIST01" */
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n) {
@@ -358,7 +397,8 @@ static sph_status distill_tp_agree(sph_ctx_t ctx, const sph_distill_plan *dp, sp
     if (local == SPH_OK) {
         mine[DR_TAG] = DR_VALID, mine[DR_KIND] = dp->kind, mine[DR_BETA] = bits_of(dp->beta);
         mine[DR_TT] = bits_of(dp->t_teacher), mine[DR_RED] = dp->reduction;
-        mine[DR_DENSE] = dp->dense | (dp->dloss != NULL) << 1 | (dp->seq_comm != NULL) << 2;
+        mine[DR_DENSE] = dp->dense | (dp->dloss != NULL) << 1 | (dp->seq_comm != NULL) << 2 |
+                         (dp->tt_rows != NULL) << 3;
         mine[DR_HT] = dp->HT, mine[DR_K] = dp->K, mine[DR_TOKENS] = dp->num_tokens;
         uint64_t h = UINT64_C(0xcbf29ce484222325);
         for (int64_t i = 0; !dp->dense && i < dp->N; i++) {
@@ -367,6 +407,7 @@ static sph_status distill_tp_agree(sph_ctx_t ctx, const sph_distill_plan *dp, sp
             h = fnv(h, dp->tlp + i * dp->ld_tlp, (size_t)dp->K * 4);
         }
         if (dp->dloss) h = fnv(h, dp->dloss, (size_t)dp->N * 4);
+        if (dp->tt_rows) h = fnv(h, dp->tt_rows, (size_t)dp->N * 4);
         mine[DR_ROWS] = (int64_t)h;
     }
     char saved[1024];
@@ -413,7 +454,9 @@ static sph_status distill_seq_count(sph_ctx_t ctx, const sph_distill_args *d,
     if (!ctx->dev->host_memory) return local;
     if (local == SPH_OK)
         dp->n_mean = dp->num_tokens > 0 ? dp->num_tokens : sph_head_count_active(&dp->head);
-    sph_comm_t c = d && d->struct_size >= sizeof(sph_distill_args) ? d->seq_comm : NULL;
+    sph_comm_t c = d && d->struct_size >= offsetof(sph_distill_args, teacher_temperature_rows)
+                       ? d->seq_comm
+                       : NULL;
     if (!c || !c->ops || c->size <= 1 || c->rank < 0 || c->rank >= c->size || c->device_buffers)
         return local;
     int64_t mine[DG_WORDS] = {0}, *all = sph_malloc((size_t)c->size * sizeof mine);

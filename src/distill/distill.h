@@ -25,6 +25,8 @@ typedef struct sph_distill_plan {
     double beta;       /* jsd: in (0, 1) */
     double t_teacher;  /* dense: the teacher's temperature, or 0 = the student's (row by row
                         * with the head's temperature_rows) */
+    const float *tt_rows; /* dense: (N) row i's teacher temperature (teacher_temperature_rows,
+                           * t_teacher 0 then), or NULL */
     int reduction;     /* sph_reduction */
     int dense;         /* 1: teacher_hidden / teacher_weight, 0: top-k */
     /* dense teacher */
@@ -77,7 +79,7 @@ typedef struct sph_distill_backend {
 /* The float64 oracle (distill_ref.c) on float64 inputs, for the tests' finite differences
  * and the reference backend: every row of h (N, H) against w (V, H) (the whole vocabulary,
  * v0 = 0) with temperature T, softcap cap (0 = off); the teacher dense (th (N, HT), tw
- * (V, HT), T_T or the row's T when 0) or sparse (ids (N, K) int64, -1 padding; lp (N, K)). act (N) or NULL = all.
+ * (V, HT), T_T_rows[i], else T_T, else the row's T when 0) or sparse (ids (N, K) int64, -1 padding; lp (N, K)). act (N) or NULL = all.
  * Writes loss_rows (N, 0 on inactive rows) and, each optional, the gradients of
  * sum_i scale_i loss_i: dh (N, H), dw (V, H) (scale NULL = 1). */
 typedef struct sph_distill_f64 {
@@ -85,6 +87,7 @@ typedef struct sph_distill_f64 {
     int kind;  /* SPH_DK_* */
     double beta, T, cap, T_T; /* T_T 0: the row's student temperature */
     const double *T_rows;     /* (N) or NULL: row i's student temperature instead of T */
+    const double *T_T_rows;   /* (N) or NULL: row i's teacher temperature instead of T_T */
     const double *h, *w, *th, *tw, *lp;
     const int64_t *ids;
     const uint8_t *act;

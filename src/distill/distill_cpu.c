@@ -190,7 +190,10 @@ static void chunk_logits(const run *r, int64_t c0, int64_t nr) {
                 for (int64_t j = 0; j < V; j++) x[j] *= it;
             if (dp->dense) {
                 float *y = zt + q * V;
-                const float itt = r->inv_tt > 0 ? r->inv_tt : it;
+                /* the teacher's 1 / T_T: its row's, its scalar's, or the student's */
+                const float itt = dp->tt_rows ? (float)(1.0 / (double)dp->tt_rows[i])
+                                  : r->inv_tt > 0 ? r->inv_tt
+                                                  : it;
                 for (int64_t j = 0; j < V; j++) y[j] *= itt;
                 row_ms(x, V, &rec[0], &rec[1]);
                 row_ms(y, V, &rec[2], &rec[3]);

@@ -101,7 +101,8 @@ sph_status sph_distill_ref_f64(const sph_distill_f64 *in, double *loss_rows, dou
     for (int64_t i = 0; i < N; i++) {
         loss_rows[i] = 0;
         if (in->act && !in->act[i]) continue;
-        const double T = in->T_rows ? in->T_rows[i] : in->T, TT = in->T_T > 0 ? in->T_T : T;
+        const double T = in->T_rows ? in->T_rows[i] : in->T;
+        const double TT = in->T_T_rows ? in->T_T_rows[i] : in->T_T > 0 ? in->T_T : T;
         for (int64_t j = 0; j < V; j++) {
             u[j] = dot(in->h + i * H, in->w + j * H, H);
             z[j] = (in->cap > 0 ? in->cap * tanh(u[j] / in->cap) : u[j]) / T;
@@ -174,6 +175,9 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
     double *trows = hp->temp_rows ? sph_malloc((size_t)N * sizeof(double) + 1) : NULL;
     for (int64_t i = 0; trows && i < N; i++) trows[i] = hp->temp_rows[i];
     in.T_rows = trows;
+    double *ttrows = dp->tt_rows ? sph_malloc((size_t)N * sizeof(double) + 1) : NULL;
+    for (int64_t i = 0; ttrows && i < N; i++) ttrows[i] = dp->tt_rows[i];
+    in.T_T_rows = ttrows;
     double *h = to_f64(hp->hidden, hp->dtype, N, H, hp->ld_h);
     double *w = to_f64(hp->weight, hp->dtype, V, H, hp->ld_w);
     double *th = dp->dense ? to_f64(dp->th, dp->tdtype, N, dp->HT, dp->ld_th) : NULL;
@@ -186,7 +190,7 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
     double *dh = hp->dhidden ? sph_malloc((size_t)(N * H) * sizeof(double) + 1) : NULL;
     double *dw = hp->dweight ? sph_malloc((size_t)(V * H) * sizeof(double) + 1) : NULL;
     sph_status st = SPH_OK;
-    if ((hp->temp_rows && !trows) || !h || !w || (dp->dense && (!th || !tw)) || (!dp->dense && (!lp || !ids)) || !act ||
+    if ((hp->temp_rows && !trows) || (dp->tt_rows && !ttrows) || !h || !w || (dp->dense && (!th || !tw)) || (!dp->dense && (!lp || !ids)) || !act ||
         !scale || !rows || (hp->dhidden && !dh) || (hp->dweight && !dw))
         st = sph_err(SPH_ERR_ALLOC, "distill reference: out of host memory");
     if (st == SPH_OK) {
@@ -232,5 +236,6 @@ sph_status sph_distill_ref_run(sph_ctx_t ctx, const sph_distill_plan *dp) {
     }
     sph_free(h), sph_free(w), sph_free(th), sph_free(tw), sph_free(lp), sph_free(ids);
     sph_free(act), sph_free(scale), sph_free(rows), sph_free(dh), sph_free(dw), sph_free(trows);
+    sph_free(ttrows);
     return st;
 }

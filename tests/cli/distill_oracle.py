@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """distill_oracle.py - inputs and an independent NumPy float64 oracle for test_distill.sh.
 
-  gen DIR SEED dense|sparse [--bf16] [--trows]   write hidden, weight, mask, teacher .npy
-                                       files (and temperature.npy: one temperature per row)
+  gen DIR SEED dense|sparse [--bf16] [--trows] [--ttrows]   write hidden, weight, mask,
+                                       teacher .npy files (and temperature.npy: one temperature
+                                       per row; teacher_temperature.npy: the dense teacher's)
   check IN OUT KIND BETA RED [TT [NT]] compare OUT's loss.json, dhidden.npy, dweight.npy with
                                        the loss and gradients from the formulas (docs/distill.md);
                                        NT: reduction mean's divisor (--num-tokens; 0 = counted)
@@ -22,7 +23,7 @@ def from_bits(b):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def gen(d, seed, teacher, bf16, trows=False):
+def gen(d, seed, teacher, bf16, trows=False, ttrows=False):
     r = np.random.default_rng(seed)
     N, H, V, HT, K = 23, 12, 67, 9, 6
     arrs = {"hidden": r.standard_normal((N, H)), "weight": r.standard_normal((V, H)) / 3}
@@ -34,6 +35,8 @@ def gen(d, seed, teacher, bf16, trows=False):
     np.save(f"{d}/mask.npy", (r.random(N) < 0.7).astype(np.uint8))
     if trows:
         np.save(f"{d}/temperature.npy", r.uniform(0.5, 2.0, N).astype(np.float32))
+    if ttrows:
+        np.save(f"{d}/teacher_temperature.npy", r.uniform(0.4, 2.5, N).astype(np.float64))
     if teacher == "sparse":
         z = r.standard_normal((N, V)) * 2
         lp = z - np.log(np.exp(z).sum(1, keepdims=True))
@@ -78,7 +81,11 @@ def check(ind, outd, kind, beta, red, tt, nt=0):
     rows, dz = np.zeros(N), np.zeros((N, V))
     dense = __import__("os").path.exists(f"{ind}/teacher_hidden.npy")
     if dense:
-        lp = lsm(load(ind, "teacher_hidden") @ load(ind, "teacher_weight").T / (tt or T))
+        TT = tt or T
+        if os.path.exists(f"{ind}/teacher_temperature.npy"):  # one per row (f8: converted)
+            TT = np.load(f"{ind}/teacher_temperature.npy").astype(np.float32)
+            TT = TT.astype(np.float64)[:, None]
+        lp = lsm(load(ind, "teacher_hidden") @ load(ind, "teacher_weight").T / TT)
     else:
         ids = np.load(f"{ind}/teacher_topk_ids.npy")
         tl = np.load(f"{ind}/teacher_topk_logprobs.npy").astype(np.float64)
@@ -124,7 +131,8 @@ def check(ind, outd, kind, beta, red, tt, nt=0):
 
 if __name__ == "__main__":
     if sys.argv[1] == "gen":
-        gen(sys.argv[2], int(sys.argv[3]), sys.argv[4], "--bf16" in sys.argv, "--trows" in sys.argv)
+        gen(sys.argv[2], int(sys.argv[3]), sys.argv[4], "--bf16" in sys.argv, "--trows" in sys.argv,
+            "--ttrows" in sys.argv)
         sys.exit(0)
     tt = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
     nt = int(sys.argv[8]) if len(sys.argv) > 8 else 0

@@ -21,13 +21,16 @@ for t in dense sparse; do
     oracle gen "$tmp/${t}16" "$seed" $t --bf16 || exit 1
     oracle gen "$tmp/${t}T" "$seed" $t --trows || exit 1
 done
-# temperature.npy: one temperature per row
-for t in denseT sparseT; do
+mkdir -p "$tmp/denseTT" "$tmp/denseTTT"
+oracle gen "$tmp/denseTT" "$seed" dense --ttrows || exit 1          # the teacher's alone
+oracle gen "$tmp/denseTTT" "$seed" dense --trows --ttrows || exit 1 # with the student's
+# temperature.npy: one temperature per row; teacher_temperature.npy: the dense teacher's
+for t in denseT sparseT denseTT denseTTT; do
     if "$cli" run --distill jsd --beta 0.3 --inputs "$tmp/$t" --outputs "$tmp/o$t" --check \
         > "$tmp/log" 2>&1 && oracle check "$tmp/$t" "$tmp/o$t" jsd 0.3 mean; then
-        ok "$t: temperature.npy"
+        ok "$t: temperature.npy / teacher_temperature.npy"
     else
-        bad "$t: temperature.npy"; tail -3 "$tmp/log"
+        bad "$t: temperature.npy / teacher_temperature.npy"; tail -3 "$tmp/log"
     fi
 done
 
@@ -84,6 +87,16 @@ expect_rc 2 "--teacher-temperature: 0, expected T > 0" -- "$cli" run --distill f
 expect_rc 2 "needs --inputs" -- "$cli" run --distill jsd
 expect_rc 2 "" -- "$cli" run --distill kl --inputs "$tmp/dense"
 expect_rc 1 "give one" -- "$cli" run --distill jsd --temperature 2 --inputs "$tmp/denseT"
+expect_rc 1 "teacher_temperature.npy and --teacher-temperature: give one" -- "$cli" run \
+    --distill jsd --teacher-temperature 2 --inputs "$tmp/denseTT" --outputs "$tmp/keep"
+cp -r "$tmp/denseTT" "$tmp/badtt"
+python3 -c "import numpy as np; a=np.load('$tmp/badtt/teacher_temperature.npy'); a[5]=0; np.save('$tmp/badtt/teacher_temperature.npy', a)"
+expect_rc 1 "teacher_temperature_rows[5]: 0" -- "$cli" run --distill jsd --inputs "$tmp/badtt" --outputs "$tmp/keep"
+python3 -c "import numpy as np; np.save('$tmp/badtt/teacher_temperature.npy', np.ones((3, 2), np.float32))"
+expect_rc 1 "teacher_temperature.npy: <f4 of 2 dims" -- "$cli" run --distill jsd --inputs "$tmp/badtt" --outputs "$tmp/keep"
+cp -r "$tmp/sparse" "$tmp/sparsett" && cp "$tmp/denseTT/teacher_temperature.npy" "$tmp/sparsett/"
+expect_rc 1 "teacher_temperature_rows: given with a sparse teacher" -- "$cli" run --distill jsd --inputs "$tmp/sparsett" --outputs "$tmp/keep"
+expect_rc 1 "teacher_temperature: given with a sparse teacher" -- "$cli" run --distill jsd --teacher-temperature 1.5 --inputs "$tmp/sparse" --outputs "$tmp/keep"
 # (the MPI runner as a singleton: Open MPI's allocations outlive MPI_Finalize, so a sanitizer
 # build checks this one for memory errors but not for leaks, as test_errors.sh does)
 expect_rc 2 "needs 2 ranks" -- env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \

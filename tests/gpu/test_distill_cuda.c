@@ -4,7 +4,7 @@
  * every kind (jsd 0.4 and its special cases), dense and sparse teachers (padding, tail mass
  * 0, K = V), f32 and bf16, masks and spans, every reduction (none with dloss), temperature
  * (scalar and per row),
- * softcap, a teacher temperature, several chunks (chunk_rows), accumulate_dweight, a shard
+ * softcap, a teacher temperature (scalar and per row), several chunks (chunk_rows), accumulate_dweight, a shard
  * wider than a few tiles; inactive rows of dhidden exact zeros; determinism (bitwise); NaN
  * in hidden counted by sph_ctx_nonfinite; TP: 2 and 3 ranks in threads on one GPU, each with
  * its own context, stream and shard, combining through an in-process communicator on device
@@ -28,7 +28,7 @@ int main(void) {
 #include "../parity/test_distill_case.h"
 
 
-#define NT 12
+#define NT 13
 typedef struct dmirror {
     sph_tensor t[NT];
     int64_t shp[NT][2];
@@ -49,10 +49,11 @@ static const sph_tensor **slot(dcase *c, int k) {
     const sph_tensor **s[NT] = {&c->a.hidden, &c->a.weight, &c->a.active_mask, &c->a.dhidden,
                                 &c->a.dweight, &c->d.teacher_hidden, &c->d.teacher_weight,
                                 &c->d.teacher_topk_ids, &c->d.teacher_topk_logprobs,
-                                &c->d.dloss, &c->d.loss, &c->a.temperature_rows};
+                                &c->d.dloss, &c->d.loss, &c->a.temperature_rows,
+                                &c->d.teacher_temperature_rows};
     return s[k];
 }
-static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0};
+static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0};
 
 static void dm_make(sph_ctx_t g, dcase *c, dmirror *m) {
     memset(m, 0, sizeof *m);
@@ -200,6 +201,8 @@ static void test_cases(void **state) {
                 if (v == 2) c.cap = 2.0, c.T = 1.2;
                 if (dense && v == 0) c.TT = 1.7;
                 if (n % 5 == 2) dc_trows(&c, &r, 0.5, 2.0); /* per-row temperatures */
+                /* the teacher's per-row temperatures (with the student's at n 27, 37) */
+                if (dense && v >= 2 && k % 2 == 1) dc_ttrows(&c, &r, 0.4, 2.5);
                 if (n % 6 == 0) c.num_tokens = 3 * N + 1; /* a global batch's T */
                 ok &= gpu_case(&c, n % 3 ? 7 : 0, v == 2, n % 4 == 1, &r);
                 dc_free(&c);
@@ -226,10 +229,66 @@ static void test_nonfinite(void **state) {
     assert_int_equal(cnt, 1);
     assert_int_equal(first, 3);
     dm_free(g, &m);
+    dc_free(&c);
+    /* a bad teacher temperature of an active row (device memory: not read at validation)
+     * makes that row NaN and is counted the same way */
+    dc_init(&c, &r, 9, 8, 40, 8, 4, SPH_F32, 1, 0);
+    dc_ttrows(&c, &r, 0.5, 2.0);
+    c.ttrows[4] = 0.0f;
+    c.red = SPH_REDUCTION_NONE;
+    dc_wire(&c, DC_DH | DC_DW);
+    dm_make(g, &c, &m);
+    expect_ok(dc_run_dev(g, &c));
+    dm_back(g, &m);
+    expect_ok(sph_ctx_nonfinite(g, &cnt, &first));
+    assert_int_equal(cnt, 1);
+    assert_int_equal(first, 4);
+    assert_true(isnan(c.loss[4]) && isfinite(c.loss[3]) && isfinite(c.loss[5]));
+    dm_free(g, &m);
     sph_ctx_destroy(g);
     dc_free(&c);
 }
 
+
+/* The loss's own tensors claiming the device but pointing at host memory: SPH_ERR_DEVICE naming
+ * the tensor, nothing written (the outputs stay poisoned). */
+static void test_bad_device(void **state) {
+    (void)state;
+    sph_rng r;
+    rng_seed(&r, test_seed());
+    for (int what = 0; what < 3; what++) {
+        dcase c;
+        dc_init(&c, &r, 9, 8, 40, 8, 4, SPH_F32, what != 2, DC_PAD);
+        if (what != 2) dc_ttrows(&c, &r, 0.5, 2.0);
+        dc_wire(&c, DC_DH | DC_DW);
+        dc_poison(&c); /* before the device copies: the device outputs start poisoned */
+        sph_ctx_t g = gctx(4);
+        dmirror m;
+        dm_make(g, &c, &m);
+        /* the slot whose device copy is swapped for the host array */
+        const int k = what == 0 ? 5 : what == 1 ? 12 : 8; /* teacher_hidden, _rows, logprobs */
+        const char *name = what == 0 ? "teacher_hidden" : what == 1 ? "teacher_temperature_rows"
+                                                                    : "teacher_topk_logprobs";
+        m.t[k].data = (void *)m.host[k]->data;
+        size_t bytes = 0;
+        expect_ok(sph_distill_loss_workspace_size(g, &c.a, &c.d, &bytes));
+        void *ws = NULL;
+        expect_ok(sph_ctx_malloc(g, bytes + 1, &ws));
+        const sph_status s = sph_distill_loss(g, &c.a, &c.d, ws, bytes);
+        if (s != SPH_ERR_DEVICE || !strstr(sph_last_error(), name)) {
+            print_error("bad device %s: status %d: %s\n", name, (int)s, sph_last_error());
+            fail();
+        }
+        sph_ctx_free(g, ws);
+        float *loss0 = hc_dup(c.loss, 4);
+        dm_back(g, &m); /* the device outputs back over the host copies: still the poison */
+        assert_memory_equal(c.loss, loss0, 4);
+        free(loss0);
+        dm_free(g, &m);
+        sph_ctx_destroy(g);
+        dc_free(&c);
+    }
+}
 
 // ---- TP: ranks in threads, an in-process communicator on device buffers ----------------------
 
@@ -412,6 +471,7 @@ static void test_tp(void **state) {
             c.red = n % 3;
             if (n % 2) dc_mask(&c, &r, 0.7);
             if (k == 3) dc_trows(&c, &r, 0.5, 2.0);
+            if (dense && k >= 3) dc_ttrows(&c, &r, 0.4, 2.5);
             ok &= gpu_tp_case(&c, 2 + n % 2);
             dc_free(&c);
         }
@@ -444,6 +504,7 @@ static void *cprank(void *arg) {
     else c->ids = f->ids + j->r0 * f->K, c->lp = f->lp + j->r0 * f->K;
     c->mask = f->mask ? f->mask + j->r0 : NULL, c->dloss = f->dloss + j->r0;
     c->trows = f->trows ? f->trows + j->r0 : NULL;
+    c->ttrows = f->ttrows ? f->ttrows + j->r0 : NULL;
     c->loss = hc_alloc((size_t)n * 4), c->dh = hc_alloc((size_t)(n * f->H) * 4);
     c->dw = hc_alloc((size_t)(f->V * f->H) * 4);
     dc_wire(c, DC_DH | DC_DW | DC_DLOSS);
@@ -557,6 +618,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_bad_device),
         cmocka_unit_test(test_tp),
         cmocka_unit_test(test_cp),
     };

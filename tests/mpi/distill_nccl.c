@@ -30,14 +30,15 @@ int main(void) {
 #include "comm/comm.h"
 #include "parity/test_distill_case.h"
 
-enum { NT = 12 };
-static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0};
+enum { NT = 13 };
+static const int k_out[NT] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0};
 
 static const sph_tensor **slot(dcase *c, int k) {
     const sph_tensor **s[NT] = {&c->a.hidden, &c->a.weight, &c->a.active_mask, &c->a.dhidden,
                                 &c->a.dweight, &c->d.teacher_hidden, &c->d.teacher_weight,
                                 &c->d.teacher_topk_ids, &c->d.teacher_topk_logprobs,
-                                &c->d.dloss, &c->d.loss, &c->a.temperature_rows};
+                                &c->d.dloss, &c->d.loss, &c->a.temperature_rows,
+                                &c->d.teacher_temperature_rows};
     return s[k];
 }
 
@@ -72,6 +73,7 @@ static void *nrank(void *arg) {
     else c->ids = f->ids + j->r0 * f->K, c->lp = f->lp + j->r0 * f->K;
     c->mask = f->mask ? f->mask + j->r0 : NULL, c->dloss = f->dloss + j->r0;
     c->trows = f->trows ? f->trows + j->r0 : NULL;
+    c->ttrows = f->ttrows ? f->ttrows + j->r0 : NULL;
     c->v0 = f->V * j->tp / j->T, c->V_loc = f->V * (j->tp + 1) / j->T - c->v0;
     c->loss = hc_alloc((size_t)n * 4), c->dh = hc_alloc((size_t)(n * f->H) * 4);
     c->dw = hc_alloc((size_t)(c->V_loc * f->H) * 4);
@@ -235,6 +237,7 @@ static void test_nccl(void **state) {
             c.kind = kinds[k], c.beta = betas[k];
             c.red = n % 3;
             dc_mask(&c, &r, 0.7);
+            if (dense && k >= 3) dc_ttrows(&c, &r, 0.4, 2.5); /* the teacher's, per row */
             ok &= nccl_case(&c, 1, 2);                     /* TP 2 */
             ok &= nccl_case(&c, 2, 1);                     /* CP 2 */
             if (g_devices >= 4) ok &= nccl_case(&c, 2, 2); /* TP 2 x CP 2 */

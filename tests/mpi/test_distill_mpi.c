@@ -38,6 +38,7 @@ static void check(uint64_t seed, int dense, int kind, double beta, int red, int6
     dc_init(&c, &r, 19, 9, 37, 7, 6, SPH_F32, dense, DC_PAD);
     dc_mask(&c, &r, 0.7);
     c.kind = kind, c.beta = beta, c.red = red;
+    if (dense && kind == SPH_DISTILL_JSD) dc_ttrows(&c, &r, 0.4, 2.5); /* the teacher's, per row */
     dexp x;
     dc_wire(&c, DC_DH | DC_DW | DC_DLOSS); /* the whole problem (its dloss), before the shard */
     dc_expect(&c, &x);
@@ -100,6 +101,7 @@ static void check_cp(uint64_t seed, int dense, int kind, int red) {
     dc_init(&f, &r, 17, 7, 31, 5, 6, SPH_F32, dense, DC_PAD);
     dc_mask(&f, &r, 0.6);
     f.kind = kind, f.beta = 0.4, f.red = red;
+    if (dense && kind != SPH_DISTILL_FORWARD_KL) dc_ttrows(&f, &r, 0.4, 2.5);
     dexp x;
     dc_wire(&f, DC_DH | DC_DW | DC_DLOSS);
     dc_expect(&f, &x);
@@ -109,6 +111,7 @@ static void check_cp(uint64_t seed, int dense, int kind, int red) {
     if (dense) c.th = (float *)f.th + r0 * f.HT;
     else c.ids = f.ids + r0 * f.K, c.lp = f.lp + r0 * f.K;
     c.mask = f.mask + r0, c.dloss = f.dloss + r0;
+    c.ttrows = f.ttrows ? f.ttrows + r0 : NULL;
     c.v0 = f.V * tp / T, c.V_loc = f.V * (tp + 1) / T - c.v0;
     c.loss = malloc((size_t)n * 4), c.dh = malloc((size_t)(n * f.H) * 4);
     c.dw = malloc((size_t)(c.V_loc * f.H) * 4);

@@ -25,9 +25,11 @@ typedef struct dcase {
     uint8_t *mask;         /* (N) or NULL */
     float *dloss, *loss;   /* (N), (N) */
     float *trows;          /* (N) per-row temperatures or NULL (T) */
+    float *ttrows;         /* (N) the dense teacher's per-row temperatures or NULL (TT) */
     float *dh, *dw;        /* (N, H), (V_loc, H) f32 */
     int64_t sh_h[2], sh_w[2], sh_th[2], sh_tw[2], sh_k[2], sh_n[1], sh_l[1], sh_dh[2], sh_dw[2];
     sph_tensor t_h, t_w, t_th, t_tw, t_ids, t_lp, t_mask, t_dloss, t_loss, t_dh, t_dw, t_tr;
+    sph_tensor t_ttr;
     sph_head_args a;
     sph_distill_args d;
 } dcase;
@@ -108,8 +110,19 @@ static inline void dc_trows(dcase *c, sph_rng *r, double lo, double hi) {
 
 static inline double dc_T(const dcase *c, int64_t i) { return c->trows ? (double)c->trows[i] : c->T; }
 
+/* The dense teacher's per-row temperatures in [lo, hi] (teacher_temperature_rows; TT then 0). */
+static inline void dc_ttrows(dcase *c, sph_rng *r, double lo, double hi) {
+    c->ttrows = hc_alloc((size_t)c->N * 4), c->TT = 0;
+    for (int64_t i = 0; i < c->N; i++) c->ttrows[i] = (float)(lo + (hi - lo) * rng_uniform(r));
+}
+
+/* Row i's teacher temperature: its row's, the scalar, or the student's. */
+static inline double dc_TT(const dcase *c, int64_t i) {
+    return c->ttrows ? (double)c->ttrows[i] : c->TT > 0 ? c->TT : dc_T(c, i);
+}
+
 static inline void dc_free(dcase *c) {
-    free(c->trows), free(c->h), free(c->w), free(c->th), free(c->tw), free(c->ids), free(c->lp), free(c->mask);
+    free(c->trows), free(c->ttrows), free(c->h), free(c->w), free(c->th), free(c->tw), free(c->ids), free(c->lp), free(c->mask);
     free(c->dloss), free(c->loss), free(c->dh), free(c->dw);
 }
 
@@ -150,6 +163,12 @@ static inline void dc_wire(dcase *c, unsigned what) {
     c->d = (sph_distill_args)SPH_DISTILL_ARGS_INIT;
     c->d.kind = (sph_distill_kind)c->kind, c->d.beta = c->beta, c->d.reduction = (sph_reduction)c->red;
     c->d.teacher_temperature = c->TT;
+    if (c->ttrows) {
+        c->sh_n[0] = c->N;
+        c->t_ttr = (sph_tensor){.data = c->ttrows, .device = cpu, .ndim = 1, .dtype = SPH_F32,
+                                .shape = c->sh_n};
+        c->d.teacher_temperature_rows = &c->t_ttr;
+    }
     c->d.num_tokens = c->num_tokens;
     if (c->dense) {
         c->sh_th[0] = c->N, c->sh_th[1] = c->HT, c->sh_tw[0] = c->V_loc, c->sh_tw[1] = c->HT;
@@ -213,6 +232,12 @@ static inline void dc_expect(const dcase *c, dexp *x) {
         for (int64_t i = 0; i < c->N; i++) trows[i] = c->trows[i];
     }
     in.T_rows = trows;
+    double *ttrows = NULL;
+    if (c->ttrows) {
+        ttrows = hc_alloc((size_t)c->N * 8);
+        for (int64_t i = 0; i < c->N; i++) ttrows[i] = c->ttrows[i];
+    }
+    in.T_T_rows = ttrows;
     if (c->kind != SPH_DISTILL_JSD) in.beta = 0;
     double *h = dc_f64(c, c->h, c->N * c->H), *w = dc_f64(c, c->w, c->V * c->H);
     double *th = c->dense ? dc_f64(c, c->th, c->N * c->HT) : NULL;
@@ -239,6 +264,7 @@ static inline void dc_expect(const dcase *c, dexp *x) {
     for (int64_t i = 0; i < c->N; i++) x->red += x->rows[i];
     if (c->red == SPH_REDUCTION_MEAN) x->red = div ? x->red / (double)div : 0;
     free(h), free(w), free(th), free(tw), free(lp), free(scale), free(trows);
+    free(ttrows);
 }
 
 static inline void dc_expect_free(dexp *x) { free(x->rows), free(x->dh), free(x->dw); }
@@ -257,7 +283,7 @@ static inline double dc_indep_row(const dcase *c, int64_t i) {
             double y = 0;
             for (int64_t k = 0; k < c->HT; k++)
                 y += dc_getw(c, c->th, i * c->HT + k) * dc_getw(c, c->tw, j * c->HT + k);
-            p[j] = exp(y / (c->TT > 0 ? c->TT : dc_T(c, i))), t += p[j];
+            p[j] = exp(y / dc_TT(c, i)), t += p[j];
         }
     }
     for (int64_t j = 0; j < V; j++) q[j] /= s, p[j] = c->dense ? p[j] / t : 0;
@@ -302,10 +328,10 @@ static inline const char *dc_kind_name(int k) {
 
 static inline void dc_case_str(const dcase *c, const char *extra, char *cs, size_t n) {
     snprintf(cs, n, "distill(N=%lld,H=%lld,V=%lld,HT=%lld,K=%lld,%s,%s,beta=%g,red=%d,T=%g,"
-             "cap=%g,TT=%g,mask=%d,trows=%d,%s)", (long long)c->N, (long long)c->H, (long long)c->V,
-             (long long)c->HT, (long long)c->K, sph_dtype_name(c->dt), dc_kind_name(c->kind),
-             c->beta, c->red, c->T, c->cap, c->TT, c->mask != NULL, c->trows != NULL,
-             extra ? extra : "");
+             "cap=%g,TT=%g,mask=%d,trows=%d,ttrows=%d,%s)", (long long)c->N, (long long)c->H,
+             (long long)c->V, (long long)c->HT, (long long)c->K, sph_dtype_name(c->dt),
+             dc_kind_name(c->kind), c->beta, c->red, c->T, c->cap, c->TT, c->mask != NULL,
+             c->trows != NULL, c->ttrows != NULL, extra ? extra : "");
 }
 
 #endif

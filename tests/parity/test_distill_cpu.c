@@ -125,6 +125,8 @@ static void test_cases(void **state) {
                 if (v == 2) c.cap = 2.0, c.T = 1.2;
                 if (dense && v == 0) c.TT = 1.7;
                 if (n % 4 == 3) dc_trows(&c, &r, 0.5, 2.0); /* per-row temperatures */
+                /* the teacher's per-row temperatures, alone (v 2) and with the student's (v 3) */
+                if (dense && v >= 2 && k % 2 == 0) dc_ttrows(&c, &r, 0.4, 2.5);
                 const int threads = 1 + n % 2;
                 ok &= one(&c, NULL, threads, n % 2 ? 3 : 0, v == 2, &r);
                 if (k == 0 || v == 0) ok &= one(&c, "ref", 1, 0, 0, &r);
@@ -244,6 +246,7 @@ static void test_tp(void **state) {
             if (n % 2) dc_mask(&c, &r, 0.7);
             if (k == 2) c.cap = 3.0;
             if (k == 1) dc_trows(&c, &r, 0.5, 2.0);
+            if (dense && k >= 3) dc_ttrows(&c, &r, 0.4, 2.5); /* with trows at k 1: no */
             ok &= tp_case(&c, 2 + n % 2, n % 2 ? 3 : 4, n % 4 == 0);
             dc_free(&c);
         }
@@ -283,6 +286,7 @@ static void *cp_main(void *arg) {
     }
     c->mask = f->mask ? f->mask + j->r0 : NULL;
     c->trows = f->trows ? f->trows + j->r0 : NULL;
+    c->ttrows = f->ttrows ? f->ttrows + j->r0 : NULL;
     c->dloss = f->dloss + j->r0;
     c->v0 = f->V * j->tp / j->T, c->V_loc = f->V * (j->tp + 1) / j->T - c->v0;
     /* (mean / sum write one float even on a rank of no rows) */

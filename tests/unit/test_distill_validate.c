@@ -2,7 +2,8 @@
  * test_distill_validate.c - every bad input of sph_distill_loss fails with its status and a
  * message naming the argument (and the value), and leaves every output untouched (poisoned
  * before, compared byte for byte after); the same values on inactive rows are accepted.
- * Reference and CPU backends. Also: the ranks of a TP group that disagree fail together.
+ * Reference and CPU backends. Also: the ranks of a TP group that disagree fail together (in a
+ * scalar, the kind, the dense teacher's per-row temperatures, or one rank refusing).
  */
 #include <float.h>
 
@@ -118,11 +119,36 @@ static void bad_inputs(const char *kernel) {
     CASE(0, dc_trows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); c.a.temperature = 2.0;
          dc_poison(&c), SPH_ERR_INVALID_ARG, "temperature");
     CASE(0, c.a.vocab_total = 2 * V_, SPH_ERR_INVALID_ARG, "no tensor-parallel group");
+    /* the teacher's temperature: per row (every row checked, an inactive one too), not with the
+     * scalar, and neither with a sparse teacher */
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); c.ttrows[1] = 0.0f; dc_wire(&c, DC_DH | DC_DW);
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature_rows[1]: 0");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); c.ttrows[3] = NAN; dc_wire(&c, DC_DH | DC_DW);
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature_rows[3]: nan");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); c.ttrows[0] = -INFINITY; dc_wire(&c, DC_DH | DC_DW);
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature_rows[0]: -inf");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); c.ttrows[2] = 1e-39f; dc_wire(&c, DC_DH | DC_DW);
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature_rows[2]");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); c.d.teacher_temperature = 2;
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature: 2 given together with "
+         "teacher_temperature_rows");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); bad_shape[0] = N_ - 1;
+         t = c.t_ttr; t.shape = bad_shape; c.d.teacher_temperature_rows = &t, SPH_ERR_SHAPE,
+         "teacher_temperature_rows");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); t = c.t_ttr;
+         t.dtype = SPH_F64; c.d.teacher_temperature_rows = &t, SPH_ERR_DTYPE,
+         "teacher_temperature_rows");
+    CASE(0, dc_ttrows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); dc_poison(&c),
+         SPH_ERR_INVALID_ARG, "teacher_temperature_rows: given with a sparse teacher");
+    CASE(0, c.d.teacher_temperature = 1.5, SPH_ERR_INVALID_ARG,
+         "teacher_temperature: given with a sparse teacher");
     /* aliasing: outputs against inputs and outputs */
     CASE(0, c.t_loss.data = c.h, SPH_ERR_INVALID_ARG, "loss");
     CASE(1, c.t_dh.data = c.th, SPH_ERR_INVALID_ARG, "teacher_hidden");
     CASE(0, c.t_dh.data = c.lp, SPH_ERR_INVALID_ARG, "teacher_topk_logprobs");
     CASE(0, c.t_loss.data = c.dw, SPH_ERR_INVALID_ARG, "dweight");
+    CASE(1, dc_ttrows(&c, &r, 0.5, 1.5); dc_wire(&c, DC_DH | DC_DW); c.t_loss.data = c.ttrows;
+         dc_poison(&c), SPH_ERR_INVALID_ARG, "teacher_temperature_rows");
 #undef CASE
     /* dloss non-finite on an active row (reduction none) */
     fresh(&c, &r, 0);
@@ -134,6 +160,18 @@ static void bad_inputs(const char *kernel) {
     c.dloss[0] = 1, c.dloss[1] = NAN;
     c.ids[K_] = V_ + 5, c.lp[K_ + 1] = 3.0f, c.ids[K_ + 2] = c.ids[K_];
     expect_good(kernel, &c);
+    dc_free(&c);
+    /* the argument block's layout before teacher_temperature_rows: accepted, the field not
+     * read (a NaN there would be refused); one byte shorter: refused */
+    fresh(&c, &r, 1);
+    dc_ttrows(&c, &r, 0.5, 1.5);
+    c.ttrows[0] = NAN;
+    dc_wire(&c, DC_DH | DC_DW);
+    dc_poison(&c);
+    c.d.struct_size = offsetof(sph_distill_args, teacher_temperature_rows);
+    expect_good(kernel, &c);
+    c.d.struct_size -= 1;
+    expect_bad(kernel, &c, SPH_ERR_INVALID_ARG, "distill.struct_size");
     dc_free(&c);
     /* NaN in hidden on an active row: SPH_ERR_NONFINITE, loss and dweight untouched */
     fresh(&c, &r, 1);
@@ -187,10 +225,16 @@ static void test_tp_mismatch(void **state) {
     (void)state;
     sph_rng r;
     rng_seed(&r, test_seed());
-    for (int what = 0; what < 3; what++) {
+    for (int what = 0; what < 4; what++) {
         dcase full;
-        dc_init(&full, &r, 5, 3, 8, 3, 3, SPH_F32, 0, DC_PAD);
+        dc_init(&full, &r, 5, 3, 8, 3, 3, SPH_F32, what == 3, DC_PAD);
         full.kind = SPH_DISTILL_JSD;
+        float *tt1 = NULL; /* what 3: rank 1's own teacher temperatures, one of them other */
+        if (what == 3) {
+            dc_ttrows(&full, &r, 0.5, 1.5);
+            tt1 = hc_dup(full.ttrows, 5 * 4);
+            tt1[4] *= 1.5f;
+        }
         tp_group g;
         tp_group_init(&g, 2);
         mjob j[2];
@@ -199,6 +243,7 @@ static void test_tp_mismatch(void **state) {
             memset(&j[k], 0, sizeof j[k]);
             j[k].g = &g, j[k].rank = k, j[k].c = full;
             j[k].c.v0 = 4 * k, j[k].c.V_loc = 4;
+            if (k == 1 && tt1) j[k].c.ttrows = tt1;
             j[k].c.loss = hc_alloc(5 * 4), j[k].c.dh = hc_alloc(5 * 3 * 4), j[k].c.dw = hc_alloc(4 * 3 * 4);
             dc_wire(&j[k].c, DC_DH | DC_DW);
             dc_poison(&j[k].c);
@@ -206,6 +251,7 @@ static void test_tp_mismatch(void **state) {
         if (what == 0) j[1].c.d.beta = 0.25;                    /* a scalar */
         if (what == 1) j[1].c.d.kind = SPH_DISTILL_FORWARD_KL;  /* the kind */
         if (what == 2) j[1].c.d.beta = 7;                       /* one rank refuses */
+        /* what 3: the dense teacher's per-row temperatures differ in row 4 */
         float *lsnap = hc_dup(j[0].c.loss, 5 * 4);
         for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, mrank, &j[k]), 0);
         for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
@@ -221,6 +267,7 @@ static void test_tp_mismatch(void **state) {
         assert_memory_equal(j[0].c.loss, lsnap, 5 * 4);
         free(lsnap);
         for (int k = 0; k < 2; k++) free(j[k].c.loss), free(j[k].c.dh), free(j[k].c.dw);
+        free(tt1);
         dc_free(&full);
     }
 }

@@ -66,6 +66,7 @@ static dst_problem rows_of(const dst_problem *p, int64_t r0, int64_t r1) {
     if (p->ids) q.ids = p->ids + r0 * p->K, q.lp = p->lp + r0 * p->K;
     if (p->mask) q.mask = p->mask + r0;
     if (p->trows) q.trows = p->trows + r0;
+    if (p->ttrows) q.ttrows = p->ttrows + r0;
     return q;
 }
 
