@@ -35,13 +35,16 @@ _IT_RED, _IT_NEED_H, _IT_NEED_W = 1, 2, 3
 def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[torch.Tensor],
                     spans: Optional[torch.Tensor], th: Optional[torch.Tensor],
                     tw: Optional[torch.Tensor], ids: Optional[torch.Tensor],
-                    lp: Optional[torch.Tensor], dloss: Optional[torch.Tensor], fl: List[float],
-                    it: List[int], kernel: Optional[str], tune_cache: Optional[str],
-                    trows: Optional[torch.Tensor],
-                    ttrows: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                    lp: Optional[torch.Tensor], dloss: Optional[torch.Tensor],
+                    ttrows: Optional[torch.Tensor], fl: List[float], it: List[int],
+                    kernel: Optional[str], tune_cache: Optional[str],
+                    trows: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """(loss (0-d, or (N,) for reduction none), dhidden, dweight); the gradients are empty
-    when not needed. trows, ttrows: the student's and the dense teacher's per-row temperatures
-    (N,) float32, or None."""
+    when not needed. ttrows, trows: the dense teacher's and the student's per-row temperatures
+    (N,) float32, or None. ttrows sits before fl, not at the end: a trailing None argument is
+    dropped on the way to the kernel by some torch versions (torch 2.11's autograd then saw 14
+    inputs for the backward's 15 gradients; Inductor's call lacked it), and the one trailing
+    optional (trows) keeps the place it has always had."""
     beta, tt, temperature, softcap = fl
     (kind, red, need_h, need_w, gap, vocab_start, vocab_total, reduce_dh, comm, threads,
      allow_tf32, batch_invariant, chunk_rows, chunk_bytes, num_tokens, seq_comm) = it
@@ -78,7 +81,8 @@ def distill_loss_op(hidden: torch.Tensor, weight: torch.Tensor, mask: Optional[t
 
 
 @distill_loss_op.register_fake
-def _distill_loss_fake(hidden, weight, mask, spans, th, tw, ids, lp, dloss, fl, it, *args):
+def _distill_loss_fake(hidden, weight, mask, spans, th, tw, ids, lp, dloss, ttrows, fl, it,
+                       *args):
     N = hidden.shape[0]
     red, need_h, need_w = it[_IT_RED], it[_IT_NEED_H], it[_IT_NEED_W]
     return [hidden.new_empty((N,) if red == 2 else (), dtype=torch.float32),
@@ -91,7 +95,7 @@ _N_INPUTS = 15
 
 def _setup(ctx, inputs, output):
     _, dh, dw = output
-    it = inputs[10]
+    it = inputs[11]
     ctx.red = it[_IT_RED]
     ctx.need = (it[_IT_NEED_H], it[_IT_NEED_W])
     ctx.mark_non_differentiable(dh, dw)
@@ -99,8 +103,8 @@ def _setup(ctx, inputs, output):
     ctx.used = False
     if ctx.red == 2:  # the backward runs the call again with dloss = the incoming gradient
         ctx.args = inputs
-        ctx.trows = inputs[13] if len(inputs) > 13 else None
-        ctx.ttrows = inputs[14] if len(inputs) > 14 else None
+        ctx.ttrows = inputs[9]
+        ctx.trows = inputs[14] if len(inputs) > 14 else None
         ctx.save_for_backward(*[x for x in inputs[:9] if isinstance(x, torch.Tensor)])
         ctx.slots = [isinstance(x, torch.Tensor) for x in inputs[:9]]
     else:
@@ -121,13 +125,13 @@ def _backward(ctx, grads):
     if ctx.red == 2:
         saved = iter(ctx.saved_tensors)
         t = [next(saved) if s else None for s in ctx.slots]
-        fl, it = ctx.args[9], list(ctx.args[10])
+        fl, it = ctx.args[10], list(ctx.args[11])
         it[_IT_NEED_H], it[_IT_NEED_W] = int(bool(want_h)), int(bool(want_w))
         if not (want_h or want_w):
             return none
         out = distill_loss_op(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-                              g_loss.detach().to(torch.float32).contiguous(), fl, it,
-                              ctx.args[11], ctx.args[12], ctx.trows, ctx.ttrows)
+                              g_loss.detach().to(torch.float32).contiguous(), ctx.ttrows, fl,
+                              it, ctx.args[12], ctx.args[13], ctx.trows)
         return (out[1] if want_h else None, out[2] if want_w else None) + none[2:]
     dh, dw = ctx.saved_tensors
     g = g_loss.reshape(())
@@ -234,8 +238,8 @@ def distill_loss(hidden: torch.Tensor, weight: torch.Tensor, *,
     it = [kind_i, red, int(need_h and fwd_grads), int(need_w and fwd_grads), gap, vocab_start,
           vocab_total, int(reduce_dh), comm, threads, int(allow_tf32), int(batch_invariant),
           chunk_rows, chunk_bytes, n_tok, seq_key]
-    out = distill_loss_op(h2, p.weight, p.mask, p.spans, th, tw, ids, lp, None, fl, it, kernel,
-                          tune_cache, p.trows, ttrows)
+    out = distill_loss_op(h2, p.weight, p.mask, p.spans, th, tw, ids, lp, None, ttrows, fl, it,
+                          kernel, tune_cache, p.trows)
     loss = out[0]
     return loss.reshape(p.lead) if red == 2 else loss
 

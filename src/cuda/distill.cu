@@ -369,14 +369,23 @@ __global__ void k_merge(double *out, const double *g, int64_t nr, int64_t width,
     }
 }
 
-/* Non-finite statistics of an active row: counted (the outputs come out NaN). */
-__global__ void k_check(ddev d, int64_t c0, int64_t nr) {
-    const int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (q >= nr || !d.act[d_row(d, c0, q)]) return;
+/* The combined record of chunk row q is not finite (NaN / inf in its inputs, a bad per-row
+ * temperature, logits beyond float). */
+__device__ __forceinline__ bool d_rec_bad(const ddev &d, int64_t q) {
     const double *o = d.rec + q * d.rw;
     bool bad = !isfinite(o[1]) || o[0] != o[0] || o[0] == INFINITY;
     if (d.dense) bad |= !isfinite(o[0]) || !isfinite(o[2]) || !isfinite(o[3]);
     for (int64_t f = 2; !d.dense && f < d.rw; f++) bad |= !isfinite(o[f]);
+    return bad;
+}
+
+/* Non-finite statistics of an active row: counted; its loss and du are then NaN (k_dense_du,
+ * k_sparse: the terms' 0 log 0 guards would otherwise drop NaN probabilities and leave a
+ * finite loss for the row). */
+__global__ void k_check(ddev d, int64_t c0, int64_t nr) {
+    const int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (q >= nr || !d.act[d_row(d, c0, q)]) return;
+    const bool bad = d_rec_bad(d, q);
     if (bad && d.nf) {
         atomicAdd(&d.nf[0], 1ull);
         atomicMin(&d.nf[1], (unsigned long long)d_row(d, c0, q));
@@ -424,13 +433,14 @@ __device__ __forceinline__ void d_put_du(const ddev &d, int64_t q, int64_t j, fl
     }
 }
 
-/* Dense step 4: du, and the row's loss. */
+/* Dense step 4: du, and the row's loss (NaN for both where the row's record is not finite). */
 __global__ void __launch_bounds__(DTHREADS) k_dense_du(ddev d, int64_t c0, int grads) {
     const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V;
-    if (threadIdx.x == 0) d.lrows[i] = d.act[i] ? d.part[q * 2] : 0.0;
+    const bool bad = d.act[i] && d_rec_bad(d, q);
+    if (threadIdx.x == 0) d.lrows[i] = !d.act[i] ? 0.0 : bad ? (double)NAN : d.part[q * 2];
     if (!grads) return;
-    if (!d.act[i]) {
-        for (int64_t j = threadIdx.x; j < V; j += DTHREADS) d_put_du(d, q, j, 0.0f);
+    if (!d.act[i] || bad) {
+        for (int64_t j = threadIdx.x; j < V; j += DTHREADS) d_put_du(d, q, j, bad ? NAN : 0.0f);
         return;
     }
     const float ls = (float)(d.rec[q * 4] + log(d.rec[q * 4 + 1])), S = (float)d.part[q * 2 + 1];
@@ -448,9 +458,10 @@ __global__ void __launch_bounds__(DTHREADS) k_sparse(ddev d, int64_t c0, int gra
     const int64_t q = blockIdx.x, i = d_row(d, c0, q), V = d.V, K = d.K;
     const double *o = d.rec + q * d.rw;
     float *sav = d.sav + q * K;
-    if (!d.act[i]) {
-        if (threadIdx.x == 0) d.lrows[i] = 0;
-        for (int64_t j = threadIdx.x; grads && j < V; j += DTHREADS) d_put_du(d, q, j, 0.0f);
+    if (!d.act[i] || d_rec_bad(d, q)) { /* inactive: 0; a non-finite record: NaN */
+        const float v = d.act[i] ? NAN : 0.0f;
+        if (threadIdx.x == 0) d.lrows[i] = v;
+        for (int64_t j = threadIdx.x; grads && j < V; j += DTHREADS) d_put_du(d, q, j, v);
         return;
     }
     if (threadIdx.x == 0) {

@@ -228,10 +228,13 @@ static void test_nonfinite(void **state) {
     expect_ok(sph_ctx_nonfinite(g, &cnt, &first));
     assert_int_equal(cnt, 1);
     assert_int_equal(first, 3);
+    assert_true(isnan(c.loss[0])); /* the mean over a NaN row (run 38: was finite) */
     dm_free(g, &m);
     dc_free(&c);
     /* a bad teacher temperature of an active row (device memory: not read at validation)
-     * makes that row NaN and is counted the same way */
+     * makes that row NaN and is counted the same way (run 38 found its loss finite: the
+     * terms' 0 log 0 guards dropped the NaN probabilities; now a non-finite record makes the
+     * row's loss and du NaN) */
     dc_init(&c, &r, 9, 8, 40, 8, 4, SPH_F32, 1, 0);
     dc_ttrows(&c, &r, 0.5, 2.0);
     c.ttrows[4] = 0.0f;
