@@ -29,7 +29,7 @@
 
 #include "comm/comm.h"
 #include "cuda/common.cuh"
-#include "cuda/head.cuh" /* sph_cuda_pointer_is_device */
+#include "cuda/device_ptr.h"
 #include "cuda/state.h"
 #include "distill/distill.h"
 
@@ -716,25 +716,18 @@ static sph_status setup(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws, siz
     return SPH_OK;
 }
 
-static sph_status need_device(const void *ptr, const char *name) {
-    if (!ptr) return SPH_OK;
-    const int d = sph_cuda_pointer_is_device(ptr);
-    SPH_CHECK(d == 1, SPH_ERR_DEVICE, "%s: pointer %p is %s memory, expected CUDA device memory",
-              name, ptr, d == 0 ? "host" : "unknown (not CUDA-allocated)");
-    return SPH_OK;
-}
 
 static sph_status sph_distill_cuda_run(sph_ctx_t ctx, const sph_distill_plan *dp, void *ws,
                                            size_t bytes) {
     /* the loss's own tensors (the head's pointers: its backend check, at validation), before
      * anything is enqueued: a tensor that claims the device but points at host memory */
-    SPH_TRY(need_device(dp->th, "teacher_hidden"));
-    SPH_TRY(need_device(dp->tw, "teacher_weight"));
-    SPH_TRY(need_device(dp->ids, "teacher_topk_ids"));
-    SPH_TRY(need_device(dp->tlp, "teacher_topk_logprobs"));
-    SPH_TRY(need_device(dp->tt_rows, "teacher_temperature_rows"));
-    SPH_TRY(need_device(dp->dloss, "dloss"));
-    SPH_TRY(need_device(dp->loss, "loss"));
+    SPH_TRY(sph_cuda_need_device(dp->th, "teacher_hidden"));
+    SPH_TRY(sph_cuda_need_device(dp->tw, "teacher_weight"));
+    SPH_TRY(sph_cuda_need_device(dp->ids, "teacher_topk_ids"));
+    SPH_TRY(sph_cuda_need_device(dp->tlp, "teacher_topk_logprobs"));
+    SPH_TRY(sph_cuda_need_device(dp->tt_rows, "teacher_temperature_rows"));
+    SPH_TRY(sph_cuda_need_device(dp->dloss, "dloss"));
+    SPH_TRY(sph_cuda_need_device(dp->loss, "loss"));
     drun r;
     SPH_TRY(setup(ctx, dp, ws, bytes, &r));
     const sph_head_plan *hp = &dp->head;

@@ -38,6 +38,7 @@
 
 #include "core/trace.h"
 #include "comm/comm.h"
+#include "cuda/device_ptr.h"
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
 #include "cuda/head_math.cuh"
@@ -840,14 +841,6 @@ static sph_status cuda_support_backward(sph_ctx_t ctx, const sph_head_plan *p, v
 
 // ---- the table ---------------------------------------------------------------------------
 
-static sph_status need_device(const void *ptr, const char *name) {
-    if (!ptr) return SPH_OK;
-    int d = sph_cuda_pointer_is_device(ptr);
-    SPH_CHECK(d == 1, SPH_ERR_DEVICE,
-              "%s: pointer %p is %s memory, expected CUDA device memory", name, ptr,
-              d == 0 ? "host" : "unknown (not CUDA-allocated)");
-    return SPH_OK;
-}
 
 /* The CUDA backend's own conditions, run by head.c's validation after the generic checks
  * (shapes, dtypes, element alignment, devices of the descriptors, communicator) and before
@@ -859,26 +852,26 @@ static sph_status cuda_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
     SPH_CHECK(st->cc >= 80, SPH_ERR_UNSUPPORTED,
               "device %s: compute capability %d.%d, spanhead's CUDA path needs 8.0 or newer",
               st->prop.name, st->cc / 10, st->cc % 10);
-    SPH_TRY(need_device(p->hidden, "hidden"));
-    SPH_TRY(need_device(p->weight, "weight"));
-    SPH_TRY(need_device(p->targets, "targets"));
-    SPH_TRY(need_device(p->cand, "candidates"));
-    SPH_TRY(need_device(p->mask, "active_mask"));
-    SPH_TRY(need_device(p->temp_rows, "temperature_rows"));
-    SPH_TRY(need_device(p->logprob, "logprob"));
-    SPH_TRY(need_device(p->entropy, "entropy"));
-    SPH_TRY(need_device(p->lse, "lse"));
-    SPH_TRY(need_device(p->logit_mean, "logit_mean"));
-    SPH_TRY(need_device(p->stats, "stats"));
-    SPH_TRY(need_device(p->dlogprob, "dlogprob"));
-    SPH_TRY(need_device(p->dentropy, "dentropy"));
-    SPH_TRY(need_device(p->dlse, "dlse"));
-    SPH_TRY(need_device(p->dlogit_mean, "dlogit_mean"));
-    SPH_TRY(need_device(p->dhidden, "dhidden"));
-    SPH_TRY(need_device(p->dweight, "dweight"));
-    SPH_TRY(need_device(p->sum_p2, "sum_p2"));
-    SPH_TRY(need_device(p->topk_ids, "topk_ids"));
-    SPH_TRY(need_device(p->topk_lp, "topk_logprobs"));
+    SPH_TRY(sph_cuda_need_device(p->hidden, "hidden"));
+    SPH_TRY(sph_cuda_need_device(p->weight, "weight"));
+    SPH_TRY(sph_cuda_need_device(p->targets, "targets"));
+    SPH_TRY(sph_cuda_need_device(p->cand, "candidates"));
+    SPH_TRY(sph_cuda_need_device(p->mask, "active_mask"));
+    SPH_TRY(sph_cuda_need_device(p->temp_rows, "temperature_rows"));
+    SPH_TRY(sph_cuda_need_device(p->logprob, "logprob"));
+    SPH_TRY(sph_cuda_need_device(p->entropy, "entropy"));
+    SPH_TRY(sph_cuda_need_device(p->lse, "lse"));
+    SPH_TRY(sph_cuda_need_device(p->logit_mean, "logit_mean"));
+    SPH_TRY(sph_cuda_need_device(p->stats, "stats"));
+    SPH_TRY(sph_cuda_need_device(p->dlogprob, "dlogprob"));
+    SPH_TRY(sph_cuda_need_device(p->dentropy, "dentropy"));
+    SPH_TRY(sph_cuda_need_device(p->dlse, "dlse"));
+    SPH_TRY(sph_cuda_need_device(p->dlogit_mean, "dlogit_mean"));
+    SPH_TRY(sph_cuda_need_device(p->dhidden, "dhidden"));
+    SPH_TRY(sph_cuda_need_device(p->dweight, "dweight"));
+    SPH_TRY(sph_cuda_need_device(p->sum_p2, "sum_p2"));
+    SPH_TRY(sph_cuda_need_device(p->topk_ids, "topk_ids"));
+    SPH_TRY(sph_cuda_need_device(p->topk_lp, "topk_logprobs"));
     SPH_CHECK(!p->topk || p->V <= INT32_MAX, SPH_ERR_UNSUPPORTED,
               "topk_ids: vocab_total %lld exceeds the CUDA top-k's int32 ids", (long long)p->V);
     if (p->K > 0) SPH_TRY(sph_cuda_sample_check(p));
@@ -887,7 +880,7 @@ static sph_status cuda_check(sph_ctx_t ctx, sph_head_pass pass, const sph_head_p
 
 static sph_status cuda_check_workspace(sph_ctx_t ctx, const void *ws, size_t bytes) {
     (void)ctx, (void)bytes;
-    SPH_TRY(need_device(ws, "workspace"));
+    SPH_TRY(sph_cuda_need_device(ws, "workspace"));
     SPH_CHECK(((uintptr_t)ws % SPH_WS_ALIGN) == 0, SPH_ERR_WORKSPACE,
               "workspace: pointer %p is misaligned, expected %d-byte alignment", ws,
               SPH_WS_ALIGN);

@@ -36,6 +36,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include "comm/comm.h"
+#include "cuda/device_ptr.h"
 #include "cuda/head.cuh"
 #include "policy/policy.h"
 
@@ -414,13 +415,6 @@ static sph_status cuda_workspace(sph_ctx_t ctx, const sph_policy_plan *pp, size_
 
 // ---- the pass ---------------------------------------------------------------------------
 
-static sph_status need_device(const void *ptr, const char *name) {
-    if (!ptr) return SPH_OK;
-    int d = sph_cuda_pointer_is_device(ptr);
-    SPH_CHECK(d == 1, SPH_ERR_DEVICE, "%s: pointer %p is %s memory, expected CUDA device memory",
-              name, ptr, d == 0 ? "host" : "unknown (not CUDA-allocated)");
-    return SPH_OK;
-}
 
 /* Active rows, group records, sequence statistics and weights (steps 1 of the file comment). */
 static sph_status prepass(sph_ctx_t ctx, const sph_head_plan *hp, const sph_policy_plan *pp,
@@ -516,14 +510,14 @@ static sph_status cuda_run(sph_ctx_t ctx, const sph_policy_plan *plan, void *ws,
     sph_head_plan *hp = &P.head;
     pol_layout L;
     SPH_TRY(layout_of(ctx, pp, &L));
-    SPH_TRY(need_device(pp->adv, "advantages"));
-    SPH_TRY(need_device(pp->old, "old_logprob"));
-    SPH_TRY(need_device(pp->ref, "ref_logprob"));
-    SPH_TRY(need_device(pp->isw, "is_weight"));
-    SPH_TRY(need_device(pp->seq, "seq_id"));
-    SPH_TRY(need_device(pp->metrics, "metrics"));
-    SPH_TRY(need_device(hp->targets, "targets"));
-    SPH_TRY(need_device(hp->mask, "active_mask"));
+    SPH_TRY(sph_cuda_need_device(pp->adv, "advantages"));
+    SPH_TRY(sph_cuda_need_device(pp->old, "old_logprob"));
+    SPH_TRY(sph_cuda_need_device(pp->ref, "ref_logprob"));
+    SPH_TRY(sph_cuda_need_device(pp->isw, "is_weight"));
+    SPH_TRY(sph_cuda_need_device(pp->seq, "seq_id"));
+    SPH_TRY(sph_cuda_need_device(pp->metrics, "metrics"));
+    SPH_TRY(sph_cuda_need_device(hp->targets, "targets"));
+    SPH_TRY(sph_cuda_need_device(hp->mask, "active_mask"));
     SPH_CHECK(((uintptr_t)pp->metrics % 4) == 0, SPH_ERR_INVALID_ARG,
               "metrics: pointer %p is misaligned, expected 4-byte alignment",
               (void *)pp->metrics);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/device_ptr.h"
 #include "cuda/common.cuh"
 #include "cuda/head.cuh"
 #include "cuda/head_sm90.cuh"
@@ -35,6 +36,14 @@ extern "C" int sph_cuda_pointer_is_device(const void *p) {
         return -1;
     }
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? 1 : 0;
+}
+
+extern "C" sph_status sph_cuda_need_device(const void *ptr, const char *name) {
+    if (!ptr) return SPH_OK;
+    const int d = sph_cuda_pointer_is_device(ptr);
+    SPH_CHECK(d == 1, SPH_ERR_DEVICE, "%s: pointer %p is %s memory, expected CUDA device memory",
+              name, ptr, d == 0 ? "host" : "unknown (not CUDA-allocated)");
+    return SPH_OK;
 }
 
 static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
