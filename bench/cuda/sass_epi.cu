@@ -34,9 +34,8 @@ __device__ __forceinline__ void sass_epi_body(const float *in, sph_sm90_epi ep, 
     ra[1].tau = epi_row_tau(ep, r0 + 8, INT64_MAX);
     const int64_t cb = 2 * (threadIdx.x % 4);
     const uint32_t tks = 4u * (uint32_t)threadIdx.x;
-    if (FULL) /* VAR bit 5: the count's group skip, a template in the kernel too */
-        epi_stats_t<false, 0, Q2, TK, true, TGT, (VAR & 32) != 0>(acc, ep, ra, r0, cb, 0, 1,
-                                                                  INT64_MAX, Vs, tks);
+    if (FULL)
+        epi_stats_t<false, 0, Q2, TK, true, TGT>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
     else epi_stats_c<0, Q2, TK>(acc, ep, ra, r0, cb, 0, 1, INT64_MAX, Vs, tks);
 }
 
@@ -85,12 +84,6 @@ SASS_EPI(sass_epi_full_topk, true, true, 0, true, true)
 /* a whole tile in a warp none of whose 16 rows has its target in it (v29) */
 SASS_EPI(sass_epi_fullnt_plain, false, false, 0, true, false)
 SASS_EPI(sass_epi_fullnt_topk, true, true, 0, true, false)
-/* SPH_TEST_TOPK_VARIANT bit 5, the count's group skip (the run-time choice; the whole tile
- * without a target, its only copy), and bit 4, the read-back's K-th rule (its loop by source
- * line) */
-SASS_EPI(sass_epi_topk_v32, true, true, 32, false, true)
-SASS_EPI(sass_epi_fullnt_topk_v32, true, true, 32, true, false)
-SASS_EPI(sass_epi_full_topk_v16, true, true, 16, true, true)
 /* the backward's dlogits epilogue, a split's last tile and a whole one */
 SASS_DL(sass_epi_dlogits, false, true)
 SASS_DL(sass_epi_full_dlogits, true, true)

@@ -15,6 +15,9 @@ scripts/sass_epi.sh: the count (with and without the group skip), the emission (
 its loop: the warp's largest lane count, not per candidate) and the read-backs (once per warp
 row half with a row reading). Each run of a row's tiles is sequential here (L models the
 tiles in flight), so the counts are per row and split, the whole vocabulary one split.
+The group skip, the 2 K' slots' K-th rule and the small seed were v30's A/B bits (5, 4, 6),
+removed after run 37 (notes/cuda-notes.md, "Run 37 measured"): here they are models only,
+their SASS counts those of v30's scripts/sass_epi.sh.
 
     python3 bench/cuda/topk_sim.py                 # the calibration rows and the variants
     python3 bench/cuda/topk_sim.py --V 128256      # E's vocabulary

@@ -190,3 +190,12 @@ sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int i
               name, hi);
     return SPH_OK;
 }
+
+sph_status sph_check_temperature_rows(const char *name, const float *rows, int64_t n) {
+    for (int64_t i = 0; rows && i < n; i++) {
+        char row[80];
+        snprintf(row, sizeof row, "%s[%lld]", name, (long long)i);
+        SPH_TRY(sph_check_float_scalar(row, rows[i], 0, 1));
+    }
+    return SPH_OK;
+}

@@ -114,6 +114,10 @@ sph_status sph_val_float(const char *name, double x, unsigned flags, double lo, 
  * a normal float (FLT_MIN <= |float(x)| <= FLT_MAX): kernels compute in float and multiply by
  * the inverse. SPH_ERR_INVALID_ARG naming `name`, the value and the accepted range otherwise. */
 sph_status sph_check_float_scalar(const char *name, double x, int zero_ok, int inverse);
+/* A host vector of per-row temperatures (`n` rows, every row, active or not: the rule does not
+ * depend on the mask), each checked as sph_check_float_scalar(x, 0, 1); the message names
+ * "name[i]" and the value of the first bad row. */
+sph_status sph_check_temperature_rows(const char *name, const float *rows, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -788,15 +788,9 @@ sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2
  * same with or without the seed. Without it the tiles a row has in flight before any
  * threshold (~2300 columns) emit every logit (run 30); with it ~m / 16 of them. */
 #define SEED_T 128 /* threads per row of the seed kernel */
-/* small (SPH_TEST_TOPK_VARIANT bit 6): max(256, 4 K') columns, a quarter of the GEMM and the
- * select at K 64; the seed sits higher in the row (the Poisson rank s over fewer samples:
- * A's ~800th largest logit -> ~1900th), which the read-backs catch up on (the simulation,
- * bench/cuda/topk_sim.py: A 680 -> 1025 candidates per row with the minimum's rule every
- * 256, 905 every 64, ~510 with bit 4's K-th rule every 64) */
-static int64_t topk_seed_cols(int64_t K, int small) {
+static int64_t topk_seed_cols(int64_t K) {
     int64_t k2 = 8;
     while (k2 < K) k2 *= 2;
-    if (small) return k2 * 4 > 256 ? k2 * 4 : 256; /* 256 .. 1024: m / 32 samples per lane */
     return k2 * 16 > 1024 ? k2 * 16 : 1024; /* K-th of m: the 1/16 quantile; m / 128 <= 32 */
 }
 
@@ -914,42 +908,6 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     seed_store(a, r, i, T, hh);
 }
 
-/* The same seed by one warp per row, PER = m / 32 samples per lane (8, 16, 32 for m = 256,
- * 512, 1024: the small sample of SPH_TEST_TOPK_VARIANT bit 6): the counts are warp
- * reductions, no block barrier (the block kernel's 24 barrier rounds bound it by latency:
- * 0.084 ms at A 16K with m = 1024, run 36). Same search, same margin, same result. */
-#define SEED_W 4 /* rows (warps) per block */
-template <int PER>
-__global__ void __launch_bounds__(32 * SEED_W) head_topk_seed_warp_kernel(tks_args a,
-                                                                          int64_t rows) {
-    const int lane = threadIdx.x % 32;
-    const int64_t r = (int64_t)blockIdx.x * SEED_W + threadIdx.x / 32;
-    if (r >= rows) return; /* the whole warp */
-    const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
-    unsigned u[PER];
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const float z = a.S[r * a.m + k * 32 + lane];
-        u[k] = z == z ? tk_key(z) : 0u;
-    }
-    unsigned T = 0;
-    for (int b = 31; b >= 8; b--) {
-        const unsigned t = T | (1u << b);
-        int n = 0;
-#pragma unroll
-        for (int k = 0; k < PER; k++) n += u[k] >= t;
-        if (__reduce_add_sync(0xffffffffu, n) >= a.s) T = t;
-    }
-    float hh = 0.f;
-#pragma unroll 8
-    for (int64_t k = lane; k < a.H; k += 32) {
-        const float x = load_kind(a.hp, a.kind, r * a.ld_h + k);
-        hh = fmaf(x, x, hh);
-    }
-    for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
-    if (lane == 0) seed_store(a, r, i, T, hh);
-}
-
 sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
                                      int64_t c0, int64_t w) {
     const sph_cuda_layout *lay = c->lay;
@@ -963,7 +921,7 @@ sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *h
     SPH_LAUNCH_CHECK("head_topk_reset_kernel", c->stream);
     /* the seed: where the split is wide (8 x the sample), the sample and one float fit in the
      * candidate buffer, and cuBLAS's leading dimension in an int */
-    const int64_t m = topk_seed_cols(p->topk, c->st->topk_variant & 64), stride = w / m;
+    const int64_t m = topk_seed_cols(p->topk), stride = w / m;
     if (c->st->topk_seed_off || w < 8 * m || m + 4 > 2 * lay->tk_cap ||
         stride * p->ld_w > INT32_MAX || (c->dk != DT_BF16 && c->dk != DT_F16))
         return SPH_OK;
@@ -1001,14 +959,7 @@ sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *h
     a.bias = c->st->topk_seed_bias;
     a.tau = (int *)(c->ws + lay->off_tkt);
     const unsigned nb = (unsigned)ch->rows; /* m: 1024, 2048 or 4096 (topk_seed_cols) */
-    const unsigned nw = (unsigned)((ch->rows + SEED_W - 1) / SEED_W);
-    /* the small sample (bit 6): 256, 512 or 1024 columns, a warp per row */
-    if (c->st->topk_variant & 64) {
-        if (m == 256) head_topk_seed_warp_kernel<8><<<nw, 32 * SEED_W, 0, c->stream>>>(a, ch->rows);
-        else if (m == 512)
-            head_topk_seed_warp_kernel<16><<<nw, 32 * SEED_W, 0, c->stream>>>(a, ch->rows);
-        else head_topk_seed_warp_kernel<32><<<nw, 32 * SEED_W, 0, c->stream>>>(a, ch->rows);
-    } else if (m == 8 * SEED_T) head_topk_seed_kernel<8><<<nb, SEED_T, 0, c->stream>>>(a);
+    if (m == 8 * SEED_T) head_topk_seed_kernel<8><<<nb, SEED_T, 0, c->stream>>>(a);
     else if (m == 16 * SEED_T) head_topk_seed_kernel<16><<<nb, SEED_T, 0, c->stream>>>(a);
     else head_topk_seed_kernel<32><<<nb, SEED_T, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_topk_seed_kernel", c->stream);

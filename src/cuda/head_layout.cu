@@ -81,12 +81,6 @@ static int64_t topk_pow2(int64_t K) {
     while (k2 < K) k2 *= 2;
     return k2;
 }
-/* The epilogue's slots per row: K', or 2 K' up to 128 under SPH_TEST_TOPK_VARIANT bit 4 (the
- * read-back's K-th rule, head_sm90.cu tk_readback_kth) */
-static int64_t topk_ks(const sph_cuda_state *st, const sph_head_plan *p) {
-    const int64_t k2 = topk_pow2(p->topk);
-    return (st->topk_variant & 16) && 2 * k2 <= 128 ? 2 * k2 : k2;
-}
 static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
     if (st->topk_cap > 0) return st->topk_cap;
     int64_t row_tiles = (M + 63) / 64;
@@ -97,7 +91,7 @@ static int64_t topk_cap(const sph_cuda_state *st, const sph_head_plan *p, int64_
     return cap < all ? cap : all;
 }
 static int64_t topk_row_bytes(const sph_cuda_state *st, const sph_head_plan *p, int64_t M) {
-    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_ks(st, p) * 4 + 8;
+    return topk_cap(st, p, M) * (int64_t)sizeof(sph_cuda_xtk) + topk_pow2(p->topk) * 4 + 8;
 }
 
 static void pass_facts_of(sph_ctx_t ctx, const sph_head_plan *p, sph_head_pass pass,
@@ -313,7 +307,7 @@ static sph_status size_pass(sph_ctx_t ctx, const sph_head_plan *p, const pass_fa
         k.budget = fixed > chunk_bytes ? chunk_bytes / 2 : chunk_bytes / 8;
     lay->tile_q = lay->fused && f->extras && p->sum_p2;
     lay->tk_fused = lay->fused && f->tk_row > 0;
-    if (lay->tk_fused) lay->tk_ks = topk_ks(st, p), lay->tk_cap = topk_cap(st, p, lay->M);
+    if (lay->tk_fused) lay->tk_ks = topk_pow2(p->topk), lay->tk_cap = topk_cap(st, p, lay->M);
     k.tk_row = lay->tk_fused ? f->tk_row : 0;
     k.tile_recs = lay->fused && (!lay->grads || p->one_pass)
                       ? SPH_PARTIAL_FIELDS + (lay->tile_q ? 1 : 0)

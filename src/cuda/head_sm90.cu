@@ -54,8 +54,6 @@
  * warp's stores hit 32 banks whatever each lane's count). */
 #define SM90_TK_STAGE 24
 #define SM90_TK_STAGE_BYTES ((SM90_TK_STAGE + 1) * 256 * 4)
-#define SM90_TK_GROUPS 8 /* the count's groups of 4 j (8 positions) per row half (bit 5) */
-#define SM90_TK_BISECT 4 /* the K-th read-back's bisections (bit 4) */
 
 /* The two schedules of the consumer warpgroups (template argument PP):
  * - cooperative (PP false): a 128 x 256 tile per block, each consumer warpgroup 64 rows of
@@ -355,19 +353,18 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
     return v;
 }
-/* FULL: the tile's 256 columns all lie in the split (no column test). GS (SPH_TEST_TOPK_VARIANT
- * bit 5): only the groups of 8 positions (4 j, both e) whose bit is set in wg, the warp's
- * union of its threads' groups with a logit >= tau (epi_stats_t's maximum loop): a group none
- * of the warp's 8 rows reaches is skipped whole (warp-uniform), with the same result. */
-template <bool FULL, bool GS = false>
+/* FULL: the tile's 256 columns all lie in the split (no column test). The loop runs over
+ * groups of 4 j (8 positions), as v30 left it for its group skip (SPH_TEST_TOPK_VARIANT bit
+ * 5, removed after run 37): so the SASS stays v30's default's; one loop over j has the same
+ * instruction count, but ptxas allocates otherwise (scripts/sass_epi.sh, sass_epi_topk). */
+template <bool FULL>
 __device__ __forceinline__ void tk_stage(const float (&acc)[128], int hf, float tau, int lim,
-                                         uint32_t tks, tk_part &k, uint32_t wg = 0xffu) {
+                                         uint32_t tks, tk_part &k) {
     const uint32_t last = tks + SM90_TK_STAGE * 1024u; /* the scratch entry */
     uint32_t sa = tks + (uint32_t)k.s0 * 1024u;
     uint32_t m0 = 0, m1 = 0;
 #pragma unroll
-    for (int g = 0; g < SM90_TK_GROUPS; g++) {
-        if (GS && !((wg >> g) & 1u)) continue;
+    for (int g = 0; g < SM90_BN / 32; g++) {
 #pragma unroll
         for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -402,15 +399,13 @@ __device__ __forceinline__ void tk_reserve(const sph_sm90_epi &ep, int64_t rr, t
 }
 /* The row half's candidates (the loop after the row's maximum: folded into the maximum's
  * loop, run 33 call 1, its column test compiled to a branch per position, +76 M instructions) */
-template <bool GS = false>
 __device__ __forceinline__ void epi_topk_count(const float (&acc)[128], int hf, float tau,
                                                const sph_sm90_epi &ep, int64_t rr, int64_t R,
-                                               int lim, uint32_t tks, int s0, tk_part &k,
-                                               uint32_t wg = 0xffu) {
+                                               int lim, uint32_t tks, int s0, tk_part &k) {
     k.m0 = 0, k.m1 = 0, k.s0 = s0, k.ds = 1;
     if (rr < R) {
-        if (lim == SM90_BN) tk_stage<true, GS>(acc, hf, tau, lim, tks, k, wg);
-        else tk_stage<false, GS>(acc, hf, tau, lim, tks, k, wg);
+        if (lim == SM90_BN) tk_stage<true>(acc, hf, tau, lim, tks, k);
+        else tk_stage<false>(acc, hf, tau, lim, tks, k);
     }
     k.n = __popc(k.m0) + __popc(k.m1);
     k.ov = s0 + k.n > SM90_TK_STAGE;
@@ -503,59 +498,6 @@ __device__ __forceinline__ void epi_topk_emit_over(const float (&acc)[128], int 
     const int base = __shfl_sync(0xffffffffu, k.base, 0, 4);
     if (k.over()) epi_topk_emit_regs(acc, hf, tau, ep, rr, cb, lim, base + k.incl - k.n);
 }
-/* SPH_TEST_TOPK_VARIANT bit 4's read-back (2 K' slots, head_layout.cu): the threshold raised
- * to a value that K of the slots reach, found by SM90_TK_BISECT bisections between lo =
- * max(tau, the slots' minimum) and hi = their maximum (each slot one column's logit, no two
- * the same column: any value K slots reach is a lower bound of the row's K-th largest logit;
- * lo is one: tau is, and all ks >= K slots reach their minimum). The thread's quarter of the
- * slots (at most 32: ks <= 128) stays in registers through the rounds; the quad's counts are
- * summed by shuffles, so its 4 threads take the same steps. A simulation of the rule
- * (bench/cuda/topk_sim.py, A, K 64, seed m 256, every 64): 680 -> ~510 candidates per row, the
- * exact K-th 474; with the min rule of K' slots, 905. */
-__device__ __forceinline__ void tk_readback_kth(const sph_sm90_epi &ep, int64_t rr,
-                                                const int *slots, float tau, bool look) {
-    const int q4 = threadIdx.x & 3;
-    const int n4 = ep.tk_ks / 16; /* int4 per thread: 1 .. 8 */
-    int4 v[8];
-    int mn = 0x7fffffff, mx = (int)0x80000000;
-    const int4 *s4 = (const int4 *)(slots + q4 * (ep.tk_ks / 4));
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        /* below every key: never counts */
-        v[i] = make_int4(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN);
-        if (look && i < n4) {
-            v[i] = __ldcg(s4 + i);
-            mn = min(mn, min(min(v[i].x, v[i].y), min(v[i].z, v[i].w)));
-            mx = max(mx, max(max(v[i].x, v[i].y), max(v[i].z, v[i].w)));
-        }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    }
-    float lo = fmaxf(tau, sph_tk_dec(mn));
-    float hi = sph_tk_dec(mx);
-    const float lo0 = lo;
-    /* lo -inf (no threshold yet and an empty slot) or NaN: no bisection, the minimum's rule */
-    const bool go = lo > -INFINITY && hi < INFINITY && lo < hi;
-#pragma unroll 1
-    for (int b = 0; b < SM90_TK_BISECT && __any_sync(0xffffffffu, go); b++) {
-        const float mid = 0.5f * lo + 0.5f * hi;
-        const int km = sph_tk_enc(mid);
-        int n = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            n += (v[i].x >= km) + (v[i].y >= km) + (v[i].z >= km) + (v[i].w >= km);
-        n += __shfl_xor_sync(0xffffffffu, n, 1);
-        n += __shfl_xor_sync(0xffffffffu, n, 2);
-        if (n >= ep.tk_k) lo = mid;
-        else hi = mid;
-    }
-    if (!go) lo = lo0;
-    if (q4 == 0 && look && lo > tau) atomicMax(ep.tk_tau + rr, sph_tk_enc(lo));
-}
-
 /* The slots back (this thread's quarter) only when the row's count crossed a multiple of
  * 2^tk_every_log2: reading them at every tile with candidates cost more than the candidates
  * it saved (run 30), and any read-back delays its whole warpgroup (run 31). */
@@ -565,10 +507,6 @@ __device__ __forceinline__ void tk_readback(const sph_sm90_epi &ep, int64_t rr, 
     const int sh = ep.tk_every_log2;
     const bool look = k.total > 0 && base >> sh != (base + k.total) >> sh && !(ep.tk_probe & 1);
     if (!__any_sync(0xffffffffu, look)) return;
-    if ((ep.tk_variant & 16) && ep.tk_ks >= 16 && ep.tk_ks <= 128) {
-        tk_readback_kth(ep, rr, slots, tau, look);
-        return;
-    }
     const int per = ep.tk_ks / 4;
     int mn = 0x7fffffff;
     if (look) {
@@ -731,7 +669,7 @@ __device__ __forceinline__ void epi_stats_rows(float (&acc)[128], const sph_sm90
  * ESTORE (one-pass forward, SPH_SM90_EPI_E): E = exp(z - m) goes to ep.E as f16 as well,
  * 0 in the columns past the split; 1 = 4-byte pairs, 2 = 16-byte stores (quad_store16).
  * Q2 (sum_p2 asked for): q = sum exp(2 (z - m)) = sum p^2 of the same p, to ep.tile_q. */
-template <bool CAP, int ESTORE, bool Q2, bool TK, bool FULL, bool TGT = true, bool GS = false>
+template <bool CAP, int ESTORE, bool Q2, bool TK, bool FULL, bool TGT = true>
 __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
@@ -751,15 +689,12 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         /* two partial maxima (even and odd columns): two dependent chains of 32 instead of
-         * one of 64 (exact: max is order-free); GS: per group of 4 j (8 positions) its own
-         * pair of chains, folded into the row's, and the group's bit where its maximum
-         * reaches tau (the same number of FMNMX) */
+         * one of 64 (exact: max is order-free); over groups of 4 j as in tk_stage (the same
+         * SASS as v30's default) */
         float mx0 = -INFINITY, mx1 = -INFINITY;
         const float it = ra[hf].it;
-        uint32_t gb = 0;
 #pragma unroll
-        for (int g = 0; g < SM90_TK_GROUPS; g++) {
-            float g0 = -INFINITY, g1 = -INFINITY;
+        for (int g = 0; g < SM90_BN / 32; g++) {
 #pragma unroll
             for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -768,27 +703,17 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
                     float &v = acc[4 * j + 2 * hf + e];
                     v = (CAP ? ep.cap * tanhf(v * ep.inv_cap) : v) * it;
                     if (8 * j + e < lim) {
-                        float &m = GS ? (e ? g1 : g0) : (e ? mx1 : mx0);
+                        float &m = e ? mx1 : mx0;
                         m = fmaxf(m, v);
                     }
                 }
-            if (GS) {
-                const float gm = fmaxf(g0, g1);
-                mx0 = fmaxf(mx0, gm);
-                if (gm >= ra[hf].tau) gb |= 1u << g;
-            }
         }
         float mx = fmaxf(mx0, mx1);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mxs[hf] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (seq) {
-            const int s0 = hf ? min(tk[0].n, SM90_TK_STAGE) : 0;
-            if (GS)
-                epi_topk_count<true>(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks, s0,
-                                     tk[hf], __reduce_or_sync(0xffffffffu, gb));
-            else
-                epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks, s0, tk[hf]);
-        }
+        if (seq)
+            epi_topk_count(acc, hf, ra[hf].tau, ep, r + 8 * hf, R, lim, tks,
+                           hf ? min(tk[0].n, SM90_TK_STAGE) : 0, tk[hf]);
     }
     if (TK && !seq) {
         /* rows past R: a NaN threshold, which no logit reaches */
@@ -803,9 +728,7 @@ __device__ __forceinline__ void epi_stats_t(float (&acc)[128], const sph_sm90_ep
     }
 }
 
-/* GSOK: the group skip's copy compiled (the ping-pong kernels; in the cooperative ones it
- * spilled the tile loop's counter, 8 bytes: there bit 5 is ignored) */
-template <int ESTORE, bool Q2, bool TK, bool GSOK = true>
+template <int ESTORE, bool Q2, bool TK>
 __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
@@ -822,13 +745,8 @@ __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_ep
         else SPH_EPI_STATS_T(true, false);
     } else if (full) {
         /* v29: a copy without the target's compare for the warps none of whose 16 rows has
-         * its target in the tile (~14 of 15 warp-tiles at V 62080); SPH_TEST_TOPK_VARIANT bit
-         * 5, the count's group skip (tk_stage), in that copy only (each copy costs the
-         * compiler minutes) */
+         * its target in the tile (~14 of 15 warp-tiles at V 62080) */
         if (epi_warp_has_target(ep, ra, cb)) SPH_EPI_STATS_T(false, true);
-        else if (GSOK && TK && (ep.tk_variant & 32))
-            epi_stats_t<false, ESTORE, Q2, TK, true, false, true>(acc, ep, ra, r, cb, tile_n,
-                                                                  n_n, R, Vs, tks);
         else epi_stats_t<false, ESTORE, Q2, TK, true, false>(acc, ep, ra, r, cb, tile_n, n_n, R,
                                                              Vs, tks);
     } else {
@@ -836,40 +754,37 @@ __device__ __forceinline__ void epi_stats_c(float (&acc)[128], const sph_sm90_ep
     }
 #undef SPH_EPI_STATS_T
 }
-template <int ESTORE, bool TK, bool GSOK>
+template <int ESTORE, bool TK>
 __device__ __forceinline__ void epi_stats_q(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                             uint32_t tks) {
-    if (ep.tile_q)
-        epi_stats_c<ESTORE, true, TK, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
-    else epi_stats_c<ESTORE, false, TK, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    if (ep.tile_q) epi_stats_c<ESTORE, true, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_c<ESTORE, false, TK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
-template <int ESTORE, bool GSOK>
+template <int ESTORE>
 __device__ __forceinline__ void epi_stats_k(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                             uint32_t tks) {
-    if (ep.tk_cand) epi_stats_q<ESTORE, true, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
-    else epi_stats_q<ESTORE, false, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    if (ep.tk_cand) epi_stats_q<ESTORE, true>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_q<ESTORE, false>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 
 /* The general forward's epilogue (statistics) and the one-pass forward's (statistics and E),
  * each with or without sum_p2's q and the top-k's candidates. */
-template <bool GSOK>
 __device__ __forceinline__ void epi_stats(float (&acc)[128], const sph_sm90_epi &ep,
                                           const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                           int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                           uint32_t tks) {
-    epi_stats_k<0, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    epi_stats_k<0>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
-template <bool GSOK>
 __device__ __forceinline__ void epi_stats_e(float (&acc)[128], const sph_sm90_epi &ep,
                                             const epi_row_args (&ra)[2], int64_t r, int64_t cb,
                                             int64_t tile_n, int64_t n_n, int64_t R, int64_t Vs,
                                             uint32_t tks) {
-    if (ep.store16) epi_stats_k<2, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
-    else epi_stats_k<1, GSOK>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    if (ep.store16) epi_stats_k<2>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+    else epi_stats_k<1>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
 }
 
 template <typename T> __device__ __forceinline__ void store_pair(T *dst, float a, float b);
@@ -1191,10 +1106,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
         if (EPI == SPH_SM90_EPI_NONE) epi_none(acc, ep);
         if (EPI & SPH_SM90_EPI_L) epi_store_logits(acc, ep, r, cb, R, Vs, vec2);
-        if (EPI == SPH_SM90_EPI_STATS)
-            epi_stats<PP>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+        if (EPI == SPH_SM90_EPI_STATS) epi_stats(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
         if (EPI == (SPH_SM90_EPI_STATS | SPH_SM90_EPI_E))
-            epi_stats_e<PP>(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
+            epi_stats_e(acc, ep, ra, r, cb, tile_n, n_n, R, Vs, tks);
         if (EPI & SPH_SM90_EPI_DLOGITS) epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
     }
 #undef SM90_FULL

@@ -116,10 +116,9 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         /* timing only: which of the epilogue's round trips cost (the lists come out wrong) */
         const char *pr = getenv("SPH_TEST_TOPK_PROBE");
         st->topk_probe = pr ? atoi(pr) & 3 : 0;
-        /* A/B only: the epilogue's count, the merge, the seed, the read-back (the lists stay
-         * right) */
+        /* A/B only: the epilogue's count, the merge, the seed rank (the lists stay right) */
         const char *va = getenv("SPH_TEST_TOPK_VARIANT");
-        st->topk_variant = va ? atoi(va) & 127 : 0;
+        st->topk_variant = va ? atoi(va) & 15 : 0;
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));

@@ -74,10 +74,7 @@ typedef struct sph_cuda_state {
                                         one loop (v25) instead of a half at a time (v22),
                                         bit 1 every row through the block merge (no warp
                                         merge), bit 2 the seed at the sample's K-th largest
-                                        (v20), bit 3 v25's stage at 6 entries (tests),
-                                        bit 4 2 K' slots and the read-back's K-th rule,
-                                        bit 5 the count's group skip, bit 6 the seed's
-                                        sample of max(256, 4 K') columns */
+                                        (v20), bit 3 v25's stage at 6 entries (tests) */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */

@@ -212,12 +212,7 @@ static sph_status plan_validate(sph_ctx_t ctx, const sph_head_args *head,
  * the top-k ids and log-probs, dloss, on the active rows. */
 static sph_status check_values(const sph_distill_plan *dp) {
     const sph_head_plan *hp = &dp->head;
-    for (int64_t i = 0; dp->tt_rows && i < hp->N; i++) {
-        char name[56];
-        snprintf(name, sizeof name, "teacher_temperature_rows[%lld]", (long long)i);
-        if (sph_check_float_scalar(name, dp->tt_rows[i], 0, 1) != SPH_OK)
-            return SPH_ERR_INVALID_ARG; /* its message names the row and the value */
-    }
+    SPH_TRY(sph_check_temperature_rows("teacher_temperature_rows", dp->tt_rows, hp->N));
     if (hp->N == 0 || (dp->dense && !dp->dloss)) return SPH_OK;
     uint8_t *act = sph_malloc((size_t)hp->N);
     int64_t *row = dp->dense ? NULL : sph_malloc((size_t)dp->K * sizeof *row);

@@ -354,15 +354,8 @@ sph_status sph_head_plan_check_data(const sph_head_plan *p) {
     /* ordered, disjoint, inside [0, N), covering every active row of the mask */
     if (p->spans || p->n_spans)
         SPH_TRY(sph_spans_validate(p->spans, p->n_spans, p->N, p->mask));
-    /* every row's temperature, active or not (inactive rows' values are never used, but a
-     * host vector is checked whole: the rule does not depend on the mask) */
-    if (p->temp_rows)
-        for (int64_t i = 0; i < p->N; i++) {
-            char name[48];
-            snprintf(name, sizeof name, "temperature_rows[%lld]", (long long)i);
-            if (sph_check_float_scalar(name, p->temp_rows[i], 0, 1) != SPH_OK)
-                return SPH_ERR_INVALID_ARG; /* its message names the row and the value */
-        }
+    /* every row's temperature, active or not (inactive rows' values are never used) */
+    SPH_TRY(sph_check_temperature_rows("temperature_rows", p->temp_rows, p->N));
     if (p->targets)
         for (int64_t i = 0; i < p->N; i++) {
             int64_t t = sph_head_id_at(p->targets, p->tgt_i64, i);

@@ -77,9 +77,8 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
 }
 
 /* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
- * v25 count (1), block merge (2), K-th seed (4), v25's stage at 6 entries (8), the read-back's
- * K-th rule over 2 K' slots (16), the count's group skip (32) and the seed's small sample
- * (64), which must give the same lists */
+ * v25 count (1), block merge (2), K-th seed (4) and v25's stage at 6 entries (8), which must
+ * give the same lists */
 static const char *g_variant;
 
 static int run_case(const xcase *x) {
@@ -273,13 +272,11 @@ static void test_extras_cuda(void **state) {
      * room, the recompute): 1 v25's count, 2 the block merge, 4 the K-th seed, 7 all three;
      * 9 v25's stage at 6 entries (a half's overflow, both halves', their sum's: every
      * overflowing thread emits from its registers before the statistics loops), 13 with
-     * the K-th seed's extra candidates; 16 the K-th read-back, 32 the group skip, 64 the
-     * small seed (256 samples at K 64, 512 at K 128: cases[39]), 112 all three, 113 with
-     * v25's count (the group bits computed, unused). Besides the cases above: massive ties
-     * (cases[26]: every slot equal, no bisection), the general kernel's stage overflow
-     * (cases[28]), softcap (cases[32]: no group skip, the K-th read-back), ties at the seed at
-     * K 16 (cases[35]: 32 slots under 16) and K 128 (cases[39]: 512 samples under 64) */
-    static const char *variants[] = {"1", "2", "4", "7", "9", "13", "16", "32", "64", "112", "113"};
+     * the K-th seed's extra candidates. Besides the cases above: massive ties (cases[26]:
+     * every logit equal), the general kernel's stage overflow without a seed (cases[28]),
+     * softcap (cases[32]), every logit equal at K 16 with the seed (cases[35]) and the seed
+     * at K 128 (cases[39]: 2048 samples) */
+    static const char *variants[] = {"1", "2", "4", "7", "9", "13"};
     static const size_t again[] = {16, 22, 23, 26, 28, 32, 33, 34, 35, 36, 38, 39};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         g_variant = variants[v];
