@@ -72,6 +72,36 @@ __device__ void x_sort_n(float *sz, int *sid, int n) {
 }
 __device__ void x_sort(float *sz, int *sid) { x_sort_n(sz, sid, XS); }
 
+/* A warp's n (32 or 64) entries sorted best first in registers: entry 32 q + lane in z[q] /
+ * d[q] (q < n / 32; the other slot is left alone). The bitonic network of x_bitonic: partners
+ * j < 32 apart by shuffles, 32 apart within the lane. */
+__device__ __forceinline__ void x_bitonic_warp(float (&z)[2], int (&d)[2], int n, int ln) {
+    for (int k = 2; k <= n; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            if (j == 32) { /* k = 64: one best-first block, slot 0 the lower entry */
+                if (x_better(z[1], d[1], z[0], d[0])) {
+                    const float t = z[0];
+                    const int u = d[0];
+                    z[0] = z[1], d[0] = d[1], z[1] = t, d[1] = u;
+                }
+                continue;
+            }
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                if (32 * q >= n) break;
+                const int e = 32 * q + ln;
+                const float pz = __shfl_xor_sync(0xffffffffu, z[q], j);
+                const int pd = __shfl_xor_sync(0xffffffffu, d[q], j);
+                /* the lower entry of a best-first block keeps the better, as the upper of the
+                 * other kind; the two partners agree (x_better is a strict order on distinct
+                 * ids, and both empty entries are alike) */
+                const bool keep_better = ((e & j) == 0) == ((e & k) == 0);
+                const bool pb = x_better(pz, pd, z[q], d[q]);
+                if (keep_better ? pb : !pb) z[q] = pz, d[q] = pd;
+            }
+        }
+}
+
 /* The K-best list of one row in shared memory (sz / sid: the list in [0, K), candidates in
  * [K, XS)), used by every thread of the block: xl_begin, then per batch of at most `need`
  * offers xl_room, the offers, a barrier; xl_end sorts and writes the K entries. */
@@ -228,6 +258,7 @@ struct tkm_args {
     sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
     int K, cap, merge;
     int seeded; /* the split's thresholds were seeded: fewer than K candidates = a seed too high */
+    int variant; /* the A/B bits (state.h topk_variant): 16 = v31's sort in shared memory */
     int64_t rows; /* the chunk's */
     /* the overflow's recompute: the split's tile records, h rows, W columns */
     const float *tile_recs;
@@ -447,20 +478,28 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
     const sph_cuda_xtk *cand = a.cand + r * a.cap, *seed = a.merge ? a.tk + r * K : NULL;
     const int m0 = n + (seed ? K : 0);
     int cnt = 0; /* entries reaching thr (uniform) */
-    for (int e0 = 0; e0 < m0; e0 += 32) {
-        const int e = e0 + ln;
-        unsigned u = 0;
-        int id = -1;
-        if (e < m0) {
-            const sph_cuda_xtk x = e < n ? cand[e] : seed[e - n];
-            id = x.id;
-            u = id >= 0 && x.z == x.z ? tk_key(x.z) : 0u;
-            if (u < thr) u = 0;
+    /* four loads in flight per lane before their ballots (v32: one at a time before) */
+    for (int e0 = 0; e0 < m0 && cnt <= XW_CAP; e0 += 128) {
+        unsigned u4[4];
+        int id4[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int e = e0 + 32 * q + ln;
+            u4[q] = 0u, id4[q] = -1;
+            if (e < m0) {
+                const sph_cuda_xtk x = e < n ? cand[e] : seed[e - n];
+                id4[q] = x.id;
+                u4[q] = x.id >= 0 && x.z == x.z ? tk_key(x.z) : 0u;
+                if (u4[q] < thr) u4[q] = 0u;
+            }
         }
-        const unsigned b = __ballot_sync(0xffffffffu, u != 0);
-        const int pos = cnt + __popc(b & lt);
-        if (u && pos < XW_CAP) wk[pos] = u, wid[pos] = id;
-        cnt += __popc(b);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const unsigned b = __ballot_sync(0xffffffffu, u4[q] != 0u);
+            const int pos = cnt + __popc(b & lt);
+            if (u4[q] && pos < XW_CAP) wk[pos] = u4[q], wid[pos] = id4[q];
+            cnt += __popc(b);
+        }
     }
     if (cnt > XW_CAP) return false;
     __syncwarp();
@@ -518,10 +557,34 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
         }
         base += __popc(b);
     }
+    sph_cuda_xtk *out = a.tk + r * K;
+    if (n2 <= 64 && !(a.variant & 16)) {
+        /* v32: the (usual) 32 or 64 entries sorted in registers, entry 32 q + lane in slot q
+         * (run 37: the shared-memory sort below was ~1/4 of the merge's instructions) */
+        __syncwarp();
+        float z[2];
+        int d[2];
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const int e = 32 * q + ln;
+            z[q] = e < c ? sz[e] : -INFINITY, d[q] = e < c ? wid[e] : -1;
+        }
+        x_bitonic_warp(z, d, n2, ln);
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            if (32 * q + ln < K) out[32 * q + ln].z = z[q], out[32 * q + ln].id = d[q];
+        const int kq = (K - 1) / 32, kl = (K - 1) & 31;
+        const float zk = __shfl_sync(0xffffffffu, kq ? z[1] : z[0], kl);
+        const int dk = __shfl_sync(0xffffffffu, kq ? d[1] : d[0], kl);
+        if (ln == 0) {
+            a.n[r] = 0;
+            if (dk >= 0) atomicMax(a.tau + r, sph_tk_enc(zk));
+        }
+        return true;
+    }
     for (int t = c + ln; t < n2; t += 32) sz[t] = -INFINITY, wid[t] = -1;
     __syncwarp();
     x_bitonic(sz, wid, n2, ln, 32, [] { __syncwarp(); });
-    sph_cuda_xtk *out = a.tk + r * K;
     for (int t = ln; t < K; t += 32) out[t].z = sz[t], out[t].id = wid[t];
     if (ln == 0) {
         a.n[r] = 0;
@@ -630,10 +693,15 @@ struct xf_args {
     int64_t ld_tl;
 };
 
+/* A warp per row (v32: a block of XT per row before, 22 us per 16K rows at A for ~K entries). */
+#define XF_ROWS (XT / 32)
 __global__ void __launch_bounds__(XT) head_extras_finalize_kernel(xf_args a) {
-    const int64_t k = blockIdx.x, i = a.rowmap ? a.rowmap[k] : a.r0 + k;
+    const int ln = threadIdx.x & 31;
+    const int64_t k = (int64_t)blockIdx.x * XF_ROWS + threadIdx.x / 32;
+    if (k >= a.rows) return; /* warp-uniform; no barriers below */
+    const int64_t i = a.rowmap ? a.rowmap[k] : a.r0 + k;
     const bool active = !a.mask || a.mask[i];
-    if (a.sum_p2 && threadIdx.x == 0) {
+    if (a.sum_p2 && ln == 0) {
         float m = -INFINITY, s = 0.f, b = 0.f, Q = 0.f;
         for (int r = 0; r < a.comm_size; r++) {
             const float *rec = a.recs + (r * a.rank_stride + k) * SPH_PARTIAL_FIELDS;
@@ -651,12 +719,12 @@ __global__ void __launch_bounds__(XT) head_extras_finalize_kernel(xf_args a) {
     int64_t *ids = a.ids + i * a.ld_ti;
     float *lp = a.lp + i * a.ld_tl;
     if (!active) {
-        for (int t = threadIdx.x; t < K; t += XT) ids[t] = -1, lp[t] = 0.f;
+        for (int t = ln; t < K; t += 32) ids[t] = -1, lp[t] = 0.f;
         return;
     }
     const float lse = a.stats[i * 3 + 1];
     /* entry (r, e): its place is e plus, in every other list, the entries that beat it */
-    for (int t = threadIdx.x; t < a.comm_size * K; t += XT) {
+    for (int t = ln; t < a.comm_size * K; t += 32) {
         const int r = t / K, e = t % K;
         const sph_cuda_xtk x = a.tk[(r * a.rank_stride + k) * K + e];
         if (x.id < 0) continue;
@@ -770,7 +838,7 @@ sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2
     a.ld_ti = p->ld_ti;
     a.lp = p->topk_lp;
     a.ld_tl = p->ld_tl;
-    head_extras_finalize_kernel<<<(unsigned)rows, XT, 0, c->stream>>>(a);
+    head_extras_finalize_kernel<<<(unsigned)((rows + XF_ROWS - 1) / XF_ROWS), XT, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_extras_finalize_kernel", c->stream);
     return SPH_OK;
 }
@@ -823,9 +891,18 @@ __global__ void head_topk_wnorm_kernel(const void *w, int kind, int64_t stride_l
     const int j = (int)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = threadIdx.x % 32;
     if (j >= m) return;
     float s = 0.f;
-    for (int64_t k = lane; k < H; k += 32) {
-        const float x = load_kind(w, kind, (int64_t)j * stride_ld + k);
-        s = fmaf(x, x, s);
+    const char *row = (const char *)w + (size_t)j * stride_ld * 2;
+    if (H % 8 == 0 && ((uintptr_t)row & 15) == 0) { /* v32: 16-byte loads (10 us at A 16K) */
+        const uint4 *r4 = (const uint4 *)row;
+        for (int64_t k = lane; k < H / 8; k += 32) {
+            const uint4 v = __ldg(r4 + k);
+            s += kind == 1 ? dot8<__nv_bfloat162>(v, v) : dot8<__half2>(v, v);
+        }
+    } else {
+        for (int64_t k = lane; k < H; k += 32) {
+            const float x = load_kind(row, kind, k);
+            s = fmaf(x, x, s);
+        }
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) atomicMax(out, __float_as_uint(sqrtf(s)));
@@ -908,6 +985,90 @@ __global__ void __launch_bounds__(SEED_T) head_topk_seed_kernel(tks_args a) {
     seed_store(a, r, i, T, hh);
 }
 
+/* v32: a warp per row for m = 1024 (K <= 64, so s <= 64; 32 samples per lane), no block
+ * barriers (run 37: the block kernel above took 84 us per 16K rows at A, issue-bound at
+ * ~4600 warp instructions per row, 24 barrier rounds). The same T as the block kernel's, from
+ * fewer keys: L, the s-th largest of the lanes' two largest keys (64 keys, s of them >= L, so
+ * the row's s-th largest key k_s >= L), prunes the row to the keys >= L (~s .. 2 s of them),
+ * which are gathered into the warp's 64 words; the bitwise search over them makes the same
+ * decisions as over all m (a trial t <= k_s: the s keys >= k_s are all kept; t > k_s: fewer
+ * than s keys reach it anyway), so T = k_s with its low 8 bits cleared, as before. More than
+ * 64 keys >= L (ties, NaN rows): the search over all 32 registers. |h_i| with 16-byte loads
+ * where the row allows. */
+#define SEED_WARPS 4
+__global__ void __launch_bounds__(32 * SEED_WARPS) head_topk_seed_warp_kernel(tks_args a,
+                                                                                int64_t rows) {
+    constexpr int PER = 32;
+    __shared__ unsigned gk[SEED_WARPS][64];
+    const int warp = threadIdx.x / 32, ln = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * SEED_WARPS + warp;
+    if (r >= rows) return; /* warp-uniform: the warps share no barrier */
+    const int64_t i = a.rowmap ? a.rowmap[r] : a.r0 + r;
+    const float *S = a.S + r * 32 * PER;
+    unsigned u[PER], m1 = 0u, m2 = 0u;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const float z = S[32 * k + ln];
+        u[k] = z == z ? tk_key(z) : 0u;
+        m2 = max(m2, min(m1, u[k])), m1 = max(m1, u[k]);
+    }
+    const int s = a.s;
+    /* the searches run over bits 31 .. 8 (the block kernel's: T keeps the top 24 bits) */
+    unsigned L = 0;
+    for (int b = 31; b >= 8; b--) {
+        const unsigned t = L | (1u << b);
+        if (__reduce_add_sync(0xffffffffu, (int)(m1 >= t) + (int)(m2 >= t)) >= s) L = t;
+    }
+    int c = 0;
+#pragma unroll
+    for (int k = 0; k < PER; k++) c += u[k] >= L;
+    const int tot = __reduce_add_sync(0xffffffffu, c);
+    unsigned T = 0;
+    if (L && tot <= 64) {
+        const unsigned lt = (1u << ln) - 1u;
+        int base = 0;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const bool p = u[k] >= L;
+            const unsigned b = __ballot_sync(0xffffffffu, p);
+            if (p) gk[warp][base + __popc(b & lt)] = u[k];
+            base += __popc(b);
+        }
+        __syncwarp();
+        const unsigned g0 = ln < tot ? gk[warp][ln] : 0u, g1 = ln + 32 < tot ? gk[warp][ln + 32] : 0u;
+        for (int b = 31; b >= 8; b--) {
+            const unsigned t = T | (1u << b);
+            if (__reduce_add_sync(0xffffffffu, (int)(g0 >= t) + (int)(g1 >= t)) >= s) T = t;
+        }
+    } else {
+        for (int b = 31; b >= 8; b--) {
+            const unsigned t = T | (1u << b);
+            int n = 0;
+#pragma unroll
+            for (int k = 0; k < PER; k++) n += u[k] >= t;
+            if (__reduce_add_sync(0xffffffffu, n) >= s) T = t;
+        }
+    }
+    /* |h_i| */
+    float hh = 0.f;
+    const char *h = (const char *)a.hp + r * a.ld_h * 2;
+    if (a.H % 8 == 0 && ((uintptr_t)h & 15) == 0) {
+        const uint4 *h4 = (const uint4 *)h;
+        for (int64_t k = ln; k < a.H / 8; k += 32) {
+            const uint4 v = __ldg(h4 + k);
+            const float s8 = a.kind == 1 ? dot8<__nv_bfloat162>(v, v) : dot8<__half2>(v, v);
+            hh += s8;
+        }
+    } else {
+        for (int64_t k = ln; k < a.H; k += 32) {
+            const float x = load_kind(h, a.kind, k);
+            hh = fmaf(x, x, hh);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
+    if (ln == 0) seed_store(a, r, i, T, hh);
+}
+
 sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
                                      int64_t c0, int64_t w) {
     const sph_cuda_layout *lay = c->lay;
@@ -959,7 +1120,10 @@ sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *h
     a.bias = c->st->topk_seed_bias;
     a.tau = (int *)(c->ws + lay->off_tkt);
     const unsigned nb = (unsigned)ch->rows; /* m: 1024, 2048 or 4096 (topk_seed_cols) */
-    if (m == 8 * SEED_T) head_topk_seed_kernel<8><<<nb, SEED_T, 0, c->stream>>>(a);
+    if (m == 32 * 32 && !(c->st->topk_variant & 16))
+        head_topk_seed_warp_kernel<<<(unsigned)((ch->rows + SEED_WARPS - 1) / SEED_WARPS),
+                                     32 * SEED_WARPS, 0, c->stream>>>(a, ch->rows);
+    else if (m == 8 * SEED_T) head_topk_seed_kernel<8><<<nb, SEED_T, 0, c->stream>>>(a);
     else if (m == 16 * SEED_T) head_topk_seed_kernel<16><<<nb, SEED_T, 0, c->stream>>>(a);
     else head_topk_seed_kernel<32><<<nb, SEED_T, 0, c->stream>>>(a);
     SPH_LAUNCH_CHECK("head_topk_seed_kernel", c->stream);
@@ -1006,6 +1170,7 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.cap = (int)lay->tk_cap;
     a.merge = merge;
     a.seeded = c->tk_seeded;
+    a.variant = c->st->topk_variant;
     c->tk_seeded = 0; /* the seed is split 0's */
     a.tile_recs = (const float *)(c->ws + lay->off_T);
     a.n_tiles = (w + SPH_SM90_TILE_N - 1) / SPH_SM90_TILE_N;

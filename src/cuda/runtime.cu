@@ -118,7 +118,7 @@ static sph_status sph_cuda_ctx_init(sph_ctx_t ctx) {
         st->topk_probe = pr ? atoi(pr) & 3 : 0;
         /* A/B only: the epilogue's count, the merge, the seed rank (the lists stay right) */
         const char *va = getenv("SPH_TEST_TOPK_VARIANT");
-        st->topk_variant = va ? atoi(va) & 15 : 0;
+        st->topk_variant = va ? atoi(va) & 31 : 0;
     }
     /* the non-finite counter of the finalize kernel (count 0, lowest row ~0) */
     e = cudaMalloc((void **)&st->nf, 2 * sizeof(unsigned long long));

@@ -74,7 +74,9 @@ typedef struct sph_cuda_state {
                                         one loop (v25) instead of a half at a time (v22),
                                         bit 1 every row through the block merge (no warp
                                         merge), bit 2 the seed at the sample's K-th largest
-                                        (v20), bit 3 v25's stage at 6 entries (tests) */
+                                        (v20), bit 3 v25's stage at 6 entries (tests),
+                                        bit 4 v31's per-row kernels: the seed's block
+                                        select, the merge's sort in shared memory */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */

@@ -77,8 +77,8 @@ static void *dev_copy(sph_ctx_t g, const void *h, size_t bytes) {
 }
 
 /* SPH_TEST_TOPK_VARIANT for the contexts run_case creates (NULL: unset): the fused top-k's
- * v25 count (1), block merge (2), K-th seed (4) and v25's stage at 6 entries (8), which must
- * give the same lists */
+ * v25 count (1), block merge (2), K-th seed (4), v25's stage at 6 entries (8) and v31's
+ * per-row kernels (16), which must give the same lists */
 static const char *g_variant;
 
 static int run_case(const xcase *x) {
@@ -262,6 +262,10 @@ static void test_extras_cuda(void **state) {
         {NULL, SPH_BF16, 129, 64, 30000, 128, 1, 0, 0, 0, 0, 0, 1.0, 0.0, 0, 0, NULL},
         {"ref", SPH_BF16, 33, 32, 613, 64, 1, 1, 0, 0, 0, 0, 0.7, 0.0, 0, 0, NULL},
         {"ref", SPH_F32, 33, 32, 613, 9, 1, 0, 1, 0, 0, 0, 1.0, 2.0, 0, 0, NULL},
+        /* v32's warp kernels at K below 64: the merge's register sort of 64 entries with K =
+         * 40 (the K-th in the second slot) and of 32 with K = 20, the seed's warp select */
+        {NULL, SPH_BF16, 97, 64, 12000, 40, 1, 1, 0, 0, 0, 0, 1.0, 0.0, 0, 0, NULL},
+        {NULL, SPH_F16, 66, 72, 9000, 20, 0, 0, 1, 0, E, 0, 0.9, 0.0, 0, 0, NULL},
     };
     int ok = 1;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) ok &= run_case(&cases[k]);
@@ -275,9 +279,10 @@ static void test_extras_cuda(void **state) {
      * the K-th seed's extra candidates. Besides the cases above: massive ties (cases[26]:
      * every logit equal), the general kernel's stage overflow without a seed (cases[28]),
      * softcap (cases[32]), every logit equal at K 16 with the seed (cases[35]) and the seed
-     * at K 128 (cases[39]: 2048 samples) */
-    static const char *variants[] = {"1", "2", "4", "7", "9", "13"};
-    static const size_t again[] = {16, 22, 23, 26, 28, 32, 33, 34, 35, 36, 38, 39};
+     * at K 128 (cases[39]: 2048 samples); 16 v31's per-row kernels (the seed's block
+     * select, the merge's sort in shared memory), also at K 40 and 20 (cases[42], [43]) */
+    static const char *variants[] = {"1", "2", "4", "7", "9", "13", "16"};
+    static const size_t again[] = {16, 22, 23, 26, 28, 32, 33, 34, 35, 36, 38, 39, 42, 43};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         g_variant = variants[v];
         for (size_t k = 0; k < sizeof again / sizeof again[0]; k++) ok &= run_case(&cases[again[k]]);
