@@ -258,7 +258,10 @@ struct tkm_args {
     sph_cuda_xtk *tk; /* K entries per chunk row (the chunk's slice) */
     int K, cap, merge;
     int seeded; /* the split's thresholds were seeded: fewer than K candidates = a seed too high */
-    int variant; /* the A/B bits (state.h topk_variant): 16 = v31's sort in shared memory */
+    int variant; /* the A/B bits (state.h topk_variant): 16 = v31's warp merge */
+    int *diag;   /* tests and tuning (SPH_TEST_TOPK_COUNT=1) or NULL: rows the warps merged
+                    without / with a compaction, rows the block merged (a recompute; more
+                    entries or ties than a warp holds) */
     int64_t rows; /* the chunk's */
     /* the overflow's recompute: the split's tile records, h rows, W columns */
     const float *tile_recs;
@@ -468,18 +471,57 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
     const int ln = threadIdx.x & 31, K = a.K;
     const unsigned lt = (1u << ln) - 1u;
     const int n = a.n[r];
-    if (n > a.cap || (a.seeded && n < K)) return false;
+    if (n > a.cap || (a.seeded && n < K)) {
+        if (a.diag && ln == 0) atomicAdd(a.diag + 2, 1);
+        return false;
+    }
     unsigned *wk = wb;
     int *wid = (int *)(wb + XW_CAP);
     int mn = 0x7fffffff;
     for (int t = ln; t < a.ks; t += 32) mn = min(mn, a.slots[r * a.ks + t]);
     mn = __reduce_min_sync(0xffffffffu, mn);
-    const unsigned thr = (unsigned)max(a.tau[r], mn) ^ 0x80000000u;
+    unsigned thr = (unsigned)max(a.tau[r], mn) ^ 0x80000000u;
     const sph_cuda_xtk *cand = a.cand + r * a.cap, *seed = a.merge ? a.tk + r * K : NULL;
     const int m0 = n + (seed ? K : 0);
+    unsigned u[XW_CAP / 32]; /* packed keys, 0: no entry */
+    auto load_u = [&](int cnt) {
+#pragma unroll
+        for (int i = 0; i < XW_CAP / 32; i++) u[i] = 32 * i + ln < cnt ? wk[32 * i + ln] : 0u;
+    };
+    auto count = [&](unsigned T, int cnt) -> int { /* keys >= T (T >= 1); past cnt all 0 */
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < XW_CAP / 32; i++) {
+            if (32 * i >= cnt) break; /* cnt is the warp's: ~K .. 300 keys, 2 .. 10 words */
+            c += u[i] >= T;
+        }
+        return __reduce_add_sync(0xffffffffu, c);
+    };
+    /* the largest T that K of the cnt keys in u reach: their K-th largest (fewer than K: 0).
+     * It lies in [lo, hi], the packed keys' least and largest, so the bits above the highest
+     * one where lo and hi differ are hi's (the bit-by-bit search from the top sets exactly
+     * those: each such bit of hi keeps the trial <= lo, each 0 bit puts it past hi), and the
+     * search starts below them: ~12 of the 32 counts at A, where the candidates share their
+     * sign and exponent */
+    auto kth = [&](int cnt) -> unsigned {
+        if (cnt < K) return 0u;
+        unsigned lo = 0xffffffffu, hi = 0u;
+#pragma unroll
+        for (int i = 0; i < XW_CAP / 32; i++)
+            if (u[i]) lo = min(lo, u[i]), hi = max(hi, u[i]);
+        lo = __reduce_min_sync(0xffffffffu, lo);
+        hi = __reduce_max_sync(0xffffffffu, hi);
+        const unsigned d = lo ^ hi;
+        const int p = d ? 31 - __clz((int)d) : -1;
+        unsigned T = d ? hi & ~((2u << p) - 1u) : hi; /* p 31: 2u << 31 is 0, no common bit */
+        for (int b = p; b >= 0; b--)
+            if (count(T | (1u << b), cnt) >= K) T |= 1u << b;
+        return T;
+    };
     int cnt = 0; /* entries reaching thr (uniform) */
+    bool compacted = false, full = false;
     /* four loads in flight per lane before their ballots (v32: one at a time before) */
-    for (int e0 = 0; e0 < m0 && cnt <= XW_CAP; e0 += 128) {
+    for (int e0 = 0; e0 < m0; e0 += 128) {
         unsigned u4[4];
         int id4[4];
 #pragma unroll
@@ -500,46 +542,57 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
             if (u4[q] && pos < XW_CAP) wk[pos] = u4[q], wid[pos] = id4[q];
             cnt += __popc(b);
         }
-    }
-    if (cnt > XW_CAP) return false;
-    __syncwarp();
-    unsigned u[XW_CAP / 32]; /* 0: no entry */
+        /* v32: before the next 128 could pass the buffer, the threshold raised to the K-th
+         * largest packed key (K distinct entries reach it, so the row's K-th largest does:
+         * every entry of the K best reaches it) and the buffer compacted in place (run 39:
+         * rows past 512 entries went to the block merge). Still more than XW_CAP - 128 (ties
+         * at it): the block merges the row. */
+        if (cnt > XW_CAP - 128 && e0 + 128 < m0 && !(a.variant & 16)) {
+            __syncwarp();
+            load_u(cnt);
+            const unsigned t2 = kth(cnt);
+            if (t2 > thr) {
+                thr = t2;
+                int base = 0;
 #pragma unroll
-    for (int i = 0; i < XW_CAP / 32; i++) u[i] = 32 * i + ln < cnt ? wk[32 * i + ln] : 0u;
-    auto count = [&](unsigned T) -> int { /* keys >= T (T >= 1); past cnt every key is 0 */
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < XW_CAP / 32; i++) {
-            if (32 * i >= cnt) break; /* cnt is the warp's: ~K .. 300 keys, 2 .. 10 words */
-            c += u[i] >= T;
+                for (int i = 0; i < XW_CAP / 32; i++) {
+                    if (32 * i >= cnt) break;
+                    const bool p = u[i] >= thr;
+                    const int id = p ? wid[32 * i + ln] : -1;
+                    const unsigned b = __ballot_sync(0xffffffffu, p);
+                    __syncwarp(); /* round i's ids read before its places (<= 32 i + lane) */
+                    if (p) {
+                        const int pos = base + __popc(b & lt);
+                        wk[pos] = u[i], wid[pos] = id;
+                    }
+                    base += __popc(b);
+                }
+                cnt = base;
+                compacted = true;
+                __syncwarp();
+            }
+            if (cnt > XW_CAP - 128) {
+                full = true;
+                break;
+            }
         }
-        return __reduce_add_sync(0xffffffffu, c);
-    };
-    /* the largest T that K keys reach: the K-th largest (fewer than K entries: 0, then 1).
-     * It lies in [lo, hi], the packed keys' least and largest, so the bits above the highest
-     * one where lo and hi differ are hi's (the bit-by-bit search from the top sets exactly
-     * those: each such bit of hi keeps the trial <= lo, each 0 bit puts it past hi), and the
-     * search starts below them: ~12 of the 32 counts at A, where the candidates share their
-     * sign and exponent */
-    unsigned T = 0;
-    if (cnt >= K) {
-        unsigned lo = 0xffffffffu, hi = 0u;
-#pragma unroll
-        for (int i = 0; i < XW_CAP / 32; i++)
-            if (u[i]) lo = min(lo, u[i]), hi = max(hi, u[i]);
-        lo = __reduce_min_sync(0xffffffffu, lo);
-        hi = __reduce_max_sync(0xffffffffu, hi);
-        const unsigned d = lo ^ hi;
-        const int p = d ? 31 - __clz((int)d) : -1;
-        T = d ? hi & ~((2u << p) - 1u) : hi; /* p 31: 2u << 31 is 0, no common bit */
-        for (int b = p; b >= 0; b--)
-            if (count(T | (1u << b)) >= K) T |= 1u << b;
+        if (cnt > XW_CAP) break;
     }
-    T = max(T, 1u);
-    const int c = count(T);
+    if (full || cnt > XW_CAP) {
+        if (a.diag && ln == 0) atomicAdd(a.diag + 3, 1);
+        return false;
+    }
+    __syncwarp();
+    load_u(cnt);
+    const unsigned T = max(kth(cnt), 1u);
+    const int c = count(T, cnt);
     int n2 = 32;
     while (n2 < c || n2 < K) n2 <<= 1;
-    if (n2 > XW_CAP) return false; /* ties at T */
+    if (n2 > XW_CAP) { /* ties at T */
+        if (a.diag && ln == 0) atomicAdd(a.diag + 3, 1);
+        return false;
+    }
+    if (a.diag && ln == 0) atomicAdd(a.diag + (compacted ? 1 : 0), 1);
     /* gather z (as bits) and id of the keys >= T into [0, c); each place written is one
      * already read (places < 32 (i + 1), the i-th round's ids read before its stores) */
     float *sz = (float *)wk;
@@ -1012,6 +1065,23 @@ __global__ void __launch_bounds__(32 * SEED_WARPS) head_topk_seed_warp_kernel(tk
         u[k] = z == z ? tk_key(z) : 0u;
         m2 = max(m2, min(m1, u[k])), m1 = max(m1, u[k]);
     }
+    /* |h_i| (its loads issued beside the samples': run 39, 60 us for 128 MB) */
+    float hh = 0.f;
+    const char *h = (const char *)a.hp + r * a.ld_h * 2;
+    if (a.H % 8 == 0 && ((uintptr_t)h & 15) == 0) {
+        const uint4 *h4 = (const uint4 *)h;
+#pragma unroll 4
+        for (int64_t k = ln; k < a.H / 8; k += 32) {
+            const uint4 v = __ldg(h4 + k);
+            const float s8 = a.kind == 1 ? dot8<__nv_bfloat162>(v, v) : dot8<__half2>(v, v);
+            hh += s8;
+        }
+    } else {
+        for (int64_t k = ln; k < a.H; k += 32) {
+            const float x = load_kind(h, a.kind, k);
+            hh = fmaf(x, x, hh);
+        }
+    }
     const int s = a.s;
     /* the searches run over bits 31 .. 8 (the block kernel's: T keeps the top 24 bits) */
     unsigned L = 0;
@@ -1047,22 +1117,6 @@ __global__ void __launch_bounds__(32 * SEED_WARPS) head_topk_seed_warp_kernel(tk
 #pragma unroll
             for (int k = 0; k < PER; k++) n += u[k] >= t;
             if (__reduce_add_sync(0xffffffffu, n) >= s) T = t;
-        }
-    }
-    /* |h_i| */
-    float hh = 0.f;
-    const char *h = (const char *)a.hp + r * a.ld_h * 2;
-    if (a.H % 8 == 0 && ((uintptr_t)h & 15) == 0) {
-        const uint4 *h4 = (const uint4 *)h;
-        for (int64_t k = ln; k < a.H / 8; k += 32) {
-            const uint4 v = __ldg(h4 + k);
-            const float s8 = a.kind == 1 ? dot8<__nv_bfloat162>(v, v) : dot8<__half2>(v, v);
-            hh += s8;
-        }
-    } else {
-        for (int64_t k = ln; k < a.H; k += 32) {
-            const float x = load_kind(h, a.kind, k);
-            hh = fmaf(x, x, hh);
         }
     }
     for (int o = 16; o > 0; o >>= 1) hh += __shfl_xor_sync(0xffffffffu, hh, o);
@@ -1188,6 +1242,14 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     a.cap_s = (float)p->softcap;
     a.inv_cap = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
     a.rows = ch->rows;
+    int *diag = NULL; /* SPH_TEST_TOPK_COUNT=1: which merge took the rows (synchronizes) */
+    if (c->st->topk_count) {
+        SPH_CUDA_RET(cudaMalloc((void **)&diag, 4 * sizeof(int)));
+        cudaError_t e = cudaMemsetAsync(diag, 0, 4 * sizeof(int), c->stream);
+        if (e != cudaSuccess) cudaFree(diag);
+        SPH_CUDA_RET(e);
+        a.diag = diag;
+    }
     /* a warp per row where K allows (SPH_TEST_TOPK_VARIANT bit 1: the block per row, A/B) */
     const bool warp = p->topk <= XW_K && !(c->st->topk_variant & 2);
     const unsigned nb = (unsigned)(warp ? (ch->rows + XW_WARPS - 1) / XW_WARPS : ch->rows);
@@ -1197,6 +1259,19 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     } else {
         if (warp) head_topk_merge_kernel<__half2, XW_WARPS><<<nb, XT, 0, c->stream>>>(a);
         else head_topk_merge_kernel<__half2, 1><<<nb, XT, 0, c->stream>>>(a);
+    }
+    if (diag) {
+        int h[4] = {0, 0, 0, 0};
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaMemcpyAsync(h, diag, sizeof h, cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        cudaFree(diag);
+        SPH_CUDA_RET(e);
+        fprintf(stderr,
+                "spanhead top-k merge: %lld rows; warp %d (%d of them compacted), block %d "
+                "(recompute %d, more entries or ties than a warp holds %d)\n",
+                (long long)ch->rows, h[0] + h[1], h[1], (int)(warp ? h[2] + h[3] : ch->rows),
+                h[2], h[3]);
     }
     SPH_LAUNCH_CHECK("head_topk_merge_kernel", c->stream);
     return SPH_OK;
