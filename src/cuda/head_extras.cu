@@ -467,6 +467,60 @@ __device__ void tk_select(x_list &l, unsigned *su, const sph_cuda_xtk *cand, int
 #define XW_CAP 512
 #define XW_K 64
 static_assert(XW_WARPS * 2 * XW_CAP == 2 * XS + XC, "the warp phase's buffers alias the block's");
+/* The largest T that K of the warp's keys v[0 .. nw) (words, warp-uniform nw; 0: no key)
+ * reach: their K-th largest; the caller sees that at least K keys are there. It lies in
+ * [lo, hi], the keys' least and largest, so the bits above the highest one where lo and hi
+ * differ are hi's (the bit-by-bit search from the top sets exactly those: each such bit of hi
+ * keeps the trial <= lo, each 0 bit puts it past hi), and the search starts below them: ~12
+ * of the 32 counts at A, where the candidates share their sign and exponent. */
+template <int W>
+__device__ __forceinline__ unsigned warp_kth(const unsigned (&v)[W], int nw, int K) {
+    unsigned lo = 0xffffffffu, hi = 0u;
+#pragma unroll
+    for (int i = 0; i < W; i++)
+        if (i < nw && v[i]) lo = min(lo, v[i]), hi = max(hi, v[i]);
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    auto count = [&](unsigned T) -> int { /* keys >= T (T >= 1) */
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < W; i++) {
+            if (i >= nw) break;
+            c += v[i] >= T;
+        }
+        return __reduce_add_sync(0xffffffffu, c);
+    };
+    const unsigned d = lo ^ hi;
+    const int p = d ? 31 - __clz((int)d) : -1;
+    unsigned T = d ? hi & ~((2u << p) - 1u) : hi; /* p 31: 2u << 31 is 0, no common bit */
+    for (int b = p; b >= 0; b--)
+        if (count(T | (1u << b)) >= K) T |= 1u << b;
+    return T;
+}
+
+/* The warp's c (<= 64) entries of sz / wid [0, c), the row's K best and their ties, sorted in
+ * registers (entry 32 q + lane in slot q) into out [0, K); the K-th entry's (z, id) returned
+ * in zk / dk (v32; run 37: the shared-memory sort was ~1/4 of the merge's instructions). */
+__device__ __forceinline__ void tk_warp_sort_out(const float *sz, const int *wid, int c, int n2,
+                                                 int K, int ln, sph_cuda_xtk *out, float &zk,
+                                                 int &dk) {
+    __syncwarp();
+    float z[2];
+    int d[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int e = 32 * q + ln;
+        z[q] = e < c ? sz[e] : -INFINITY, d[q] = e < c ? wid[e] : -1;
+    }
+    x_bitonic_warp(z, d, n2, ln);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        if (32 * q + ln < K) out[32 * q + ln].z = z[q], out[32 * q + ln].id = d[q];
+    const int kq = (K - 1) / 32, kl = (K - 1) & 31;
+    zk = __shfl_sync(0xffffffffu, kq ? z[1] : z[0], kl);
+    dk = __shfl_sync(0xffffffffu, kq ? d[1] : d[0], kl);
+}
+
 __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
     const int ln = threadIdx.x & 31, K = a.K;
     const unsigned lt = (1u << ln) - 1u;
@@ -497,27 +551,8 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
         }
         return __reduce_add_sync(0xffffffffu, c);
     };
-    /* the largest T that K of the cnt keys in u reach: their K-th largest (fewer than K: 0).
-     * It lies in [lo, hi], the packed keys' least and largest, so the bits above the highest
-     * one where lo and hi differ are hi's (the bit-by-bit search from the top sets exactly
-     * those: each such bit of hi keeps the trial <= lo, each 0 bit puts it past hi), and the
-     * search starts below them: ~12 of the 32 counts at A, where the candidates share their
-     * sign and exponent */
-    auto kth = [&](int cnt) -> unsigned {
-        if (cnt < K) return 0u;
-        unsigned lo = 0xffffffffu, hi = 0u;
-#pragma unroll
-        for (int i = 0; i < XW_CAP / 32; i++)
-            if (u[i]) lo = min(lo, u[i]), hi = max(hi, u[i]);
-        lo = __reduce_min_sync(0xffffffffu, lo);
-        hi = __reduce_max_sync(0xffffffffu, hi);
-        const unsigned d = lo ^ hi;
-        const int p = d ? 31 - __clz((int)d) : -1;
-        unsigned T = d ? hi & ~((2u << p) - 1u) : hi; /* p 31: 2u << 31 is 0, no common bit */
-        for (int b = p; b >= 0; b--)
-            if (count(T | (1u << b), cnt) >= K) T |= 1u << b;
-        return T;
-    };
+    /* the K-th largest of the cnt keys in u (fewer than K: 0) */
+    auto kth = [&](int cnt) -> unsigned { return cnt < K ? 0u : warp_kth(u, (cnt + 31) / 32, K); };
     int cnt = 0; /* entries reaching thr (uniform) */
     bool compacted = false, full = false;
     /* four loads in flight per lane before their ballots (v32: one at a time before) */
@@ -611,24 +646,10 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
         base += __popc(b);
     }
     sph_cuda_xtk *out = a.tk + r * K;
-    if (n2 <= 64 && !(a.variant & 16)) {
-        /* v32: the (usual) 32 or 64 entries sorted in registers, entry 32 q + lane in slot q
-         * (run 37: the shared-memory sort below was ~1/4 of the merge's instructions) */
-        __syncwarp();
-        float z[2];
-        int d[2];
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const int e = 32 * q + ln;
-            z[q] = e < c ? sz[e] : -INFINITY, d[q] = e < c ? wid[e] : -1;
-        }
-        x_bitonic_warp(z, d, n2, ln);
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-            if (32 * q + ln < K) out[32 * q + ln].z = z[q], out[32 * q + ln].id = d[q];
-        const int kq = (K - 1) / 32, kl = (K - 1) & 31;
-        const float zk = __shfl_sync(0xffffffffu, kq ? z[1] : z[0], kl);
-        const int dk = __shfl_sync(0xffffffffu, kq ? d[1] : d[0], kl);
+    if (n2 <= 64 && !(a.variant & 16)) { /* the usual 32 or 64 entries */
+        float zk;
+        int dk;
+        tk_warp_sort_out(sz, wid, c, n2, K, ln, out, zk, dk);
         if (ln == 0) {
             a.n[r] = 0;
             if (dk >= 0) atomicMax(a.tau + r, sph_tk_enc(zk));
