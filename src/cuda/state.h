@@ -76,7 +76,8 @@ typedef struct sph_cuda_state {
                                         merge), bit 2 the seed at the sample's K-th largest
                                         (v20), bit 3 v25's stage at 6 entries (tests),
                                         bit 4 v31's per-row kernels: the seed's block
-                                        select, the merge's sort in shared memory */
+                                        select, the warp merge's sort in shared memory
+                                        and no compaction */
     int topk_count;                  /* tests only (SPH_TEST_TOPK_COUNT=1): after each
                                         split, the rows' candidate counts to stderr (a host
                                         synchronization) */
