@@ -473,6 +473,17 @@ static_assert(XW_WARPS * 2 * XW_CAP == 2 * XS + XC, "the warp phase's buffers al
  * differ are hi's (the bit-by-bit search from the top sets exactly those: each such bit of hi
  * keeps the trial <= lo, each 0 bit puts it past hi), and the search starts below them: ~12
  * of the 32 counts at A, where the candidates share their sign and exponent. */
+/* The warp's keys v[0 .. nw) >= T (T >= 1; words past nw are not read) */
+template <int W>
+__device__ __forceinline__ int warp_count_ge(const unsigned (&v)[W], int nw, unsigned T) {
+    int c = 0;
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        if (i >= nw) break; /* nw is the warp's: ~K .. 300 keys, 2 .. 10 words */
+        c += v[i] >= T;
+    }
+    return __reduce_add_sync(0xffffffffu, c);
+}
 template <int W>
 __device__ __forceinline__ unsigned warp_kth(const unsigned (&v)[W], int nw, int K) {
     unsigned lo = 0xffffffffu, hi = 0u;
@@ -481,21 +492,37 @@ __device__ __forceinline__ unsigned warp_kth(const unsigned (&v)[W], int nw, int
         if (i < nw && v[i]) lo = min(lo, v[i]), hi = max(hi, v[i]);
     lo = __reduce_min_sync(0xffffffffu, lo);
     hi = __reduce_max_sync(0xffffffffu, hi);
-    auto count = [&](unsigned T) -> int { /* keys >= T (T >= 1) */
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < W; i++) {
-            if (i >= nw) break;
-            c += v[i] >= T;
-        }
-        return __reduce_add_sync(0xffffffffu, c);
-    };
     const unsigned d = lo ^ hi;
     const int p = d ? 31 - __clz((int)d) : -1;
     unsigned T = d ? hi & ~((2u << p) - 1u) : hi; /* p 31: 2u << 31 is 0, no common bit */
     for (int b = p; b >= 0; b--)
-        if (count(T | (1u << b)) >= K) T |= 1u << b;
+        if (warp_count_ge(v, nw, T | (1u << b)) >= K) T |= 1u << b;
     return T;
+}
+
+/* The warp's packed entries (keys u[0 .. nw), ids wid) that reach T, kept in order at the
+ * front of keys / wid, in place: each place written is one already read (places <= 32 i +
+ * lane, round i's ids read before its stores). Z: the keys stored as their z (float bits).
+ * Returns their number. */
+template <bool Z, int W>
+__device__ __forceinline__ int tk_warp_keep(const unsigned (&u)[W], int nw, unsigned T,
+                                            unsigned *keys, int *wid, int ln) {
+    const unsigned lt = (1u << ln) - 1u;
+    int base = 0;
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        if (i >= nw) break;
+        const bool p = u[i] >= T;
+        const int id = p ? wid[32 * i + ln] : -1;
+        const unsigned b = __ballot_sync(0xffffffffu, p);
+        __syncwarp();
+        if (p) {
+            const int pos = base + __popc(b & lt);
+            keys[pos] = Z ? __float_as_uint(tk_key_z(u[i])) : u[i], wid[pos] = id;
+        }
+        base += __popc(b);
+    }
+    return base;
 }
 
 /* The warp's c (<= 64) entries of sz / wid [0, c), the row's K best and their ties, sorted in
@@ -542,15 +569,6 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
 #pragma unroll
         for (int i = 0; i < XW_CAP / 32; i++) u[i] = 32 * i + ln < cnt ? wk[32 * i + ln] : 0u;
     };
-    auto count = [&](unsigned T, int cnt) -> int { /* keys >= T (T >= 1); past cnt all 0 */
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < XW_CAP / 32; i++) {
-            if (32 * i >= cnt) break; /* cnt is the warp's: ~K .. 300 keys, 2 .. 10 words */
-            c += u[i] >= T;
-        }
-        return __reduce_add_sync(0xffffffffu, c);
-    };
     /* the K-th largest of the cnt keys in u (fewer than K: 0) */
     auto kth = [&](int cnt) -> unsigned { return cnt < K ? 0u : warp_kth(u, (cnt + 31) / 32, K); };
     int cnt = 0; /* entries reaching thr (uniform) */
@@ -588,21 +606,7 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
             const unsigned t2 = kth(cnt);
             if (t2 > thr) {
                 thr = t2;
-                int base = 0;
-#pragma unroll
-                for (int i = 0; i < XW_CAP / 32; i++) {
-                    if (32 * i >= cnt) break;
-                    const bool p = u[i] >= thr;
-                    const int id = p ? wid[32 * i + ln] : -1;
-                    const unsigned b = __ballot_sync(0xffffffffu, p);
-                    __syncwarp(); /* round i's ids read before its places (<= 32 i + lane) */
-                    if (p) {
-                        const int pos = base + __popc(b & lt);
-                        wk[pos] = u[i], wid[pos] = id;
-                    }
-                    base += __popc(b);
-                }
-                cnt = base;
+                cnt = tk_warp_keep<false>(u, (cnt + 31) / 32, thr, wk, wid, ln);
                 compacted = true;
                 __syncwarp();
             }
@@ -620,7 +624,7 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
     __syncwarp();
     load_u(cnt);
     const unsigned T = max(kth(cnt), 1u);
-    const int c = count(T, cnt);
+    const int c = warp_count_ge(u, (cnt + 31) / 32, T);
     int n2 = 32;
     while (n2 < c || n2 < K) n2 <<= 1;
     if (n2 > XW_CAP) { /* ties at T */
@@ -628,23 +632,9 @@ __device__ bool tk_merge_warp(const tkm_args &a, unsigned *wb, int64_t r) {
         return false;
     }
     if (a.diag && ln == 0) atomicAdd(a.diag + (compacted ? 1 : 0), 1);
-    /* gather z (as bits) and id of the keys >= T into [0, c); each place written is one
-     * already read (places < 32 (i + 1), the i-th round's ids read before its stores) */
+    /* z (as bits) and id of the keys >= T into [0, c) */
+    tk_warp_keep<true>(u, (cnt + 31) / 32, T, wk, wid, ln);
     float *sz = (float *)wk;
-    int base = 0;
-#pragma unroll
-    for (int i = 0; i < XW_CAP / 32; i++) {
-        if (32 * i >= cnt) break;
-        const bool p = u[i] >= T;
-        const int id = p ? wid[32 * i + ln] : -1;
-        const unsigned b = __ballot_sync(0xffffffffu, p);
-        __syncwarp();
-        if (p) {
-            const int pos = base + __popc(b & lt);
-            sz[pos] = tk_key_z(u[i]), wid[pos] = id;
-        }
-        base += __popc(b);
-    }
     sph_cuda_xtk *out = a.tk + r * K;
     if (n2 <= 64 && !(a.variant & 16)) { /* the usual 32 or 64 entries */
         float zk;
