@@ -818,7 +818,9 @@ __global__ void head_extras_zero_kernel(int64_t N, int K, float *sum_p2, int64_t
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-
+/* SPH_CUDA_EMU (tests/emu/cuda_emu.h): the kernels above and below compile as host code for the
+ * CPU tests of tests/emu; the launchers (CUDA's launch syntax, the runtime) do not. */
+#ifndef SPH_CUDA_EMU
 sph_status sph_cuda_extras_zero(const sph_head_plan *p, cudaStream_t stream) {
     const int64_t K = p->topk, n = p->N * (K ? K : 1);
     if (n <= 0) return SPH_OK;
@@ -906,6 +908,7 @@ sph_status sph_cuda_extras_finalize(pass_ctx *c, const float *rec0, const float2
     SPH_LAUNCH_CHECK("head_extras_finalize_kernel", c->stream);
     return SPH_OK;
 }
+#endif /* SPH_CUDA_EMU */
 
 /* ---- the fused top-k's seed: before split 0's statistics kernel, the rows' thresholds
  * from a strided sample of m of the split's columns (a thin cuBLAS GEMM into the candidate
@@ -1134,6 +1137,7 @@ __global__ void __launch_bounds__(32 * SEED_WARPS) head_topk_seed_warp_kernel(tk
     if (ln == 0) seed_store(a, r, i, T, hh);
 }
 
+#ifndef SPH_CUDA_EMU
 sph_status sph_cuda_topk_fused_begin(pass_ctx *c, const chunk *ch, const char *hp, int64_t ld,
                                      int64_t c0, int64_t w) {
     const sph_cuda_layout *lay = c->lay;
@@ -1287,3 +1291,4 @@ sph_status sph_cuda_topk_fused_merge(pass_ctx *c, const chunk *ch, int64_t c0, i
     SPH_LAUNCH_CHECK("head_topk_merge_kernel", c->stream);
     return SPH_OK;
 }
+#endif /* SPH_CUDA_EMU */
