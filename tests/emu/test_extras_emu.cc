@@ -111,6 +111,81 @@ static void test_emu_collectives(void **state) {
     assert_int_equal(after, 32);
 }
 
+// ---- the staged kernel (no sm_90a, fp32, batch-invariant: from the staged logits) ------------
+
+/* rows of two vocabulary splits of staged logits (ldL > w), in shapes: normal, ties (a few
+ * levels), increasing along the vocabulary (every logit beats the list: the list's merges of
+ * 2048 entries), a NaN row; the list and (m, q) carried from the first split to the second */
+static void test_staged(void **state) {
+    (void)state;
+    for (int pass = 0; pass < 6; pass++) {
+        static const int Ks[6] = {0, 1, 17, 64, 100, 256}; /* 0: sum_p2 alone */
+        const int K = Ks[pass];
+        const bool q2 = pass != 3;
+        const int rows = 9, w0 = 2500 + 37 * pass, w1 = 1700, ld = 2600 + 37 * pass;
+        const float cap = pass == 2 ? 20.f : 0.f;
+        std::vector<float> L0((size_t)rows * ld), L1((size_t)rows * ld), trows(rows);
+        for (auto &t : trows) t = (float)(0.6 + uni());
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < ld; c++) {
+                const int shape = r % 4;
+                double z0 = 4.0 * rng_normal(&g_rng), z1 = 4.0 * rng_normal(&g_rng);
+                if (shape == 1) z0 = irange(0, 3), z1 = irange(0, 3);
+                if (shape == 2) z0 = 1e-3 * c, z1 = 3.0 + 1e-3 * c;
+                L0[(size_t)r * ld + c] = (float)z0, L1[(size_t)r * ld + c] = (float)z1;
+            }
+        L1[(size_t)3 * ld + 5] = NAN; /* row 3: non-finite in the second split */
+        std::vector<float2> mq(rows, make_float2(NAN, NAN));
+        std::vector<sph_cuda_xtk> tk((size_t)rows * (K ? K : 1), sph_cuda_xtk{NAN, -5});
+        x_args a;
+        memset(&a, 0, sizeof a);
+        a.ldL = ld, a.r0 = 0, a.trows = pass & 1 ? trows.data() : NULL, a.inv_t = 1.f / 0.9f;
+        a.cap = cap, a.inv_cap = cap > 0 ? 1.f / cap : 0.f, a.K = K;
+        a.mq = q2 ? mq.data() : NULL, a.tk = K ? tk.data() : NULL;
+        for (int sp = 0; sp < 2; sp++) {
+            a.L = sp ? L1.data() : L0.data(), a.w = sp ? w1 : w0, a.col_g0 = sp ? w0 : 0;
+            a.merge = sp;
+            std::string e = emu::launch(rows, XT, [&] { head_extras_kernel(a); });
+            if (!e.empty()) fail_msg("staged (K %d): %s", K, e.c_str());
+        }
+        for (int r = 0; r < rows; r++) {
+            const float it = a.trows ? 1.f / trows[r] : a.inv_t;
+            std::vector<sph_cuda_xtk> all;
+            double m = -INFINITY;
+            bool nan = false;
+            for (int sp = 0; sp < 2; sp++)
+                for (int c = 0; c < (sp ? w1 : w0); c++) {
+                    const float u = (sp ? L1 : L0)[(size_t)r * ld + c];
+                    const float z = transform(u, it, cap, a.inv_cap);
+                    all.push_back({z, (sp ? w0 : 0) + c});
+                    if (z != z) nan = true;
+                    else m = std::max(m, (double)z);
+                }
+            if (q2) {
+                double q = 0;
+                for (const sph_cuda_xtk &x : all)
+                    if (x.z == x.z) q += exp(2.0 * (x.z - m));
+                if (nan) assert_true(mq[r].y != mq[r].y);
+                else {
+                    assert_true(mq[r].x == (float)m);
+                    if (!(fabs(mq[r].y - q) <= 1e-5 * q))
+                        fail_msg("staged (K %d) row %d: q %.9g, want %.9g; seed %llu", K, r,
+                                 (double)mq[r].y, q, (unsigned long long)test_seed());
+                }
+            }
+            if (!K) continue;
+            const std::vector<sph_cuda_xtk> want = ref_topk(all, K);
+            for (int e2 = 0; e2 < K; e2++) {
+                const sph_cuda_xtk g = tk[(size_t)r * K + e2], w = want[(size_t)e2];
+                if (g.id != w.id || fbits(g.z) != fbits(w.z))
+                    fail_msg("staged (K %d) row %d entry %d: (%g, %d), want (%g, %d); seed %llu",
+                             K, r, e2, (double)g.z, g.id, (double)w.z, w.id,
+                             (unsigned long long)test_seed());
+            }
+        }
+    }
+}
+
 // ---- the seed's select --------------------------------------------------------------------
 
 /* rows of m = 1024 sample logits in several shapes: normal, heavy ties, NaN-laced (some with
@@ -265,10 +340,14 @@ static void merge_build(merge_setup &s) {
         for (int c = 0; c < w; c++) split.push_back({s.z[(size_t)r * w + c], c});
         all = split;
         if (s.merge) {
-            /* the earlier splits' list: K entries of other columns (ids past the split) */
+            /* the earlier splits' list: K entries of other columns (ids past the split), half
+             * of them ties of the split's own logits (the split's lower id goes first) */
             std::vector<sph_cuda_xtk> p;
-            for (int e = 0; e < 4 * K; e++)
-                p.push_back({(float)(3.0 * rng_normal(&g_rng)), w + 3 * e + irange(0, 2)});
+            for (int e = 0; e < 4 * K; e++) {
+                const float z = e % 2 ? s.z[(size_t)r * w + irange(0, w - 1)]
+                                      : (float)(3.0 * rng_normal(&g_rng));
+                p.push_back({z, w + 3 * e + irange(0, 2)});
+            }
             p = ref_topk(p, K);
             std::copy(p.begin(), p.end(), s.tk.begin() + (size_t)r * K);
             all.insert(all.end(), p.begin(), p.end());
@@ -509,6 +588,7 @@ int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_emu_collectives),
+        cmocka_unit_test(test_staged),
         cmocka_unit_test(test_seed_select),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_finalize),
