@@ -114,16 +114,24 @@ __device__ __forceinline__ void stats_update(float z, float &m, float &s, float 
 
 /* exp(x) through one MUFU.EX2 (relative error ~2^-21 on the |x| < 100 a softmax sees). */
 __device__ __forceinline__ float fexp(float x) {
+#ifdef SPH_CUDA_EMU /* tests/emu (host C++): the host's exp2f, within MUFU.EX2's error */
+    return exp2f(x * 1.4426950408889634f);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
+#endif
 }
 /* 2^x (x already in log2 units: an epilogue folds log2e into its per-row FFMA, v29) */
 #define SPH_LOG2E 1.4426950408889634f
 __device__ __forceinline__ float fex2(float x) {
+#ifdef SPH_CUDA_EMU
+    return exp2f(x);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 /* Two values as one 32-bit word of T (the pair a thread holds for adjacent columns). */

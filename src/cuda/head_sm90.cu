@@ -345,6 +345,11 @@ struct tk_part {
     bool ov;         /* more than the stage holds: emit from the registers */
     __device__ __forceinline__ bool over() const { return ov; }
 };
+#ifdef SPH_CUDA_EMU /* tests/emu (host C++): a shared-memory address is an offset into the
+                       emulator's block-shared bytes */
+__device__ __forceinline__ void st_shared_f32(uint32_t a, float v) { emu::shared_f32(a) = v; }
+__device__ __forceinline__ float ld_shared_f32(uint32_t a) { return emu::shared_f32(a); }
+#else
 __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
 }
@@ -353,6 +358,7 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
     return v;
 }
+#endif
 /* FULL: the tile's 256 columns all lie in the split (no column test). The loop runs over
  * groups of 4 j (8 positions), as v30 left it for its group skip (SPH_TEST_TOPK_VARIANT bit
  * 5, removed after run 37): so the SASS stays v30's default's; one loop over j has the same
@@ -545,7 +551,11 @@ __device__ __forceinline__ void tk_readback(const sph_sm90_epi &ep, int64_t rr, 
  * the slots' minimum; a slot covers ~V / ks columns either way (where the split has >= 64 ks
  * columns; a narrower one leaves some slots at -inf longer: fewer raises, never a wrong list). */
 __device__ __forceinline__ void st_global_v2(int2 *a, int x, int y) {
+#ifdef SPH_CUDA_EMU
+    a->x = x, a->y = y;
+#else
     asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(a), "r"(x), "r"(y) : "memory");
+#endif
 }
 __device__ __forceinline__ void tk_emit_word(int2 *row, int last, int &at, uint32_t m, int p0,
                                              int id0, uint32_t &sa, uint32_t step, float &mx) {
@@ -570,7 +580,9 @@ __device__ __forceinline__ void epi_topk_emit(const sph_sm90_epi &ep, int64_t rr
         int2 *row = (int2 *)((sph_cuda_xtk *)ep.tk_cand + rr * ep.tk_cap);
         /* formed once: without this the compiler folds the row's offset into every
          * iteration's address (5 instructions instead of 1) */
+#ifndef SPH_CUDA_EMU
         asm("" : "+l"(row));
+#endif
         const int id0 = (int)(ep.col_g0 + cb);
         int at = base + k.incl - k.n;
         const uint32_t step = (uint32_t)k.ds * 1024u;

@@ -220,6 +220,17 @@ inline std::string launch(unsigned grid, unsigned block, std::function<void()> b
     return m.error;
 }
 
+/* The block's shared memory as the kernels address it through 32-bit shared-window
+ * addresses (st.shared / ld.shared in the source): byte offsets into this array. */
+inline unsigned char *shared_bytes() {
+    alignas(16) static unsigned char b[256 << 10];
+    return b;
+}
+inline float &shared_f32(uint32_t a) {
+    if (a % 4 || a >= (256u << 10)) throw std::runtime_error("shared-memory address out of range");
+    return *(float *)(shared_bytes() + a);
+}
+
 template <typename T> inline uint64_t bits(T v) {
     static_assert(sizeof(T) <= 8, "a collective's value is at most 8 bytes");
     uint64_t u = 0;
