@@ -11,7 +11,9 @@
  * reads another's shared-memory store only across a collective, as CUDA requires, and a
  * missing __syncwarp between a store and another lane's load may pass here and fail there.
  *
- * Not emulated: wgmma, TMA, inline PTX (a kernel file's SPH_CUDA_EMU branches replace it).
+ * Not emulated: wgmma, TMA, inline PTX (a kernel file's SPH_CUDA_EMU branches replace it; a
+ * 32-bit shared-window address, as st.shared takes, is an offset into emu::shared_bytes()).
+ * Atomics are plain read-modify-writes: one OS thread runs every fiber.
  */
 #ifndef SPH_CUDA_EMU_H
 #define SPH_CUDA_EMU_H
