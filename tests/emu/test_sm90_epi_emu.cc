@@ -7,7 +7,8 @@
  * 8 j + 2 (t % 4) + e; zero past the rows and the split, as TMA fills). The split's tiles run
  * in a shuffled order (the kernel's blocks meet the rows' thresholds and counts in any order),
  * then head_extras.cu's merge makes each row's list, checked against a sort of the same
- * logits; the records against float64 sums. What the main loop (wgmma, TMA, mbarriers) does is
+ * logits; the records against float64 sums. And the backward's dlogits epilogue (both store
+ * forms, v29's folded whole tiles) against float64. What the main loop (wgmma, TMA, mbarriers) does is
  * not here: tests/gpu covers it on a device.
  */
 #include <algorithm>
@@ -310,10 +311,112 @@ static void test_epilogue(void **state) {
     }
 }
 
+/* The backward's dlogits epilogue (epi_dlogits: du of head.cu's dlogits kernel from the logits
+ * in registers): du = dz / T_i (1 - tanh^2(u / cap)), dz = g (delta_t - p) + e p (mu - z) +
+ * gl p + gm / V, p = exp(z - lse), 0 on inactive rows; against float64 at the stored dtype's
+ * rounding, every column of the split written, the 16-byte form's tail of the row's 8-aligned
+ * stride 0, nothing else touched. */
+template <typename T>
+static void dlogits_case(int R, int Vs, int store16, int vec2, float cap_s, bool trows) {
+    const int n_n = (Vs + SM90_BN - 1) / SM90_BN, ldD = n_n * SM90_BN + 8;
+    std::vector<float> u((size_t)R * Vs), st((size_t)R * 3), g(R), e(R), gl(R), gm(R), tr(R);
+    std::vector<int64_t> tgt(R);
+    std::vector<uint8_t> mask(R);
+    for (auto &x : u) x = (float)(3.0 * rng_normal(&g_rng));
+    for (int r = 0; r < R; r++) {
+        tr[r] = (float)(0.5 + uni()), mask[r] = r % 6 != 4;
+        g[r] = (float)rng_normal(&g_rng), e[r] = (float)rng_normal(&g_rng);
+        gl[r] = (float)rng_normal(&g_rng), gm[r] = (float)rng_normal(&g_rng);
+        tgt[r] = r % 5 == 0 ? -1 : r % 5 == 1 ? 5000 + Vs : 5000 + irange(0, Vs - 1);
+        /* the row's lse and mu from its own logits (float64), as the forward left them */
+        const float it = trows ? 1.f / tr[r] : 1.f / 0.9f, ic = cap_s > 0 ? 1.f / cap_s : 0.f;
+        double m = -INFINITY, S = 0, B = 0;
+        for (int v = 0; v < Vs; v++)
+            m = std::max(m, (double)transform(u[(size_t)r * Vs + v], it, cap_s, ic));
+        for (int v = 0; v < Vs; v++) {
+            const double z = transform(u[(size_t)r * Vs + v], it, cap_s, ic);
+            S += exp(z - m), B += exp(z - m) * z;
+        }
+        st[(size_t)r * 3 + 1] = (float)(m + log(S)), st[(size_t)r * 3 + 2] = (float)(B / S);
+    }
+    std::vector<T> D((size_t)(R + 1) * ldD);
+    const T poison = from_f32<T>(-12345.f);
+    std::fill(D.begin(), D.end(), poison);
+    sph_sm90_epi ep;
+    memset(&ep, 0, sizeof ep);
+    ep.mode = SPH_SM90_EPI_DLOGITS, ep.D = D.data(), ep.ldD = ldD, ep.store16 = store16;
+    ep.col_g0 = 5000, ep.tgt = tgt.data(), ep.tgt_i64 = 1, ep.inv_t = 1.f / 0.9f;
+    ep.cap = cap_s, ep.inv_cap = cap_s > 0 ? 1.f / cap_s : 0.f, ep.inv_V = 1.f / 50000.f;
+    ep.trows = trows ? tr.data() : NULL, ep.stats = st.data(), ep.g = g.data(), ep.e = e.data();
+    ep.gl = gl.data(), ep.gm = gm.data(), ep.mask = mask.data();
+    for (int tile = 0; tile < ((R + 63) / 64) * n_n; tile++) {
+        const int tile_m = tile / n_n, tile_n = tile % n_n;
+        std::string err = emu::launch(1, 128, [&] {
+            const int t = (int)threadIdx.x, lane = t % 32;
+            const int64_t r = (int64_t)tile_m * 64 + (t / 32) * 16 + lane / 4;
+            const int64_t cb = (int64_t)tile_n * SM90_BN + 2 * (lane % 4);
+            float acc[128];
+            for (int j = 0; j < 32; j++)
+                for (int hf = 0; hf < 2; hf++)
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int64_t rr = r + 8 * hf, col = cb + 8 * j + e2;
+                        acc[4 * j + 2 * hf + e2] =
+                            rr < R && col < Vs ? u[(size_t)rr * Vs + col] : 0.f;
+                    }
+            epi_row_args ra[2];
+            epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r, R, ra[0]);
+            epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r + 8, R, ra[1]);
+            epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
+        });
+        if (!err.empty()) fail_msg("dlogits, tile %d: %s", tile, err.c_str());
+    }
+    for (int r = 0; r <= R; r++)
+        for (int v = 0; v < ldD; v++) {
+            const float got = to_f32(D[(size_t)r * ldD + v]);
+            const bool written = r < R && (v < Vs || (store16 && v < (Vs + 7) / 8 * 8));
+            if (!written) {
+                if (got != to_f32(poison))
+                    fail_msg("dlogits: row %d column %d written (%g)", r, v, (double)got);
+                continue;
+            }
+            if (v >= Vs) {
+                if (got != 0.f)
+                    fail_msg("dlogits: row %d column %d past the split: %g", r, v, (double)got);
+                continue;
+            }
+            const float it = trows ? 1.f / tr[r] : 1.f / 0.9f;
+            const double uu = u[(size_t)r * Vs + v];
+            const double th = cap_s > 0 ? tanh(uu / cap_s) : 0;
+            const double z = (cap_s > 0 ? cap_s * th : uu) * it;
+            const double p = exp(z - st[(size_t)r * 3 + 1]);
+            const bool at_t = tgt[r] == 5000 + v;
+            double dz = (tgt[r] >= 0 ? g[r] : 0.0) * ((at_t ? 1.0 : 0.0) - p) +
+                        e[r] * p * (st[(size_t)r * 3 + 2] - z) + gl[r] * p + gm[r] / 50000.0;
+            double du = dz * it * (cap_s > 0 ? 1 - th * th : 1);
+            if (!mask[r]) du = 0;
+            const double mu = st[(size_t)r * 3 + 2];
+            const double scale =
+                fabs(g[r]) + fabs(e[r]) * (1 + fabs(z) + fabs(mu)) + fabs(gl[r]) + 1e-4;
+            if (!(fabs(got - du) <= 1e-2 * fabs(du) + 2e-6 * scale * it))
+                fail_msg("dlogits (store16 %d, vec2 %d, cap %g, T_i %d) row %d column %d: %g, want "
+                         "%g; seed %llu", store16, vec2, (double)cap_s, (int)trows, r, v,
+                         (double)got, du, (unsigned long long)test_seed());
+        }
+}
+
+static void test_dlogits(void **state) {
+    (void)state;
+    dlogits_case<__nv_bfloat16>(70, 1300, 1, 1, 0.f, false); /* v29's folded whole tiles */
+    dlogits_case<__nv_bfloat16>(70, 1300, 1, 1, 30.f, true); /* softcap, T_i */
+    dlogits_case<__half>(70, 1030, 0, 1, 0.f, true);         /* 4-byte pairs */
+    dlogits_case<__half>(70, 1031, 0, 0, 20.f, false);       /* an odd split, no pairs */
+}
+
 int main(void) {
     rng_seed(&g_rng, test_seed());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_epilogue),
+        cmocka_unit_test(test_dlogits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
