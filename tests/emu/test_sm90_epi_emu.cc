@@ -8,8 +8,8 @@
  * in a shuffled order (the kernel's blocks meet the rows' thresholds and counts in any order),
  * then head_extras.cu's merge makes each row's list, checked against a sort of the same
  * logits; the records against float64 sums. And the backward's dlogits epilogue (both store
- * forms, v29's folded whole tiles) against float64. What the main loop (wgmma, TMA, mbarriers) does is
- * not here: tests/gpu covers it on a device.
+ * forms, v29's folded whole tiles) against float64. What the main loop (wgmma, TMA,
+ * mbarriers) does is not here: tests/gpu covers it on a device.
  */
 #include <algorithm>
 #include <atomic>
