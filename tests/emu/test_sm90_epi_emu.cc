@@ -149,6 +149,28 @@ static sph_sm90_epi epi_args(epi_run &s) {
     return ep;
 }
 
+/* Tile (tile_m, tile_n) of an R x Vs matrix u by one warpgroup of 128 fibers: body(acc, r, cb)
+ * per thread, acc laid out as wgmma leaves it (acc[4 j + 2 hf + e] = u at row r + 8 hf, column
+ * cb + 8 j + e; zero past the rows and the split, as TMA fills), r and cb the thread's first
+ * row and column as the kernel forms them. Returns launch's error, or "". */
+template <typename Body>
+static std::string run_tile(const std::vector<float> &u, int64_t R, int64_t Vs, int tile_m,
+                            int tile_n, Body body) {
+    return emu::launch(1, 128, [&] {
+        const int t = (int)threadIdx.x, lane = t % 32;
+        const int64_t r = (int64_t)tile_m * 64 + (t / 32) * 16 + lane / 4;
+        const int64_t cb = (int64_t)tile_n * SM90_BN + 2 * (lane % 4);
+        float acc[128];
+        for (int j = 0; j < 32; j++)
+            for (int hf = 0; hf < 2; hf++)
+                for (int e = 0; e < 2; e++) {
+                    const int64_t rr = r + 8 * hf, col = cb + 8 * j + e;
+                    acc[4 * j + 2 * hf + e] = rr < R && col < Vs ? u[(size_t)(rr * Vs + col)] : 0.f;
+                }
+        body(acc, r, cb);
+    });
+}
+
 /* every tile of the split through the epilogue, one warpgroup each, in a shuffled order */
 static void epi_sweep(epi_run &s, const sph_sm90_epi &ep) {
     const epi_case &c = s.c;
@@ -159,27 +181,17 @@ static void epi_sweep(epi_run &s, const sph_sm90_epi &ep) {
         std::swap(order[i - 1], order[(size_t)irange(0, (int)i - 1)]);
     for (int k : order) {
         const int tile_m = k / s.n_n, tile_n = k % s.n_n;
-        std::string e = emu::launch(1, 128, [&] {
-            const int t = (int)threadIdx.x, lane = t % 32;
-            const int64_t r = (int64_t)tile_m * 64 + (t / 32) * 16 + lane / 4;
-            const int64_t cb = (int64_t)tile_n * SM90_BN + 2 * (lane % 4);
-            float acc[128];
-            for (int j = 0; j < 32; j++)
-                for (int hf = 0; hf < 2; hf++)
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int64_t rr = r + 8 * hf, col = cb + 8 * j + e2;
-                        acc[4 * j + 2 * hf + e2] =
-                            rr < c.R && col < c.Vs ? s.u[(size_t)rr * c.Vs + col] : 0.f;
-                    }
+        auto body = [&](float(&acc)[128], int64_t r, int64_t cb) {
             epi_row_args ra[2];
             epi_row_load<SPH_SM90_EPI_STATS>(ep, r, c.R, ra[0]);
             epi_row_load<SPH_SM90_EPI_STATS>(ep, r + 8, c.R, ra[1]);
             ra[0].tau = epi_row_tau(ep, r, c.R);
             ra[1].tau = epi_row_tau(ep, r + 8, c.R);
-            const uint32_t tks = 4u * (uint32_t)t;
+            const uint32_t tks = 4u * threadIdx.x;
             if (c.onepass) epi_stats_e(acc, ep, ra, r, cb, tile_n, s.n_n, c.R, c.Vs, tks);
             else epi_stats(acc, ep, ra, r, cb, tile_n, s.n_n, c.R, c.Vs, tks);
-        });
+        };
+        const std::string e = run_tile(s.u, c.R, c.Vs, tile_m, tile_n, body);
         if (!e.empty()) fail_msg("epilogue, tile (%d, %d): %s", tile_m, tile_n, e.c_str());
     }
 }
@@ -351,23 +363,13 @@ static void dlogits_case(int R, int Vs, int store16, int vec2, float cap_s, bool
     ep.gl = gl.data(), ep.gm = gm.data(), ep.mask = mask.data();
     for (int tile = 0; tile < ((R + 63) / 64) * n_n; tile++) {
         const int tile_m = tile / n_n, tile_n = tile % n_n;
-        std::string err = emu::launch(1, 128, [&] {
-            const int t = (int)threadIdx.x, lane = t % 32;
-            const int64_t r = (int64_t)tile_m * 64 + (t / 32) * 16 + lane / 4;
-            const int64_t cb = (int64_t)tile_n * SM90_BN + 2 * (lane % 4);
-            float acc[128];
-            for (int j = 0; j < 32; j++)
-                for (int hf = 0; hf < 2; hf++)
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int64_t rr = r + 8 * hf, col = cb + 8 * j + e2;
-                        acc[4 * j + 2 * hf + e2] =
-                            rr < R && col < Vs ? u[(size_t)rr * Vs + col] : 0.f;
-                    }
+        auto body = [&](float(&acc)[128], int64_t r, int64_t cb) {
             epi_row_args ra[2];
             epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r, R, ra[0]);
             epi_row_load<SPH_SM90_EPI_DLOGITS>(ep, r + 8, R, ra[1]);
             epi_dlogits<T>(acc, ep, ra, r, cb, R, Vs, vec2);
-        });
+        };
+        const std::string err = run_tile(u, R, Vs, tile_m, tile_n, body);
         if (!err.empty()) fail_msg("dlogits, tile %d: %s", tile, err.c_str());
     }
     for (int r = 0; r <= R; r++)
